@@ -1,0 +1,186 @@
+//! ISSLM, the seed paper's server-load-management algorithm (Table 2):
+//!
+//! ```text
+//! if (Request load of requested server >= Server load) {
+//!     Remove the requested server from the available servers list;
+//!     For five times:
+//!         if (Server search with lesser request load value = Successful) { move; break }
+//!         else if (Server search with the fewest connections active = Successful) { move; break }
+//!         else if (Server search with slowest [sic: fastest] response time = Successful) { move; break }
+//!         else Print "The optimal server was not found";
+//! } else { The requested server is given a new HTTP flow; }
+//! ```
+//!
+//! Our reading, where the pseudo-code leaves gaps:
+//!
+//! * *Request load* is [`effective_rps`] (measured RPS blended with the connections this
+//!   balancer assigned since the refresh, so a burst cannot pile onto one target).
+//!   *Server load* `S_Load` is [`AlgorithmParams::threshold_rps`].
+//! * *Hysteresis* (anchors §1.6): a backend becomes over at `load ≥ T` and stays over until
+//!   `load < T·(1 − hysteresis)`. The latch is per backend, updated on every refresh and
+//!   whenever select examines the backend. Without it a backend hovering at `T` flaps.
+//! * The *available servers list* is the usable backends (eligible, weight > 0). An
+//!   unusable requested server is treated as over (it must be moved from).
+//! * *Five tries*: the searches read the same data on each try, so a literal repeat
+//!   changes nothing. A try only matters if the search goes further: each of the three
+//!   searches keeps its own ranking (lowest effective RPS; fewest active + picked
+//!   connections; lowest measured RT, unmeasured backends not ranked) and on try k
+//!   proposes its best candidate not yet rejected. A search is *successful* when its
+//!   proposal has fresh, valid metrics and is not over. So the first try is the
+//!   pseudo-code's if/else-if chain on the three best candidates; later tries look one
+//!   rank deeper in each ranking. At most `3 × isslm_tries` proposals are examined.
+//! * *Not found*: outcome `NoOptimalServer`. The paper only prints a message; we keep the
+//!   flow on the requested server when it is usable (the flow is not dropped), else
+//!   `backend: None`.
+//! * *Stale metrics*: a stale backend still takes flows addressed to it (its last load
+//!   decides whether it is over), but it is never a move target: "lesser request load"
+//!   cannot be vouched for on old data.
+
+use std::cmp::Ordering;
+use std::time::Duration;
+
+use super::{
+    AlgorithmParams, Balancer, BackendLoad, Outcome, SelectRequest, Selection, conns,
+    effective_rps, key_f, usable, valid,
+};
+
+/// `(key, rotated position)` ordering of a ranking.
+#[inline]
+fn rank_less(a: (f64, usize), b: (f64, usize)) -> bool {
+    match a.0.total_cmp(&b.0) {
+        Ordering::Less => true,
+        Ordering::Greater => false,
+        Ordering::Equal => a.1 < b.1,
+    }
+}
+
+/// The threshold, or +∞ ("never over") when unset or invalid.
+fn threshold(p: &AlgorithmParams) -> f64 {
+    p.threshold_rps.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(f64::INFINITY)
+}
+
+impl Balancer {
+    /// Updates and returns the over latch of backend `i` for effective load `load`.
+    fn latch(&mut self, i: usize, load: f64, t: f64) -> bool {
+        let Some(was) = self.over.get(i).copied() else { return false };
+        if !t.is_finite() {
+            self.over[i] = false;
+            return false;
+        }
+        let h = self.params.hysteresis;
+        let h = if h.is_finite() { h.clamp(0.0, 0.99) } else { 0.0 };
+        let load = if load.is_nan() { 0.0 } else { load };
+        let now = if was { load >= t * (1.0 - h) } else { load >= t };
+        self.over[i] = now;
+        now
+    }
+
+    pub(super) fn refresh_isslm(&mut self, b: &[BackendLoad]) {
+        let t = threshold(&self.params);
+        let w = self.rate_window();
+        for (i, x) in b.iter().enumerate() {
+            self.latch(i, effective_rps(x, Duration::ZERO, w), t);
+        }
+    }
+
+    pub(super) fn select_isslm(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Selection {
+        let n = b.len();
+        let t = threshold(&self.params);
+        let window = self.rate_window();
+        let since = req.since_refresh;
+        let (requested, from_client) = match req.requested.filter(|&r| r < n) {
+            Some(r) => (r, true),
+            None => match self.next_rr(b) {
+                Some(r) => (r, false),
+                None => return Selection::NONE_ELIGIBLE,
+            },
+        };
+        let req_usable = usable(&b[requested]);
+        let over = self.latch(requested, effective_rps(&b[requested], since, window), t);
+        if req_usable && !over {
+            return Selection { backend: Some(requested), outcome: Outcome::Requested };
+        }
+        match self.isslm_search(b, requested, t, since, window) {
+            Some(i) => {
+                if from_client {
+                    // Rotate ties of later searches (behind a VIP the base RR does it).
+                    self.cursor = i + 1;
+                }
+                Selection { backend: Some(i), outcome: Outcome::Moved { from: requested } }
+            }
+            None if req_usable => {
+                Selection { backend: Some(requested), outcome: Outcome::NoOptimalServer }
+            }
+            None if b.iter().any(usable) => {
+                Selection { backend: None, outcome: Outcome::NoOptimalServer }
+            }
+            None => Selection::NONE_ELIGIBLE,
+        }
+    }
+
+    /// The bounded three-ranking search; see the module docs. One pass over the pool per
+    /// try computes the three proposals; no allocation.
+    fn isslm_search(
+        &mut self,
+        b: &[BackendLoad],
+        requested: usize,
+        t: f64,
+        since: Duration,
+        window: Duration,
+    ) -> Option<usize> {
+        let n = b.len();
+        let s = self.start(n);
+        let mut last: [Option<(f64, usize)>; 3] = [None; 3];
+        for _ in 0..self.params.isslm_tries.max(1) {
+            let mut best: [Option<(f64, usize, usize)>; 3] = [None; 3];
+            for (i, x) in b.iter().enumerate() {
+                if i == requested || !usable(x) {
+                    continue;
+                }
+                let pos = (i + n - s) % n;
+                let keys = [
+                    Some(key_f(effective_rps(x, since, window))),
+                    Some(conns(x)),
+                    valid(x.response_time_ms),
+                ];
+                for (k, key) in keys.into_iter().enumerate() {
+                    let Some(key) = key else { continue };
+                    if last[k].is_some_and(|l| !rank_less(l, (key, pos))) {
+                        continue;
+                    }
+                    if best[k].is_none_or(|(bk, bp, _)| rank_less((key, pos), (bk, bp))) {
+                        best[k] = Some((key, pos, i));
+                    }
+                }
+            }
+            let mut proposed = false;
+            for k in 0..3 {
+                let Some((key, pos, i)) = best[k] else { continue };
+                proposed = true;
+                last[k] = Some((key, pos));
+                if self.isslm_acceptable(&b[i], i, t, since, window) {
+                    return Some(i);
+                }
+            }
+            if !proposed {
+                break; // every ranking is exhausted
+            }
+        }
+        None
+    }
+
+    /// A move target must have fresh, valid metrics and not be over (latched).
+    fn isslm_acceptable(
+        &mut self,
+        x: &BackendLoad,
+        i: usize,
+        t: f64,
+        since: Duration,
+        window: Duration,
+    ) -> bool {
+        if !x.metrics_fresh || x.rps.is_nan() || x.rps < 0.0 {
+            return false;
+        }
+        !self.latch(i, effective_rps(x, since, window), t)
+    }
+}

@@ -1,0 +1,476 @@
+//! Configuration: TOML read strictly and validated into domain types.
+//!
+//! Every problem is reported, each with its path (`service[1].backend[0].address`), and a
+//! config with any problem yields no [`Config`] at all, so nothing starts half-configured.
+//! Defaults are named `DEFAULT_*`, each with the reason for its value.
+
+mod reader;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flowgate_packet::MacAddr;
+
+use crate::balance::{AlgorithmKind, AlgorithmParams};
+use reader::Obj;
+
+/// The OpenFlow port IANA assigned (6653); OVS's `tcp:IP` controllers default to it.
+pub const DEFAULT_OPENFLOW_LISTEN: &str = "127.0.0.1:6653";
+/// Loopback: the API can change the network, so it is not exposed unless asked.
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8080";
+/// Environment variable holding the API token when the file names none.
+pub const DEFAULT_TOKEN_ENV: &str = "FLOWGATE_API_TOKEN";
+/// OVS's own inactivity probe is 5 s; echo at that pace.
+pub const DEFAULT_ECHO_INTERVAL_MS: u64 = 5_000;
+/// Three missed echoes: a switch that says nothing for 15 s is dead.
+pub const DEFAULT_ECHO_TIMEOUT_MS: u64 = 15_000;
+/// The seed balancer's idle timeout for per-connection rules (seconds).
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30;
+/// The source paper refreshes server load about every 10 ms.
+pub const DEFAULT_REFRESH_INTERVAL_MS: u64 = 10;
+/// Link discovery probe period; links unseen for three periods are dropped.
+pub const DEFAULT_LLDP_INTERVAL_MS: u64 = 1_000;
+/// HAProxy's default check interval is 2 s; we check a little faster.
+pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
+/// HAProxy's defaults: two successes to rise, three failures to fall.
+pub const DEFAULT_HEALTH_RISE: u32 = 2;
+pub const DEFAULT_HEALTH_FALL: u32 = 3;
+
+/// One configuration problem, with the path of the key it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { path: path.into(), message: message.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() { write!(f, "{}", self.message) } else { write!(f, "{}: {}", self.path, self.message) }
+    }
+}
+
+/// Every problem found in one config, in document order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} configuration error(s):", self.0.len())?;
+        for e in &self.0 {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub openflow: OpenflowConfig,
+    pub api: ApiConfig,
+    pub controller: ControllerConfig,
+    pub services: Vec<ServiceConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenflowConfig {
+    pub listen: SocketAddr,
+    pub echo_interval: Duration,
+    pub echo_timeout: Duration,
+    /// TLS on the OpenFlow channel, as OVS's `ssl:` controller targets use.
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, switches must present a certificate signed by this CA (OVS does).
+    pub ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    /// Bearer token for every mutating call; with none, mutations are refused.
+    pub token: Option<String>,
+}
+
+/// What to do with a non-SYN packet of a connection the controller does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnknownFlowPolicy {
+    /// Answer with a TCP RST so the client learns at once.
+    Reset,
+    /// Drop silently.
+    Drop,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerConfig {
+    pub idle_timeout_secs: u16,
+    pub refresh_interval: Duration,
+    pub lldp_interval: Duration,
+    pub unknown_flow: UnknownFlowPolicy,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthKind {
+    None,
+    Tcp,
+    Http,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    pub kind: HealthKind,
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceConfig {
+    pub name: String,
+    /// The service's own address; `None` means clients address backends directly and the
+    /// controller intercepts new connections to them (the paper's Cases A and B).
+    pub vip: Option<Ipv4Addr>,
+    pub virtual_mac: MacAddr,
+    pub port: u16,
+    pub algorithm: AlgorithmKind,
+    pub params: AlgorithmParams,
+    pub idle_timeout_secs: u16,
+    pub slow_start: Duration,
+    pub health: HealthConfig,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub address: Ipv4Addr,
+    pub weight: u32,
+    /// A Prometheus endpoint of the backend's own, scraped for load figures.
+    pub metrics: Option<String>,
+}
+
+impl Config {
+    /// Parse and validate a config file's text. `env` looks up environment variables
+    /// (passed in so tests need no process environment).
+    pub fn from_toml(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let doc: toml::Table = match text.parse() {
+            Ok(t) => t,
+            Err(e) => {
+                let msg = e.message().to_string();
+                let path = match e.span() {
+                    Some(span) => {
+                        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                        format!("line {line}")
+                    }
+                    None => String::new(),
+                };
+                return Err(ConfigErrors(vec![ConfigError::new(path, format!("TOML syntax: {msg}"))]));
+            }
+        };
+        let mut errs = Vec::new();
+        let cfg = validate(&doc, env, &mut errs);
+        match cfg {
+            Some(cfg) if errs.is_empty() => Ok(cfg),
+            _ => Err(ConfigErrors(errs)),
+        }
+    }
+
+    /// A minimal config with defaults everywhere and no services.
+    pub fn empty() -> Config {
+        Config::from_toml("", &|_| None).unwrap_or_else(|_| unreachable!("the empty config is valid"))
+    }
+}
+
+fn socket_addr(o: &mut Obj<'_>, key: &str, default: &str, errs: &mut Vec<ConfigError>) -> Option<SocketAddr> {
+    let s = o.string(key, errs).unwrap_or(default);
+    match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push(ConfigError::new(o.key_path(key), format!("{s:?} is not an IP:port address")));
+            None
+        }
+    }
+}
+
+fn millis(o: &mut Obj<'_>, key: &str, default: u64, lo: u64, hi: u64, errs: &mut Vec<ConfigError>) -> Duration {
+    let v = o.int_in(key, lo as i64, hi as i64, errs).map(|v| v as u64).unwrap_or(default);
+    Duration::from_millis(v)
+}
+
+fn validate(doc: &toml::Table, env: &dyn Fn(&str) -> Option<String>, errs: &mut Vec<ConfigError>) -> Option<Config> {
+    let mut root = Obj::new("", doc);
+
+    // [openflow]
+    let empty = toml::Table::new();
+    let mut of = root.table("openflow", errs).unwrap_or_else(|| Obj::new("openflow", &empty));
+    let of_listen = socket_addr(&mut of, "listen", DEFAULT_OPENFLOW_LISTEN, errs);
+    let echo_interval = millis(&mut of, "echo_interval_ms", DEFAULT_ECHO_INTERVAL_MS, 100, 600_000, errs);
+    let echo_timeout = millis(&mut of, "echo_timeout_ms", DEFAULT_ECHO_TIMEOUT_MS, 200, 3_600_000, errs);
+    if echo_timeout <= echo_interval {
+        errs.push(ConfigError::new(of.key_path("echo_timeout_ms"), "must be longer than echo_interval_ms"));
+    }
+    let tls = of.table("tls", errs).map(|mut t| {
+        let cert = t.string("cert", errs).map(PathBuf::from);
+        let key = t.string("key", errs).map(PathBuf::from);
+        let ca = t.string("ca", errs).map(PathBuf::from);
+        if cert.is_none() {
+            errs.push(ConfigError::new(t.key_path("cert"), "required when [openflow.tls] is present"));
+        }
+        if key.is_none() {
+            errs.push(ConfigError::new(t.key_path("key"), "required when [openflow.tls] is present"));
+        }
+        t.finish(errs);
+        TlsConfig { cert: cert.unwrap_or_default(), key: key.unwrap_or_default(), ca }
+    });
+    of.finish(errs);
+
+    // [api]
+    let mut api = root.table("api", errs).unwrap_or_else(|| Obj::new("api", &empty));
+    let api_listen = socket_addr(&mut api, "listen", DEFAULT_API_LISTEN, errs);
+    let file_token = api.string("token", errs).map(str::to_string);
+    let token_env = api.string("token_env", errs).unwrap_or(DEFAULT_TOKEN_ENV).to_string();
+    let token = file_token.or_else(|| env(&token_env)).filter(|t| !t.is_empty());
+    if let Some(t) = &token {
+        if t.len() < 16 {
+            errs.push(ConfigError::new(api.key_path("token"), "a token must have at least 16 characters"));
+        }
+    }
+    api.finish(errs);
+
+    // [controller]
+    let mut ctl = root.table("controller", errs).unwrap_or_else(|| Obj::new("controller", &empty));
+    let idle_timeout_secs =
+        ctl.int_in("idle_timeout_secs", 1, 65_535, errs).map(|v| v as u16).unwrap_or(DEFAULT_IDLE_TIMEOUT_SECS as u16);
+    let refresh_interval = millis(&mut ctl, "refresh_interval_ms", DEFAULT_REFRESH_INTERVAL_MS, 1, 60_000, errs);
+    let lldp_interval = millis(&mut ctl, "lldp_interval_ms", DEFAULT_LLDP_INTERVAL_MS, 50, 60_000, errs);
+    let unknown_flow = match ctl.string("unknown_flow", errs) {
+        None | Some("reset") => UnknownFlowPolicy::Reset,
+        Some("drop") => UnknownFlowPolicy::Drop,
+        Some(other) => {
+            errs.push(ConfigError::new(ctl.key_path("unknown_flow"), format!("{other:?} is not one of \"reset\", \"drop\"")));
+            UnknownFlowPolicy::Reset
+        }
+    };
+    let seed = ctl.integer("seed", errs).map(|v| v as u64).unwrap_or(0x666c_6f77_6761_7465);
+    ctl.finish(errs);
+
+    // [[service]]
+    let mut services = Vec::new();
+    for (i, s) in root.tables("service", errs).into_iter().enumerate() {
+        if let Some(svc) = validate_service(s, i, idle_timeout_secs, errs) {
+            services.push(svc);
+        }
+    }
+    root.finish(errs);
+    check_services(&services, errs);
+
+    Some(Config {
+        openflow: OpenflowConfig { listen: of_listen?, echo_interval, echo_timeout, tls },
+        api: ApiConfig { listen: api_listen?, token },
+        controller: ControllerConfig { idle_timeout_secs, refresh_interval, lldp_interval, unknown_flow, seed },
+        services,
+    })
+}
+
+fn ipv4(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<Ipv4Addr> {
+    let s = o.string(key, errs)?;
+    match s.parse::<Ipv4Addr>() {
+        Ok(a) if a.is_unspecified() || a.is_broadcast() || a.is_multicast() => {
+            errs.push(ConfigError::new(o.key_path(key), format!("{a} cannot be a host address")));
+            None
+        }
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push(ConfigError::new(o.key_path(key), format!("{s:?} is not an IPv4 address")));
+            None
+        }
+    }
+}
+
+fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut Vec<ConfigError>) -> Option<ServiceConfig> {
+    let before = errs.len();
+    let name = s.string("name", errs).map(str::to_string);
+    if name.is_none() {
+        errs.push(ConfigError::new(s.key_path("name"), "required"));
+    }
+    if let Some(n) = &name {
+        if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            errs.push(ConfigError::new(s.key_path("name"), format!("{n:?}: use letters, digits, '-' and '_'")));
+        }
+    }
+    let vip = ipv4(&mut s, "vip", errs);
+    let virtual_mac = match s.string("virtual_mac", errs) {
+        None => MacAddr([0x02, 0x66, 0x67, 0x00, (index >> 8) as u8, index as u8 + 1]),
+        Some(m) => match m.parse::<MacAddr>() {
+            Ok(mac) if mac.is_multicast() => {
+                errs.push(ConfigError::new(s.key_path("virtual_mac"), "must be a unicast MAC"));
+                mac
+            }
+            Ok(mac) => mac,
+            Err(_) => {
+                errs.push(ConfigError::new(s.key_path("virtual_mac"), format!("{m:?} is not a MAC address")));
+                MacAddr([0; 6])
+            }
+        },
+    };
+    let port = s.int_in("port", 1, 65_535, errs).map(|p| p as u16);
+    if port.is_none() && !s.has("port") {
+        errs.push(ConfigError::new(s.key_path("port"), "required"));
+    }
+    let algorithm = match s.string("algorithm", errs) {
+        None => AlgorithmKind::RoundRobin,
+        Some(a) => match a.parse::<AlgorithmKind>() {
+            Ok(k) => k,
+            Err(_) => {
+                let known: Vec<String> = AlgorithmKind::ALL.iter().map(|k| k.to_string()).collect();
+                errs.push(ConfigError::new(s.key_path("algorithm"), format!("{a:?} is not one of {}", known.join(", "))));
+                AlgorithmKind::RoundRobin
+            }
+        },
+    };
+    let mut params = AlgorithmParams::default();
+    if let Some(t) = s.float("threshold_rps", errs) {
+        if t <= 0.0 {
+            errs.push(ConfigError::new(s.key_path("threshold_rps"), "must be positive"));
+        }
+        params.threshold_rps = Some(t);
+    }
+    if let Some(h) = s.float("hysteresis", errs) {
+        if !(0.0..1.0).contains(&h) {
+            errs.push(ConfigError::new(s.key_path("hysteresis"), "must be in [0, 1)"));
+        }
+        params.hysteresis = h;
+    }
+    let none_target = ipv4(&mut s, "none_target", errs);
+    if let Err(msg) = params.validate(algorithm) {
+        errs.push(ConfigError::new(s.key_path("algorithm"), msg));
+    }
+    let idle_timeout_secs = s.int_in("idle_timeout_secs", 1, 65_535, errs).map(|v| v as u16).unwrap_or(idle_default);
+    let slow_start = Duration::from_secs(s.int_in("slow_start_secs", 0, 3_600, errs).unwrap_or(0) as u64);
+
+    let empty = toml::Table::new();
+    let mut h = s.table("health", errs).unwrap_or_else(|| Obj::new(s.key_path("health"), &empty));
+    let kind = match h.string("kind", errs) {
+        None | Some("tcp") => HealthKind::Tcp,
+        Some("http") => HealthKind::Http,
+        Some("none") => HealthKind::None,
+        Some(other) => {
+            errs.push(ConfigError::new(h.key_path("kind"), format!("{other:?} is not one of \"http\", \"tcp\", \"none\"")));
+            HealthKind::None
+        }
+    };
+    let path = h.string("path", errs).unwrap_or("/").to_string();
+    if !path.starts_with('/') {
+        errs.push(ConfigError::new(h.key_path("path"), "must start with '/'"));
+    }
+    let interval = millis(&mut h, "interval_ms", DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000, errs);
+    let timeout = millis(&mut h, "timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
+    let rise = h.int_in("rise", 1, 100, errs).map(|v| v as u32).unwrap_or(DEFAULT_HEALTH_RISE);
+    let fall = h.int_in("fall", 1, 100, errs).map(|v| v as u32).unwrap_or(DEFAULT_HEALTH_FALL);
+    h.finish(errs);
+
+    let mut backends = Vec::new();
+    let mut seen = HashSet::new();
+    for mut b in s.tables("backend", errs) {
+        let address = ipv4(&mut b, "address", errs);
+        if address.is_none() && !b.has("address") {
+            errs.push(ConfigError::new(b.key_path("address"), "required"));
+        }
+        let weight = b.int_in("weight", 0, 1_000_000, errs).map(|w| w as u32).unwrap_or(1);
+        let metrics = b.string("metrics", errs).map(str::to_string);
+        if let Some(m) = &metrics {
+            if !m.starts_with("http://") {
+                errs.push(ConfigError::new(b.key_path("metrics"), "must be an http:// URL"));
+            }
+        }
+        if let Some(a) = address {
+            if !seen.insert(a) {
+                errs.push(ConfigError::new(b.key_path("address"), format!("{a} is listed twice")));
+            }
+            if Some(a) == vip {
+                errs.push(ConfigError::new(b.key_path("address"), "a backend cannot have the service's VIP"));
+            }
+        }
+        b.finish(errs);
+        if let Some(address) = address {
+            backends.push(BackendConfig { address, weight, metrics });
+        }
+    }
+    if let Some(t) = none_target {
+        match backends.iter().position(|b| b.address == t) {
+            Some(i) => params.none_target = Some(i),
+            None => errs.push(ConfigError::new(s.key_path("none_target"), format!("{t} is not one of this service's backends"))),
+        }
+    }
+    s.finish(errs);
+    if errs.len() > before {
+        return None;
+    }
+    Some(ServiceConfig {
+        name: name?,
+        vip,
+        virtual_mac,
+        port: port?,
+        algorithm,
+        params,
+        idle_timeout_secs,
+        slow_start,
+        health: HealthConfig { kind, path, interval, timeout, rise, fall },
+        backends,
+    })
+}
+
+fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
+    let mut names = HashSet::new();
+    let mut listeners = HashSet::new();
+    for (i, s) in services.iter().enumerate() {
+        if !names.insert(s.name.as_str()) {
+            errs.push(ConfigError::new(format!("service[{i}].name"), format!("{:?} is used by another service", s.name)));
+        }
+        if let Some(vip) = s.vip {
+            if !listeners.insert((vip, s.port)) {
+                errs.push(ConfigError::new(format!("service[{i}].vip"), format!("{vip}:{} is used by another service", s.port)));
+            }
+            for (j, other) in services.iter().enumerate() {
+                if other.backends.iter().any(|b| b.address == vip) {
+                    errs.push(ConfigError::new(
+                        format!("service[{i}].vip"),
+                        format!("{vip} is a backend of service[{j}]; a VIP must be an address of its own"),
+                    ));
+                }
+            }
+        } else {
+            for b in &s.backends {
+                if !listeners.insert((b.address, s.port)) {
+                    errs.push(ConfigError::new(
+                        format!("service[{i}]"),
+                        format!("{}:{} is intercepted by another service", b.address, s.port),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

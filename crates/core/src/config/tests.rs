@@ -1,0 +1,146 @@
+use super::*;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+const EXAMPLE: &str = r#"
+[openflow]
+listen = "127.0.0.1:6653"
+
+[api]
+listen = "127.0.0.1:8080"
+
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "round-robin"
+
+[[service.backend]]
+address = "10.0.0.2"
+
+[[service.backend]]
+address = "10.0.0.3"
+"#;
+
+#[test]
+fn the_documented_example_is_valid() {
+    let cfg = Config::from_toml(EXAMPLE, &no_env).expect("valid");
+    assert_eq!(cfg.openflow.listen, "127.0.0.1:6653".parse().unwrap());
+    assert_eq!(cfg.services.len(), 1);
+    let s = &cfg.services[0];
+    assert_eq!(s.vip, Some("10.0.0.100".parse().unwrap()));
+    assert_eq!(s.port, 80);
+    assert_eq!(s.algorithm, AlgorithmKind::RoundRobin);
+    assert_eq!(s.backends.len(), 2);
+    assert_eq!(s.idle_timeout_secs, 30);
+    assert!(cfg.api.token.is_none());
+}
+
+#[test]
+fn every_error_is_reported_with_its_path() {
+    let text = r#"
+[openflow]
+listen = "nowhere"
+colour = "blue"
+
+[[service]]
+name = "web"
+vip = "10.0.0.300"
+port = 70000
+algorithm = "fastest"
+
+[[service.backend]]
+address = "10.0.0.2"
+wieght = 3
+
+[[service.backend]]
+address = "10.0.0.2"
+"#;
+    let errs = Config::from_toml(text, &no_env).expect_err("invalid").0;
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    for want in [
+        "openflow.listen",
+        "openflow.colour",
+        "service[0].vip",
+        "service[0].port",
+        "service[0].algorithm",
+        "service[0].backend[0].wieght",
+        "service[0].backend[1].address",
+    ] {
+        assert!(paths.contains(&want), "missing {want} in {paths:?}");
+    }
+}
+
+#[test]
+fn a_syntax_error_names_its_line() {
+    let errs = Config::from_toml("[openflow]\nlisten = \n", &no_env).expect_err("invalid").0;
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].path.starts_with("line "), "{errs:?}");
+}
+
+#[test]
+fn a_vip_must_be_its_own_address() {
+    let text = r#"
+[[service]]
+name = "a"
+vip = "10.0.0.2"
+port = 80
+[[service.backend]]
+address = "10.0.0.3"
+
+[[service]]
+name = "b"
+vip = "10.0.0.9"
+port = 80
+[[service.backend]]
+address = "10.0.0.2"
+"#;
+    let errs = Config::from_toml(text, &no_env).expect_err("invalid").0;
+    assert!(errs.iter().any(|e| e.path == "service[0].vip" && e.message.contains("backend")), "{errs:?}");
+}
+
+#[test]
+fn isslm_needs_a_threshold_and_none_target_must_be_a_backend() {
+    let text = r#"
+[[service]]
+name = "a"
+vip = "10.0.0.100"
+port = 80
+algorithm = "isslm"
+none_target = "10.0.0.7"
+[[service.backend]]
+address = "10.0.0.3"
+"#;
+    let errs = Config::from_toml(text, &no_env).expect_err("invalid").0;
+    assert!(errs.iter().any(|e| e.path == "service[0].algorithm"), "{errs:?}");
+    assert!(errs.iter().any(|e| e.path == "service[0].none_target"), "{errs:?}");
+}
+
+#[test]
+fn the_token_comes_from_the_environment_when_the_file_has_none() {
+    let env = |k: &str| (k == DEFAULT_TOKEN_ENV).then(|| "0123456789abcdef0123".to_string());
+    let cfg = Config::from_toml(EXAMPLE, &env).expect("valid");
+    assert_eq!(cfg.api.token.as_deref(), Some("0123456789abcdef0123"));
+    let short = Config::from_toml("[api]\ntoken = \"abc\"\n", &no_env).expect_err("too short").0;
+    assert_eq!(short[0].path, "api.token");
+}
+
+#[test]
+fn services_without_a_vip_intercept_their_backends() {
+    let text = r#"
+[[service]]
+name = "direct"
+port = 80
+algorithm = "isslm"
+threshold_rps = 50
+[[service.backend]]
+address = "100.0.0.1"
+[[service.backend]]
+address = "100.0.0.2"
+"#;
+    let cfg = Config::from_toml(text, &no_env).expect("valid");
+    assert_eq!(cfg.services[0].vip, None);
+    assert_eq!(cfg.services[0].params.threshold_rps, Some(50.0));
+}

@@ -1,0 +1,228 @@
+//! PACKET_IN dispatch, and everything that is not a service connection: link discovery,
+//! host learning, ARP (answered for the VIPs, forwarded otherwise), L2 forwarding along
+//! shortest paths and flooding along the spanning tree.
+
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use flowgate_packet::{self as packet, ARP_OP_REPLY, ARP_OP_REQUEST, Frame, L3, MacAddr};
+use ofp::{Action, Actions, Message, PacketIn};
+
+use super::{Controller, Outbox, rules};
+use crate::topology::{Dpid, HostChange, PortRef};
+
+impl Controller {
+    /// The PACKET_IN path. It allocates nothing for a packet of a known connection or a new
+    /// connection to a service (the messages it emits own their buffers, which the outbox
+    /// reuses).
+    pub(crate) fn handle_packet_in(&mut self, now: Instant, dpid: Dpid, pi: &PacketIn, out: &mut Outbox) {
+        self.counters.packet_in += 1;
+        let Some(in_port) = pi.in_port() else {
+            // §7.4.1: the match of a PACKET_IN always carries OXM_OF_IN_PORT.
+            self.counters.packet_in_unparsable += 1;
+            return;
+        };
+        let frame = match packet::parse(&pi.data) {
+            Ok(f) => f,
+            Err(_) => {
+                self.counters.packet_in_unparsable += 1;
+                return;
+            }
+        };
+        if let L3::Lldp(l) = &frame.l3 {
+            self.counters.lldp_received += 1;
+            if let (Some(chassis), Some(port)) = (l.chassis_dpid, l.port_no) {
+                if self.topo.link_seen(now, PortRef::new(chassis, port), PortRef::new(dpid, in_port)) {
+                    self.event(now, "link-up", format!("{chassis:016x}:{port} - {dpid:016x}:{in_port}"));
+                    self.maybe_recompute_l2(out);
+                }
+            }
+            return;
+        }
+        self.learn(now, dpid, in_port, &frame, out);
+        match &frame.l3 {
+            L3::Arp(arp) => {
+                if self.handle_arp(now, dpid, in_port, &frame, arp, pi, out) {
+                    return;
+                }
+            }
+            L3::Ipv4(ip) => {
+                if let Some(tcp) = frame.tcp() {
+                    if self.handle_tcp(now, dpid, in_port, &frame, ip.src, ip.dst, tcp, pi, out) {
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.forward_l2(dpid, in_port, frame.eth_dst, pi, out);
+    }
+
+    fn learn(&mut self, now: Instant, dpid: Dpid, in_port: u32, frame: &Frame<'_>, out: &mut Outbox) {
+        let ip = match &frame.l3 {
+            L3::Arp(a) => Some(a.spa),
+            L3::Ipv4(ip) => Some(ip.src),
+            _ => None,
+        };
+        // Frames we sent ourselves as a VIP must not teach anything.
+        if self.is_virtual_mac(frame.eth_src) {
+            return;
+        }
+        let change = self.topo.learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
+        if change != HostChange::Same {
+            self.install_l2_for(frame.eth_src, out);
+        }
+        if ip.is_some_and(|ip| self.backend_index.contains_key(&ip)) {
+            self.sync_backend_locations(now);
+        }
+    }
+
+    pub(crate) fn is_virtual_mac(&self, mac: MacAddr) -> bool {
+        self.services.iter().any(|s| s.cfg.virtual_mac == mac)
+    }
+
+    /// Returns true when the ARP packet was consumed.
+    #[allow(clippy::too_many_arguments)]
+    fn handle_arp(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        in_port: u32,
+        frame: &Frame<'_>,
+        arp: &packet::Arp,
+        _pi: &PacketIn,
+        out: &mut Outbox,
+    ) -> bool {
+        if arp.op == ARP_OP_REQUEST {
+            if let Some(mac) = self.vip_mac(arp.tpa) {
+                // The VIP is an address of its own: the controller answers for it.
+                let reply = packet::arp_reply(arp, mac);
+                out.push(dpid, rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), reply));
+                self.counters.arp_replies_sent += 1;
+                return true;
+            }
+        }
+        if arp.op == ARP_OP_REPLY && self.is_virtual_mac(frame.eth_dst) {
+            // An answer to our own probe for a backend: learning it was the point.
+            let _ = now;
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn vip_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
+        self.services.iter().find(|s| s.cfg.vip == Some(ip)).map(|s| s.cfg.virtual_mac)
+    }
+
+    /// Send a packet on toward its destination MAC, or flood it along the tree.
+    pub(crate) fn forward_l2(&mut self, dpid: Dpid, in_port: u32, dst: MacAddr, pi: &PacketIn, out: &mut Outbox) {
+        let mut actions = Actions::new();
+        match self.topo.host(dst).map(|h| h.at) {
+            Some(at) if !dst.is_multicast() => {
+                let Some(port) = self.topo.egress_toward(dpid, at) else { return };
+                if port == in_port {
+                    return;
+                }
+                actions.push(Action::output(port));
+            }
+            _ => {
+                // A flood that arrives on a link off the tree is a copy we did not send
+                // that way: dropping it is what keeps a meshed network loop-free.
+                let p = PortRef::new(dpid, in_port);
+                if self.topo.is_link_port(p) && !self.topo.is_tree_port(p) {
+                    return;
+                }
+                let mut ports = std::mem::take(&mut self.scratch_ports);
+                self.topo.flood_ports(dpid, in_port, &mut ports);
+                for &port in &ports {
+                    actions.push(Action::output(port));
+                }
+                self.scratch_ports = ports;
+                if actions.is_empty() {
+                    return;
+                }
+            }
+        }
+        out.push(dpid, rules::packet_out(in_port, actions, pi.data.clone()));
+    }
+
+    /// Install, on every switch, the rule carrying traffic for `mac` toward it.
+    fn install_l2_for(&mut self, mac: MacAddr, out: &mut Outbox) {
+        let Some(at) = self.topo.host(mac).map(|h| h.at) else { return };
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for d in dpids {
+            match self.topo.egress_toward(d, at) {
+                Some(port) => out.push(d, rules::l2_forward(mac, port)),
+                None => out.push(d, rules::l2_delete(mac)),
+            }
+        }
+    }
+
+    /// After the topology changed, recompute every host's L2 rules on every switch.
+    pub(crate) fn maybe_recompute_l2(&mut self, out: &mut Outbox) {
+        let generation = self.topo.generation();
+        if generation == self.l2_generation {
+            return;
+        }
+        self.l2_generation = generation;
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for &d in &dpids {
+            out.push(d, rules::delete_kind(crate::cookie::RuleKind::L2));
+            out.push(d, Message::BarrierRequest);
+        }
+        let hosts: Vec<(MacAddr, PortRef)> = self.topo.hosts().map(|(m, h)| (*m, h.at)).collect();
+        for (mac, at) in hosts {
+            for &d in &dpids {
+                if let Some(port) = self.topo.egress_toward(d, at) {
+                    out.push(d, rules::l2_forward(mac, port));
+                }
+            }
+        }
+    }
+
+    /// LLDP out of every port of one switch, each naming the switch and the port.
+    pub(crate) fn send_lldp(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let Some(sw) = self.topo.switch(dpid) else { return };
+        let ports: Vec<(u32, MacAddr)> =
+            sw.ports.iter().filter(|(no, p)| p.up && **no <= ofp::port::MAX).map(|(no, p)| (*no, p.hw_addr)).collect();
+        let ttl = (self.config().lldp_interval.as_secs() * 4).clamp(1, 65_535) as u16;
+        for (port, mac) in ports {
+            let frame = packet::lldp_probe(mac, dpid, port, ttl);
+            out.push(dpid, rules::packet_out(ofp::port::CONTROLLER, rules::output(port), frame));
+        }
+    }
+
+    /// Backends are found on the network, not from a port map: ask for the ones not yet
+    /// located with an ARP request out of every edge port.
+    pub(crate) fn probe_unlocated_backends(&mut self, out: &mut Outbox) {
+        let mut asks: Vec<(MacAddr, Ipv4Addr, Ipv4Addr)> = Vec::new();
+        for s in &self.services {
+            // Ask as the service: its VIP, or no address at all (an RFC 5227 probe).
+            let spa = s.cfg.vip.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            for b in &s.backends {
+                if b.mac.is_none() && !asks.iter().any(|(_, _, t)| *t == b.address) {
+                    asks.push((s.cfg.virtual_mac, spa, b.address));
+                }
+            }
+        }
+        if asks.is_empty() {
+            return;
+        }
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        let mut ports = Vec::new();
+        for d in dpids {
+            self.topo.edge_ports(d, &mut ports);
+            if ports.is_empty() {
+                continue;
+            }
+            for (sha, spa, tpa) in &asks {
+                let frame = packet::arp_request(*sha, *spa, *tpa);
+                let mut actions = Actions::new();
+                for &p in &ports {
+                    actions.push(Action::output(p));
+                }
+                out.push(d, rules::packet_out(ofp::port::CONTROLLER, actions, frame));
+            }
+        }
+    }
+}

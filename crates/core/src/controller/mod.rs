@@ -1,0 +1,601 @@
+//! The controller state machine.
+//!
+//! [`Controller`] takes events with the time they happened — a switch connected, a message
+//! from a switch, a timer tick, a health-probe result, an operator's command — and appends
+//! the OpenFlow messages they call for to an [`Outbox`], each addressed to a switch. It does
+//! no I/O and reads no clock. The runtime owns the sockets and the timers; tests, the
+//! benchmark and the simulator drive the same state machine directly.
+
+mod l2;
+pub(crate) mod rules;
+mod vip;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ahash::RandomState;
+use ofp::{Message, MultipartReplyBody, PortDesc, PortReason, SwitchFeatures};
+use serde::Serialize;
+use smallvec::SmallVec;
+
+use crate::balance::{AlgorithmKind, AlgorithmParams};
+use crate::config::{BackendConfig, Config, ControllerConfig};
+use crate::conntrack::ConnTable;
+use crate::cookie::{self, RuleKind};
+use crate::service::{AdminState, BackendState, ServiceState};
+use crate::topology::{Dpid, PortInfo, Topology};
+
+/// Messages for switches, produced by one or more calls into the [`Controller`].
+/// The runtime drains it after each call; reusing one keeps the hot path allocation-free.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    pub msgs: Vec<(Dpid, Message)>,
+}
+
+impl Outbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, dpid: Dpid, msg: Message) {
+        self.msgs.push((dpid, msg));
+    }
+
+    pub fn drain(&mut self) -> std::vec::Drain<'_, (Dpid, Message)> {
+        self.msgs.drain(..)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.msgs.len()
+    }
+}
+
+/// Controller-wide counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counters {
+    pub packet_in: u64,
+    pub packet_in_unparsable: u64,
+    pub flow_removed: u64,
+    pub of_errors: u64,
+    pub lldp_received: u64,
+    pub arp_replies_sent: u64,
+    pub resets_sent: u64,
+    pub connections_rebuilt: u64,
+}
+
+/// Something that happened, kept in a short ring for operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Milliseconds since the controller started.
+    pub at_ms: u64,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+const EVENT_RING: usize = 256;
+
+#[derive(Debug, Clone)]
+struct SwitchState {
+    features: SwitchFeatures,
+    connected_at: Instant,
+    packet_in: u64,
+    /// An OpenFlow ERROR from this switch, the last one, for operators.
+    last_error: Option<String>,
+}
+
+/// What an address:port on the network means to the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Listener {
+    pub(crate) service: u16,
+    /// For services without a VIP: the backend the client addressed.
+    pub(crate) requested: Option<u16>,
+}
+
+pub struct Controller {
+    cfg: ControllerConfig,
+    epoch: Option<Instant>,
+    pub(crate) topo: Topology,
+    switches: BTreeMap<Dpid, SwitchState>,
+    pub(crate) services: Vec<ServiceState>,
+    /// `(address, port)` that new connections are intercepted on.
+    pub(crate) listeners: HashMap<(Ipv4Addr, u16), Listener, RandomState>,
+    /// Backend address to every `(service, backend)` it serves.
+    pub(crate) backend_index: HashMap<Ipv4Addr, SmallVec<[(u16, u16); 2]>, RandomState>,
+    pub(crate) conns: ConnTable,
+    pub(crate) counters: Counters,
+    events: VecDeque<Event>,
+    seed: u64,
+    last_refresh: Option<Instant>,
+    last_lldp: Option<Instant>,
+    last_arp_probe: Option<Instant>,
+    /// Topology generation the L2 rules were last computed for.
+    l2_generation: u64,
+    /// Scratch buffers, reused so the PACKET_IN path does not allocate.
+    pub(crate) scratch_path: Vec<(Dpid, u32)>,
+    pub(crate) scratch_ports: Vec<u32>,
+}
+
+impl Controller {
+    pub fn new(config: &Config) -> Self {
+        let seed = config.controller.seed;
+        let mut c = Controller {
+            cfg: config.controller.clone(),
+            epoch: None,
+            topo: Topology::new(),
+            switches: BTreeMap::new(),
+            services: Vec::new(),
+            listeners: HashMap::default(),
+            backend_index: HashMap::default(),
+            conns: ConnTable::new(),
+            counters: Counters::default(),
+            events: VecDeque::with_capacity(EVENT_RING),
+            seed,
+            last_refresh: None,
+            last_lldp: None,
+            last_arp_probe: None,
+            l2_generation: 0,
+            scratch_path: Vec::with_capacity(16),
+            scratch_ports: Vec::with_capacity(64),
+        };
+        for (i, s) in config.services.iter().enumerate() {
+            c.services.push(ServiceState::new(s.clone(), seed.wrapping_add(i as u64)));
+        }
+        c.reindex();
+        c
+    }
+
+    pub fn config(&self) -> &ControllerConfig {
+        &self.cfg
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    pub fn services(&self) -> &[ServiceState] {
+        &self.services
+    }
+
+    pub fn connections(&self) -> &ConnTable {
+        &self.conns
+    }
+
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.events.iter()
+    }
+
+    pub(crate) fn ms_since_start(&mut self, now: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        now.saturating_duration_since(epoch).as_millis() as u64
+    }
+
+    pub(crate) fn event(&mut self, now: Instant, kind: &'static str, detail: String) {
+        let at_ms = self.ms_since_start(now);
+        if self.events.len() == EVENT_RING {
+            self.events.pop_front();
+        }
+        self.events.push_back(Event { at_ms, kind, detail });
+    }
+
+    /// Rebuild the address indexes after the services or their pools changed.
+    fn reindex(&mut self) {
+        self.listeners.clear();
+        self.backend_index.clear();
+        for (si, s) in self.services.iter().enumerate() {
+            let si = si as u16;
+            match s.cfg.vip {
+                Some(vip) => {
+                    self.listeners.insert((vip, s.cfg.port), Listener { service: si, requested: None });
+                }
+                None => {
+                    for (bi, b) in s.backends.iter().enumerate() {
+                        self.listeners.insert((b.address, s.cfg.port), Listener { service: si, requested: Some(bi as u16) });
+                    }
+                }
+            }
+            for (bi, b) in s.backends.iter().enumerate() {
+                self.backend_index.entry(b.address).or_default().push((si, bi as u16));
+            }
+        }
+    }
+
+    /// The addresses the controller intercepts new connections on, with their service.
+    fn intercept_rules(&self) -> Vec<Message> {
+        let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
+        v.sort_by_key(|(k, _)| **k);
+        v.into_iter().map(|(&(addr, port), l)| rules::intercept(l.service, addr, port)).collect()
+    }
+
+    // ----- switch lifecycle -------------------------------------------------------------
+
+    /// A switch finished the handshake (HELLO, FEATURES). Resync it: remove stale proactive
+    /// rules, install the current ones, and ask for its ports and its connection rules.
+    /// Connection rules are left alone: the connections they carry survive a controller
+    /// restart or a switch reconnect, and their flow stats rebuild the table.
+    pub fn handle_switch_up(&mut self, now: Instant, features: SwitchFeatures, out: &mut Outbox) {
+        let dpid = features.datapath_id;
+        self.ms_since_start(now);
+        self.switches.insert(dpid, SwitchState { features, connected_at: now, packet_in: 0, last_error: None });
+        self.topo.add_switch(dpid);
+        self.event(now, "switch-up", format!("{dpid:016x}"));
+        // Full packets to the controller, nothing buffered (§7.3.2 miss_send_len).
+        out.push(dpid, Message::SetConfig(ofp::SwitchConfig { flags: 0, miss_send_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER }));
+        for kind in RuleKind::PROACTIVE {
+            out.push(dpid, rules::delete_kind(kind));
+        }
+        // §6.2: without a barrier the switch may reorder; the deletes must be done before
+        // the new rules land, or they would delete them.
+        out.push(dpid, Message::BarrierRequest);
+        out.push(dpid, rules::table_miss());
+        out.push(dpid, rules::lldp_to_controller());
+        for m in self.intercept_rules() {
+            out.push(dpid, m);
+        }
+        out.push(dpid, rules::port_desc_request());
+        out.push(dpid, rules::conn_flow_stats_request());
+        out.push(dpid, Message::BarrierRequest);
+        // L2 rules for the hosts already known are sent when paths are recomputed.
+        self.l2_generation = 0;
+    }
+
+    /// A switch's session ended. Its rules stay in the switch (fail-secure); only our view
+    /// of the topology forgets it.
+    pub fn handle_switch_down(&mut self, now: Instant, dpid: Dpid, out: &mut Outbox) {
+        if self.switches.remove(&dpid).is_some() {
+            self.topo.remove_switch(dpid);
+            self.event(now, "switch-down", format!("{dpid:016x}"));
+            self.sync_backend_locations(now);
+            self.maybe_recompute_l2(out);
+        }
+    }
+
+    /// A message from a switch whose handshake is complete.
+    pub fn handle_message(&mut self, now: Instant, dpid: Dpid, msg: &Message, out: &mut Outbox) {
+        match msg {
+            Message::PacketIn(pi) => {
+                if let Some(s) = self.switches.get_mut(&dpid) {
+                    s.packet_in += 1;
+                }
+                self.handle_packet_in(now, dpid, pi, out);
+            }
+            Message::FlowRemoved(fr) => self.handle_flow_removed(now, fr),
+            Message::PortStatus(ps) => {
+                match ps.reason {
+                    PortReason::Delete => self.topo.remove_port(dpid, ps.desc.port_no),
+                    _ => self.set_port(dpid, &ps.desc),
+                }
+                self.sync_backend_locations(now);
+                self.maybe_recompute_l2(out);
+            }
+            Message::MultipartReply(r) => match &r.body {
+                MultipartReplyBody::PortDesc(ports) => {
+                    for p in ports {
+                        self.set_port(dpid, p);
+                    }
+                    // Discover links at once rather than at the next LLDP tick.
+                    self.send_lldp(dpid, out);
+                    self.maybe_recompute_l2(out);
+                }
+                MultipartReplyBody::Flow(stats) => {
+                    for fs in stats {
+                        self.rebuild_conn(now, fs);
+                    }
+                }
+                _ => {}
+            },
+            Message::Error(e) => {
+                self.counters.of_errors += 1;
+                let text = format!("{:?}", e.kind);
+                if let Some(s) = self.switches.get_mut(&dpid) {
+                    s.last_error = Some(text.clone());
+                }
+                self.event(now, "openflow-error", format!("{dpid:016x}: {text}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn set_port(&mut self, dpid: Dpid, p: &PortDesc) {
+        // OFPPS_LINK_DOWN = 1, OFPPC_PORT_DOWN = 1 (§7.2.1).
+        let up = p.state & 1 == 0 && p.config & 1 == 0;
+        let info = PortInfo { name: p.name.as_str().to_string(), hw_addr: flowgate_packet::MacAddr(p.hw_addr), up };
+        self.topo.set_port(dpid, p.port_no, info);
+    }
+
+    fn handle_flow_removed(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
+        self.counters.flow_removed += 1;
+        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn) || fr.cookie & cookie::conn::ACCOUNTING == 0 {
+            return;
+        }
+        if let Some(key) = vip::conn_key_of_forward_match(&fr.match_) {
+            if let Some(conn) = self.conns.remove(&key) {
+                if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
+                    s.record_end(usize::from(conn.backend));
+                }
+            }
+        }
+        let _ = now;
+    }
+
+    // ----- timers -----------------------------------------------------------------------
+
+    /// Run whatever is due: load refresh, LLDP probes, link expiry, locating backends.
+    /// Call it at least every `refresh_interval`.
+    pub fn handle_tick(&mut self, now: Instant, out: &mut Outbox) {
+        self.ms_since_start(now);
+        let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| now.saturating_duration_since(t) >= every);
+        if due(self.last_refresh, self.cfg.refresh_interval) {
+            self.last_refresh = Some(now);
+            let stale = self.cfg.refresh_interval * 50 + Duration::from_secs(1);
+            for s in &mut self.services {
+                s.refresh(now, stale);
+            }
+        }
+        if due(self.last_lldp, self.cfg.lldp_interval) {
+            self.last_lldp = Some(now);
+            let dpids: Vec<Dpid> = self.switches.keys().copied().collect();
+            for d in dpids {
+                self.send_lldp(d, out);
+            }
+            if self.topo.expire_links(now, self.cfg.lldp_interval * 7 / 2) {
+                self.event(now, "links-expired", String::new());
+            }
+        }
+        if due(self.last_arp_probe, Duration::from_secs(1)) {
+            self.last_arp_probe = Some(now);
+            self.probe_unlocated_backends(out);
+        }
+        self.maybe_recompute_l2(out);
+    }
+
+    // ----- operator commands ------------------------------------------------------------
+
+    pub fn service_index(&self, name: &str) -> Option<usize> {
+        self.services.iter().position(|s| s.cfg.name == name)
+    }
+
+    /// Stop (or resume) giving new connections to a backend; existing ones are untouched.
+    pub fn set_admin(&mut self, now: Instant, service: usize, backend: usize, admin: AdminState) -> bool {
+        let Some(s) = self.services.get_mut(service) else { return false };
+        let Some(b) = s.backends.get_mut(backend) else { return false };
+        b.admin = admin;
+        if admin == AdminState::Active {
+            b.since = Some(now);
+        }
+        let detail = format!("{}/{} {:?}", s.cfg.name, b.address, admin);
+        s.sync_eligibility();
+        self.event(now, "admin", detail);
+        true
+    }
+
+    pub fn set_weight(&mut self, service: usize, backend: usize, weight: u32) -> bool {
+        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return false };
+        b.weight = weight;
+        true
+    }
+
+    pub fn set_algorithm(&mut self, now: Instant, service: usize, kind: AlgorithmKind, params: AlgorithmParams) -> Result<(), String> {
+        params.validate(kind)?;
+        let seed = self.seed;
+        let s = self.services.get_mut(service).ok_or("no such service")?;
+        s.set_algorithm(kind, params, seed.wrapping_add(service as u64));
+        let detail = format!("{} -> {kind}", s.cfg.name);
+        self.event(now, "algorithm", detail);
+        Ok(())
+    }
+
+    /// Add a backend to a service's pool. Returns its index.
+    pub fn add_backend(&mut self, now: Instant, service: usize, cfg: BackendConfig, out: &mut Outbox) -> Result<usize, String> {
+        let s = self.services.get_mut(service).ok_or("no such service")?;
+        if s.backend_index(cfg.address).is_some() {
+            return Err(format!("{} is already a backend of {}", cfg.address, s.cfg.name));
+        }
+        if s.cfg.vip == Some(cfg.address) {
+            return Err("a backend cannot have the service's VIP".into());
+        }
+        let mut b = BackendState::new(&cfg);
+        b.since = Some(now);
+        s.backends.push(b);
+        s.cfg.backends.push(cfg);
+        s.pool_changed(now);
+        let idx = s.backends.len() - 1;
+        self.reindex();
+        self.sync_backend_locations(now);
+        self.reinstall_intercepts(out);
+        self.probe_unlocated_backends(out);
+        Ok(idx)
+    }
+
+    /// Remove a backend. Its existing connections keep their rules until they end; only
+    /// their accounting is dropped (no connection is broken by a pool change).
+    pub fn remove_backend(&mut self, now: Instant, service: usize, backend: usize, out: &mut Outbox) -> Result<(), String> {
+        let s = self.services.get_mut(service).ok_or("no such service")?;
+        if backend >= s.backends.len() {
+            return Err("no such backend".into());
+        }
+        s.backends.remove(backend);
+        s.cfg.backends.remove(backend);
+        s.pool_changed(now);
+        let si = service as u16;
+        let bi = backend as u16;
+        self.conns.retain(|_, c| {
+            if c.service != si {
+                return true;
+            }
+            if c.backend == bi {
+                return false;
+            }
+            if c.backend > bi {
+                c.backend -= 1;
+            }
+            true
+        });
+        self.reindex();
+        self.reinstall_intercepts(out);
+        Ok(())
+    }
+
+    fn reinstall_intercepts(&mut self, out: &mut Outbox) {
+        let msgs = self.intercept_rules();
+        for &dpid in self.switches.keys() {
+            out.push(dpid, rules::delete_kind(RuleKind::Intercept));
+            out.push(dpid, Message::BarrierRequest);
+            for m in &msgs {
+                out.push(dpid, m.clone());
+            }
+        }
+    }
+
+    /// Replace the services with a new configuration's, keeping every live connection and
+    /// every backend's learned state where the backend stays.
+    pub fn reload(&mut self, now: Instant, config: &Config, out: &mut Outbox) {
+        let mut old: Vec<ServiceState> = std::mem::take(&mut self.services);
+        for (i, scfg) in config.services.iter().enumerate() {
+            let mut s = ServiceState::new(scfg.clone(), self.seed.wrapping_add(i as u64));
+            if let Some(prev) = old.iter_mut().find(|o| o.cfg.name == scfg.name) {
+                carry_over(prev, &mut s);
+            }
+            self.services.push(s);
+        }
+        // Connections whose service or backend is gone stop being accounted for; their
+        // rules stay until idle, so they are not broken.
+        let names: Vec<(String, Vec<Ipv4Addr>)> =
+            old.iter().map(|o| (o.cfg.name.clone(), o.backends.iter().map(|b| b.address).collect())).collect();
+        let services = &self.services;
+        let remap = |svc: u16, backend: u16| -> Option<(u16, u16)> {
+            let (name, addrs) = names.get(usize::from(svc))?;
+            let addr = addrs.get(usize::from(backend))?;
+            let si = services.iter().position(|s| &s.cfg.name == name)?;
+            let bi = services[si].backend_index(*addr)?;
+            Some((si as u16, bi as u16))
+        };
+        let mut kept = Vec::new();
+        self.conns.retain(|k, c| match remap(c.service, c.backend) {
+            Some((si, bi)) => {
+                c.service = si;
+                c.backend = bi;
+                kept.push(*k);
+                true
+            }
+            None => false,
+        });
+        self.cfg = config.controller.clone();
+        self.reindex();
+        self.sync_backend_locations(now);
+        self.reinstall_intercepts(out);
+        self.event(now, "reload", format!("{} services", self.services.len()));
+    }
+
+    // ----- introspection ----------------------------------------------------------------
+
+    pub fn switch_ids(&self) -> impl Iterator<Item = Dpid> + '_ {
+        self.switches.keys().copied()
+    }
+
+    /// Per-switch figures for operators.
+    pub fn switch_view(&self, dpid: Dpid) -> Option<SwitchView> {
+        let s = self.switches.get(&dpid)?;
+        let ports = self.topo.switch(dpid).map(|sw| sw.ports.len()).unwrap_or(0);
+        Some(SwitchView {
+            dpid,
+            n_tables: s.features.n_tables,
+            ports,
+            packet_in: s.packet_in,
+            connected_at: s.connected_at,
+            last_error: s.last_error.clone(),
+        })
+    }
+
+    /// Backends get their location (MAC) from the hosts learned on the network.
+    pub(crate) fn sync_backend_locations(&mut self, now: Instant) {
+        for s in &mut self.services {
+            let mut changed = false;
+            for b in &mut s.backends {
+                let mac = self.topo.locate_ip(b.address).map(|(m, _)| m);
+                if mac != b.mac {
+                    changed = true;
+                    if b.mac.is_none() {
+                        b.since.get_or_insert(now);
+                    }
+                    b.mac = mac;
+                }
+            }
+            if changed {
+                s.sync_eligibility();
+            }
+        }
+    }
+
+    /// Feed one active probe result; the backend's rise/fall state decides its health.
+    pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, ok: bool) {
+        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return };
+        match b.health.on_probe(ok) {
+            Some(crate::health::HealthTransition::Up) => self.handle_health(now, service, backend, true),
+            Some(crate::health::HealthTransition::Down) => self.handle_health(now, service, backend, false),
+            None => {}
+        }
+    }
+
+    /// Set a backend's health (from the probes, or an operator).
+    pub fn handle_health(&mut self, now: Instant, service: usize, backend: usize, healthy: bool) {
+        let Some(s) = self.services.get_mut(service) else { return };
+        let Some(b) = s.backends.get_mut(backend) else { return };
+        if b.healthy != healthy {
+            b.healthy = healthy;
+            if healthy {
+                b.since = Some(now);
+            }
+            let detail = format!("{}/{} {}", s.cfg.name, b.address, if healthy { "up" } else { "down" });
+            s.sync_eligibility();
+            self.event(now, "health", detail);
+        }
+    }
+
+    /// Record a measured response time (ms) for a backend, from a probe or its metrics.
+    pub fn handle_response_time(&mut self, service: usize, backend: usize, ms: f64) {
+        if let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) {
+            // EWMA with α = 0.2 (load-balancing-anchors §1.4).
+            b.response_time_ms = Some(match b.response_time_ms {
+                Some(prev) => prev + 0.2 * (ms - prev),
+                None => ms,
+            });
+        }
+    }
+}
+
+fn carry_over(prev: &mut ServiceState, next: &mut ServiceState) {
+    for b in &mut next.backends {
+        if let Some(p) = prev.backends.iter().find(|p| p.address == b.address) {
+            let weight = b.weight;
+            let metrics = b.metrics_url.clone();
+            *b = p.clone();
+            b.weight = weight;
+            b.metrics_url = metrics;
+        }
+    }
+    next.counters = prev.counters.clone();
+    next.sync_eligibility();
+}
+
+/// Per-switch figures for operators.
+#[derive(Debug, Clone)]
+pub struct SwitchView {
+    pub dpid: Dpid,
+    pub n_tables: u8,
+    pub ports: usize,
+    pub packet_in: u64,
+    pub connected_at: Instant,
+    pub last_error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests;

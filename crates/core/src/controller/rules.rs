@@ -1,0 +1,174 @@
+//! Builders for the FLOW_MODs and PACKET_OUTs the controller sends. One place decides
+//! priorities and cookies, so the pipeline can be read here in one go:
+//!
+//! | priority | rule | cookie kind |
+//! | --- | --- | --- |
+//! | 500 | LLDP to the controller | `Lldp` |
+//! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
+//! | 200 | new connections to a service address, to the controller | `Intercept` |
+//! | 100 | L2: to a learned host's MAC, toward it | `L2` |
+//! | 0 | table-miss, to the controller | `TableMiss` |
+
+use std::net::Ipv4Addr;
+
+use flowgate_packet::{ETH_TYPE_IPV4, ETH_TYPE_LLDP, IP_PROTO_TCP, MacAddr};
+use ofp::{Action, Actions, Bytes, FlowMod, FlowModCommand, FlowModFlags, Instruction, Match, Message, Oxm, PacketOut};
+
+use crate::cookie::{self, RuleKind};
+
+pub(crate) const PRIO_LLDP: u16 = 500;
+pub(crate) const PRIO_CONN: u16 = 300;
+pub(crate) const PRIO_INTERCEPT: u16 = 200;
+pub(crate) const PRIO_L2: u16 = 100;
+pub(crate) const PRIO_TABLE_MISS: u16 = 0;
+
+/// OFPTT_ALL: "wildcard table used for table config, flow stats and flow deletes" (§7.3.4.1).
+pub(crate) const TABLE_ALL: u8 = 0xff;
+
+fn apply(actions: Actions) -> ofp::Instructions {
+    let mut i = ofp::Instructions::new();
+    i.push(Instruction::ApplyActions(actions));
+    i
+}
+
+fn to_controller() -> Actions {
+    let mut a = Actions::new();
+    // OFPCML_NO_BUFFER: send the whole packet, buffer nothing (§7.2.5), so the packet
+    // can be sent on with PACKET_OUT whatever the switch's buffering.
+    a.push(Action::Output { port: ofp::port::CONTROLLER, max_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER });
+    a
+}
+
+fn flow(kind: RuleKind, low: u64, priority: u16, m: Match, actions: Actions) -> FlowMod {
+    let mut fm = FlowMod::add(m);
+    fm.cookie = cookie::cookie(kind, low);
+    fm.priority = priority;
+    fm.instructions = apply(actions);
+    fm
+}
+
+/// The OpenFlow 1.3 table-miss entry: "§5.4: every flow table must support a table-miss
+/// flow entry ... (priority 0, all fields wildcarded)". Without it OF1.3 drops misses.
+pub(crate) fn table_miss() -> Message {
+    Message::FlowMod(flow(RuleKind::TableMiss, 0, PRIO_TABLE_MISS, Match::new(), to_controller()))
+}
+
+pub(crate) fn lldp_to_controller() -> Message {
+    Message::FlowMod(flow(RuleKind::Lldp, 0, PRIO_LLDP, Match::new().with(Oxm::EthType(ETH_TYPE_LLDP)), to_controller()))
+}
+
+/// Delete every rule of one kind in every table, whatever its match (non-strict delete
+/// filtered by cookie, §6.4 and §7.3.4.1).
+pub(crate) fn delete_kind(kind: RuleKind) -> Message {
+    let mut fm = FlowMod::delete(Match::new());
+    fm.table_id = TABLE_ALL;
+    fm.cookie = kind.base();
+    fm.cookie_mask = cookie::KIND_MASK;
+    Message::FlowMod(fm)
+}
+
+/// New TCP connections to `addr:port` go up to the controller. Connection rules
+/// (higher priority) take everything after the first packets.
+pub(crate) fn intercept(service: u16, addr: Ipv4Addr, port: u16) -> Message {
+    let m = tcp_match(None, Some(addr), None, Some(port));
+    Message::FlowMod(flow(RuleKind::Intercept, u64::from(service), PRIO_INTERCEPT, m, to_controller()))
+}
+
+pub(crate) fn l2_forward(mac: MacAddr, port: u32) -> Message {
+    let low = mac_bits(mac);
+    let m = Match::new().with(Oxm::EthDst { value: mac.0, mask: None });
+    Message::FlowMod(flow(RuleKind::L2, low, PRIO_L2, m, output(port)))
+}
+
+pub(crate) fn l2_delete(mac: MacAddr) -> Message {
+    let mut fm = FlowMod::delete(Match::new().with(Oxm::EthDst { value: mac.0, mask: None }));
+    fm.command = FlowModCommand::DeleteStrict;
+    fm.priority = PRIO_L2;
+    fm.cookie = cookie::cookie(RuleKind::L2, mac_bits(mac));
+    fm.cookie_mask = u64::MAX;
+    Message::FlowMod(fm)
+}
+
+fn mac_bits(mac: MacAddr) -> u64 {
+    mac.0.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+}
+
+pub(crate) fn output(port: u32) -> Actions {
+    let mut a = Actions::new();
+    a.push(Action::output(port));
+    a
+}
+
+/// An exact match on an IPv4 TCP segment's addresses and ports (any of them may be left
+/// out). Prerequisites per §7.2.3.8: `ipv4_*` needs `eth_type=0x0800`, `tcp_*` needs
+/// `ip_proto=6`.
+pub(crate) fn tcp_match(src: Option<Ipv4Addr>, dst: Option<Ipv4Addr>, sport: Option<u16>, dport: Option<u16>) -> Match {
+    let mut m = Match::new().with(Oxm::EthType(ETH_TYPE_IPV4)).with(Oxm::IpProto(IP_PROTO_TCP));
+    if let Some(a) = src {
+        m.push(Oxm::Ipv4Src { value: a, mask: None });
+    }
+    if let Some(a) = dst {
+        m.push(Oxm::Ipv4Dst { value: a, mask: None });
+    }
+    if let Some(p) = sport {
+        m.push(Oxm::TcpSrc(p));
+    }
+    if let Some(p) = dport {
+        m.push(Oxm::TcpDst(p));
+    }
+    m
+}
+
+/// One direction of one connection on one switch.
+pub(crate) struct ConnRule {
+    pub(crate) cookie_low: u64,
+    pub(crate) idle_timeout: u16,
+    pub(crate) m: Match,
+    pub(crate) actions: Actions,
+}
+
+impl ConnRule {
+    pub(crate) fn into_message(self) -> Message {
+        let mut fm = flow(RuleKind::Conn, self.cookie_low, PRIO_CONN, self.m, self.actions);
+        fm.idle_timeout = self.idle_timeout;
+        fm.flags = FlowModFlags::SEND_FLOW_REM;
+        Message::FlowMod(fm)
+    }
+}
+
+/// Rewrite the destination to `(mac, ip)`: the forward rewrite, client to backend.
+/// SET_FIELD without a mask: OVS rejects masked set-field in OF1.3 (OFPBAC_BAD_SET_MASK).
+pub(crate) fn push_rewrite_dst(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
+    a.push(Action::SetField(Oxm::EthDst { value: mac.0, mask: None }));
+    a.push(Action::SetField(Oxm::Ipv4Dst { value: ip, mask: None }));
+}
+
+/// Rewrite the source to `(mac, ip)`: the reverse rewrite, backend back to the service.
+pub(crate) fn push_rewrite_src(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
+    a.push(Action::SetField(Oxm::EthSrc { value: mac.0, mask: None }));
+    a.push(Action::SetField(Oxm::Ipv4Src { value: ip, mask: None }));
+}
+
+/// Send `data` out with `actions`, as if it had entered at `in_port`.
+pub(crate) fn packet_out(in_port: u32, actions: Actions, data: Bytes) -> Message {
+    Message::PacketOut(PacketOut { buffer_id: ofp::NO_BUFFER, in_port, actions, data })
+}
+
+/// Flow stats of every connection rule, to rebuild the connection table after a restart.
+pub(crate) fn conn_flow_stats_request() -> Message {
+    ofp::Message::MultipartRequest(ofp::MultipartRequest {
+        flags: 0,
+        body: ofp::MultipartRequestBody::Flow(ofp::FlowStatsRequest {
+            table_id: TABLE_ALL,
+            out_port: ofp::port::ANY,
+            out_group: ofp::group::ANY,
+            cookie: RuleKind::Conn.base(),
+            cookie_mask: cookie::KIND_MASK,
+            match_: Match::new(),
+        }),
+    })
+}
+
+pub(crate) fn port_desc_request() -> Message {
+    ofp::Message::MultipartRequest(ofp::MultipartRequest { flags: 0, body: ofp::MultipartRequestBody::PortDesc })
+}

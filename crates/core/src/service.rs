@@ -1,0 +1,243 @@
+//! A service's live state: its backends with their measured load and health, and the
+//! balancer that decides for it.
+//!
+//! Load is refreshed on the controller's refresh tick (about every 10 ms, as the source
+//! paper's server-load module does), never on the decision path: a decision reads the
+//! last refresh plus the connections assigned since (`picks_since_refresh`), so a burst
+//! between two refreshes does not herd onto the server that looked idle 10 ms ago.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use flowgate_packet::MacAddr;
+use serde::Serialize;
+
+use crate::balance::{AlgorithmKind, AlgorithmParams, Balancer, BackendLoad};
+use crate::config::{BackendConfig, ServiceConfig};
+use crate::health::{ActiveHealth, SlowStart};
+
+/// Time constant of the request-rate average. A 10 ms window alone is too noisy (one new
+/// connection in 10 ms reads as 100 per second); one second of memory is smooth and still
+/// follows a step in load within a few seconds.
+pub const RATE_TIME_CONSTANT: Duration = Duration::from_secs(1);
+
+/// An operator's wish for a backend, independent of its health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminState {
+    /// Takes new connections.
+    Active,
+    /// Takes no new connections; existing ones run to their end.
+    Draining,
+}
+
+#[derive(Debug, Clone)]
+pub struct BackendState {
+    pub address: Ipv4Addr,
+    /// Configured weight (before slow start).
+    pub weight: u32,
+    pub metrics_url: Option<String>,
+    pub admin: AdminState,
+    /// Result of active health checks (true until a check says otherwise).
+    pub healthy: bool,
+    /// Where the backend is on the network, once found (ARP or learning).
+    pub mac: Option<MacAddr>,
+    /// Connections whose rules exist, as counted from the switch's reports.
+    pub active_connections: u32,
+    pub connections_total: u64,
+    pub picks_since_refresh: u32,
+    new_since_refresh: u32,
+    /// New connections per second, averaged over [`RATE_TIME_CONSTANT`].
+    pub rps: f64,
+    pub response_time_ms: Option<f64>,
+    pub cpu: Option<f64>,
+    /// Request rate reported by the backend itself (Prometheus), when configured.
+    pub reported_rps: Option<f64>,
+    pub metrics_at: Option<Instant>,
+    /// When the backend (re)joined, for slow start.
+    pub since: Option<Instant>,
+    /// Rise/fall state of the active checks.
+    pub health: ActiveHealth,
+}
+
+impl BackendState {
+    pub fn new(cfg: &BackendConfig) -> Self {
+        BackendState {
+            address: cfg.address,
+            weight: cfg.weight,
+            metrics_url: cfg.metrics.clone(),
+            admin: AdminState::Active,
+            healthy: true,
+            mac: None,
+            active_connections: 0,
+            connections_total: 0,
+            picks_since_refresh: 0,
+            new_since_refresh: 0,
+            rps: 0.0,
+            response_time_ms: None,
+            cpu: None,
+            reported_rps: None,
+            metrics_at: None,
+            since: None,
+            health: ActiveHealth::default(),
+        }
+    }
+
+    /// Can this backend take a new connection at all?
+    pub fn eligible(&self) -> bool {
+        self.healthy && self.admin == AdminState::Active && self.mac.is_some()
+    }
+}
+
+/// Counters of one service, as exported.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServiceCounters {
+    /// New connections given a backend.
+    pub connections_total: u64,
+    /// ISSLM searches that found no optimal server.
+    pub no_optimal_server: u64,
+    /// New connections refused because no backend could take them.
+    pub refused_no_backend: u64,
+    /// Non-SYN packets of connections the controller did not know.
+    pub unknown_flow_packets: u64,
+}
+
+pub struct ServiceState {
+    pub cfg: ServiceConfig,
+    pub balancer: Balancer,
+    pub backends: Vec<BackendState>,
+    /// The balancer's view, rebuilt at each refresh and patched on each pick.
+    pub loads: Vec<BackendLoad>,
+    pub counters: ServiceCounters,
+    last_refresh: Option<Instant>,
+}
+
+impl ServiceState {
+    pub fn new(cfg: ServiceConfig, seed: u64) -> Self {
+        let backends: Vec<BackendState> = cfg
+            .backends
+            .iter()
+            .map(|b| {
+                let mut st = BackendState::new(b);
+                st.health = ActiveHealth::new(cfg.health.rise, cfg.health.fall);
+                st
+            })
+            .collect();
+        let balancer = Balancer::new(cfg.algorithm, cfg.params.clone(), backends.len(), seed);
+        let mut s = ServiceState { cfg, balancer, backends, loads: Vec::new(), counters: ServiceCounters::default(), last_refresh: None };
+        s.rebuild_loads(None);
+        s
+    }
+
+    pub fn algorithm(&self) -> AlgorithmKind {
+        self.balancer.kind()
+    }
+
+    /// Change the algorithm (or its parameters). Existing connections keep their backend:
+    /// only new decisions use the new balancer.
+    pub fn set_algorithm(&mut self, kind: AlgorithmKind, params: AlgorithmParams, seed: u64) {
+        self.cfg.algorithm = kind;
+        self.cfg.params = params.clone();
+        self.balancer = Balancer::new(kind, params, self.backends.len(), seed);
+    }
+
+    pub fn backend_index(&self, addr: Ipv4Addr) -> Option<usize> {
+        self.backends.iter().position(|b| b.address == addr)
+    }
+
+    /// Record a decision made by [`crate::Controller`].
+    pub fn record_pick(&mut self, backend: usize) {
+        self.counters.connections_total += 1;
+        if let Some(b) = self.backends.get_mut(backend) {
+            b.picks_since_refresh += 1;
+            b.new_since_refresh += 1;
+            b.connections_total += 1;
+            b.active_connections += 1;
+        }
+        if let Some(l) = self.loads.get_mut(backend) {
+            l.picks_since_refresh += 1;
+            l.active_connections += 1;
+        }
+    }
+
+    /// A connection's accounting rule is gone.
+    pub fn record_end(&mut self, backend: usize) {
+        if let Some(b) = self.backends.get_mut(backend) {
+            b.active_connections = b.active_connections.saturating_sub(1);
+        }
+        if let Some(l) = self.loads.get_mut(backend) {
+            l.active_connections = l.active_connections.saturating_sub(1);
+        }
+    }
+
+    /// Fold the connections assigned since the last refresh into the rate averages, and
+    /// give the balancer a fresh view.
+    pub fn refresh(&mut self, now: Instant, stale_after: Duration) {
+        let dt = match self.last_refresh {
+            Some(t) => now.saturating_duration_since(t),
+            None => Duration::ZERO,
+        };
+        self.last_refresh = Some(now);
+        if !dt.is_zero() {
+            let secs = dt.as_secs_f64();
+            let alpha = 1.0 - (-secs / RATE_TIME_CONSTANT.as_secs_f64()).exp();
+            for b in &mut self.backends {
+                let inst = f64::from(b.new_since_refresh) / secs;
+                b.rps += alpha * (inst - b.rps);
+                b.new_since_refresh = 0;
+                b.picks_since_refresh = 0;
+            }
+        }
+        self.rebuild_loads(Some((now, stale_after)));
+        self.balancer.on_refresh(&self.loads, dt);
+    }
+
+    fn rebuild_loads(&mut self, now: Option<(Instant, Duration)>) {
+        self.loads.clear();
+        for b in &self.backends {
+            let weight = match (b.since, now) {
+                (Some(since), Some((now, _))) if !self.cfg.slow_start.is_zero() => {
+                    let mut ramp = SlowStart::new(self.cfg.slow_start);
+                    ramp.start(since);
+                    ramp.effective_weight(now, b.weight)
+                }
+                _ => b.weight,
+            };
+            let metrics_fresh = match (b.metrics_at, now) {
+                (Some(at), Some((now, stale))) => now.saturating_duration_since(at) <= stale,
+                // Without a metrics endpoint our own counts are the metrics: always fresh.
+                (None, _) => b.metrics_url.is_none(),
+                (Some(_), None) => true,
+            };
+            loads_push(&mut self.loads, b, weight, metrics_fresh);
+        }
+    }
+
+    /// The balancer's view must track pool changes (add/remove backend).
+    pub fn pool_changed(&mut self, now: Instant) {
+        self.balancer.resize(self.backends.len());
+        self.rebuild_loads(Some((now, Duration::from_secs(3600))));
+    }
+
+    /// Refresh eligibility of one backend in the balancer's view without waiting for the
+    /// next tick (health or drain changes must take effect at once).
+    pub fn sync_eligibility(&mut self) {
+        for (b, l) in self.backends.iter().zip(self.loads.iter_mut()) {
+            l.eligible = b.eligible();
+        }
+    }
+}
+
+fn loads_push(loads: &mut Vec<BackendLoad>, b: &BackendState, weight: u32, metrics_fresh: bool) {
+    loads.push(BackendLoad {
+        eligible: b.eligible(),
+        weight,
+        active_connections: b.active_connections,
+        rps: b.reported_rps.unwrap_or(b.rps),
+        picks_since_refresh: b.picks_since_refresh,
+        response_time_ms: b.response_time_ms,
+        cpu: b.cpu,
+        capacity_rps: None,
+        metrics_fresh,
+    });
+}

@@ -1,0 +1,415 @@
+//! The network as the controller knows it: switches and their ports, the links between
+//! switches (found by LLDP), where each host is, and the paths derived from them.
+//!
+//! Paths are shortest paths (BFS over switch hops, ties broken by the lower datapath id so
+//! every run derives the same paths), and flooding follows one spanning tree, so a
+//! broadcast never loops whatever the wiring.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use flowgate_packet::MacAddr;
+
+/// An OpenFlow datapath id.
+pub type Dpid = u64;
+
+/// One port of one switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRef {
+    pub dpid: Dpid,
+    pub port: u32,
+}
+
+impl PortRef {
+    pub const fn new(dpid: Dpid, port: u32) -> Self {
+        PortRef { dpid, port }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    pub name: String,
+    pub hw_addr: MacAddr,
+    pub up: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SwitchInfo {
+    pub ports: BTreeMap<u32, PortInfo>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostInfo {
+    pub at: PortRef,
+    pub ip: Option<Ipv4Addr>,
+    pub last_seen: Instant,
+}
+
+/// What learning a host's source address changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostChange {
+    /// Seen for the first time.
+    New,
+    /// Seen at a different port than before.
+    Moved,
+    /// Nothing new about its location (its IP may have been recorded).
+    Same,
+}
+
+#[derive(Debug, Default)]
+pub struct Topology {
+    switches: BTreeMap<Dpid, SwitchInfo>,
+    /// Both ends of every link, each mapping to the other end and when it was last seen.
+    links: HashMap<PortRef, (PortRef, Instant)>,
+    hosts: HashMap<MacAddr, HostInfo>,
+    mac_by_ip: HashMap<Ipv4Addr, MacAddr>,
+    /// `(from, to) -> port of `from` leading one hop closer to `to``.
+    next_hop: HashMap<(Dpid, Dpid), u32>,
+    /// Link ports on the flooding spanning tree.
+    tree_ports: BTreeSet<PortRef>,
+    /// Bumped whenever paths may have changed, so derived rules can be recomputed.
+    generation: u64,
+}
+
+impl Topology {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn switches(&self) -> impl Iterator<Item = (&Dpid, &SwitchInfo)> {
+        self.switches.iter()
+    }
+
+    pub fn switch(&self, dpid: Dpid) -> Option<&SwitchInfo> {
+        self.switches.get(&dpid)
+    }
+
+    pub fn has_switch(&self, dpid: Dpid) -> bool {
+        self.switches.contains_key(&dpid)
+    }
+
+    /// A switch joined (or rejoined): record it with no ports yet.
+    pub fn add_switch(&mut self, dpid: Dpid) {
+        self.switches.entry(dpid).or_default();
+        self.recompute();
+    }
+
+    /// A switch left: forget it, its links and the hosts behind it.
+    pub fn remove_switch(&mut self, dpid: Dpid) {
+        self.switches.remove(&dpid);
+        self.links.retain(|a, (b, _)| a.dpid != dpid && b.dpid != dpid);
+        self.forget_hosts_where(|at| at.dpid == dpid);
+        self.recompute();
+    }
+
+    /// Record or update one port. A port that goes down takes its link and hosts with it.
+    pub fn set_port(&mut self, dpid: Dpid, port: u32, info: PortInfo) {
+        let up = info.up;
+        if let Some(sw) = self.switches.get_mut(&dpid) {
+            sw.ports.insert(port, info);
+        }
+        if !up {
+            self.port_gone(PortRef::new(dpid, port));
+        }
+    }
+
+    pub fn remove_port(&mut self, dpid: Dpid, port: u32) {
+        if let Some(sw) = self.switches.get_mut(&dpid) {
+            sw.ports.remove(&port);
+        }
+        self.port_gone(PortRef::new(dpid, port));
+    }
+
+    fn port_gone(&mut self, p: PortRef) {
+        let had_link = self.links.remove(&p).map(|(peer, _)| self.links.remove(&peer));
+        self.forget_hosts_where(|at| at == p);
+        if had_link.is_some() {
+            self.recompute();
+        }
+    }
+
+    /// An LLDP probe sent out of `from` arrived at `to`. Returns true when the link is new.
+    pub fn link_seen(&mut self, now: Instant, from: PortRef, to: PortRef) -> bool {
+        if from == to || !self.switches.contains_key(&from.dpid) || !self.switches.contains_key(&to.dpid) {
+            return false;
+        }
+        let new = self.links.get(&to).map(|(peer, _)| *peer) != Some(from);
+        self.links.insert(to, (from, now));
+        self.links.insert(from, (to, now));
+        if new {
+            // Hosts "learned" on a port that turns out to be a link were flooded copies.
+            self.forget_hosts_where(|at| at == from || at == to);
+            self.recompute();
+        }
+        new
+    }
+
+    /// Drop links not seen for `max_age`. Returns true when any was dropped.
+    pub fn expire_links(&mut self, now: Instant, max_age: Duration) -> bool {
+        let before = self.links.len();
+        self.links.retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= max_age);
+        let changed = self.links.len() != before;
+        if changed {
+            // Keep the map symmetric: drop half-links whose other half expired.
+            let ends: Vec<PortRef> = self.links.keys().copied().collect();
+            for a in ends {
+                if let Some((b, _)) = self.links.get(&a).copied() {
+                    if !self.links.contains_key(&b) {
+                        self.links.remove(&a);
+                    }
+                }
+            }
+            self.recompute();
+        }
+        changed
+    }
+
+    pub fn is_link_port(&self, p: PortRef) -> bool {
+        self.links.contains_key(&p)
+    }
+
+    /// Whether a link port is on the flooding spanning tree.
+    pub fn is_tree_port(&self, p: PortRef) -> bool {
+        self.tree_ports.contains(&p)
+    }
+
+    pub fn links(&self) -> impl Iterator<Item = (PortRef, PortRef)> + '_ {
+        self.links.iter().filter(|(a, (b, _))| a < &b).map(|(a, (b, _))| (*a, *b))
+    }
+
+    /// Learn that `mac` (and maybe `ip`) sent a packet that entered at `at`.
+    /// Packets entering on inter-switch links teach nothing about location.
+    pub fn learn_host(&mut self, now: Instant, mac: MacAddr, at: PortRef, ip: Option<Ipv4Addr>) -> HostChange {
+        if mac.is_multicast() || mac == MacAddr::ZERO || self.is_link_port(at) || at.port > ofp::port::MAX {
+            return HostChange::Same;
+        }
+        if let Some(ip) = ip {
+            if !ip.is_unspecified() {
+                self.mac_by_ip.insert(ip, mac);
+            }
+        }
+        match self.hosts.get_mut(&mac) {
+            Some(h) if h.at == at => {
+                h.last_seen = now;
+                if ip.is_some() {
+                    h.ip = ip;
+                }
+                HostChange::Same
+            }
+            Some(h) => {
+                h.at = at;
+                h.last_seen = now;
+                if ip.is_some() {
+                    h.ip = ip;
+                }
+                HostChange::Moved
+            }
+            None => {
+                self.hosts.insert(mac, HostInfo { at, ip, last_seen: now });
+                HostChange::New
+            }
+        }
+    }
+
+    pub fn host(&self, mac: MacAddr) -> Option<&HostInfo> {
+        self.hosts.get(&mac)
+    }
+
+    pub fn hosts(&self) -> impl Iterator<Item = (&MacAddr, &HostInfo)> {
+        self.hosts.iter()
+    }
+
+    pub fn mac_of(&self, ip: Ipv4Addr) -> Option<MacAddr> {
+        self.mac_by_ip.get(&ip).copied()
+    }
+
+    /// Where the host with this IP is, if known.
+    pub fn locate_ip(&self, ip: Ipv4Addr) -> Option<(MacAddr, PortRef)> {
+        let mac = self.mac_of(ip)?;
+        Some((mac, self.hosts.get(&mac)?.at))
+    }
+
+    fn forget_hosts_where(&mut self, pred: impl Fn(PortRef) -> bool) {
+        let gone: Vec<MacAddr> = self.hosts.iter().filter(|(_, h)| pred(h.at)).map(|(m, _)| *m).collect();
+        for m in gone {
+            self.hosts.remove(&m);
+            self.mac_by_ip.retain(|_, v| *v != m);
+        }
+    }
+
+    /// The port of `from` that leads one hop closer to `to` (None if unreachable or equal).
+    pub fn port_toward(&self, from: Dpid, to: Dpid) -> Option<u32> {
+        self.next_hop.get(&(from, to)).copied()
+    }
+
+    /// The egress port at `dpid` for traffic to a host at `dst`: the host's own port when
+    /// it is on this switch, else the next hop toward its switch.
+    pub fn egress_toward(&self, dpid: Dpid, dst: PortRef) -> Option<u32> {
+        if dpid == dst.dpid { Some(dst.port) } else { self.port_toward(dpid, dst.dpid) }
+    }
+
+    /// The switches a packet crosses from `from` to the host at `dst`, each with its egress
+    /// port, in order. None when there is no path.
+    pub fn path(&self, from: Dpid, dst: PortRef, out: &mut Vec<(Dpid, u32)>) -> Option<()> {
+        out.clear();
+        let mut at = from;
+        for _ in 0..=self.switches.len() {
+            let port = self.egress_toward(at, dst)?;
+            out.push((at, port));
+            if at == dst.dpid {
+                return Some(());
+            }
+            let (peer, _) = self.links.get(&PortRef::new(at, port))?;
+            at = peer.dpid;
+        }
+        None
+    }
+
+    /// Ports of `dpid` to flood a packet that entered at `in_port` on: every up port that is
+    /// not a link, plus the link ports on the spanning tree, never the ingress port.
+    pub fn flood_ports(&self, dpid: Dpid, in_port: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let Some(sw) = self.switches.get(&dpid) else { return };
+        for (&no, info) in &sw.ports {
+            if no == in_port || !info.up || no > ofp::port::MAX {
+                continue;
+            }
+            let p = PortRef::new(dpid, no);
+            if !self.is_link_port(p) || self.tree_ports.contains(&p) {
+                out.push(no);
+            }
+        }
+    }
+
+    /// Ports of `dpid` facing hosts (up, not links): where LLDP and ARP probes go.
+    pub fn edge_ports(&self, dpid: Dpid, out: &mut Vec<u32>) {
+        self.flood_ports(dpid, ofp::port::ANY, out);
+        out.retain(|&p| !self.is_link_port(PortRef::new(dpid, p)));
+    }
+
+    /// Recompute next hops (BFS from every switch) and the flooding tree (BFS from the
+    /// lowest dpid of each connected component).
+    fn recompute(&mut self) {
+        self.generation += 1;
+        self.next_hop.clear();
+        self.tree_ports.clear();
+        // Adjacency in a deterministic order.
+        let mut adj: BTreeMap<Dpid, Vec<(u32, PortRef)>> = BTreeMap::new();
+        for (&a, &(b, _)) in &self.links {
+            adj.entry(a.dpid).or_default().push((a.port, b));
+        }
+        for v in adj.values_mut() {
+            v.sort_by_key(|(port, peer)| (peer.dpid, *port));
+        }
+        let dpids: Vec<Dpid> = self.switches.keys().copied().collect();
+        for &dst in &dpids {
+            // BFS from dst; the parent of s is s's next hop toward dst.
+            let mut seen = BTreeSet::from([dst]);
+            let mut q = VecDeque::from([dst]);
+            while let Some(u) = q.pop_front() {
+                for &(_, peer) in adj.get(&u).map(Vec::as_slice).unwrap_or(&[]) {
+                    if seen.insert(peer.dpid) {
+                        // peer reaches u through the link end at peer.port.
+                        self.next_hop.insert((peer.dpid, dst), peer.port);
+                        q.push_back(peer.dpid);
+                    }
+                }
+            }
+        }
+        let mut in_tree = BTreeSet::new();
+        for &root in &dpids {
+            if !in_tree.insert(root) {
+                continue;
+            }
+            let mut q = VecDeque::from([root]);
+            while let Some(u) = q.pop_front() {
+                for &(port, peer) in adj.get(&u).map(Vec::as_slice).unwrap_or(&[]) {
+                    if in_tree.insert(peer.dpid) {
+                        self.tree_ports.insert(PortRef::new(u, port));
+                        self.tree_ports.insert(peer);
+                        q.push_back(peer.dpid);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(name: &str) -> PortInfo {
+        PortInfo { name: name.into(), hw_addr: MacAddr([2, 0, 0, 0, 0, 1]), up: true }
+    }
+
+    /// A ring of three switches, each with host port 1 and links on ports 2 and 3.
+    fn ring() -> (Topology, Instant) {
+        let now = Instant::now();
+        let mut t = Topology::new();
+        for d in 1..=3 {
+            t.add_switch(d);
+            for p in 1..=3 {
+                t.set_port(d, p, port("p"));
+            }
+        }
+        t.link_seen(now, PortRef::new(1, 2), PortRef::new(2, 3));
+        t.link_seen(now, PortRef::new(2, 2), PortRef::new(3, 3));
+        t.link_seen(now, PortRef::new(3, 2), PortRef::new(1, 3));
+        (t, now)
+    }
+
+    #[test]
+    fn flooding_follows_a_tree_so_a_ring_does_not_loop() {
+        let (t, _) = ring();
+        let mut tree_link_ends = 0;
+        let mut out = Vec::new();
+        for d in 1..=3 {
+            t.flood_ports(d, 1, &mut out);
+            assert!(!out.contains(&1));
+            tree_link_ends += out.iter().filter(|&&p| p != 1).count();
+        }
+        // A spanning tree of 3 switches has 2 links = 4 link ends.
+        assert_eq!(tree_link_ends, 4);
+    }
+
+    #[test]
+    fn paths_are_shortest_and_end_at_the_host_port() {
+        let (t, _) = ring();
+        let mut path = Vec::new();
+        t.path(1, PortRef::new(3, 1), &mut path).expect("reachable");
+        assert_eq!(path, vec![(1, 3), (3, 1)]);
+        t.path(2, PortRef::new(2, 1), &mut path).expect("local");
+        assert_eq!(path, vec![(2, 1)]);
+    }
+
+    #[test]
+    fn hosts_are_not_learned_on_links_and_a_new_link_forgets_them() {
+        let now = Instant::now();
+        let mut t = Topology::new();
+        t.add_switch(1);
+        t.add_switch(2);
+        let mac = MacAddr([2, 0, 0, 0, 0, 9]);
+        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2), None), HostChange::New);
+        t.link_seen(now, PortRef::new(1, 2), PortRef::new(2, 2));
+        assert!(t.host(mac).is_none());
+        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2), None), HostChange::Same);
+        assert!(t.host(mac).is_none());
+    }
+
+    #[test]
+    fn links_expire_and_a_down_port_takes_its_link() {
+        let (mut t, now) = ring();
+        assert!(t.is_link_port(PortRef::new(1, 2)));
+        t.set_port(1, 2, PortInfo { up: false, ..port("p") });
+        assert!(!t.is_link_port(PortRef::new(1, 2)));
+        assert!(!t.is_link_port(PortRef::new(2, 3)));
+        assert!(t.expire_links(now + Duration::from_secs(10), Duration::from_secs(3)));
+        assert_eq!(t.links().count(), 0);
+    }
+}

@@ -1,0 +1,3 @@
+//! Subcommands other than the controller itself.
+
+pub mod ofp;

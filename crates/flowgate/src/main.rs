@@ -1,0 +1,134 @@
+//! The `flowgate` binary: one program, several subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use flowgate_core::Config;
+
+#[derive(Parser)]
+#[command(name = "flowgate", version, about = "An OpenFlow 1.3 SDN controller that balances HTTP services at virtual IPs")]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "flowgate=debug".
+    #[arg(long, global = true, env = "FLOWGATE_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the controller.
+    Controller {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Validate the config, print every error, and exit.
+        #[arg(long)]
+        check: bool,
+        /// Once listening, write the bound addresses here as JSON (for scripts and tests
+        /// that configure port 0).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    /// The OpenFlow 1.3 codec from the command line.
+    Ofp {
+        #[command(subcommand)]
+        cmd: OfpCmd,
+    },
+    /// A real HTTP server, for backends in test networks.
+    Httpd(flowgate_testbed::httpd::HttpdArgs),
+    /// A real HTTP load generator (bounded in requests and time).
+    Load(flowgate_testbed::load::LoadArgs),
+}
+
+#[derive(Subcommand)]
+enum OfpCmd {
+    /// Print each message in each file as JSON.
+    Decode { files: Vec<PathBuf> },
+    /// Exit 0 only when every file holds one valid message that re-encodes identically.
+    Roundtrip { files: Vec<PathBuf> },
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    let result = match cli.cmd {
+        Cmd::Controller { config, check, ready_file } => controller(config, check, ready_file),
+        Cmd::Ofp { cmd: OfpCmd::Decode { files } } => flowgate::cli::ofp::decode(&files),
+        Cmd::Ofp { cmd: OfpCmd::Roundtrip { files } } => flowgate::cli::ofp::roundtrip(&files),
+        Cmd::Httpd(args) => {
+            runtime().and_then(|rt| Ok(rt.block_on(flowgate_testbed::httpd::run_httpd(args, shutdown_signal()))?))
+        }
+        Cmd::Load(args) => runtime().and_then(|rt| {
+            let report = rt.block_on(flowgate_testbed::load::run_load(&args))?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flowgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn load_config(path: &PathBuf) -> anyhow::Result<Config> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Config::from_toml(&text, &|k| std::env::var(k).ok()).map_err(|errs| anyhow::anyhow!("{}: {errs}", path.display()))
+}
+
+fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load_config(&path)?;
+    if check {
+        println!("{}: OK ({} service(s))", path.display(), config.services.len());
+        return Ok(());
+    }
+    runtime()?.block_on(async move {
+        let openflow = tokio::net::TcpListener::bind(config.openflow.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("openflow.listen {}: {e}", config.openflow.listen))?;
+        let api = tokio::net::TcpListener::bind(config.api.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("api.listen {}: {e}", config.api.listen))?;
+        if let Some(path) = ready_file {
+            let ready = serde_json::json!({
+                "openflow": openflow.local_addr()?.to_string(),
+                "api": api.local_addr()?.to_string(),
+                "pid": std::process::id(),
+            });
+            // Write then rename, so a reader never sees half a file.
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, ready.to_string())?;
+            std::fs::rename(&tmp, &path)?;
+        }
+        flowgate::runtime::run(config, flowgate::runtime::Listeners { openflow, api: Some(api) }, shutdown_signal()).await
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,158 @@
+//! The tokio shell around the core: switch sessions, the tick that drives timers, health
+//! probes, and the shared handle the API reads from.
+//!
+//! One [`flowgate_core::Controller`] sits behind a mutex. A switch session locks it for one
+//! read's worth of messages, hands them over, and the messages the core answers with are
+//! encoded straight into the per-switch write buffers before the lock is released. Nothing
+//! blocking and nothing slow happens under the lock; sockets are written by each session's
+//! own writer task.
+
+mod probe;
+mod session;
+mod tls;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use flowgate_core::topology::Dpid;
+use flowgate_core::{Config, Controller, Outbox};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+pub use session::SessionLimits;
+
+/// Everything the core lock protects.
+pub struct CoreCell {
+    pub controller: Controller,
+    outbox: Outbox,
+    sessions: HashMap<Dpid, SessionTx>,
+    /// Incremented per session so a replaced session does not unregister its successor.
+    next_session_id: u64,
+}
+
+/// The write side of one switch session, as the core sees it.
+struct SessionTx {
+    id: u64,
+    xid: u32,
+    buf: BytesMut,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl CoreCell {
+    fn new(controller: Controller) -> Self {
+        CoreCell { controller, outbox: Outbox::new(), sessions: HashMap::new(), next_session_id: 1 }
+    }
+
+    /// Run one call into the controller and send what it produced.
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut Controller, &mut Outbox) -> R) -> R {
+        let r = f(&mut self.controller, &mut self.outbox);
+        self.flush();
+        r
+    }
+
+    /// Encode every queued message into its switch's buffer, then hand each buffer to its
+    /// writer. Messages for switches that are gone are dropped (they resync on return).
+    fn flush(&mut self) {
+        if self.outbox.is_empty() {
+            return;
+        }
+        for (dpid, msg) in self.outbox.drain() {
+            let Some(s) = self.sessions.get_mut(&dpid) else { continue };
+            s.xid = s.xid.wrapping_add(1);
+            if let Err(e) = ofp::encode(s.xid, &msg, &mut s.buf) {
+                tracing::error!(dpid = format_args!("{dpid:016x}"), error = %e, "cannot encode a message for the switch");
+            }
+        }
+        for s in self.sessions.values_mut() {
+            if !s.buf.is_empty() {
+                let _ = s.tx.send(s.buf.split().freeze());
+            }
+        }
+    }
+
+    fn register(&mut self, dpid: Dpid, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
+        let id = self.next_session_id;
+        self.next_session_id += 1;
+        // A second session for the same datapath replaces the first (the switch
+        // reconnected before we noticed the old one was dead).
+        self.sessions.insert(dpid, SessionTx { id, xid: 0x1000, buf: BytesMut::with_capacity(64 * 1024), tx });
+        id
+    }
+
+    fn unregister(&mut self, dpid: Dpid, id: u64) -> bool {
+        if self.sessions.get(&dpid).is_some_and(|s| s.id == id) {
+            self.sessions.remove(&dpid);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A cloneable handle on the running controller, for the API and tests.
+#[derive(Clone)]
+pub struct Handle {
+    core: Arc<Mutex<CoreCell>>,
+    pub started: Instant,
+    pub config: Arc<Mutex<Config>>,
+}
+
+impl Handle {
+    pub fn lock(&self) -> MutexGuard<'_, CoreCell> {
+        // A panic under the lock is a bug; the state is still the best we have.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The sockets and signals the controller runs with: passed in so tests bind port 0.
+pub struct Listeners {
+    pub openflow: TcpListener,
+    pub api: Option<TcpListener>,
+}
+
+/// Run the controller until `shutdown` resolves.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let controller = Controller::new(&config);
+    let handle = Handle { core: Arc::new(Mutex::new(CoreCell::new(controller))), started: Instant::now(), config: Arc::new(Mutex::new(config.clone())) };
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let tls = match &config.openflow.tls {
+        Some(t) => Some(tls::acceptor(t)?),
+        None => None,
+    };
+    let limits = SessionLimits::from_config(&config);
+    tracing::info!(listen = %listeners.openflow.local_addr()?, tls = tls.is_some(), "OpenFlow listener up");
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(session::accept_loop(listeners.openflow, handle.clone(), tls, limits, stop_rx.clone()));
+    tasks.spawn(tick_loop(handle.clone(), config.controller.refresh_interval, stop_rx.clone()));
+    tasks.spawn(probe::probe_loop(handle.clone(), stop_rx.clone()));
+    if let Some(api) = listeners.api {
+        tracing::info!(listen = %api.local_addr()?, "API listener up");
+        tasks.spawn(crate::api::serve(api, handle.clone(), stop_rx.clone()));
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    // Give sessions a moment to close cleanly; the switches keep their rules (fail-secure).
+    let _ = tokio::time::timeout(Duration::from_secs(3), async { while tasks.join_next().await.is_some() {} }).await;
+    Ok(())
+}
+
+async fn tick_loop(handle: Handle, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(every.max(Duration::from_millis(1)));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {
+                let now = Instant::now();
+                handle.lock().with(|c, out| c.handle_tick(now, out));
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! One OpenFlow session per switch: the handshake (§6.3.1: HELLO, version negotiation,
+//! FEATURES), keep-alive with ECHO, and the read loop that feeds the core.
+//!
+//! Whatever a switch sends, the worst it can do is end its own session: a malformed
+//! message, a wrong version, or a length that never arrives closes that session with a log
+//! line; a flood of PACKET_INs beyond the session's budget is dropped and counted. Other
+//! switches, and the services, keep working.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use flowgate_core::Config;
+use ofp::{Framer, Message};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use super::Handle;
+
+/// Per-session limits.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    pub echo_interval: Duration,
+    pub echo_timeout: Duration,
+    /// PACKET_INs handled per second per switch; beyond it they are dropped and counted,
+    /// so one switch cannot starve the others of the core.
+    pub packet_in_rate: u32,
+    /// The handshake must finish within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl SessionLimits {
+    pub fn from_config(cfg: &Config) -> Self {
+        SessionLimits {
+            echo_interval: cfg.openflow.echo_interval,
+            echo_timeout: cfg.openflow.echo_timeout,
+            packet_in_rate: 200_000,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    handle: Handle,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: SessionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let handle = handle.clone();
+        let stop = stop.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let result = match tls {
+                Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => run_session(s, peer, handle, limits, stop).await,
+                    Ok(Err(e)) => Err(SessionError::Tls(e.to_string())),
+                    Err(_) => Err(SessionError::Timeout("TLS handshake")),
+                },
+                None => run_session(stream, peer, handle, limits, stop).await,
+            };
+            match result {
+                Ok(()) => tracing::info!(%peer, "switch session closed"),
+                Err(e) => tracing::warn!(%peer, error = %e, "switch session ended"),
+            }
+        });
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SessionError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad framing from the switch: {0}")]
+    Frame(String),
+    #[error("undecodable message from the switch: {0}")]
+    Decode(String),
+    #[error("version negotiation failed: the switch offers no OpenFlow 1.3")]
+    Version,
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("protocol: {0}")]
+    Protocol(&'static str),
+}
+
+/// Reads whole messages off a stream.
+struct Reader<R> {
+    io: R,
+    buf: BytesMut,
+    framer: Framer,
+}
+
+impl<R: AsyncRead + Unpin> Reader<R> {
+    /// Read until at least one whole frame is buffered; returns false at EOF.
+    async fn fill(&mut self) -> Result<bool, SessionError> {
+        self.buf.reserve(16 * 1024);
+        let n = self.io.read_buf(&mut self.buf).await?;
+        Ok(n > 0)
+    }
+
+    fn next(&mut self) -> Result<Option<Bytes>, SessionError> {
+        self.framer.next_frame(&mut self.buf).map_err(|e| SessionError::Frame(e.to_string()))
+    }
+}
+
+fn encode_one(xid: u32, msg: &Message) -> Bytes {
+    let mut b = BytesMut::with_capacity(64);
+    // Messages built here (HELLO, FEATURES_REQUEST, ECHO, ERROR) always encode.
+    if let Err(e) = ofp::encode(xid, msg, &mut b) {
+        tracing::error!(error = %e, "cannot encode a session message");
+    }
+    b.freeze()
+}
+
+async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
+    peer: SocketAddr,
+    handle: Handle,
+    limits: SessionLimits,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), SessionError> {
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut rd = Reader { io: rd, buf: BytesMut::with_capacity(64 * 1024), framer: Framer::new() };
+
+    // §6.3.1: each side sends HELLO at once; the version is the lower of the two, and a
+    // bitmap lets each side say exactly which it supports.
+    wr.write_all(&encode_one(1, &Message::Hello(ofp::Hello::ours()))).await?;
+    let deadline = Instant::now() + limits.handshake_timeout;
+    let mut got_hello = false;
+    let features = loop {
+        let frame = loop {
+            if let Some(f) = rd.next()? {
+                break f;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rd.fill()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return Err(SessionError::Protocol("closed during the handshake")),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(SessionError::Timeout("the handshake")),
+            }
+        };
+        let peer_version = frame.first().copied().unwrap_or(0);
+        let (xid, msg) = ofp::decode(frame).map_err(|e| SessionError::Decode(e.to_string()))?;
+        if !got_hello {
+            let Message::Hello(hello) = &msg else {
+                return Err(SessionError::Protocol("the first message was not HELLO"));
+            };
+            match ofp::negotiate_version(peer_version, hello) {
+                Ok(_) => {
+                    got_hello = true;
+                    wr.write_all(&encode_one(2, &Message::FeaturesRequest)).await?;
+                    continue;
+                }
+                Err(err) => {
+                    // §6.3.1: OFPET_HELLO_FAILED / OFPHFC_INCOMPATIBLE, then close.
+                    let _ = wr.write_all(&encode_one(xid, &Message::Error(err))).await;
+                    return Err(SessionError::Version);
+                }
+            }
+        }
+        match msg {
+            Message::FeaturesReply(f) => break f,
+            Message::EchoRequest(data) => wr.write_all(&encode_one(xid, &Message::EchoReply(data))).await?,
+            Message::Error(e) => {
+                tracing::warn!(%peer, error = ?e.kind, "switch sent an error during the handshake");
+            }
+            _ => {}
+        }
+    };
+    let dpid = features.datapath_id;
+    let n_tables = features.n_tables;
+    tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), n_tables, "switch connected");
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+    let session_id = {
+        let mut core = handle.lock();
+        let id = core.register(dpid, tx.clone());
+        let now = Instant::now();
+        core.with(|c, out| c.handle_switch_up(now, features, out));
+        id
+    };
+
+    // The writer: everything for this switch, in order.
+    let writer = tokio::spawn(async move {
+        while let Some(buf) = rx.recv().await {
+            if wr.write_all(&buf).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+
+    let result = read_loop(&mut rd, dpid, &handle, &tx, limits, &mut stop).await;
+
+    let now = Instant::now();
+    {
+        let mut core = handle.lock();
+        if core.unregister(dpid, session_id) {
+            core.with(|c, out| c.handle_switch_down(now, dpid, out));
+        }
+    }
+    drop(tx);
+    writer.abort();
+    tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), "switch disconnected");
+    result
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    rd: &mut Reader<R>,
+    dpid: u64,
+    handle: &Handle,
+    tx: &mpsc::UnboundedSender<Bytes>,
+    limits: SessionLimits,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), SessionError> {
+    let mut last_heard = Instant::now();
+    let mut echo_sent = false;
+    let mut budget = TokenBucket::new(limits.packet_in_rate);
+    let mut dropped_packet_ins: u64 = 0;
+    let mut batch: Vec<(u32, Message)> = Vec::with_capacity(64);
+    loop {
+        // Decode everything already buffered, then hand the batch to the core in one lock.
+        batch.clear();
+        while let Some(frame) = rd.next()? {
+            let (xid, msg) = ofp::decode(frame).map_err(|e| SessionError::Decode(e.to_string()))?;
+            match msg {
+                Message::EchoRequest(data) => {
+                    let _ = tx.send(encode_one(xid, &Message::EchoReply(data)));
+                }
+                Message::EchoReply(_) => {}
+                Message::PacketIn(_) if !budget.take(Instant::now()) => {
+                    dropped_packet_ins += 1;
+                    if dropped_packet_ins.is_power_of_two() {
+                        tracing::warn!(dpid = format_args!("{dpid:016x}"), dropped = dropped_packet_ins, "PACKET_IN flood: dropping beyond the session budget");
+                    }
+                }
+                Message::Error(ref e) => {
+                    tracing::warn!(dpid = format_args!("{dpid:016x}"), xid, error = ?e.kind, "OpenFlow error from the switch");
+                    batch.push((xid, msg));
+                }
+                other => batch.push((xid, other)),
+            }
+            if batch.len() >= 256 {
+                break;
+            }
+        }
+        if !batch.is_empty() {
+            let now = Instant::now();
+            let mut core = handle.lock();
+            core.with(|c, out| {
+                for (_, m) in &batch {
+                    c.handle_message(now, dpid, m, out);
+                }
+            });
+            continue;
+        }
+        // Nothing buffered: wait for bytes, the keep-alive timer, or shutdown.
+        let wait = if echo_sent { limits.echo_timeout } else { limits.echo_interval };
+        let idle_for = last_heard.elapsed();
+        let left = wait.saturating_sub(idle_for);
+        tokio::select! {
+            r = tokio::time::timeout(left, rd.fill()) => match r {
+                Ok(Ok(true)) => { last_heard = Instant::now(); echo_sent = false; }
+                Ok(Ok(false)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    if echo_sent {
+                        return Err(SessionError::Timeout("an echo reply (dead peer)"));
+                    }
+                    let _ = tx.send(encode_one(0xec40, &Message::EchoRequest(Bytes::new())));
+                    echo_sent = true;
+                    last_heard = Instant::now();
+                }
+            },
+            _ = stop.changed() => return Ok(()),
+        }
+    }
+}
+
+/// A plain token bucket: `rate` per second, bursts of one second's worth.
+struct TokenBucket {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate: u32) -> Self {
+        TokenBucket { rate: f64::from(rate), tokens: f64::from(rate), last: Instant::now() }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.rate);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! OFPT_FLOW_MOD (§7.3.4.1) and OFPT_FLOW_REMOVED (§7.4.2).
+
+use bytes::{BufMut, BytesMut};
+
+use crate::action::Action;
+use crate::error::{DecodeError, EncodeError};
+use crate::instruction::{Instruction, Instructions, decode_instructions, encode_instructions};
+use crate::oxm::Match;
+use crate::wire::Reader;
+use crate::{NO_BUFFER, group, port, table};
+
+value_enum!(/// `enum ofp_flow_mod_command`.
+FlowModCommand: u8 {
+    /// OFPFC_ADD.
+    Add = 0,
+    /// OFPFC_MODIFY.
+    Modify = 1,
+    /// OFPFC_MODIFY_STRICT.
+    ModifyStrict = 2,
+    /// OFPFC_DELETE.
+    Delete = 3,
+    /// OFPFC_DELETE_STRICT.
+    DeleteStrict = 4,
+});
+
+flags!(/// `enum ofp_flow_mod_flags`.
+FlowModFlags: u16 {
+    /// OFPFF_SEND_FLOW_REM.
+    SEND_FLOW_REM = 1,
+    /// OFPFF_CHECK_OVERLAP.
+    CHECK_OVERLAP = 2,
+    /// OFPFF_RESET_COUNTS.
+    RESET_COUNTS = 4,
+    /// OFPFF_NO_PKT_COUNTS.
+    NO_PKT_COUNTS = 8,
+    /// OFPFF_NO_BYT_COUNTS.
+    NO_BYT_COUNTS = 16,
+});
+
+/// OFPT_FLOW_MOD.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct FlowMod {
+    /// Opaque controller cookie.
+    pub cookie: u64,
+    /// For modify/delete: which cookie bits must match (§7.3.4.1).
+    pub cookie_mask: u64,
+    /// Table (OFPTT_ALL for delete in all tables).
+    pub table_id: u8,
+    /// Command.
+    pub command: FlowModCommand,
+    /// Idle timeout in seconds (0 = none).
+    pub idle_timeout: u16,
+    /// Hard timeout in seconds (0 = none).
+    pub hard_timeout: u16,
+    /// Priority.
+    pub priority: u16,
+    /// Buffered packet to apply to, or NO_BUFFER.
+    pub buffer_id: u32,
+    /// For delete: only flows that output to this port (ANY = no filter).
+    pub out_port: u32,
+    /// For delete: only flows that output to this group (ANY = no filter).
+    pub out_group: u32,
+    /// Flags.
+    pub flags: FlowModFlags,
+    /// Match.
+    #[cfg_attr(feature = "serde", serde(rename = "match"))]
+    pub match_: Match,
+    /// Instructions.
+    pub instructions: Instructions,
+}
+
+impl FlowMod {
+    #[inline]
+    fn base(command: FlowModCommand, table_id: u8, match_: Match) -> Self {
+        FlowMod {
+            cookie: 0,
+            cookie_mask: 0,
+            table_id,
+            command,
+            idle_timeout: 0,
+            hard_timeout: 0,
+            priority: 0x8000, // OFP_DEFAULT_PRIORITY
+            buffer_id: NO_BUFFER,
+            out_port: port::ANY,
+            out_group: group::ANY,
+            flags: FlowModFlags::empty(),
+            match_,
+            instructions: Instructions::new(),
+        }
+    }
+    /// OFPFC_ADD in table 0, priority 0x8000, NO_BUFFER, no instructions.
+    #[inline]
+    pub fn add(match_: Match) -> Self {
+        Self::base(FlowModCommand::Add, 0, match_)
+    }
+    /// OFPFC_MODIFY in table 0.
+    #[inline]
+    pub fn modify(match_: Match) -> Self {
+        Self::base(FlowModCommand::Modify, 0, match_)
+    }
+    /// OFPFC_MODIFY_STRICT in table 0.
+    #[inline]
+    pub fn modify_strict(match_: Match) -> Self {
+        Self::base(FlowModCommand::ModifyStrict, 0, match_)
+    }
+    /// OFPFC_DELETE in all tables (OFPTT_ALL), any out_port/out_group.
+    #[inline]
+    pub fn delete(match_: Match) -> Self {
+        Self::base(FlowModCommand::Delete, table::ALL, match_)
+    }
+    /// OFPFC_DELETE_STRICT in table 0 (strict deletes name one table and priority).
+    #[inline]
+    pub fn delete_strict(match_: Match) -> Self {
+        Self::base(FlowModCommand::DeleteStrict, 0, match_)
+    }
+    /// Set the table.
+    #[inline]
+    pub fn table(mut self, table_id: u8) -> Self {
+        self.table_id = table_id;
+        self
+    }
+    /// Set the priority.
+    #[inline]
+    pub fn priority(mut self, p: u16) -> Self {
+        self.priority = p;
+        self
+    }
+    /// Set the cookie.
+    #[inline]
+    pub fn cookie(mut self, c: u64) -> Self {
+        self.cookie = c;
+        self
+    }
+    /// Set cookie and cookie mask (modify/delete filter).
+    #[inline]
+    pub fn cookie_masked(mut self, c: u64, mask: u64) -> Self {
+        self.cookie = c;
+        self.cookie_mask = mask;
+        self
+    }
+    /// Set idle and hard timeouts.
+    #[inline]
+    pub fn timeouts(mut self, idle: u16, hard: u16) -> Self {
+        self.idle_timeout = idle;
+        self.hard_timeout = hard;
+        self
+    }
+    /// Set the flags.
+    #[inline]
+    pub fn flags(mut self, f: FlowModFlags) -> Self {
+        self.flags = f;
+        self
+    }
+    /// Set the buffer id.
+    #[inline]
+    pub fn buffer(mut self, id: u32) -> Self {
+        self.buffer_id = id;
+        self
+    }
+    /// Append an instruction.
+    #[inline]
+    pub fn instruction(mut self, i: Instruction) -> Self {
+        self.instructions.push(i);
+        self
+    }
+    /// Append an apply-actions instruction.
+    #[inline]
+    pub fn apply<I: IntoIterator<Item = Action>>(mut self, actions: I) -> Self {
+        self.instructions.push(Instruction::ApplyActions(actions.into_iter().collect()));
+        self
+    }
+
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let cookie = r.u64()?;
+        let cookie_mask = r.u64()?;
+        let table_id = r.u8()?;
+        let command = FlowModCommand::from_raw(r.u8()?);
+        let idle_timeout = r.u16()?;
+        let hard_timeout = r.u16()?;
+        let priority = r.u16()?;
+        let buffer_id = r.u32()?;
+        let out_port = r.u32()?;
+        let out_group = r.u32()?;
+        let flags = FlowModFlags(r.u16()?);
+        r.skip(2)?;
+        let match_ = Match::decode(r)?;
+        let n = r.remaining();
+        let instructions = decode_instructions(r.sub(n)?)?;
+        Ok(FlowMod {
+            cookie,
+            cookie_mask,
+            table_id,
+            command,
+            idle_timeout,
+            hard_timeout,
+            priority,
+            buffer_id,
+            out_port,
+            out_group,
+            flags,
+            match_,
+            instructions,
+        })
+    }
+
+    pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
+        out.put_u64(self.cookie);
+        out.put_u64(self.cookie_mask);
+        out.put_u8(self.table_id);
+        out.put_u8(self.command.to_raw());
+        out.put_u16(self.idle_timeout);
+        out.put_u16(self.hard_timeout);
+        out.put_u16(self.priority);
+        out.put_u32(self.buffer_id);
+        out.put_u32(self.out_port);
+        out.put_u32(self.out_group);
+        out.put_u16(self.flags.0);
+        out.put_u16(0);
+        self.match_.encode(out)?;
+        encode_instructions(&self.instructions, out)
+    }
+}
+
+value_enum!(/// `enum ofp_flow_removed_reason`.
+FlowRemovedReason: u8 {
+    /// OFPRR_IDLE_TIMEOUT.
+    IdleTimeout = 0,
+    /// OFPRR_HARD_TIMEOUT.
+    HardTimeout = 1,
+    /// OFPRR_DELETE.
+    Delete = 2,
+    /// OFPRR_GROUP_DELETE.
+    GroupDelete = 3,
+    /// OFPRR_METER_DELETE (Open vSwitch and OpenFlow 1.4; seen from OVS on 1.3 too).
+    MeterDelete = 4,
+});
+
+/// OFPT_FLOW_REMOVED.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct FlowRemoved {
+    /// Cookie.
+    pub cookie: u64,
+    /// Priority.
+    pub priority: u16,
+    /// Reason.
+    pub reason: FlowRemovedReason,
+    /// Table.
+    pub table_id: u8,
+    /// Age, seconds.
+    pub duration_sec: u32,
+    /// Age, nanoseconds beyond `duration_sec`.
+    pub duration_nsec: u32,
+    /// Idle timeout of the flow.
+    pub idle_timeout: u16,
+    /// Hard timeout of the flow.
+    pub hard_timeout: u16,
+    /// Packets.
+    pub packet_count: u64,
+    /// Bytes.
+    pub byte_count: u64,
+    /// Match.
+    #[cfg_attr(feature = "serde", serde(rename = "match"))]
+    pub match_: Match,
+}
+
+impl FlowRemoved {
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(FlowRemoved {
+            cookie: r.u64()?,
+            priority: r.u16()?,
+            reason: FlowRemovedReason::from_raw(r.u8()?),
+            table_id: r.u8()?,
+            duration_sec: r.u32()?,
+            duration_nsec: r.u32()?,
+            idle_timeout: r.u16()?,
+            hard_timeout: r.u16()?,
+            packet_count: r.u64()?,
+            byte_count: r.u64()?,
+            match_: Match::decode(r)?,
+        })
+    }
+    pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
+        out.put_u64(self.cookie);
+        out.put_u16(self.priority);
+        out.put_u8(self.reason.to_raw());
+        out.put_u8(self.table_id);
+        out.put_u32(self.duration_sec);
+        out.put_u32(self.duration_nsec);
+        out.put_u16(self.idle_timeout);
+        out.put_u16(self.hard_timeout);
+        out.put_u64(self.packet_count);
+        out.put_u64(self.byte_count);
+        self.match_.encode(out)
+    }
+}

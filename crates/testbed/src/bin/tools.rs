@@ -1,0 +1,58 @@
+//! `fg-testbed-tools`: the testbed's backend server and load client as a binary, so they
+//! can run inside network namespaces (`ip netns exec NS fg-testbed-tools httpd ...`).
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use flowgate_testbed::httpd::{run_httpd, HttpdArgs};
+use flowgate_testbed::load::{run_load, LoadArgs};
+
+#[derive(Parser, Debug)]
+#[command(name = "fg-testbed-tools", about = "flowgate testbed: HTTP backend and load client")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run an HTTP/1.1 backend until SIGTERM / SIGINT.
+    Httpd(HttpdArgs),
+    /// Send a bounded HTTP load to one URL and print a report.
+    Load(LoadArgs),
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Httpd(args) => {
+            let listen = args.listen;
+            run_httpd(args, shutdown_signal()).await.with_context(|| format!("httpd on {listen}"))?;
+        }
+        Cmd::Load(args) => {
+            let report = run_load(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
+            }
+        }
+    }
+    Ok(())
+}

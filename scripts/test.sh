@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): setup, then every test of the workspace.
+#   FLOWGATE_SKIP_SETUP=1 scripts/test.sh    # skip package installs / OVS start
+# Extra arguments go to `cargo nextest run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${FLOWGATE_SKIP_SETUP:-0}" != "1" ]; then
+  scripts/setup-debian.sh
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "test.sh: cargo-nextest missing; installing" >&2
+  cargo install cargo-nextest --locked
+fi
+
+# Leftovers of an earlier crashed run are removed by each test (cleanup_stale on its own
+# prefix); the OVS tests are serialized by the `ovs` test group in .config/nextest.toml.
+cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" "$@"
+cargo test --workspace --doc
