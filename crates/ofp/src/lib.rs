@@ -62,7 +62,7 @@ pub use msg::queue::{PacketQueue, QueueGetConfigReply, QueueGetConfigRequest, Qu
 pub use msg::role::{ControllerRole, RoleMsg};
 pub use msg::switch::{Experimenter, SwitchConfig, SwitchFeatures};
 pub use msg::table::TableMod;
-pub use msg::{Message, decode, encode};
+pub use msg::{Encode, Message, decode, encode};
 pub use oxm::{Match, MatchError, Oxm, OxmId, RawOxm};
 pub use strings::{FixedStr, PortName};
 

@@ -392,34 +392,56 @@ impl Oxm {
         if m { 2 * n } else { n }
     }
 
-    /// Append this TLV.
+    /// Append this TLV. One match writes header and payload.
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
-        let id = self.id();
-        let plen = self.payload_len();
-        let plen8 = u8::try_from(plen).map_err(|_| EncodeError::FieldTooLong { what: "oxm" })?;
-        let hdr = (u32::from(id.class) << 16)
-            | (u32::from(id.field & 0x7f) << 9)
-            | (u32::from(self.has_mask()) << 8)
-            | u32::from(plen8);
-        out.put_u32(hdr);
+        #[inline(always)]
+        fn hdr(out: &mut BytesMut, field: u8, hasmask: bool, len: u8) {
+            out.put_u32(
+                (u32::from(class::OPENFLOW_BASIC) << 16)
+                    | (u32::from(field) << 9)
+                    | (u32::from(hasmask) << 8)
+                    | u32::from(len),
+            );
+        }
+        macro_rules! masked {
+            ($f:expr, $n:expr, $value:expr, $mask:expr, $put:expr) => {{
+                hdr(out, $f, $mask.is_some(), if $mask.is_some() { 2 * $n } else { $n });
+                $put(&mut *out, $value);
+                if let Some(m) = $mask {
+                    $put(&mut *out, m);
+                }
+            }};
+        }
+        let p16 = |o: &mut BytesMut, v: &u16| o.put_u16(*v);
+        let p32 = |o: &mut BytesMut, v: &u32| o.put_u32(*v);
+        let p64 = |o: &mut BytesMut, v: &u64| o.put_u64(*v);
+        let pmac = |o: &mut BytesMut, v: &[u8; 6]| o.put_slice(v);
+        let pip4 = |o: &mut BytesMut, v: &Ipv4Addr| o.put_slice(&v.octets());
+        let pip6 = |o: &mut BytesMut, v: &Ipv6Addr| o.put_slice(&v.octets());
         match self {
-            Oxm::Raw(r) => out.put_slice(&r.payload),
-            Oxm::InPort(v) | Oxm::InPhyPort(v) | Oxm::MplsLabel(v) => out.put_u32(*v),
-            Oxm::Metadata { value, mask } | Oxm::TunnelId { value, mask } => {
-                out.put_u64(*value);
-                if let Some(m) = mask {
-                    out.put_u64(*m);
-                }
+            Oxm::Raw(r) => {
+                let len = u8::try_from(r.payload.len()).map_err(|_| EncodeError::FieldTooLong { what: "oxm" })?;
+                out.put_u32((u32::from(r.class) << 16) | (u32::from(r.field & 0x7f) << 9) | (u32::from(r.hasmask) << 8) | u32::from(len));
+                out.put_slice(&r.payload);
             }
-            Oxm::EthDst { value, mask }
-            | Oxm::EthSrc { value, mask }
-            | Oxm::ArpSha { value, mask }
-            | Oxm::ArpTha { value, mask } => {
-                out.put_slice(value);
-                if let Some(m) = mask {
-                    out.put_slice(m);
-                }
+            Oxm::InPort(v) => {
+                hdr(out, ofb::IN_PORT, false, 4);
+                out.put_u32(*v)
             }
+            Oxm::InPhyPort(v) => {
+                hdr(out, ofb::IN_PHY_PORT, false, 4);
+                out.put_u32(*v)
+            }
+            Oxm::MplsLabel(v) => {
+                hdr(out, ofb::MPLS_LABEL, false, 4);
+                out.put_u32(*v)
+            }
+            Oxm::Metadata { value, mask } => masked!(ofb::METADATA, 8, value, mask, p64),
+            Oxm::TunnelId { value, mask } => masked!(ofb::TUNNEL_ID, 8, value, mask, p64),
+            Oxm::EthDst { value, mask } => masked!(ofb::ETH_DST, 6, value, mask, pmac),
+            Oxm::EthSrc { value, mask } => masked!(ofb::ETH_SRC, 6, value, mask, pmac),
+            Oxm::ArpSha { value, mask } => masked!(ofb::ARP_SHA, 6, value, mask, pmac),
+            Oxm::ArpTha { value, mask } => masked!(ofb::ARP_THA, 6, value, mask, pmac),
             Oxm::EthType(v)
             | Oxm::TcpSrc(v)
             | Oxm::TcpDst(v)
@@ -427,13 +449,12 @@ impl Oxm {
             | Oxm::UdpDst(v)
             | Oxm::SctpSrc(v)
             | Oxm::SctpDst(v)
-            | Oxm::ArpOp(v) => out.put_u16(*v),
-            Oxm::VlanVid { value, mask } | Oxm::Ipv6Exthdr { value, mask } => {
-                out.put_u16(*value);
-                if let Some(m) = mask {
-                    out.put_u16(*m);
-                }
+            | Oxm::ArpOp(v) => {
+                hdr(out, self.id().field, false, 2);
+                out.put_u16(*v)
             }
+            Oxm::VlanVid { value, mask } => masked!(ofb::VLAN_VID, 2, value, mask, p16),
+            Oxm::Ipv6Exthdr { value, mask } => masked!(ofb::IPV6_EXTHDR, 2, value, mask, p16),
             Oxm::VlanPcp(v)
             | Oxm::IpDscp(v)
             | Oxm::IpEcn(v)
@@ -443,39 +464,36 @@ impl Oxm {
             | Oxm::Icmpv6Type(v)
             | Oxm::Icmpv6Code(v)
             | Oxm::MplsTc(v)
-            | Oxm::MplsBos(v) => out.put_u8(*v),
-            Oxm::Ipv4Src { value, mask }
-            | Oxm::Ipv4Dst { value, mask }
-            | Oxm::ArpSpa { value, mask }
-            | Oxm::ArpTpa { value, mask } => {
-                out.put_slice(&value.octets());
-                if let Some(m) = mask {
-                    out.put_slice(&m.octets());
-                }
+            | Oxm::MplsBos(v) => {
+                hdr(out, self.id().field, false, 1);
+                out.put_u8(*v)
             }
-            Oxm::Ipv6Src { value, mask } | Oxm::Ipv6Dst { value, mask } => {
-                out.put_slice(&value.octets());
-                if let Some(m) = mask {
-                    out.put_slice(&m.octets());
-                }
+            Oxm::Ipv4Src { value, mask } => masked!(ofb::IPV4_SRC, 4, value, mask, pip4),
+            Oxm::Ipv4Dst { value, mask } => masked!(ofb::IPV4_DST, 4, value, mask, pip4),
+            Oxm::ArpSpa { value, mask } => masked!(ofb::ARP_SPA, 4, value, mask, pip4),
+            Oxm::ArpTpa { value, mask } => masked!(ofb::ARP_TPA, 4, value, mask, pip4),
+            Oxm::Ipv6Src { value, mask } => masked!(ofb::IPV6_SRC, 16, value, mask, pip6),
+            Oxm::Ipv6Dst { value, mask } => masked!(ofb::IPV6_DST, 16, value, mask, pip6),
+            Oxm::Ipv6Flabel { value, mask } => masked!(ofb::IPV6_FLABEL, 4, value, mask, p32),
+            Oxm::Ipv6NdTarget(a) => {
+                hdr(out, ofb::IPV6_ND_TARGET, false, 16);
+                out.put_slice(&a.octets())
             }
-            Oxm::Ipv6Flabel { value, mask } => {
-                out.put_u32(*value);
-                if let Some(m) = mask {
-                    out.put_u32(*m);
-                }
+            Oxm::Ipv6NdSll(m) => {
+                hdr(out, ofb::IPV6_ND_SLL, false, 6);
+                out.put_slice(m)
             }
-            Oxm::Ipv6NdTarget(a) => out.put_slice(&a.octets()),
-            Oxm::Ipv6NdSll(m) | Oxm::Ipv6NdTll(m) => out.put_slice(m),
+            Oxm::Ipv6NdTll(m) => {
+                hdr(out, ofb::IPV6_ND_TLL, false, 6);
+                out.put_slice(m)
+            }
             Oxm::PbbIsid { value, mask } => {
                 // OXM_OF_PBB_ISID is 24 bits on the wire (§7.2.3.7).
                 if *value > 0x00ff_ffff || mask.is_some_and(|m| m > 0x00ff_ffff) {
                     return Err(EncodeError::BadValue { what: "pbb_isid" });
                 }
-                out.put_slice(&value.to_be_bytes()[1..]);
-                if let Some(m) = mask {
-                    out.put_slice(&m.to_be_bytes()[1..]);
-                }
+                let p24 = |o: &mut BytesMut, v: &u32| o.put_slice(&v.to_be_bytes()[1..]);
+                masked!(ofb::PBB_ISID, 3, value, mask, p24)
             }
         }
         Ok(())

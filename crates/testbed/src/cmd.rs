@@ -27,7 +27,10 @@ pub fn output(prog: &str, args: &[&str]) -> Result<Output> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|source| Error::Spawn { cmd: display(prog, args), source })
+        .map_err(|source| Error::Spawn {
+            cmd: display(prog, args),
+            source,
+        })
 }
 
 /// Runs `prog args...`, fails unless it exits 0, and returns its stdout.
@@ -45,7 +48,11 @@ pub fn check(prog: &str, args: &[&str], out: Output) -> Result<String> {
         if stderr.is_empty() {
             stderr = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         }
-        Err(Error::Command { cmd: display(prog, args), status: out.status.to_string(), stderr })
+        Err(Error::Command {
+            cmd: display(prog, args),
+            status: out.status.to_string(),
+            stderr,
+        })
     }
 }
 

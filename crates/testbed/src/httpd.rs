@@ -30,7 +30,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// Response header naming the backend that served a request.
 pub const BACKEND_HEADER: &str = "x-backend";
@@ -80,8 +80,9 @@ impl Default for HttpdArgs {
 }
 
 /// Upper bounds of the request duration histogram, in seconds.
-pub const DURATION_BUCKETS: [f64; 15] =
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+pub const DURATION_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 /// The server's counters.
 #[derive(Debug, Default)]
@@ -106,7 +107,10 @@ impl Metrics {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.sum_us.fetch_add(
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Requests answered so far, by status code.
@@ -122,28 +126,63 @@ impl Metrics {
     /// Prometheus text exposition.
     pub fn render(&self, backend: &str) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "# HELP http_requests_total Requests answered, by status code.");
+        let _ = writeln!(
+            s,
+            "# HELP http_requests_total Requests answered, by status code."
+        );
         let _ = writeln!(s, "# TYPE http_requests_total counter");
         for (code, n) in self.requests_by_code() {
-            let _ = writeln!(s, "http_requests_total{{backend=\"{backend}\",code=\"{code}\"}} {n}");
+            let _ = writeln!(
+                s,
+                "http_requests_total{{backend=\"{backend}\",code=\"{code}\"}} {n}"
+            );
         }
-        let _ = writeln!(s, "# HELP http_requests_in_flight Requests being served now.");
+        let _ = writeln!(
+            s,
+            "# HELP http_requests_in_flight Requests being served now."
+        );
         let _ = writeln!(s, "# TYPE http_requests_in_flight gauge");
-        let _ = writeln!(s, "http_requests_in_flight{{backend=\"{backend}\"}} {}", self.in_flight());
-        let _ = writeln!(s, "# HELP http_requests_queued Requests waiting for a concurrency slot.");
+        let _ = writeln!(
+            s,
+            "http_requests_in_flight{{backend=\"{backend}\"}} {}",
+            self.in_flight()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP http_requests_queued Requests waiting for a concurrency slot."
+        );
         let _ = writeln!(s, "# TYPE http_requests_queued gauge");
-        let _ = writeln!(s, "http_requests_queued{{backend=\"{backend}\"}} {}", self.queued.load(Ordering::Relaxed));
-        let _ = writeln!(s, "# HELP http_request_duration_seconds Time from request to the end of the response.");
+        let _ = writeln!(
+            s,
+            "http_requests_queued{{backend=\"{backend}\"}} {}",
+            self.queued.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP http_request_duration_seconds Time from request to the end of the response."
+        );
         let _ = writeln!(s, "# TYPE http_request_duration_seconds histogram");
         for (i, b) in DURATION_BUCKETS.iter().enumerate() {
             let n = self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(s, "http_request_duration_seconds_bucket{{backend=\"{backend}\",le=\"{b}\"}} {n}");
+            let _ = writeln!(
+                s,
+                "http_request_duration_seconds_bucket{{backend=\"{backend}\",le=\"{b}\"}} {n}"
+            );
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(s, "http_request_duration_seconds_bucket{{backend=\"{backend}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            s,
+            "http_request_duration_seconds_bucket{{backend=\"{backend}\",le=\"+Inf\"}} {count}"
+        );
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(s, "http_request_duration_seconds_sum{{backend=\"{backend}\"}} {sum}");
-        let _ = writeln!(s, "http_request_duration_seconds_count{{backend=\"{backend}\"}} {count}");
+        let _ = writeln!(
+            s,
+            "http_request_duration_seconds_sum{{backend=\"{backend}\"}} {sum}"
+        );
+        let _ = writeln!(
+            s,
+            "http_request_duration_seconds_count{{backend=\"{backend}\"}} {count}"
+        );
         s
     }
 }
@@ -193,7 +232,15 @@ pub async fn bind_httpd(args: HttpdArgs) -> io::Result<Httpd> {
         v.resize(args.body_bytes, b'x');
         Bytes::from(v)
     };
-    Ok(Httpd { listener, state: Arc::new(State { args, sem, metrics: Metrics::default(), body }) })
+    Ok(Httpd {
+        listener,
+        state: Arc::new(State {
+            args,
+            sem,
+            metrics: Metrics::default(),
+            body,
+        }),
+    })
 }
 
 impl Httpd {
@@ -256,7 +303,10 @@ fn text(st: &State, code: StatusCode, body: impl Into<Bytes>) -> Response<RespBo
     let mut r = Response::new(Full::new(body.into()).boxed());
     *r.status_mut() = code;
     let h = r.headers_mut();
-    h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if let Ok(v) = hyper::header::HeaderValue::from_str(&st.args.name) {
         h.insert(BACKEND_HEADER, v);
     }
@@ -332,13 +382,21 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<RespB
             let st2 = st.clone();
             tokio::spawn(async move {
                 let _held = (permit, in_flight);
-                let chunk = if rate == 0 { 64 * 1024 } else { (rate / 20).clamp(1, 64 * 1024) };
+                let chunk = if rate == 0 {
+                    64 * 1024
+                } else {
+                    (rate / 20).clamp(1, 64 * 1024)
+                };
                 let buf = Bytes::from(vec![b'x'; usize::try_from(chunk).unwrap_or(65536)]);
                 let t0 = tokio::time::Instant::now();
                 let mut sent: u64 = 0;
                 while sent < n {
                     let len = chunk.min(n - sent);
-                    if tx.send(buf.slice(..usize::try_from(len).unwrap_or(0))).await.is_err() {
+                    if tx
+                        .send(buf.slice(..usize::try_from(len).unwrap_or(0)))
+                        .await
+                        .is_err()
+                    {
                         return; // client went away; not counted as answered
                     }
                     sent += len;
@@ -351,7 +409,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<RespB
             });
             let mut r = Response::new(ChannelBody { rx, remaining: n }.boxed());
             let h = r.headers_mut();
-            h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
+            h.insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/octet-stream"),
+            );
             if let Ok(v) = hyper::header::HeaderValue::from_str(&st.args.name) {
                 h.insert(BACKEND_HEADER, v);
             }
@@ -370,7 +431,10 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(b)) => {
                 self.remaining = self.remaining.saturating_sub(b.len() as u64);

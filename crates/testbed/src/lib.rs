@@ -7,6 +7,21 @@
 //!
 //! Everything that needs root and Open vSwitch goes through [`require_root_ovs`], which
 //! skips (outside CI) or fails (with `CI` set) when they are missing.
+//!
+//! ```no_run
+//! use flowgate_testbed::{cleanup_stale, require_root_ovs, topo, Prefix, TopoOptions};
+//! # fn main() -> flowgate_testbed::Result<()> {
+//! if !require_root_ovs("ovs_example") { return Ok(()) }
+//! let p = Prefix::for_test("ovs_example");
+//! cleanup_stale(p.as_str())?; // leftovers of a crashed earlier run
+//! let opts = TopoOptions::new(p.as_str()).controllers(&["tcp:127.0.0.1:6653"]);
+//! let t = topo::linear(&opts, 3, 1)?; // s1-s2-s3, h1..h3 = 10.0.0.1..3
+//! let (h1, h3) = (&t.hosts[0], &t.hosts[2]);
+//! let _srv = h3.spawn(&["/path/to/flowgate", "httpd", "--listen", "10.0.0.3:8080", "--name", "b3"])?;
+//! let out = h1.exec(&["curl", "-s", "http://10.0.0.3:8080/"])?;
+//! # let _ = out; Ok(())
+//! # } // dropping `t` kills the processes and removes hosts, links and bridges
+//! ```
 
 pub mod cmd;
 pub mod error;
@@ -19,7 +34,7 @@ pub mod topo;
 pub use error::{Error, Result};
 pub use netns::{Host, HostOptions, ProcGuard};
 pub use ovs::{Bridge, Link, LinkKind, Ovs};
-pub use topo::{Topology, TopoOptions};
+pub use topo::{TopoOptions, Topology};
 
 /// A short unique name prefix: `fg` + 4 hex digits (6 characters), leaving 9 characters of
 /// an interface name for the role (`s1`, `h12`, `p3x12`).
@@ -78,7 +93,9 @@ pub struct Cleaned {
 /// Refuses prefixes shorter than 4 characters so it can't sweep other runs' networks.
 pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
     if prefix.len() < 4 {
-        return Err(Error::Invalid(format!("cleanup prefix `{prefix}` is too short (min 4)")));
+        return Err(Error::Invalid(format!(
+            "cleanup prefix `{prefix}` is too short (min 4)"
+        )));
     }
     let mut c = Cleaned::default();
     if Ovs::is_running() {
@@ -91,7 +108,9 @@ pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
         // Ports of ours left on other bridges (e.g. a Host on a bridge not of this prefix).
         // Other runs' bridges come and go meanwhile, so this part is best effort.
         for br in Ovs::list_bridges()? {
-            let Ok(ports) = ovs::vsctl(&["list-ports", &br]) else { continue };
+            let Ok(ports) = ovs::vsctl(&["list-ports", &br]) else {
+                continue;
+            };
             for port in ports.lines().filter(|p| p.starts_with(prefix)) {
                 let _ = ovs::vsctl(&["--if-exists", "del-port", &br, port]);
             }
@@ -106,7 +125,9 @@ pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
     }
     for l in netns::list_links()? {
         // Peers of deleted namespaces vanish on their own, a moment later.
-        if l.starts_with(prefix) && !netns::wait_link_gone(&l, std::time::Duration::from_millis(500)) {
+        if l.starts_with(prefix)
+            && !netns::wait_link_gone(&l, std::time::Duration::from_millis(500))
+        {
             netns::del_link(&l)?;
             c.links.push(l);
         }
@@ -176,7 +197,15 @@ mod tests {
 
     #[test]
     fn cidr_parses() {
-        assert_eq!(netns::parse_cidr("10.0.0.2/24").ok(), Some(("10.0.0.2".parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED), 24)));
+        assert_eq!(
+            netns::parse_cidr("10.0.0.2/24").ok(),
+            Some((
+                "10.0.0.2"
+                    .parse()
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                24
+            ))
+        );
         assert!(netns::parse_cidr("10.0.0.2").is_err());
         assert!(netns::parse_cidr("10.0.0.2/33").is_err());
     }

@@ -11,15 +11,15 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
+use hyper::Request;
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
@@ -161,25 +161,52 @@ pub struct LoadReport {
 impl LoadReport {
     /// Share of responses from `backend` among all responses carrying a backend header.
     pub fn share(&self, backend: &str) -> f64 {
-        let total: u64 = self.per_backend.iter().filter(|(k, _)| k.as_str() != "-").map(|(_, v)| v).sum();
-        if total == 0 { 0.0 } else { *self.per_backend.get(backend).unwrap_or(&0) as f64 / total as f64 }
+        let total: u64 = self
+            .per_backend
+            .iter()
+            .filter(|(k, _)| k.as_str() != "-")
+            .map(|(_, v)| v)
+            .sum();
+        if total == 0 {
+            0.0
+        } else {
+            *self.per_backend.get(backend).unwrap_or(&0) as f64 / total as f64
+        }
     }
 }
 
 impl std::fmt::Display for LoadReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "url          {}", self.url)?;
-        writeln!(f, "sent         {}  ok {}  failed {}", self.sent, self.ok, self.failed)?;
+        writeln!(
+            f,
+            "sent         {}  ok {}  failed {}",
+            self.sent, self.ok, self.failed
+        )?;
         let e = &self.errors;
         writeln!(
             f,
             "errors       refused {}  connect-timeout {}  unreachable {}  reset {}  timeout {}  other {}  http {:?}",
-            e.connect_refused, e.connect_timeout, e.unreachable, e.reset, e.timeout, e.other, e.http_status
+            e.connect_refused,
+            e.connect_timeout,
+            e.unreachable,
+            e.reset,
+            e.timeout,
+            e.other,
+            e.http_status
         )?;
         let l = &self.latency_ms;
-        writeln!(f, "latency ms   p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}", l.p50, l.p95, l.p99, l.max, l.mean)?;
+        writeln!(
+            f,
+            "latency ms   p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}  mean {:.2}",
+            l.p50, l.p95, l.p99, l.max, l.mean
+        )?;
         writeln!(f, "backends     {:?}", self.per_backend)?;
-        write!(f, "elapsed      {:.3}s  rate {:.1}/s  bytes {}", self.elapsed_secs, self.achieved_rate, self.bytes)
+        write!(
+            f,
+            "elapsed      {:.3}s  rate {:.1}/s  bytes {}",
+            self.elapsed_secs, self.achieved_rate, self.bytes
+        )
     }
 }
 
@@ -193,7 +220,9 @@ struct Target {
 /// Splits `http://host[:port]/path` into (host, port, path).
 pub fn parse_url(url: &str) -> Result<(String, u16, String), LoadError> {
     let bad = |why| LoadError::Url(url.to_owned(), why);
-    let rest = url.strip_prefix("http://").ok_or_else(|| bad("only http:// is supported"))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| bad("only http:// is supported"))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -225,8 +254,18 @@ async fn resolve(url: &str) -> Result<Target, LoadError> {
         .map_err(|e| LoadError::Resolve(host.clone(), e))?
         .next()
         .ok_or_else(|| LoadError::Resolve(host.clone(), io::Error::other("no address")))?;
-    let host_header = if port == 80 { host } else if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-    Ok(Target { addr, host_header, path })
+    let host_header = if port == 80 {
+        host
+    } else if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    Ok(Target {
+        addr,
+        host_header,
+        path,
+    })
 }
 
 #[derive(Debug)]
@@ -257,7 +296,10 @@ impl Tally {
         // 1 µs .. 1 h, 3 significant digits. Bounds are constants, so this cannot fail.
         #[allow(clippy::unwrap_used)]
         let hist = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
-        Self { hist, report: LoadReport::default() }
+        Self {
+            hist,
+            report: LoadReport::default(),
+        }
     }
 
     fn add(&mut self, took: Duration, r: Result<Response, Fail>) {
@@ -266,7 +308,9 @@ impl Tally {
         match r {
             Ok(resp) => {
                 rep.bytes += resp.bytes;
-                *rep.per_backend.entry(resp.backend.unwrap_or_else(|| "-".into())).or_default() += 1;
+                *rep.per_backend
+                    .entry(resp.backend.unwrap_or_else(|| "-".into()))
+                    .or_default() += 1;
                 if (200..300).contains(&resp.status) {
                     rep.ok += 1;
                     let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
@@ -361,11 +405,12 @@ async fn connect(t: &Target, deadline: Instant) -> Result<(Sender, AbortOnDrop),
         Ok(Ok(s)) => s,
     };
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = match tokio::time::timeout_at(deadline, http1::handshake(TokioIo::new(stream))).await {
-        Err(_) => return Err(Fail::Timeout),
-        Ok(Err(e)) => return Err(classify_hyper(&e)),
-        Ok(Ok(x)) => x,
-    };
+    let (sender, conn) =
+        match tokio::time::timeout_at(deadline, http1::handshake(TokioIo::new(stream))).await {
+            Err(_) => return Err(Fail::Timeout),
+            Ok(Err(e)) => return Err(classify_hyper(&e)),
+            Ok(Ok(x)) => x,
+        };
     let task = tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -379,9 +424,16 @@ async fn send(t: &Target, sender: &mut Sender, close: bool) -> Result<Response, 
         b = b.header(hyper::header::CONNECTION, "close");
     }
     let req = b.body(Empty::<Bytes>::new()).map_err(|_| Fail::Other)?;
-    let resp = sender.send_request(req).await.map_err(|e| classify_hyper(&e))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| classify_hyper(&e))?;
     let status = resp.status().as_u16();
-    let backend = resp.headers().get(BACKEND_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let backend = resp
+        .headers()
+        .get(BACKEND_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut body = resp.into_body();
     let mut bytes = 0u64;
     while let Some(frame) = body.frame().await {
@@ -390,7 +442,11 @@ async fn send(t: &Target, sender: &mut Sender, close: bool) -> Result<Response, 
             bytes += d.len() as u64;
         }
     }
-    Ok(Response { status, backend, bytes })
+    Ok(Response {
+        status,
+        backend,
+        bytes,
+    })
 }
 
 /// One request on a fresh connection, bounded by `timeout`.
@@ -405,10 +461,14 @@ async fn one_fresh(t: &Target, timeout: Duration) -> Result<Response, Fail> {
 
 fn validate(args: &LoadArgs) -> Result<(), LoadError> {
     if args.requests == 0 || args.requests > MAX_REQUESTS {
-        return Err(LoadError::Args(format!("--requests must be 1..={MAX_REQUESTS}")));
+        return Err(LoadError::Args(format!(
+            "--requests must be 1..={MAX_REQUESTS}"
+        )));
     }
     if !(args.duration_secs > 0.0 && args.duration_secs <= MAX_DURATION_SECS) {
-        return Err(LoadError::Args(format!("--duration-secs must be in (0, {MAX_DURATION_SECS}]")));
+        return Err(LoadError::Args(format!(
+            "--duration-secs must be in (0, {MAX_DURATION_SECS}]"
+        )));
     }
     if args.timeout_ms == 0 {
         return Err(LoadError::Args("--timeout-ms must be positive".into()));
@@ -444,7 +504,9 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
                 break;
             }
             tokio::time::sleep_until(due).await;
-            let Ok(permit) = sem.clone().acquire_owned().await else { break };
+            let Ok(permit) = sem.clone().acquire_owned().await else {
+                break;
+            };
             let t = target.clone();
             set.spawn(async move {
                 let r = one_fresh(&t, timeout).await;
@@ -465,8 +527,16 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     } else {
         let next = Arc::new(AtomicU64::new(0));
         let mut set = tokio::task::JoinSet::new();
-        for _ in 0..args.concurrency.min(usize::try_from(args.requests).unwrap_or(usize::MAX)) {
-            let (t, next, n, fresh) = (target.clone(), next.clone(), args.requests, args.new_connection_per_request);
+        for _ in 0..args
+            .concurrency
+            .min(usize::try_from(args.requests).unwrap_or(usize::MAX))
+        {
+            let (t, next, n, fresh) = (
+                target.clone(),
+                next.clone(),
+                args.requests,
+                args.new_connection_per_request,
+            );
             set.spawn(async move {
                 let mut tally = Tally::new();
                 let mut conn: Option<(Sender, AbortOnDrop)> = None;
@@ -480,7 +550,9 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
                             if conn.as_ref().is_none_or(|(s, _)| s.is_closed()) {
                                 conn = Some(connect(&t, deadline).await?);
                             }
-                            let Some((s, _)) = conn.as_mut() else { return Err(Fail::Other) };
+                            let Some((s, _)) = conn.as_mut() else {
+                                return Err(Fail::Other);
+                            };
                             match tokio::time::timeout_at(deadline, send(&t, s, false)).await {
                                 Err(_) => Err(Fail::Timeout),
                                 Ok(r) => r,
@@ -508,7 +580,11 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     let mut rep = total.report;
     rep.url = args.url.clone();
     rep.elapsed_secs = elapsed;
-    rep.achieved_rate = if elapsed > 0.0 { rep.sent as f64 / elapsed } else { 0.0 };
+    rep.achieved_rate = if elapsed > 0.0 {
+        rep.sent as f64 / elapsed
+    } else {
+        0.0
+    };
     if !total.hist.is_empty() {
         let ms = |us: u64| us as f64 / 1000.0;
         rep.latency_ms = Latency {

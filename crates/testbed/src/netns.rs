@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::cmd;
 use crate::error::{Error, Result};
-use crate::ovs::{check_ifname, Bridge};
+use crate::ovs::{Bridge, check_ifname};
 
 /// Name of the host's interface inside its namespace.
 pub const HOST_IFACE: &str = "eth0";
@@ -62,13 +62,28 @@ pub fn parse_cidr(cidr: &str) -> Result<(Ipv4Addr, u8)> {
 impl Host {
     /// Creates host `name` (ns and bridge-side veth are both called `prefix+name`, which
     /// must fit 15 characters) with address `ip_cidr` on `eth0`, attached to `bridge`.
-    pub fn create(prefix: &str, name: &str, ip_cidr: &str, bridge: &Bridge, mac: Option<&str>) -> Result<Host> {
-        let opts = HostOptions { mac: mac.map(str::to_owned), ..HostOptions::default() };
+    pub fn create(
+        prefix: &str,
+        name: &str,
+        ip_cidr: &str,
+        bridge: &Bridge,
+        mac: Option<&str>,
+    ) -> Result<Host> {
+        let opts = HostOptions {
+            mac: mac.map(str::to_owned),
+            ..HostOptions::default()
+        };
         Self::create_with(prefix, name, ip_cidr, bridge, &opts)
     }
 
     /// [`Host::create`] with more options.
-    pub fn create_with(prefix: &str, name: &str, ip_cidr: &str, bridge: &Bridge, opts: &HostOptions) -> Result<Host> {
+    pub fn create_with(
+        prefix: &str,
+        name: &str,
+        ip_cidr: &str,
+        bridge: &Bridge,
+        opts: &HostOptions,
+    ) -> Result<Host> {
         let (ip, prefix_len) = parse_cidr(ip_cidr)?;
         let full = format!("{prefix}{name}");
         check_ifname(&full)?;
@@ -95,7 +110,12 @@ impl Host {
             del_link(&full)?;
         }
         cmd::run("ip", &["netns", "add", &full])?;
-        cmd::run("ip", &["link", "add", &full, "type", "veth", "peer", "name", HOST_IFACE, "netns", &full])?;
+        cmd::run(
+            "ip",
+            &[
+                "link", "add", &full, "type", "veth", "peer", "name", HOST_IFACE, "netns", &full,
+            ],
+        )?;
         if !opts.ipv6 {
             host.exec_checked(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
             host.exec_checked(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
@@ -117,7 +137,10 @@ impl Host {
             let gw = gw.to_string();
             cmd::run("ip", &["-n", ns, "route", "add", "default", "via", &gw])?;
         }
-        host.mac = host.exec_checked(&["cat", "/sys/class/net/eth0/address"])?.trim().to_owned();
+        host.mac = host
+            .exec_checked(&["cat", "/sys/class/net/eth0/address"])?
+            .trim()
+            .to_owned();
         host.ofport = match opts.ofport {
             Some(p) => bridge.add_port_with_ofport(&full, p)?,
             None => bridge.add_port(&full)?,
@@ -166,7 +189,9 @@ impl Host {
     /// A [`Command`] running `argv` in this namespace (via `ip netns exec`).
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns]).args(argv).stdin(Stdio::null());
+        c.args(["netns", "exec", &self.ns])
+            .args(argv)
+            .stdin(Stdio::null());
         c
     }
 
@@ -187,14 +212,24 @@ impl Host {
     /// Starts `argv` in the namespace, stdout and stderr going to a log file; the process
     /// (group) is killed when the guard drops.
     pub fn spawn(&self, argv: &[&str]) -> Result<ProcGuard> {
-        ProcGuard::spawn(self.command(argv), &format!("{}-{}", self.ns, argv.first().map(|a| basename(a)).unwrap_or("proc")))
+        ProcGuard::spawn(
+            self.command(argv),
+            &format!(
+                "{}-{}",
+                self.ns,
+                argv.first().map(|a| basename(a)).unwrap_or("proc")
+            ),
+        )
     }
 
     /// `ping -c COUNT -W 1 -i 0.2 DST`; true if every probe was answered.
     pub fn ping(&self, dst: Ipv4Addr, count: u32) -> Result<bool> {
         let c = count.to_string();
         let d = dst.to_string();
-        Ok(self.exec(&["ping", "-n", "-q", "-c", &c, "-W", "1", "-i", "0.2", &d])?.status.success())
+        Ok(self
+            .exec(&["ping", "-n", "-q", "-c", &c, "-W", "1", "-i", "0.2", &d])?
+            .status
+            .success())
     }
 
     /// Pings until one answer arrives or `timeout` passes (the first packets may go to a
@@ -215,8 +250,23 @@ impl Host {
     pub fn set_arp(&self, ip: Ipv4Addr, mac: &str) -> Result<()> {
         check_mac(mac)?;
         let ip = ip.to_string();
-        cmd::run("ip", &["-n", &self.ns, "neigh", "replace", &ip, "lladdr", mac, "dev", HOST_IFACE, "nud", "permanent"])
-            .map(drop)
+        cmd::run(
+            "ip",
+            &[
+                "-n",
+                &self.ns,
+                "neigh",
+                "replace",
+                &ip,
+                "lladdr",
+                mac,
+                "dev",
+                HOST_IFACE,
+                "nud",
+                "permanent",
+            ],
+        )
+        .map(drop)
     }
 
     /// Adds a route (`ip route add DEST via GW` or `dev eth0` when `via` is `None`).
@@ -226,7 +276,11 @@ impl Host {
                 let gw = gw.to_string();
                 cmd::run("ip", &["-n", &self.ns, "route", "add", dest, "via", &gw]).map(drop)
             }
-            None => cmd::run("ip", &["-n", &self.ns, "route", "add", dest, "dev", HOST_IFACE]).map(drop),
+            None => cmd::run(
+                "ip",
+                &["-n", &self.ns, "route", "add", dest, "dev", HOST_IFACE],
+            )
+            .map(drop),
         }
     }
 
@@ -234,12 +288,25 @@ impl Host {
     pub fn wait_http(&self, url: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            let out = self.exec(&["curl", "-s", "-o", "/dev/null", "-m", "1", "-w", "%{http_code}", url])?;
+            let out = self.exec(&[
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-m",
+                "1",
+                "-w",
+                "%{http_code}",
+                url,
+            ])?;
             if String::from_utf8_lossy(&out.stdout).trim() == "200" {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout(format!("{url} did not answer 200 from {} within {timeout:?}", self.ns)));
+                return Err(Error::Timeout(format!(
+                    "{url} did not answer 200 from {} within {timeout:?}",
+                    self.ns
+                )));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -256,7 +323,16 @@ impl Drop for Host {
         if self.keep {
             return;
         }
-        cmd::run_quiet("ovs-vsctl", &["--timeout=30", "--if-exists", "del-port", &self.bridge, &self.veth]);
+        cmd::run_quiet(
+            "ovs-vsctl",
+            &[
+                "--timeout=30",
+                "--if-exists",
+                "del-port",
+                &self.bridge,
+                &self.veth,
+            ],
+        );
         kill_netns_pids(&self.ns);
         cmd::run_quiet("ip", &["netns", "del", &self.ns]);
         // Deleting the namespace destroys eth0 and with it the peer, but asynchronously:
@@ -273,8 +349,14 @@ fn basename(p: &str) -> &str {
 
 fn check_mac(mac: &str) -> Result<()> {
     let ok = mac.split(':').count() == 6
-        && mac.split(':').all(|b| b.len() == 2 && b.bytes().all(|c| c.is_ascii_hexdigit()));
-    if ok { Ok(()) } else { Err(Error::Invalid(format!("`{mac}` is not a MAC address"))) }
+        && mac
+            .split(':')
+            .all(|b| b.len() == 2 && b.bytes().all(|c| c.is_ascii_hexdigit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!("`{mac}` is not a MAC address")))
+    }
 }
 
 /// True if a network namespace of that name exists.
@@ -329,8 +411,13 @@ pub fn list_links() -> Result<Vec<String>> {
 
 /// SIGKILLs every process in namespace `ns` (`ip netns pids`).
 pub fn kill_netns_pids(ns: &str) {
-    let Ok(out) = cmd::run("ip", &["netns", "pids", ns]) else { return };
-    let pids: Vec<&str> = out.split_whitespace().filter(|p| p.parse::<u32>().is_ok()).collect();
+    let Ok(out) = cmd::run("ip", &["netns", "pids", ns]) else {
+        return;
+    };
+    let pids: Vec<&str> = out
+        .split_whitespace()
+        .filter(|p| p.parse::<u32>().is_ok())
+        .collect();
     if pids.is_empty() {
         return;
     }
@@ -360,8 +447,14 @@ impl ProcGuard {
         let f = File::create(&log)?;
         command.stdout(f.try_clone()?).stderr(f).process_group(0);
         let shown = format!("{command:?}");
-        let child = command.spawn().map_err(|source| Error::Spawn { cmd: shown, source })?;
-        Ok(ProcGuard { child, log, exited: None })
+        let child = command
+            .spawn()
+            .map_err(|source| Error::Spawn { cmd: shown, source })?;
+        Ok(ProcGuard {
+            child,
+            log,
+            exited: None,
+        })
     }
 
     /// The process id (also the process group id).
@@ -397,10 +490,16 @@ impl ProcGuard {
                 return Ok(());
             }
             if let Some(st) = self.try_wait()? {
-                return Err(Error::Command { cmd: format!("{:?}", self.child), status: st.to_string(), stderr: out });
+                return Err(Error::Command {
+                    cmd: format!("{:?}", self.child),
+                    status: st.to_string(),
+                    stderr: out,
+                });
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout(format!("`{needle}` not printed within {timeout:?}; output: {out}")));
+                return Err(Error::Timeout(format!(
+                    "`{needle}` not printed within {timeout:?}; output: {out}"
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }

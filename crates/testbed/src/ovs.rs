@@ -26,8 +26,13 @@ pub fn check_ifname(name: &str) -> Result<()> {
             "interface name `{name}` must be 1..={MAX_IFNAME} characters"
         )));
     }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(Error::Invalid(format!("interface name `{name}` has characters other than [A-Za-z0-9_-]")));
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(Error::Invalid(format!(
+            "interface name `{name}` has characters other than [A-Za-z0-9_-]"
+        )));
     }
     Ok(())
 }
@@ -53,7 +58,9 @@ pub struct Ovs;
 impl Ovs {
     /// True if `ovs-vsctl show` answers.
     pub fn is_running() -> bool {
-        cmd::output("ovs-vsctl", &["--timeout=5", "show"]).map(|o| o.status.success()).unwrap_or(false)
+        cmd::output("ovs-vsctl", &["--timeout=5", "show"])
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     }
 
     /// Starts ovsdb-server and ovs-vswitchd with `ovs-ctl start` unless they already answer.
@@ -65,7 +72,9 @@ impl Ovs {
             return Ok(());
         }
         if !cmd::have("ovs-vsctl") || !cmd::have(OVS_CTL) {
-            return Err(Error::Invalid("Open vSwitch is not installed (ovs-vsctl / ovs-ctl missing)".into()));
+            return Err(Error::Invalid(
+                "Open vSwitch is not installed (ovs-vsctl / ovs-ctl missing)".into(),
+            ));
         }
         let lock = std::env::temp_dir().join("flowgate-testbed-ovs-start.lock");
         let log_path = std::env::temp_dir().join("flowgate-testbed-ovs-start.log");
@@ -74,7 +83,12 @@ impl Ovs {
         let log = File::create(&log_path)?;
         let mut c = if cmd::have("flock") {
             let mut c = Command::new("flock");
-            c.arg("-w").arg("120").arg(&lock).arg("sh").arg("-c").arg(&script);
+            c.arg("-w")
+                .arg("120")
+                .arg(&lock)
+                .arg("sh")
+                .arg("-c")
+                .arg(&script);
             c
         } else {
             let mut c = Command::new("sh");
@@ -87,12 +101,19 @@ impl Ovs {
             .stdout(log.try_clone()?)
             .stderr(log)
             .status()
-            .map_err(|source| Error::Spawn { cmd: shown.clone(), source })?;
+            .map_err(|source| Error::Spawn {
+                cmd: shown.clone(),
+                source,
+            })?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while !Self::is_running() {
             if Instant::now() > deadline {
                 let stderr = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(Error::Command { cmd: shown, status: status.to_string(), stderr });
+                return Err(Error::Command {
+                    cmd: shown,
+                    status: status.to_string(),
+                    stderr,
+                });
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -101,7 +122,11 @@ impl Ovs {
 
     /// Names of all bridges (`ovs-vsctl list-br`).
     pub fn list_bridges() -> Result<Vec<String>> {
-        Ok(vsctl(&["list-br"])?.lines().map(str::to_owned).filter(|l| !l.is_empty()).collect())
+        Ok(vsctl(&["list-br"])?
+            .lines()
+            .map(str::to_owned)
+            .filter(|l| !l.is_empty())
+            .collect())
     }
 }
 
@@ -142,7 +167,12 @@ impl Bridge {
         args.extend(controller_args(name, controllers));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         // Construct the guard first so a half-made bridge is removed on error.
-        let br = Bridge { name: name.to_owned(), dpid, next_ofport: AtomicU32::new(1), keep: false };
+        let br = Bridge {
+            name: name.to_owned(),
+            dpid,
+            next_ofport: AtomicU32::new(1),
+            keep: false,
+        };
         vsctl(&refs)?;
         Ok(br)
     }
@@ -168,7 +198,12 @@ impl Bridge {
     /// True if at least one controller connection is up (`is_connected` in OVSDB).
     pub fn is_connected(&self) -> Result<bool> {
         let out = vsctl(&["get", "bridge", &self.name, "controller"])?;
-        for uuid in out.trim().trim_start_matches('[').trim_end_matches(']').split(',') {
+        for uuid in out
+            .trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split(',')
+        {
             let uuid = uuid.trim();
             if uuid.is_empty() {
                 continue;
@@ -188,7 +223,10 @@ impl Bridge {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout(format!("bridge {} never connected to its controller", self.name)));
+                return Err(Error::Timeout(format!(
+                    "bridge {} never connected to its controller",
+                    self.name
+                )));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -206,7 +244,16 @@ impl Bridge {
         check_ifname(iface)?;
         self.bump_ofport(ofport);
         let req = format!("ofport_request={ofport}");
-        vsctl(&["add-port", &self.name, iface, "--", "set", "interface", iface, &req])?;
+        vsctl(&[
+            "add-port",
+            &self.name,
+            iface,
+            "--",
+            "set",
+            "interface",
+            iface,
+            &req,
+        ])?;
         self.ofport(iface)
     }
 
@@ -237,7 +284,11 @@ impl Bridge {
                     let err = vsctl(&["get", "interface", iface, "error"]).unwrap_or_default();
                     return Err(Error::Parse {
                         cmd: format!("ovs-vsctl get interface {iface} ofport"),
-                        detail: format!("no valid ofport ({}); interface error: {}", out.trim(), err.trim()),
+                        detail: format!(
+                            "no valid ofport ({}); interface error: {}",
+                            out.trim(),
+                            err.trim()
+                        ),
                     });
                 }
             }
@@ -274,7 +325,13 @@ impl Bridge {
     /// Administratively brings a port down or up (`ovs-ofctl mod-port BR PORT down|up`);
     /// the controller sees an OFPT_PORT_STATUS.
     pub fn set_port_up(&self, iface: &str, up: bool) -> Result<()> {
-        ofctl(&["mod-port", &self.name, iface, if up { "up" } else { "down" }]).map(drop)
+        ofctl(&[
+            "mod-port",
+            &self.name,
+            iface,
+            if up { "up" } else { "down" },
+        ])
+        .map(drop)
     }
 
     /// Keeps the bridge after drop (for debugging a failed test by hand).
@@ -286,7 +343,10 @@ impl Bridge {
 impl Drop for Bridge {
     fn drop(&mut self) {
         if !self.keep {
-            cmd::run_quiet("ovs-vsctl", &["--timeout=30", "--if-exists", "del-br", &self.name]);
+            cmd::run_quiet(
+                "ovs-vsctl",
+                &["--timeout=30", "--if-exists", "del-br", &self.name],
+            );
             // The userspace datapath's tap device for the bridge's local port.
             crate::netns::wait_link_gone(&self.name, Duration::from_secs(2));
         }
@@ -311,7 +371,13 @@ fn controller_args(bridge: &str, controllers: &[String]) -> Vec<String> {
         ]);
         ids.push(id);
     }
-    args.extend(["--".into(), "set".into(), "bridge".into(), bridge.into(), format!("controller={}", ids.join(","))]);
+    args.extend([
+        "--".into(),
+        "set".into(),
+        "bridge".into(),
+        bridge.into(),
+        format!("controller={}", ids.join(",")),
+    ]);
     args
 }
 
@@ -352,37 +418,98 @@ pub struct Link {
 
 impl Link {
     /// Connects `a` and `b` with interfaces named `a_iface` (on `a`) and `b_iface` (on `b`).
-    pub fn create(kind: LinkKind, a: &Bridge, a_iface: &str, b: &Bridge, b_iface: &str) -> Result<Link> {
+    pub fn create(
+        kind: LinkKind,
+        a: &Bridge,
+        a_iface: &str,
+        b: &Bridge,
+        b_iface: &str,
+    ) -> Result<Link> {
         check_ifname(a_iface)?;
         check_ifname(b_iface)?;
         let pa = a.reserve_ofport();
         let pb = b.reserve_ofport();
         let mut link = Link {
             kind,
-            a: LinkEnd { bridge: a.name().into(), iface: a_iface.into(), ofport: pa },
-            b: LinkEnd { bridge: b.name().into(), iface: b_iface.into(), ofport: pb },
+            a: LinkEnd {
+                bridge: a.name().into(),
+                iface: a_iface.into(),
+                ofport: pa,
+            },
+            b: LinkEnd {
+                bridge: b.name().into(),
+                iface: b_iface.into(),
+                ofport: pb,
+            },
         };
         match kind {
             LinkKind::Patch => {
-                let (ra, rb) = (format!("ofport_request={pa}"), format!("ofport_request={pb}"));
-                let (peer_a, peer_b) = (format!("options:peer={b_iface}"), format!("options:peer={a_iface}"));
+                let (ra, rb) = (
+                    format!("ofport_request={pa}"),
+                    format!("ofport_request={pb}"),
+                );
+                let (peer_a, peer_b) = (
+                    format!("options:peer={b_iface}"),
+                    format!("options:peer={a_iface}"),
+                );
                 vsctl(&[
-                    "add-port", a.name(), a_iface, "--", "set", "interface", a_iface, "type=patch", &peer_a, &ra,
-                    "--", "add-port", b.name(), b_iface, "--", "set", "interface", b_iface, "type=patch", &peer_b,
+                    "add-port",
+                    a.name(),
+                    a_iface,
+                    "--",
+                    "set",
+                    "interface",
+                    a_iface,
+                    "type=patch",
+                    &peer_a,
+                    &ra,
+                    "--",
+                    "add-port",
+                    b.name(),
+                    b_iface,
+                    "--",
+                    "set",
+                    "interface",
+                    b_iface,
+                    "type=patch",
+                    &peer_b,
                     &rb,
                 ])?;
             }
             LinkKind::Veth => {
-                cmd::run("ip", &["link", "add", a_iface, "type", "veth", "peer", "name", b_iface])?;
+                cmd::run(
+                    "ip",
+                    &[
+                        "link", "add", a_iface, "type", "veth", "peer", "name", b_iface,
+                    ],
+                )?;
                 for i in [a_iface, b_iface] {
                     disable_ipv6(i);
                     cmd::run("ethtool", &["-K", i, "tx", "off"])?;
                     cmd::run("ip", &["link", "set", i, "up"])?;
                 }
-                let (ra, rb) = (format!("ofport_request={pa}"), format!("ofport_request={pb}"));
+                let (ra, rb) = (
+                    format!("ofport_request={pa}"),
+                    format!("ofport_request={pb}"),
+                );
                 vsctl(&[
-                    "add-port", a.name(), a_iface, "--", "set", "interface", a_iface, &ra, "--", "add-port",
-                    b.name(), b_iface, "--", "set", "interface", b_iface, &rb,
+                    "add-port",
+                    a.name(),
+                    a_iface,
+                    "--",
+                    "set",
+                    "interface",
+                    a_iface,
+                    &ra,
+                    "--",
+                    "add-port",
+                    b.name(),
+                    b_iface,
+                    "--",
+                    "set",
+                    "interface",
+                    b_iface,
+                    &rb,
                 ])?;
             }
         }
@@ -395,10 +522,19 @@ impl Link {
     /// ends). Patch: `ovs-ofctl mod-port` on both ends.
     pub fn set_up(&self, up: bool) -> Result<()> {
         match self.kind {
-            LinkKind::Veth => cmd::run("ip", &["link", "set", &self.a.iface, if up { "up" } else { "down" }]).map(drop),
+            LinkKind::Veth => cmd::run(
+                "ip",
+                &["link", "set", &self.a.iface, if up { "up" } else { "down" }],
+            )
+            .map(drop),
             LinkKind::Patch => {
                 for end in [&self.a, &self.b] {
-                    ofctl(&["mod-port", &end.bridge, &end.iface, if up { "up" } else { "down" }])?;
+                    ofctl(&[
+                        "mod-port",
+                        &end.bridge,
+                        &end.iface,
+                        if up { "up" } else { "down" },
+                    ])?;
                 }
                 Ok(())
             }
@@ -411,8 +547,16 @@ impl Drop for Link {
         cmd::run_quiet(
             "ovs-vsctl",
             &[
-                "--timeout=30", "--if-exists", "del-port", &self.a.bridge, &self.a.iface, "--", "--if-exists",
-                "del-port", &self.b.bridge, &self.b.iface,
+                "--timeout=30",
+                "--if-exists",
+                "del-port",
+                &self.a.bridge,
+                &self.a.iface,
+                "--",
+                "--if-exists",
+                "del-port",
+                &self.b.bridge,
+                &self.b.iface,
             ],
         );
         if self.kind == LinkKind::Veth && crate::netns::link_exists(&self.a.iface) {

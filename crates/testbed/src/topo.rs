@@ -26,7 +26,11 @@ pub struct TopoOptions {
 impl TopoOptions {
     /// Options with the given prefix, no controller, patch links.
     pub fn new(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into(), controllers: Vec::new(), link_kind: LinkKind::Patch }
+        Self {
+            prefix: prefix.into(),
+            controllers: Vec::new(),
+            link_kind: LinkKind::Patch,
+        }
     }
     /// Sets the controllers.
     pub fn controllers(mut self, c: &[&str]) -> Self {
@@ -57,15 +61,24 @@ pub struct Topology {
 impl Topology {
     fn new(opts: &TopoOptions) -> Result<Self> {
         if opts.prefix.len() > 8 {
-            return Err(Error::Invalid(format!("topology prefix `{}` longer than 8 characters", opts.prefix)));
+            return Err(Error::Invalid(format!(
+                "topology prefix `{}` longer than 8 characters",
+                opts.prefix
+            )));
         }
-        Ok(Self { hosts: Vec::new(), links: Vec::new(), bridges: Vec::new(), prefix: opts.prefix.clone() })
+        Ok(Self {
+            hosts: Vec::new(),
+            links: Vec::new(),
+            bridges: Vec::new(),
+            prefix: opts.prefix.clone(),
+        })
     }
 
     fn add_switch(&mut self, opts: &TopoOptions) -> Result<usize> {
         let n = self.bridges.len() + 1;
         let name = format!("{}s{n}", opts.prefix);
-        self.bridges.push(Bridge::create(&name, n as u64, &opts.controllers)?);
+        self.bridges
+            .push(Bridge::create(&name, n as u64, &opts.controllers)?);
         Ok(n - 1)
     }
 
@@ -74,8 +87,17 @@ impl Topology {
         if n > 254 {
             return Err(Error::Invalid("more than 254 hosts".into()));
         }
-        let hopts = HostOptions { mac: Some(format!("00:00:00:00:00:{n:02x}")), ..HostOptions::default() };
-        let host = Host::create_with(&opts.prefix, &format!("h{n}"), &format!("10.0.0.{n}/24"), &self.bridges[sw], &hopts)?;
+        let hopts = HostOptions {
+            mac: Some(format!("00:00:00:00:00:{n:02x}")),
+            ..HostOptions::default()
+        };
+        let host = Host::create_with(
+            &opts.prefix,
+            &format!("h{n}"),
+            &format!("10.0.0.{n}/24"),
+            &self.bridges[sw],
+            &hopts,
+        )?;
         self.hosts.push(host);
         Ok(n - 1)
     }
@@ -116,7 +138,9 @@ impl Topology {
         let mut failed = Vec::new();
         for a in &self.hosts {
             for b in &self.hosts {
-                if a.name() != b.name() && !a.ping_until(b.ip(), std::time::Duration::from_secs(3))? {
+                if a.name() != b.name()
+                    && !a.ping_until(b.ip(), std::time::Duration::from_secs(3))?
+                {
                     failed.push((a.name().to_owned(), b.name().to_owned()));
                 }
             }

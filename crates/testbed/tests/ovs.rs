@@ -5,11 +5,13 @@
 use std::io::Read as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 use flowgate_testbed::load::LoadReport;
 use flowgate_testbed::netns::{list_links, list_netns};
 use flowgate_testbed::topo::{linear, single, tree};
-use flowgate_testbed::{cleanup_stale, require_root_ovs, Bridge, Host, LinkKind, Ovs, Prefix, TopoOptions};
+use flowgate_testbed::{
+    Bridge, Host, LinkKind, Ovs, Prefix, TopoOptions, cleanup_stale, require_root_ovs,
+};
 
 const TOOLS: &str = env!("CARGO_BIN_EXE_fg-testbed-tools");
 
@@ -28,9 +30,24 @@ fn setup(test: &str) -> Option<Prefix> {
 
 fn leftovers(prefix: &str) -> Result<Vec<String>> {
     let mut v: Vec<String> = Vec::new();
-    v.extend(list_netns()?.into_iter().filter(|n| n.starts_with(prefix)).map(|n| format!("netns {n}")));
-    v.extend(Ovs::list_bridges()?.into_iter().filter(|n| n.starts_with(prefix)).map(|n| format!("bridge {n}")));
-    v.extend(list_links()?.into_iter().filter(|n| n.starts_with(prefix)).map(|n| format!("link {n}")));
+    v.extend(
+        list_netns()?
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .map(|n| format!("netns {n}")),
+    );
+    v.extend(
+        Ovs::list_bridges()?
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .map(|n| format!("bridge {n}")),
+    );
+    v.extend(
+        list_links()?
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .map(|n| format!("link {n}")),
+    );
     Ok(v)
 }
 
@@ -47,13 +64,19 @@ fn load_from(h: &Host, url: &str, extra: &[&str]) -> Result<LoadReport> {
     let mut argv = vec![TOOLS, "load", "--url", url, "--json"];
     argv.extend_from_slice(extra);
     let out = h.exec(&argv)?;
-    ensure!(out.status.success(), "load failed: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "load failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).context("load report json")
 }
 
 #[test]
 fn ovs_two_hosts_normal_ping_and_http() -> Result<()> {
-    let Some(p) = setup("ovs_two_hosts_normal_ping_and_http") else { return Ok(()) };
+    let Some(p) = setup("ovs_two_hosts_normal_ping_and_http") else {
+        return Ok(());
+    };
     let t = single(&TopoOptions::new(p.as_str()), 2)?;
     let (h1, h2) = (&t.hosts[0], &t.hosts[1]);
     assert_eq!((h1.ofport(), h2.ofport()), (1, 2));
@@ -73,14 +96,23 @@ fn ovs_two_hosts_normal_ping_and_http() -> Result<()> {
     h2.wait_http("http://10.0.0.1:8000/", Duration::from_secs(10))?;
 
     // Keep-alive through the bridge: two URLs on one curl connection.
-    let out = h1.exec_checked(&["curl", "-sv", "-m", "5", "http://10.0.0.2:8080/a", "http://10.0.0.2:8080/b"])?;
+    let out = h1.exec_checked(&[
+        "curl",
+        "-sv",
+        "-m",
+        "5",
+        "http://10.0.0.2:8080/a",
+        "http://10.0.0.2:8080/b",
+    ])?;
     assert_eq!(out.matches("b2").count(), 2, "{out}");
     Ok(())
 }
 
 #[test]
 fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
-    let Some(p) = setup("ovs_cleanup_on_drop_panic_and_stale") else { return Ok(()) };
+    let Some(p) = setup("ovs_cleanup_on_drop_panic_and_stale") else {
+        return Ok(());
+    };
     let pre = p.as_str().to_owned();
 
     // 1. Normal drop, with a process running inside a namespace.
@@ -94,7 +126,9 @@ fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
     }
     assert_eq!(leftovers(&pre)?, Vec::<String>::new());
     std::thread::sleep(Duration::from_millis(100));
-    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false);
+    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false);
     assert!(!alive, "process {pid} in the namespace survived");
 
     // 2. A panic while the topology is alive.
@@ -122,22 +156,40 @@ fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
 
 #[test]
 fn ovs_load_two_backends_through_bridge() -> Result<()> {
-    let Some(p) = setup("ovs_load_two_backends_through_bridge") else { return Ok(()) };
+    let Some(p) = setup("ovs_load_two_backends_through_bridge") else {
+        return Ok(());
+    };
     let t = single(&TopoOptions::new(p.as_str()), 3)?;
     t.add_flow_all("actions=NORMAL")?;
     let (client, b2, b3) = (&t.hosts[0], &t.hosts[1], &t.hosts[2]);
     let _s2 = start_httpd(b2, "b2", &["--metrics"])?;
-    let _s3 = start_httpd(b3, "b3", &["--concurrency", "1", "--queue", "0", "--delay-ms", "100"])?;
+    let _s3 = start_httpd(
+        b3,
+        "b3",
+        &["--concurrency", "1", "--queue", "0", "--delay-ms", "100"],
+    )?;
 
     // Closed loop, new connection per request, 60 to b2.
-    let r2 = load_from(client, "http://10.0.0.2:8080/", &["--requests", "60", "--concurrency", "4"])?;
+    let r2 = load_from(
+        client,
+        "http://10.0.0.2:8080/",
+        &["--requests", "60", "--concurrency", "4"],
+    )?;
     assert_eq!((r2.sent, r2.ok, r2.failed), (60, 60, 0), "{r2}");
     assert_eq!(r2.per_backend.get("b2"), Some(&60));
     // Open loop, 40 to b3 at 20/s: each takes 100 ms with one slot, so none overlap... mostly.
-    let r3 = load_from(client, "http://10.0.0.3:8080/", &["--requests", "40", "--rate", "8"])?;
+    let r3 = load_from(
+        client,
+        "http://10.0.0.3:8080/",
+        &["--requests", "40", "--rate", "8"],
+    )?;
     assert_eq!((r3.sent, r3.ok + r3.failed), (40, 40), "{r3}");
     assert_eq!(r3.per_backend.get("b3"), Some(&40));
-    assert_eq!(r3.ok + r3.errors.http_status.get(&503).copied().unwrap_or(0), 40, "{r3}");
+    assert_eq!(
+        r3.ok + r3.errors.http_status.get(&503).copied().unwrap_or(0),
+        40,
+        "{r3}"
+    );
 
     let mut total = r2.per_backend.clone();
     for (k, v) in &r3.per_backend {
@@ -148,8 +200,15 @@ fn ovs_load_two_backends_through_bridge() -> Result<()> {
     assert!((total["b2"] as f64 / all as f64 - 0.6).abs() < 1e-9);
 
     // Overload of b3 through the bridge: concurrent requests beyond one slot get 503.
-    let r = load_from(client, "http://10.0.0.3:8080/", &["--requests", "12", "--concurrency", "4"])?;
-    assert!(r.errors.http_status.get(&503).copied().unwrap_or(0) >= 3, "{r}");
+    let r = load_from(
+        client,
+        "http://10.0.0.3:8080/",
+        &["--requests", "12", "--concurrency", "4"],
+    )?;
+    assert!(
+        r.errors.http_status.get(&503).copied().unwrap_or(0) >= 3,
+        "{r}"
+    );
 
     // Nothing listening: refused, counted.
     let r = load_from(client, "http://10.0.0.2:9/", &["--requests", "5"])?;
@@ -157,15 +216,23 @@ fn ovs_load_two_backends_through_bridge() -> Result<()> {
 
     // The metrics endpoint counted b2's 60 requests.
     let m = client.exec_checked(&["curl", "-s", "-m", "5", "http://10.0.0.2:8080/metrics"])?;
-    assert!(m.contains("http_requests_total{backend=\"b2\",code=\"200\"} 60"), "{m}");
+    assert!(
+        m.contains("http_requests_total{backend=\"b2\",code=\"200\"} 60"),
+        "{m}"
+    );
     Ok(())
 }
 
 #[test]
 fn ovs_linear3_normal_ping_end_to_end() -> Result<()> {
-    let Some(p) = setup("ovs_linear3_normal_ping_end_to_end") else { return Ok(()) };
+    let Some(p) = setup("ovs_linear3_normal_ping_end_to_end") else {
+        return Ok(());
+    };
     let t = linear(&TopoOptions::new(p.as_str()), 3, 1)?;
-    assert_eq!(t.bridges.iter().map(Bridge::dpid).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(
+        t.bridges.iter().map(Bridge::dpid).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
     // Mininet's port order: host first, then the link to the previous switch.
     let ports: Vec<(u32, u32)> = t.links.iter().map(|l| (l.a.ofport, l.b.ofport)).collect();
     assert_eq!(ports, vec![(2, 2), (2, 3)]);
@@ -179,22 +246,37 @@ fn ovs_linear3_normal_ping_end_to_end() -> Result<()> {
 
 #[test]
 fn ovs_veth_links_and_tree_carry_tcp() -> Result<()> {
-    let Some(p) = setup("ovs_veth_links_and_tree_carry_tcp") else { return Ok(()) };
-    let t = tree(&TopoOptions::new(p.as_str()).link_kind(LinkKind::Veth), 2, 2)?;
+    let Some(p) = setup("ovs_veth_links_and_tree_carry_tcp") else {
+        return Ok(());
+    };
+    let t = tree(
+        &TopoOptions::new(p.as_str()).link_kind(LinkKind::Veth),
+        2,
+        2,
+    )?;
     assert_eq!((t.bridges.len(), t.hosts.len(), t.links.len()), (3, 4, 2));
     t.add_flow_all("actions=NORMAL")?;
     let (h1, h4) = (&t.hosts[0], &t.hosts[3]);
-    assert!(h1.ping_until(h4.ip(), Duration::from_secs(5))?, "h1 cannot ping h4");
+    assert!(
+        h1.ping_until(h4.ip(), Duration::from_secs(5))?,
+        "h1 cannot ping h4"
+    );
     let _s = start_httpd(h4, "b4", &["--rate-bytes-per-sec", "2000000"])?;
     // A 1 MB download across two veth links: TCP with checksums that the receiver accepts.
-    let r = load_from(h1, "http://10.0.0.4:8080/bytes/1000000", &["--requests", "1"])?;
+    let r = load_from(
+        h1,
+        "http://10.0.0.4:8080/bytes/1000000",
+        &["--requests", "1"],
+    )?;
     assert_eq!((r.ok, r.bytes), (1, 1_000_000), "{r}");
     Ok(())
 }
 
 #[test]
 fn ovs_bridge_connects_to_controller() -> Result<()> {
-    let Some(p) = setup("ovs_bridge_connects_to_controller") else { return Ok(()) };
+    let Some(p) = setup("ovs_bridge_connects_to_controller") else {
+        return Ok(());
+    };
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     l.set_nonblocking(true)?;
     let target = format!("tcp:{}", l.local_addr()?);

@@ -146,7 +146,7 @@ const F: usize = 5;
 /// Per-refresh decay of the normalising maxima.
 const SCALE_DECAY: f64 = 0.999;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct MrbsState {
     beta: [f64; F],
     samples: u64,
@@ -162,7 +162,25 @@ pub(super) struct MrbsState {
     floor: f64,
 }
 
+impl Default for MrbsState {
+    fn default() -> Self {
+        MrbsState {
+            beta: [0.0; F],
+            samples: 0,
+            scale: [0.0; 3],
+            prev: Vec::new(),
+            pred: Vec::new(),
+            mean_pred: f64::NAN,
+            floor: 1e-6,
+        }
+    }
+}
+
 impl MrbsState {
+    /// The model coefficients `β` over `[1, rps, conns, rt_prev, util]` (normalised).
+    pub(super) fn beta(&self) -> [f64; F] {
+        self.beta
+    }
     pub(super) fn resize(&mut self, n: usize) {
         self.prev.resize(n, None);
         self.pred.resize(n, f64::NAN);
@@ -384,12 +402,18 @@ fn amlob_metrics(st: &AmlobState, x: &BackendLoad, since: Duration, window: Dura
 
 // ---- SRT ----------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct SrtState {
     /// EWMA RT (ms) per backend, NaN = never measured.
     rt: Vec<f64>,
     /// Pool mean of the fresh EWMAs, NaN if none.
     mean: f64,
+}
+
+impl Default for SrtState {
+    fn default() -> Self {
+        SrtState { rt: Vec::new(), mean: f64::NAN }
+    }
 }
 
 impl SrtState {

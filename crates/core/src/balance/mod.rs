@@ -542,6 +542,12 @@ impl Balancer {
         self.mrbs.samples()
     }
 
+    /// MRBS: the model coefficients over the normalised features
+    /// `[1, rps, conns, rt_prev, util]`.
+    pub fn mrbs_model(&self) -> [f64; 5] {
+        self.mrbs.beta()
+    }
+
     /// AMLOB: the current CV weights of (RPS, connections, RT).
     pub fn amlob_weights(&self) -> [f64; 3] {
         self.amlob.weights()

@@ -718,6 +718,9 @@ fn mrbs_learns_and_picks_lowest_predicted_rt() {
         b.on_refresh(&p, MS10);
     }
     assert!(b.mrbs_samples() >= 50);
+    let beta = b.mrbs_model();
+    assert!(beta.iter().all(|v| v.is_finite()), "{beta:?}");
+    assert!(beta[1] > 0.1, "RPS coefficient not learned: {beta:?}");
     let p = mrbs_pool(&[100.0, 10.0, 50.0]);
     b.on_refresh(&p, MS10);
     assert_eq!(pick(&mut b, &p), Some(1));

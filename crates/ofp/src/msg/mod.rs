@@ -176,20 +176,63 @@ pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
     Ok((h.xid, msg))
 }
 
+/// A message body that can be encoded on its own: [`Message`], or directly one of the
+/// body types (e.g. `encode(xid, &flow_mod, out)`), which saves wrapping a large struct in
+/// [`Message`] on the hot path.
+pub trait Encode {
+    /// Header type.
+    fn msg_type(&self) -> MsgType;
+    /// Append the body (everything after the 8-byte header).
+    fn encode_body(&self, out: &mut BytesMut) -> Result<(), EncodeError>;
+}
+
+macro_rules! encode_direct {
+    ($($t:ty => $mt:ident),* $(,)?) => {$(
+        impl Encode for $t {
+            #[inline]
+            fn msg_type(&self) -> MsgType { MsgType::$mt }
+            #[inline]
+            fn encode_body(&self, out: &mut BytesMut) -> Result<(), EncodeError> { self.encode(out) }
+        }
+    )*};
+}
+encode_direct!(FlowMod => FlowMod, PacketOut => PacketOut, PacketIn => PacketIn, FlowRemoved => FlowRemoved,
+    GroupMod => GroupMod, MeterMod => MeterMod, MultipartRequest => MultipartRequest,
+    MultipartReply => MultipartReply, Hello => Hello);
+
+impl Encode for Message {
+    fn msg_type(&self) -> MsgType {
+        Message::msg_type(self)
+    }
+    fn encode_body(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
+        encode_message_body(self, out)
+    }
+}
+
 /// Append `msg` with header (version 0x04, `xid`) to `out` and fix its length field.
 /// On error nothing is appended. A message longer than 65,535 bytes is
 /// [`EncodeError::TooLong`] (§7.1: `length` is 16 bits).
-pub fn encode(xid: u32, msg: &Message, out: &mut BytesMut) -> Result<(), EncodeError> {
+pub fn encode<M: Encode + ?Sized>(xid: u32, msg: &M, out: &mut BytesMut) -> Result<(), EncodeError> {
     let start = out.len();
-    let r = encode_inner(xid, msg, out, start);
+    Header { version: OFP_VERSION, msg_type: msg.msg_type() as u8, length: 0, xid }.write(out);
+    let r = msg.encode_body(out).and_then(|()| {
+        let len = out.len() - start;
+        if len > MAX_MESSAGE_LEN {
+            return Err(EncodeError::TooLong(len));
+        }
+        let v = (len as u16).to_be_bytes();
+        if let Some(s) = out.get_mut(start + 2..start + 4) {
+            s.copy_from_slice(&v);
+        }
+        Ok(())
+    });
     if r.is_err() {
         out.truncate(start);
     }
     r
 }
 
-fn encode_inner(xid: u32, msg: &Message, out: &mut BytesMut, start: usize) -> Result<(), EncodeError> {
-    Header { version: OFP_VERSION, msg_type: msg.msg_type() as u8, length: 0, xid }.write(out);
+fn encode_message_body(msg: &Message, out: &mut BytesMut) -> Result<(), EncodeError> {
     use Message as M;
     match msg {
         M::Hello(h) => h.encode(out)?,
@@ -218,14 +261,6 @@ fn encode_inner(xid: u32, msg: &Message, out: &mut BytesMut, start: usize) -> Re
         M::RoleRequest(r) | M::RoleReply(r) => r.encode(out),
         M::GetAsyncReply(a) | M::SetAsync(a) => a.encode(out),
         M::MeterMod(m) => m.encode(out)?,
-    }
-    let len = out.len() - start;
-    if len > MAX_MESSAGE_LEN {
-        return Err(EncodeError::TooLong(len));
-    }
-    let v = (len as u16).to_be_bytes();
-    if let Some(s) = out.get_mut(start + 2..start + 4) {
-        s.copy_from_slice(&v);
     }
     Ok(())
 }

@@ -97,7 +97,7 @@ pub fn round_trip(frame: &Bytes, out: &mut BytesMut) -> usize {
             .into_iter()
             .collect(),
     ));
-    encode(xid, &Message::FlowMod(fwd), out).expect("encode fwd");
+    encode(xid, &fwd, out).expect("encode fwd");
 
     let rev = FlowMod::add(
         Match::new()
@@ -119,7 +119,7 @@ pub fn round_trip(frame: &Bytes, out: &mut BytesMut) -> usize {
             .collect(),
     ));
     let _ = client_mac;
-    encode(xid.wrapping_add(1), &Message::FlowMod(rev), out).expect("encode rev");
+    encode(xid.wrapping_add(1), &rev, out).expect("encode rev");
 
     let po = PacketOut {
         buffer_id: pi.buffer_id,
@@ -129,6 +129,6 @@ pub fn round_trip(frame: &Bytes, out: &mut BytesMut) -> usize {
             .collect(),
         data: pi.data,
     };
-    encode(xid.wrapping_add(2), &Message::PacketOut(po), out).expect("encode packet-out");
+    encode(xid.wrapping_add(2), &po, out).expect("encode packet-out");
     out.len()
 }

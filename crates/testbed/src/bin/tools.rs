@@ -3,11 +3,14 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use flowgate_testbed::httpd::{run_httpd, HttpdArgs};
-use flowgate_testbed::load::{run_load, LoadArgs};
+use flowgate_testbed::httpd::{HttpdArgs, run_httpd};
+use flowgate_testbed::load::{LoadArgs, run_load};
 
 #[derive(Parser, Debug)]
-#[command(name = "fg-testbed-tools", about = "flowgate testbed: HTTP backend and load client")]
+#[command(
+    name = "fg-testbed-tools",
+    about = "flowgate testbed: HTTP backend and load client"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -23,7 +26,7 @@ enum Cmd {
 
 /// Completes on SIGTERM or SIGINT.
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {
@@ -43,7 +46,9 @@ async fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Httpd(args) => {
             let listen = args.listen;
-            run_httpd(args, shutdown_signal()).await.with_context(|| format!("httpd on {listen}"))?;
+            run_httpd(args, shutdown_signal())
+                .await
+                .with_context(|| format!("httpd on {listen}"))?;
         }
         Cmd::Load(args) => {
             let report = run_load(&args).await?;

@@ -1,0 +1,263 @@
+//! Shared harness for the end-to-end tests: the real `flowgate` binary as the controller,
+//! real Open vSwitch (userspace datapath) and real hosts in network namespaces.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flowgate_testbed::{Host, ProcGuard};
+
+pub const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+/// A controller process. Killed (SIGKILL) on drop.
+pub struct Ctl {
+    child: Option<Child>,
+    pub openflow: SocketAddr,
+    pub api: SocketAddr,
+    pub dir: PathBuf,
+    config: String,
+    starts: u32,
+}
+
+impl Ctl {
+    /// Start `flowgate controller` with `config`, where the listen addresses may use port 0.
+    pub fn start(name: &str, config: &str) -> Ctl {
+        let dir = std::env::temp_dir().join(format!("flowgate-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut ctl = Ctl { child: None, openflow: "0.0.0.0:0".parse().unwrap(), api: "0.0.0.0:0".parse().unwrap(), dir, config: config.to_string(), starts: 0 };
+        ctl.spawn(config.to_string());
+        ctl
+    }
+
+    fn spawn(&mut self, config: String) {
+        self.starts += 1;
+        let cfg_path = self.dir.join("flowgate.toml");
+        std::fs::write(&cfg_path, &config).expect("write config");
+        let ready = self.dir.join("ready.json");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::File::create(self.dir.join(format!("controller-{}.log", self.starts))).expect("log");
+        let child = Command::new(FLOWGATE)
+            .args(["--log", "info,flowgate_core=debug", "controller", "--config"])
+            .arg(&cfg_path)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn flowgate controller");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let v: serde_json::Value = serde_json::from_str(&text).expect("ready file is JSON");
+                self.openflow = v["openflow"].as_str().expect("openflow").parse().expect("addr");
+                self.api = v["api"].as_str().expect("api").parse().expect("addr");
+                break;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("controller exited early ({status}):\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "controller did not become ready:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `tcp:127.0.0.1:PORT`, the target to give OVS.
+    pub fn target(&self) -> String {
+        format!("tcp:{}", self.openflow)
+    }
+
+    /// Kill the controller (SIGKILL: no goodbye to the switches) and start it again on the
+    /// same ports.
+    pub fn restart(&mut self) {
+        self.kill();
+        let cfg = pin_ports(&self.config, self.openflow, self.api);
+        self.spawn(cfg);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        for i in 1..=self.starts {
+            s += &std::fs::read_to_string(self.dir.join(format!("controller-{i}.log"))).unwrap_or_default();
+        }
+        s
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.api, path)
+    }
+
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+    }
+
+    /// Wait until every backend of every service is located and healthy.
+    pub fn wait_backends_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.get_json("/api/v1/services");
+            let all = v.as_array().expect("list").iter().flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default()).all(|b| b["located"] == true && b["healthy"] == true);
+            if all {
+                return;
+            }
+            assert!(Instant::now() < deadline, "backends not ready: {v}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// OpenFlow ERRORs received from switches so far: any is a test failure.
+    pub fn openflow_errors(&self) -> u64 {
+        let (_, body) = self.get("/metrics");
+        metric(&body, "flowgate_openflow_errors_total").unwrap_or(0.0) as u64
+    }
+
+    pub fn assert_no_openflow_errors(&self) {
+        let n = self.openflow_errors();
+        assert_eq!(n, 0, "the switch answered with {n} OpenFlow ERROR(s):\n{}", self.log());
+    }
+}
+
+impl Drop for Ctl {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- controller log ({}) ---\n{}", self.dir.display(), self.log());
+        }
+    }
+}
+
+/// Rewrite both `listen = "127.0.0.1:0"` lines to the given addresses.
+fn pin_ports(cfg: &str, of: SocketAddr, api: SocketAddr) -> String {
+    let mut out = String::new();
+    let mut section = "";
+    for line in cfg.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            section = if t == "[openflow]" { "openflow" } else if t == "[api]" { "api" } else { "" };
+        }
+        if t.starts_with("listen") && section == "openflow" {
+            out += &format!("listen = \"{of}\"\n");
+        } else if t.starts_with("listen") && section == "api" {
+            out += &format!("listen = \"{api}\"\n");
+        } else {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The value of an unlabelled metric in a Prometheus text body.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A minimal HTTP/1.1 GET over loopback (the API).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, &[], "")
+}
+
+pub fn http_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to API");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += "\r\n";
+    req += body;
+    s.write_all(req.as_bytes()).expect("send");
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).expect("read");
+    let text = String::from_utf8_lossy(&resp).to_string();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = match text.find("\r\n\r\n") {
+        Some(i) => decode_chunked_if_needed(&text[..i], &text[i + 4..]),
+        None => String::new(),
+    };
+    (status, body)
+}
+
+fn decode_chunked_if_needed(head: &str, body: &str) -> String {
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some(i) = rest.find("\r\n") {
+        let n = usize::from_str_radix(rest[..i].trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out += &rest[i + 2..i + 2 + n];
+        rest = &rest[i + 2 + n + 2..];
+    }
+    out
+}
+
+/// Start `flowgate httpd` on a host.
+pub fn httpd(host: &Host, name: &str, extra: &[&str]) -> ProcGuard {
+    let listen = format!("{}:80", host.ip());
+    let mut argv = vec![FLOWGATE, "httpd", "--listen", &listen, "--name", name];
+    argv.extend_from_slice(extra);
+    let g = host.spawn(&argv).expect("spawn httpd");
+    host.wait_http(&format!("http://{}/health", host.ip()), Duration::from_secs(10)).ok();
+    g
+}
+
+/// Run `flowgate load` on a host and return its JSON report.
+pub fn load(host: &Host, url: &str, args: &[&str]) -> serde_json::Value {
+    let mut argv = vec![FLOWGATE, "load", "--url", url, "--json"];
+    argv.extend_from_slice(args);
+    let out = host.exec(&argv).expect("run load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "load failed: {}\n{}", text, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("load report not JSON ({e}): {text}"))
+}
+
+/// Per-backend request counts from a load report.
+pub fn shares(report: &serde_json::Value) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = report["per_backend"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A config with one VIP service over `backends`, listening on port 0.
+pub fn vip_config(vip: &str, algorithm: &str, backends: &[std::net::Ipv4Addr], extra_service: &str) -> String {
+    let mut c = format!(
+        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra_service}\n[service.health]\nkind = \"none\"\n"
+    );
+    for b in backends {
+        c += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
+    }
+    c
+}
+
+pub fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
