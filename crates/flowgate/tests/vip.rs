@@ -24,8 +24,8 @@ fn setup(test: &str) -> Option<Prefix> {
 /// entry), 300 separate HTTP requests all succeed, round robin gives each backend its
 /// third within ±10%, and the switch holds the rewrite rules.
 #[test]
-fn single_switch_round_robin() {
-    let Some(p) = setup("single_switch_round_robin") else { return };
+fn ovs_single_switch_round_robin() {
+    let Some(p) = setup("ovs_single_switch_round_robin") else { return };
     let topo0 = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let backends: Vec<_> = topo0.hosts[1..].iter().map(|h| h.ip()).collect();
     let ctl = Ctl::start("single", &vip_config(VIP, "round-robin", &backends, ""));
@@ -62,8 +62,8 @@ fn single_switch_round_robin() {
 /// Three switches in a line, the client on the first and the backends on the others:
 /// rules on every switch of each path, and the same guarantees.
 #[test]
-fn linear_three_switches() {
-    let Some(p) = setup("linear_three_switches") else { return };
+fn ovs_linear_three_switches() {
+    let Some(p) = setup("ovs_linear_three_switches") else { return };
     // h1 on s1, h2 on s2, h3 on s3 (Mininet's linear,3).
     let t = topo::linear(&TopoOptions::new(p.as_str()), 3, 1).expect("topology");
     let ctl = Ctl::start("linear", &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""));
@@ -95,8 +95,8 @@ fn linear_three_switches() {
 /// the download; the restarted controller rebuilds its connections from the switch's flow
 /// table and balances new connections again.
 #[test]
-fn controller_restart_keeps_connections() {
-    let Some(p) = setup("controller_restart_keeps_connections") else { return };
+fn ovs_controller_restart_keeps_connections() {
+    let Some(p) = setup("ovs_controller_restart_keeps_connections") else { return };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
     let mut ctl = Ctl::start("restart", &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""));
     t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
@@ -131,8 +131,8 @@ fn controller_restart_keeps_connections() {
 /// A non-SYN segment of a connection the controller never saw is answered with a RST and
 /// counted, never sent to an arbitrary backend.
 #[test]
-fn unknown_connection_is_reset() {
-    let Some(p) = setup("unknown_connection_is_reset") else { return };
+fn ovs_unknown_connection_is_reset() {
+    let Some(p) = setup("ovs_unknown_connection_is_reset") else { return };
     let t = topo::single(&TopoOptions::new(p.as_str()), 2).expect("topology");
     let ctl = Ctl::start("unknown", &vip_config(VIP, "round-robin", &[t.hosts[1].ip()], ""));
     t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");

@@ -13,10 +13,9 @@
 //!   return [`bytes::Bytes`] ready to be carried in a PACKET_OUT. Every checksum they write is
 //!   correct, and whatever they build, [`parse`] reads back.
 //!
-//! Parsing is deliberately lax about lengths in one direction. A PACKET_IN carries at most
-//! `miss_send_len` / `max_len` bytes of the frame (OpenFlow 1.3.5 §7.4.1: "the packet
-//! header is truncated to `max_len` bytes"), so an IPv4 `total_length` larger than the
-//! bytes present is normal, and the payload views end where the data ends. A
+//! Parsing is deliberately lax about lengths in one direction. A PACKET_IN of a buffered
+//! packet carries only its first `miss_send_len` / `max_len` bytes (OpenFlow 1.3.5
+//! §7.4.1), so an IPv4 `total_length` larger than the bytes present is normal, and the payload views end where the data ends. A
 //! `total_length` smaller than the bytes present is normal too (Ethernet pads short frames
 //! to 60 bytes), and the views end at `total_length`, so padding never counts as payload.
 //! Checksums are not verified on parse: the switch has already received the frame, and

@@ -27,6 +27,9 @@ pub const DEFAULT_TOKEN_ENV: &str = "FLOWGATE_API_TOKEN";
 pub const DEFAULT_ECHO_INTERVAL_MS: u64 = 5_000;
 /// Three missed echoes: a switch that says nothing for 15 s is dead.
 pub const DEFAULT_ECHO_TIMEOUT_MS: u64 = 15_000;
+/// Per-switch PACKET_IN budget (per second): far above what OVS's userspace datapath
+/// sends, well below what would let one switch monopolise the core.
+pub const DEFAULT_PACKET_IN_RATE: u32 = 100_000;
 /// The seed balancer's idle timeout for per-connection rules (seconds).
 pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30;
 /// The source paper refreshes server load about every 10 ms.
@@ -91,6 +94,9 @@ pub struct OpenflowConfig {
     pub echo_timeout: Duration,
     /// TLS on the OpenFlow channel, as OVS's `ssl:` controller targets use.
     pub tls: Option<TlsConfig>,
+    /// PACKET_INs handled per second from one switch; beyond it they are dropped and
+    /// counted, so one switch cannot starve the others.
+    pub packet_in_rate: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -229,6 +235,8 @@ fn validate(doc: &toml::Table, env: &dyn Fn(&str) -> Option<String>, errs: &mut 
     if echo_timeout <= echo_interval {
         errs.push(ConfigError::new(of.key_path("echo_timeout_ms"), "must be longer than echo_interval_ms"));
     }
+    let packet_in_rate =
+        of.int_in("packet_in_rate", 1, 100_000_000, errs).map(|v| v as u32).unwrap_or(DEFAULT_PACKET_IN_RATE);
     let tls = of.table("tls", errs).map(|mut t| {
         let cert = t.string("cert", errs).map(PathBuf::from);
         let key = t.string("key", errs).map(PathBuf::from);
@@ -285,7 +293,7 @@ fn validate(doc: &toml::Table, env: &dyn Fn(&str) -> Option<String>, errs: &mut 
     check_services(&services, errs);
 
     Some(Config {
-        openflow: OpenflowConfig { listen: of_listen?, echo_interval, echo_timeout, tls },
+        openflow: OpenflowConfig { listen: of_listen?, echo_interval, echo_timeout, tls, packet_in_rate },
         api: ApiConfig { listen: api_listen?, token },
         controller: ControllerConfig { idle_timeout_secs, refresh_interval, lldp_interval, unknown_flow, seed },
         services,

@@ -133,6 +133,17 @@ impl Controller {
             self.reset(dpid, in_port, frame, out);
             return;
         };
+        // A connection we cannot route (client or backend unreachable from each other)
+        // is refused before it is counted: a phantom entry would never see FLOW_REMOVED.
+        let probe = Conn { service: l.service, backend: b as u16, created_ms, installed: false };
+        if !self.routable(&key, probe) {
+            if let Some(s) = self.services.get_mut(si) {
+                s.counters.refused_no_backend += 1;
+            }
+            self.reset(dpid, in_port, frame, out);
+            return;
+        }
+        let Some(s) = self.services.get_mut(si) else { return };
         s.record_pick(b);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
         let conn = Conn { service: l.service, backend: b as u16, created_ms, installed: false };
@@ -156,6 +167,16 @@ impl Controller {
             None => self.topo.mac_of(key.service_addr)?,
         };
         Some(Placement { client_at, backend_ip: b.address, backend_mac, backend_at, service_mac })
+    }
+
+    /// Whether both ends of a connection are located and joined by a path.
+    fn routable(&mut self, key: &ConnKey, conn: Conn) -> bool {
+        let Some(p) = self.placement(key, conn) else { return false };
+        let mut path = std::mem::take(&mut self.scratch_path);
+        let ok = self.topo.path(p.client_at.dpid, p.backend_at, &mut path).is_some()
+            && self.topo.path(p.backend_at.dpid, p.client_at, &mut path).is_some();
+        self.scratch_path = path;
+        ok
     }
 
     /// Install the connection's rules on every switch of its path, both directions.

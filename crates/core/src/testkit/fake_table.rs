@@ -48,8 +48,8 @@ pub enum FakeTableError {
     /// OFPBMC_BAD_FIELD: a match field this fake does not model.
     #[error("match field {0} is not modelled by the fake table")]
     UnsupportedMatchField(String),
-    /// OFPBAC_BAD_SET_MASK (OVS): a SET_FIELD carrying a mask. §7.2.5: "The value in the
-    /// payload of the OXM TLV must be ... unmasked".
+    /// OFPBAC_BAD_SET_MASK (OVS): a SET_FIELD carrying a mask. In OpenFlow 1.3 a
+    /// SET_FIELD's OXM is unmasked (§7.2.5); OVS refuses a masked one.
     #[error("set_field with a masked {0}")]
     BadSetMask(String),
     /// OFPBAC_BAD_SET_TYPE: a SET_FIELD of a field that cannot be written (or that the fake
@@ -78,8 +78,8 @@ pub enum FakeTableError {
     /// OFPBIC_UNSUP_INST: an instruction this fake does not model, or one given twice.
     #[error("instruction {0} is not supported")]
     UnsupportedInstruction(String),
-    /// OFPBIC_BAD_TABLE_ID: goto-table must go forward (§5.1: "the pipeline processing can
-    /// only go forward and not backward") to an existing table.
+    /// OFPBIC_BAD_TABLE_ID: goto-table must go forward to an existing table (§5.1:
+    /// "pipeline processing can only go forward and not backward").
     #[error("goto_table {to} from table {from}")]
     BadGotoTable {
         /// The table of the flow.
@@ -427,8 +427,8 @@ impl Field {
         }
     }
 
-    /// Whether SET_FIELD may write it (OVS: in_port, eth_type, ip_proto and the ICMP/ARP
-    /// opcode-like fields are writable only in part; we allow what the controller needs).
+    /// Whether SET_FIELD may write it (OVS refuses in_port, eth_type and ip_proto; the
+    /// fake also refuses tcp_flags).
     fn writable(self) -> bool {
         !matches!(
             self,
@@ -955,7 +955,8 @@ impl FakeTable {
                     return Err(FakeTableError::UnsupportedInstruction(format!("{other:?}")));
                 }
             };
-            // §7.2.4: "... a flow entry can contain at most one instruction of each type".
+            // §5.9: "The instruction set associated with each flow entry can contain a
+            // maximum of one instruction of each type."
             if !seen.insert(kind) {
                 return Err(FakeTableError::UnsupportedInstruction(format!(
                     "duplicate {kind}"
@@ -1001,7 +1002,8 @@ impl FakeTable {
         let id = self.next_id;
         let table = self.tables.entry(fm.table_id).or_default();
         // §6.4: "If the OFPFF_CHECK_OVERLAP flag is set, the switch must first check for
-        // any overlapping flow entries in the requested table ... [of] the same priority".
+        // any overlapping flow entries in the requested table. Two flow entries overlap if
+        // a single packet may match both, and both flow entries have the same priority."
         if fm.flags.contains(FlowModFlags::CHECK_OVERLAP)
             && table
                 .iter()
@@ -1043,15 +1045,15 @@ impl FakeTable {
         Ok(())
     }
 
-    /// Whether `e` passes the `cookie`/`cookie_mask` filter (§6.4: "... restricted to
-    /// those flow entries whose cookie matches the cookie field ... under the mask").
+    /// Whether `e` passes the `cookie`/`cookie_mask` filter (§6.4, §7.3.4.1): with a
+    /// non-zero mask, only entries whose cookie equals the request's under the mask.
     fn cookie_ok(fm: &FlowMod, e: &FlowEntry) -> bool {
         fm.cookie_mask == 0 || (e.cookie & fm.cookie_mask) == (fm.cookie & fm.cookie_mask)
     }
 
     fn selects(fm: &FlowMod, key: &Key, strict: bool, e: &FlowEntry) -> bool {
         let by_match = if strict {
-            // Strict: "all fields, including the mask, and the priority must match".
+            // Strict (§6.4): every field, mask included, and the priority are compared.
             e.priority == fm.priority && e.key == *key
         } else {
             e.key.within(key)
@@ -1092,8 +1094,8 @@ impl FakeTable {
             }
             let mut kept = Vec::with_capacity(table.len());
             for e in table.drain(..) {
-                // §6.4: delete "optionally filtered by ... out_port and out_group": the entry
-                // must have an output action to out_port / a group action for out_group.
+                // §6.4: deletes may be filtered by out_port / out_group (unless ANY): the
+                // entry must have an output action to that port / a group action for it.
                 let hit = Self::selects(fm, &key, strict, &e)
                     && (fm.out_port == port::ANY || e.outputs_to(fm.out_port))
                     && (fm.out_group == group::ANY || e.uses_group(fm.out_group));
@@ -1155,8 +1157,9 @@ impl FakeTable {
                 Ok(())
             }
             GroupModCommand::Delete => {
-                // §6.5: "... if a group is deleted, all flow entries that forward to it are
-                // also removed". Deleting a group that does not exist is not an error.
+                // §6.5: "if no group entry with the specified number exists, no error is
+                // recorded ... Otherwise, the group is removed, and all flow entries
+                // containing this group in a Group action are also removed."
                 let gone: Vec<u32> = if gm.group_id == group::ALL {
                     self.groups.keys().copied().collect()
                 } else {
@@ -1197,7 +1200,7 @@ impl FakeTable {
                 Ok(())
             }
             MeterModCommand::Delete => {
-                // §6.6: deleting a meter removes the flow entries that use it.
+                // Deleting a meter removes the flow entries that use it (as OVS does).
                 let gone: Vec<u32> = if id == ofp::meter::ALL {
                     self.meters.keys().copied().collect()
                 } else {
@@ -1310,7 +1313,7 @@ impl FakeTable {
     }
 
     fn best(&self, table_id: u8, pkt: &PacketFields) -> Option<&FlowEntry> {
-        // §5.3: "the highest priority flow entry that matches the packet must be
+        // §5.3: "Only the highest priority flow entry that matches the packet is
         // selected"; with equal priorities the choice is undefined, we take the oldest.
         let mut best: Option<&FlowEntry> = None;
         for e in self
@@ -1367,8 +1370,8 @@ impl FakeTable {
                 _ => break,
             }
         }
-        // §5.10: the action set, in its fixed order: pop, push, set-field, group, output
-        // ("If a group action is specified, the output action is ignored").
+        // §5.10: the action set runs in its fixed order (pop, push, set-field, group,
+        // output), and the output action only if there is no group action.
         if set.pop_vlan {
             pkt.vlan = None;
         }
@@ -1401,8 +1404,8 @@ impl FakeTable {
                     }
                 }
                 Action::Group(g) => self.run_group(*g, pkt, trace, depth),
-                // §5.12 push-VLAN: the new tag's VID is copied from the existing outer tag,
-                // or zero.
+                // Push-VLAN: the new tag's VID is copied from the existing outer tag, or
+                // zero (§5.12, table of push/pop semantics).
                 Action::PushVlan(_) => pkt.vlan = Some(pkt.vlan.unwrap_or(0)),
                 Action::PopVlan => pkt.vlan = None,
                 _ => {}
@@ -1527,8 +1530,7 @@ fn flow_hash(p: &PacketFields) -> u64 {
 /// flow — prerequisites guaranteed by the flow's match (OVS OFPBAC_MATCH_INCONSISTENT).
 fn check_set_field(oxm: &Oxm, m: Option<&Match>) -> Result<(), FakeTableError> {
     let name = || oxm.name().unwrap_or("oxm").to_string();
-    // §7.2.5: "The value in the payload of the OXM TLV must be ... unmasked"; a masked
-    // OXM decoded from the wire is kept as Raw with hasmask.
+    // A masked OXM decoded from the wire is kept as Raw with hasmask; both are refused.
     if oxm.has_mask() {
         return Err(FakeTableError::BadSetMask(name()));
     }

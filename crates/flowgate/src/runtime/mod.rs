@@ -13,6 +13,7 @@ mod tls;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,12 +34,25 @@ pub struct CoreCell {
     next_session_id: u64,
 }
 
+/// Bytes queued for one switch beyond which the switch is taken to have stopped reading
+/// and its session is closed (rather than letting the queue grow without bound).
+pub const MAX_QUEUED_BYTES: usize = 32 << 20;
+
 /// The write side of one switch session, as the core sees it.
 struct SessionTx {
     id: u64,
     xid: u32,
     buf: BytesMut,
     tx: mpsc::UnboundedSender<Bytes>,
+    out: Arc<Outflow>,
+}
+
+/// Shared between the core (which queues) and a session's writer (which drains).
+#[derive(Default)]
+pub(crate) struct Outflow {
+    pub(crate) queued: AtomicUsize,
+    /// Set when the peer stopped reading; the session's read loop ends on seeing it.
+    pub(crate) overflowed: AtomicBool,
 }
 
 impl CoreCell {
@@ -66,19 +80,28 @@ impl CoreCell {
                 tracing::error!(dpid = format_args!("{dpid:016x}"), error = %e, "cannot encode a message for the switch");
             }
         }
-        for s in self.sessions.values_mut() {
-            if !s.buf.is_empty() {
-                let _ = s.tx.send(s.buf.split().freeze());
+        for (dpid, s) in self.sessions.iter_mut() {
+            if s.buf.is_empty() {
+                continue;
             }
+            let chunk = s.buf.split().freeze();
+            let queued = s.out.queued.fetch_add(chunk.len(), Ordering::Relaxed) + chunk.len();
+            if queued > MAX_QUEUED_BYTES {
+                if !s.out.overflowed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(dpid = format_args!("{dpid:016x}"), queued, "switch is not reading its messages: closing the session");
+                }
+                continue;
+            }
+            let _ = s.tx.send(chunk);
         }
     }
 
-    fn register(&mut self, dpid: Dpid, tx: mpsc::UnboundedSender<Bytes>) -> u64 {
+    fn register(&mut self, dpid: Dpid, tx: mpsc::UnboundedSender<Bytes>, out: Arc<Outflow>) -> u64 {
         let id = self.next_session_id;
         self.next_session_id += 1;
         // A second session for the same datapath replaces the first (the switch
         // reconnected before we noticed the old one was dead).
-        self.sessions.insert(dpid, SessionTx { id, xid: 0x1000, buf: BytesMut::with_capacity(64 * 1024), tx });
+        self.sessions.insert(dpid, SessionTx { id, xid: 0x1000, buf: BytesMut::with_capacity(64 * 1024), tx, out });
         id
     }
 

@@ -16,7 +16,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use super::Handle;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{Handle, Outflow};
 
 /// Per-session limits.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +38,7 @@ impl SessionLimits {
         SessionLimits {
             echo_interval: cfg.openflow.echo_interval,
             echo_timeout: cfg.openflow.echo_timeout,
-            packet_in_rate: 200_000,
+            packet_in_rate: cfg.openflow.packet_in_rate,
             handshake_timeout: Duration::from_secs(10),
         }
     }
@@ -190,25 +193,28 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), n_tables, "switch connected");
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+    let outflow = Arc::new(Outflow::default());
     let session_id = {
         let mut core = handle.lock();
-        let id = core.register(dpid, tx.clone());
+        let id = core.register(dpid, tx.clone(), outflow.clone());
         let now = Instant::now();
         core.with(|c, out| c.handle_switch_up(now, features, out));
         id
     };
 
     // The writer: everything for this switch, in order.
+    let drained = outflow.clone();
     let writer = tokio::spawn(async move {
         while let Some(buf) = rx.recv().await {
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
+            drained.queued.fetch_sub(buf.len(), Ordering::Relaxed);
         }
         let _ = wr.shutdown().await;
     });
 
-    let result = read_loop(&mut rd, dpid, &handle, &tx, limits, &mut stop).await;
+    let result = read_loop(&mut rd, dpid, &handle, &tx, &outflow, limits, &mut stop).await;
 
     let now = Instant::now();
     {
@@ -228,6 +234,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     dpid: u64,
     handle: &Handle,
     tx: &mpsc::UnboundedSender<Bytes>,
+    outflow: &Outflow,
     limits: SessionLimits,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
@@ -237,6 +244,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut dropped_packet_ins: u64 = 0;
     let mut batch: Vec<(u32, Message)> = Vec::with_capacity(64);
     loop {
+        if outflow.overflowed.load(Ordering::Relaxed) {
+            return Err(SessionError::Protocol("the switch stopped reading its messages"));
+        }
         // Decode everything already buffered, then hand the batch to the core in one lock.
         batch.clear();
         while let Some(frame) = rd.next()? {

@@ -7,7 +7,8 @@ use std::net::Ipv4Addr;
 
 use bytes::{Bytes, BytesMut};
 use ofp::{
-    Action, FlowMod, FlowModFlags, Instruction, Match, Message, Oxm, PacketIn, PacketInReason, PacketOut, decode, encode,
+    Action, Actions, FlowMod, FlowModFlags, Instruction, Match, Message, Oxm, PacketIn, PacketInReason, PacketOut, decode,
+    encode,
 };
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
@@ -77,56 +78,59 @@ pub fn round_trip(frame: &Bytes, out: &mut BytesMut) -> usize {
     let (sport, dport) = (be16(d, 34), be16(d, 36));
     let backend_port = 7;
 
-    let fwd = FlowMod::add(
-        Match::new()
-            .with(Oxm::InPort(in_port))
-            .with(Oxm::EthType(0x0800))
-            .with(Oxm::IpProto(6))
-            .with(Oxm::ipv4_src(client_ip))
-            .with(Oxm::ipv4_dst(vip))
-            .with(Oxm::TcpSrc(sport))
-            .with(Oxm::TcpDst(dport)),
-    )
-    .table(1)
-    .priority(1000)
-    .cookie(0x0300_0000_0000_0001)
-    .timeouts(60, 0)
-    .flags(FlowModFlags::SEND_FLOW_REM)
-    .instruction(Instruction::ApplyActions(
-        [Action::SetField(Oxm::eth_dst(BACKEND_MAC)), Action::SetField(Oxm::ipv4_dst(BACKEND)), Action::output(backend_port)]
-            .into_iter()
-            .collect(),
-    ));
+    // Built in place (push / field assignment) rather than by value-returning builder
+    // chains: a FlowMod is ~800 bytes with its inline match and instructions, and every
+    // by-value step would copy it.
+    let mut fwd = FlowMod::add(Match::new());
+    fwd.table_id = 1;
+    fwd.priority = 1000;
+    fwd.cookie = 0x0300_0000_0000_0001;
+    fwd.idle_timeout = 60;
+    fwd.flags = FlowModFlags::SEND_FLOW_REM;
+    let m = &mut fwd.match_;
+    m.push(Oxm::InPort(in_port));
+    m.push(Oxm::EthType(0x0800));
+    m.push(Oxm::IpProto(6));
+    m.push(Oxm::ipv4_src(client_ip));
+    m.push(Oxm::ipv4_dst(vip));
+    m.push(Oxm::TcpSrc(sport));
+    m.push(Oxm::TcpDst(dport));
+    let mut acts = Actions::new();
+    acts.push(Action::SetField(Oxm::eth_dst(BACKEND_MAC)));
+    acts.push(Action::SetField(Oxm::ipv4_dst(BACKEND)));
+    acts.push(Action::output(backend_port));
+    fwd.instructions.push(Instruction::ApplyActions(acts));
     encode(xid, &fwd, out).expect("encode fwd");
 
-    let rev = FlowMod::add(
-        Match::new()
-            .with(Oxm::InPort(backend_port))
-            .with(Oxm::EthType(0x0800))
-            .with(Oxm::IpProto(6))
-            .with(Oxm::ipv4_src(BACKEND))
-            .with(Oxm::ipv4_dst(client_ip))
-            .with(Oxm::TcpSrc(dport))
-            .with(Oxm::TcpDst(sport)),
-    )
-    .table(1)
-    .priority(1000)
-    .cookie(0x0300_0000_0000_0002)
-    .timeouts(60, 0)
-    .instruction(Instruction::ApplyActions(
-        [Action::SetField(Oxm::eth_src(VIP_MAC)), Action::SetField(Oxm::ipv4_src(vip)), Action::output(in_port)]
-            .into_iter()
-            .collect(),
-    ));
+    let mut rev = FlowMod::add(Match::new());
+    rev.table_id = 1;
+    rev.priority = 1000;
+    rev.cookie = 0x0300_0000_0000_0002;
+    rev.idle_timeout = 60;
+    let m = &mut rev.match_;
+    m.push(Oxm::InPort(backend_port));
+    m.push(Oxm::EthType(0x0800));
+    m.push(Oxm::IpProto(6));
+    m.push(Oxm::ipv4_src(BACKEND));
+    m.push(Oxm::ipv4_dst(client_ip));
+    m.push(Oxm::TcpSrc(dport));
+    m.push(Oxm::TcpDst(sport));
+    let mut acts = Actions::new();
+    acts.push(Action::SetField(Oxm::eth_src(VIP_MAC)));
+    acts.push(Action::SetField(Oxm::ipv4_src(vip)));
+    acts.push(Action::output(in_port));
+    rev.instructions.push(Instruction::ApplyActions(acts));
     let _ = client_mac;
     encode(xid.wrapping_add(1), &rev, out).expect("encode rev");
 
+    let mut actions = Actions::new();
+    actions.push(Action::SetField(Oxm::eth_dst(BACKEND_MAC)));
+    actions.push(Action::SetField(Oxm::ipv4_dst(BACKEND)));
+    actions.push(Action::output(backend_port));
     let po = PacketOut {
         buffer_id: pi.buffer_id,
         in_port,
-        actions: [Action::SetField(Oxm::eth_dst(BACKEND_MAC)), Action::SetField(Oxm::ipv4_dst(BACKEND)), Action::output(backend_port)]
-            .into_iter()
-            .collect(),
+        actions,
         data: pi.data,
     };
     encode(xid.wrapping_add(2), &po, out).expect("encode packet-out");
