@@ -16,7 +16,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flowgate_core::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer, SelectRequest};
+use flowgate_core::balance::{
+    AlgorithmKind, AlgorithmParams, BackendLoad, Balancer, SelectRequest,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -24,7 +26,10 @@ const SIZES: [usize; 3] = [4, 64, 1024];
 const TICK: Duration = Duration::from_millis(10);
 
 fn params() -> AlgorithmParams {
-    AlgorithmParams { threshold_rps: Some(1500.0), ..AlgorithmParams::default() }
+    AlgorithmParams {
+        threshold_rps: Some(1500.0),
+        ..AlgorithmParams::default()
+    }
 }
 
 fn loads(n: usize, rng: &mut SmallRng) -> Vec<BackendLoad> {
@@ -61,7 +66,10 @@ fn select(c: &mut Criterion) {
         g.throughput(Throughput::Elements(1));
         for &kind in AlgorithmKind::ALL {
             let (mut b, l) = warmed(kind, n, &mut rng);
-            let mut req = SelectRequest { since_refresh: Duration::from_millis(4), ..Default::default() };
+            let mut req = SelectRequest {
+                since_refresh: Duration::from_millis(4),
+                ..Default::default()
+            };
             g.bench_function(BenchmarkId::from_parameter(kind), |bench| {
                 bench.iter(|| {
                     req.flow_hash = req.flow_hash.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -76,7 +84,10 @@ fn select(c: &mut Criterion) {
             x.eligible = true;
         }
         b.on_refresh(&l, TICK);
-        let req = SelectRequest { since_refresh: Duration::from_millis(4), ..Default::default() };
+        let req = SelectRequest {
+            since_refresh: Duration::from_millis(4),
+            ..Default::default()
+        };
         g.bench_function(BenchmarkId::from_parameter("isslm-all-over"), |bench| {
             bench.iter(|| black_box(b.select(black_box(&req), black_box(&l))))
         });

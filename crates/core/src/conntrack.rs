@@ -46,7 +46,9 @@ impl ConnTable {
     }
 
     pub fn with_capacity(n: usize) -> Self {
-        ConnTable { map: HashMap::with_capacity_and_hasher(n, RandomState::new()) }
+        ConnTable {
+            map: HashMap::with_capacity_and_hasher(n, RandomState::new()),
+        }
     }
 
     pub fn get(&self, key: &ConnKey) -> Option<&Conn> {

@@ -30,8 +30,13 @@ pub enum RuleKind {
 
 impl RuleKind {
     /// Proactive kinds: re-installed from controller state on every (re)connection.
-    pub const PROACTIVE: [RuleKind; 5] =
-        [RuleKind::TableMiss, RuleKind::Lldp, RuleKind::L2, RuleKind::Intercept, RuleKind::Gap];
+    pub const PROACTIVE: [RuleKind; 5] = [
+        RuleKind::TableMiss,
+        RuleKind::Lldp,
+        RuleKind::L2,
+        RuleKind::Intercept,
+        RuleKind::Gap,
+    ];
 
     /// The cookie value with only the kind byte set (for cookie-masked deletes).
     pub const fn base(self) -> u64 {
@@ -78,6 +83,9 @@ mod tests {
             assert_eq!(c & KIND_MASK, k.base());
         }
         assert_eq!(kind_of(0), None);
-        assert_eq!(cookie(RuleKind::Conn, u64::MAX) & KIND_MASK, RuleKind::Conn.base());
+        assert_eq!(
+            cookie(RuleKind::Conn, u64::MAX) & KIND_MASK,
+            RuleKind::Conn.base()
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use flowgate_packet::MacAddr;
 use serde::Serialize;
 
-use crate::balance::{AlgorithmKind, AlgorithmParams, Balancer, BackendLoad};
+use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer};
 use crate::config::{BackendConfig, ServiceConfig};
 use crate::health::{ActiveHealth, SlowStart};
 
@@ -124,7 +124,14 @@ impl ServiceState {
             })
             .collect();
         let balancer = Balancer::new(cfg.algorithm, cfg.params.clone(), backends.len(), seed);
-        let mut s = ServiceState { cfg, balancer, backends, loads: Vec::new(), counters: ServiceCounters::default(), last_refresh: None };
+        let mut s = ServiceState {
+            cfg,
+            balancer,
+            backends,
+            loads: Vec::new(),
+            counters: ServiceCounters::default(),
+            last_refresh: None,
+        };
         s.rebuild_loads(None);
         s
     }

@@ -102,7 +102,8 @@ impl Topology {
     /// A switch left: forget it, its links and the hosts behind it.
     pub fn remove_switch(&mut self, dpid: Dpid) {
         self.switches.remove(&dpid);
-        self.links.retain(|a, (b, _)| a.dpid != dpid && b.dpid != dpid);
+        self.links
+            .retain(|a, (b, _)| a.dpid != dpid && b.dpid != dpid);
         self.forget_hosts_where(|at| at.dpid == dpid);
         self.recompute();
     }
@@ -126,7 +127,10 @@ impl Topology {
     }
 
     fn port_gone(&mut self, p: PortRef) {
-        let had_link = self.links.remove(&p).map(|(peer, _)| self.links.remove(&peer));
+        let had_link = self
+            .links
+            .remove(&p)
+            .map(|(peer, _)| self.links.remove(&peer));
         self.forget_hosts_where(|at| at == p);
         if had_link.is_some() {
             self.recompute();
@@ -135,7 +139,10 @@ impl Topology {
 
     /// An LLDP probe sent out of `from` arrived at `to`. Returns true when the link is new.
     pub fn link_seen(&mut self, now: Instant, from: PortRef, to: PortRef) -> bool {
-        if from == to || !self.switches.contains_key(&from.dpid) || !self.switches.contains_key(&to.dpid) {
+        if from == to
+            || !self.switches.contains_key(&from.dpid)
+            || !self.switches.contains_key(&to.dpid)
+        {
             return false;
         }
         let new = self.links.get(&to).map(|(peer, _)| *peer) != Some(from);
@@ -152,7 +159,8 @@ impl Topology {
     /// Drop links not seen for `max_age`. Returns true when any was dropped.
     pub fn expire_links(&mut self, now: Instant, max_age: Duration) -> bool {
         let before = self.links.len();
-        self.links.retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= max_age);
+        self.links
+            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= max_age);
         let changed = self.links.len() != before;
         if changed {
             // Keep the map symmetric: drop half-links whose other half expired.
@@ -179,13 +187,26 @@ impl Topology {
     }
 
     pub fn links(&self) -> impl Iterator<Item = (PortRef, PortRef)> + '_ {
-        self.links.iter().filter(|(a, (b, _))| a < &b).map(|(a, (b, _))| (*a, *b))
+        self.links
+            .iter()
+            .filter(|(a, (b, _))| a < &b)
+            .map(|(a, (b, _))| (*a, *b))
     }
 
     /// Learn that `mac` (and maybe `ip`) sent a packet that entered at `at`.
     /// Packets entering on inter-switch links teach nothing about location.
-    pub fn learn_host(&mut self, now: Instant, mac: MacAddr, at: PortRef, ip: Option<Ipv4Addr>) -> HostChange {
-        if mac.is_multicast() || mac == MacAddr::ZERO || self.is_link_port(at) || at.port > ofp::port::MAX {
+    pub fn learn_host(
+        &mut self,
+        now: Instant,
+        mac: MacAddr,
+        at: PortRef,
+        ip: Option<Ipv4Addr>,
+    ) -> HostChange {
+        if mac.is_multicast()
+            || mac == MacAddr::ZERO
+            || self.is_link_port(at)
+            || at.port > ofp::port::MAX
+        {
             return HostChange::Same;
         }
         if let Some(ip) = ip {
@@ -210,7 +231,14 @@ impl Topology {
                 HostChange::Moved
             }
             None => {
-                self.hosts.insert(mac, HostInfo { at, ip, last_seen: now });
+                self.hosts.insert(
+                    mac,
+                    HostInfo {
+                        at,
+                        ip,
+                        last_seen: now,
+                    },
+                );
                 HostChange::New
             }
         }
@@ -235,7 +263,12 @@ impl Topology {
     }
 
     fn forget_hosts_where(&mut self, pred: impl Fn(PortRef) -> bool) {
-        let gone: Vec<MacAddr> = self.hosts.iter().filter(|(_, h)| pred(h.at)).map(|(m, _)| *m).collect();
+        let gone: Vec<MacAddr> = self
+            .hosts
+            .iter()
+            .filter(|(_, h)| pred(h.at))
+            .map(|(m, _)| *m)
+            .collect();
         for m in gone {
             self.hosts.remove(&m);
             self.mac_by_ip.retain(|_, v| *v != m);
@@ -250,7 +283,11 @@ impl Topology {
     /// The egress port at `dpid` for traffic to a host at `dst`: the host's own port when
     /// it is on this switch, else the next hop toward its switch.
     pub fn egress_toward(&self, dpid: Dpid, dst: PortRef) -> Option<u32> {
-        if dpid == dst.dpid { Some(dst.port) } else { self.port_toward(dpid, dst.dpid) }
+        if dpid == dst.dpid {
+            Some(dst.port)
+        } else {
+            self.port_toward(dpid, dst.dpid)
+        }
     }
 
     /// The switches a packet crosses from `from` to the host at `dst`, each with its egress
@@ -274,7 +311,9 @@ impl Topology {
     /// not a link, plus the link ports on the spanning tree, never the ingress port.
     pub fn flood_ports(&self, dpid: Dpid, in_port: u32, out: &mut Vec<u32>) {
         out.clear();
-        let Some(sw) = self.switches.get(&dpid) else { return };
+        let Some(sw) = self.switches.get(&dpid) else {
+            return;
+        };
         for (&no, info) in &sw.ports {
             if no == in_port || !info.up || no > ofp::port::MAX {
                 continue;
@@ -345,7 +384,11 @@ mod tests {
     use super::*;
 
     fn port(name: &str) -> PortInfo {
-        PortInfo { name: name.into(), hw_addr: MacAddr([2, 0, 0, 0, 0, 1]), up: true }
+        PortInfo {
+            name: name.into(),
+            hw_addr: MacAddr([2, 0, 0, 0, 0, 1]),
+            up: true,
+        }
     }
 
     /// A ring of three switches, each with host port 1 and links on ports 2 and 3.
@@ -395,10 +438,16 @@ mod tests {
         t.add_switch(1);
         t.add_switch(2);
         let mac = MacAddr([2, 0, 0, 0, 0, 9]);
-        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2), None), HostChange::New);
+        assert_eq!(
+            t.learn_host(now, mac, PortRef::new(1, 2), None),
+            HostChange::New
+        );
         t.link_seen(now, PortRef::new(1, 2), PortRef::new(2, 2));
         assert!(t.host(mac).is_none());
-        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2), None), HostChange::Same);
+        assert_eq!(
+            t.learn_host(now, mac, PortRef::new(1, 2), None),
+            HostChange::Same
+        );
         assert!(t.host(mac).is_none());
     }
 
@@ -406,7 +455,14 @@ mod tests {
     fn links_expire_and_a_down_port_takes_its_link() {
         let (mut t, now) = ring();
         assert!(t.is_link_port(PortRef::new(1, 2)));
-        t.set_port(1, 2, PortInfo { up: false, ..port("p") });
+        t.set_port(
+            1,
+            2,
+            PortInfo {
+                up: false,
+                ..port("p")
+            },
+        );
         assert!(!t.is_link_port(PortRef::new(1, 2)));
         assert!(!t.is_link_port(PortRef::new(2, 3)));
         assert!(t.expire_links(now + Duration::from_secs(10), Duration::from_secs(3)));

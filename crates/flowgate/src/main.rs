@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use flowgate_core::Config;
 
 #[derive(Parser)]
-#[command(name = "flowgate", version, about = "An OpenFlow 1.3 SDN controller that balances HTTP services at virtual IPs")]
+#[command(
+    name = "flowgate",
+    version,
+    about = "An OpenFlow 1.3 SDN controller that balances HTTP services at virtual IPs"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "flowgate=debug".
     #[arg(long, global = true, env = "FLOWGATE_LOG", default_value = "info")]
@@ -51,20 +55,32 @@ enum OfpCmd {
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
     let result = match cli.cmd {
-        Cmd::Controller { config, check, ready_file } => controller(config, check, ready_file),
-        Cmd::Ofp { cmd: OfpCmd::Decode { files } } => flowgate::cli::ofp::decode(&files),
-        Cmd::Ofp { cmd: OfpCmd::Roundtrip { files } } => flowgate::cli::ofp::roundtrip(&files),
-        Cmd::Httpd(args) => {
-            runtime().and_then(|rt| Ok(rt.block_on(flowgate_testbed::httpd::run_httpd(args, shutdown_signal()))?))
-        }
+        Cmd::Controller {
+            config,
+            check,
+            ready_file,
+        } => controller(config, check, ready_file),
+        Cmd::Ofp {
+            cmd: OfpCmd::Decode { files },
+        } => flowgate::cli::ofp::decode(&files),
+        Cmd::Ofp {
+            cmd: OfpCmd::Roundtrip { files },
+        } => flowgate::cli::ofp::roundtrip(&files),
+        Cmd::Httpd(args) => runtime().and_then(|rt| {
+            Ok(rt.block_on(flowgate_testbed::httpd::run_httpd(args, shutdown_signal()))?)
+        }),
         Cmd::Load(args) => runtime().and_then(|rt| {
             let report = rt.block_on(flowgate_testbed::load::run_load(&args))?;
             println!("{}", serde_json::to_string_pretty(&report)?);
@@ -81,18 +97,26 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn load_config(path: &PathBuf) -> anyhow::Result<Config> {
-    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Config::from_toml(&text, &|k| std::env::var(k).ok()).map_err(|errs| anyhow::anyhow!("{}: {errs}", path.display()))
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Config::from_toml(&text, &|k| std::env::var(k).ok())
+        .map_err(|errs| anyhow::anyhow!("{}: {errs}", path.display()))
 }
 
 fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load_config(&path)?;
     if check {
-        println!("{}: OK ({} service(s))", path.display(), config.services.len());
+        println!(
+            "{}: OK ({} service(s))",
+            path.display(),
+            config.services.len()
+        );
         return Ok(());
     }
     runtime()?.block_on(async move {
@@ -113,7 +137,15 @@ fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow
             std::fs::write(&tmp, ready.to_string())?;
             std::fs::rename(&tmp, &path)?;
         }
-        flowgate::runtime::run(config, flowgate::runtime::Listeners { openflow, api: Some(api) }, shutdown_signal()).await
+        flowgate::runtime::run(
+            config,
+            flowgate::runtime::Listeners {
+                openflow,
+                api: Some(api),
+            },
+            shutdown_signal(),
+        )
+        .await
     })
 }
 

@@ -25,36 +25,75 @@ fn setup(test: &str) -> Option<Prefix> {
 /// third within ±10%, and the switch holds the rewrite rules.
 #[test]
 fn ovs_single_switch_round_robin() {
-    let Some(p) = setup("ovs_single_switch_round_robin") else { return };
+    let Some(p) = setup("ovs_single_switch_round_robin") else {
+        return;
+    };
     let topo0 = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let backends: Vec<_> = topo0.hosts[1..].iter().map(|h| h.ip()).collect();
     let ctl = Ctl::start("single", &vip_config(VIP, "round-robin", &backends, ""));
-    topo0.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
-    topo0.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
-    let _servers: Vec<_> = topo0.hosts[1..].iter().enumerate().map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[])).collect();
+    topo0.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    topo0.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _servers: Vec<_> = topo0.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
     ctl.wait_backends_ready(Duration::from_secs(15));
 
     let client = &topo0.hosts[0];
-    let report = load(client, &format!("http://{VIP}/"), &["--requests", "300", "--concurrency", "4"]);
+    let report = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "300", "--concurrency", "4"],
+    );
     assert_eq!(report["ok"], 300, "every request succeeds: {report}");
     let shares = shares(&report);
     assert_eq!(shares.len(), 3, "all three backends served: {shares:?}");
     for (name, n) in &shares {
-        assert!((90..=110).contains(n), "{name} served {n}, not 100 ± 10%: {shares:?}");
+        assert!(
+            (90..=110).contains(n),
+            "{name} served {n}, not 100 ± 10%: {shares:?}"
+        );
     }
 
     // The client resolved the VIP to the virtual MAC by ARP, with no static entry.
-    let neigh = client.exec_checked(&["ip", "neigh", "show", VIP]).expect("ip neigh");
-    assert!(neigh.contains("02:66:67:00:00:01"), "ARP for the VIP answered with the virtual MAC: {neigh}");
+    let neigh = client
+        .exec_checked(&["ip", "neigh", "show", VIP])
+        .expect("ip neigh");
+    assert!(
+        neigh.contains("02:66:67:00:00:01"),
+        "ARP for the VIP answered with the virtual MAC: {neigh}"
+    );
 
     let flows = topo0.bridges[0].dump_flows().expect("dump-flows");
-    assert!(flows.contains(&format!("nw_dst={VIP},tp_src=")), "forward rules match the client's connection:\n{flows}");
-    assert!(flows.contains("set_field:10.0.0.2->ip_dst"), "forward rewrite to a backend:\n{flows}");
-    assert!(flows.contains(&format!("set_field:{VIP}->ip_src")), "reverse rewrite back to the VIP:\n{flows}");
-    assert!(flows.contains("idle_timeout=30") && flows.contains("send_flow_rem"), "idle timeout and flow-removed:\n{flows}");
+    assert!(
+        flows.contains(&format!("nw_dst={VIP},tp_src=")),
+        "forward rules match the client's connection:\n{flows}"
+    );
+    assert!(
+        flows.contains("set_field:10.0.0.2->ip_dst"),
+        "forward rewrite to a backend:\n{flows}"
+    );
+    assert!(
+        flows.contains(&format!("set_field:{VIP}->ip_src")),
+        "reverse rewrite back to the VIP:\n{flows}"
+    );
+    assert!(
+        flows.contains("idle_timeout=30") && flows.contains("send_flow_rem"),
+        "idle timeout and flow-removed:\n{flows}"
+    );
 
     let services = ctl.get_json("/api/v1/services");
-    let total: u64 = services[0]["backends"].as_array().unwrap().iter().map(|b| b["connections_total"].as_u64().unwrap()).sum();
+    let total: u64 = services[0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["connections_total"].as_u64().unwrap())
+        .sum();
     assert_eq!(total, 300, "one decision per connection: {services}");
     ctl.assert_no_openflow_errors();
 }
@@ -63,31 +102,52 @@ fn ovs_single_switch_round_robin() {
 /// rules on every switch of each path, and the same guarantees.
 #[test]
 fn ovs_linear_three_switches() {
-    let Some(p) = setup("ovs_linear_three_switches") else { return };
+    let Some(p) = setup("ovs_linear_three_switches") else {
+        return;
+    };
     // h1 on s1, h2 on s2, h3 on s3 (Mininet's linear,3).
     let t = topo::linear(&TopoOptions::new(p.as_str()), 3, 1).expect("topology");
-    let ctl = Ctl::start("linear", &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""));
+    let ctl = Ctl::start(
+        "linear",
+        &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""),
+    );
     for b in &t.bridges {
         b.set_controller(&[ctl.target()]).expect("set controller");
     }
     for b in &t.bridges {
-        b.wait_connected(Duration::from_secs(10)).expect("switch connects");
+        b.wait_connected(Duration::from_secs(10))
+            .expect("switch connects");
     }
     let _s2 = httpd(&t.hosts[1], "b2", &[]);
     let _s3 = httpd(&t.hosts[2], "b3", &[]);
     ctl.wait_backends_ready(Duration::from_secs(20));
     // Plain L2 between hosts on different switches works too.
-    assert!(t.hosts[0].ping_until(t.hosts[2].ip(), Duration::from_secs(10)).expect("ping"), "h1 reaches h3 across two links");
+    assert!(
+        t.hosts[0]
+            .ping_until(t.hosts[2].ip(), Duration::from_secs(10))
+            .expect("ping"),
+        "h1 reaches h3 across two links"
+    );
 
-    let report = load(&t.hosts[0], &format!("http://{VIP}/"), &["--requests", "300", "--concurrency", "4"]);
+    let report = load(
+        &t.hosts[0],
+        &format!("http://{VIP}/"),
+        &["--requests", "300", "--concurrency", "4"],
+    );
     assert_eq!(report["ok"], 300, "every request succeeds: {report}");
     for (name, n) in shares(&report) {
         assert!((135..=165).contains(&n), "{name} served {n}, not 150 ± 10%");
     }
     // The middle switch carries every connection: it holds rules for both directions.
     let s2 = t.bridges[1].dump_flows().expect("dump-flows s2");
-    assert!(s2.contains("priority=300,tcp,nw_src=10.0.0.1,nw_dst=10.0.0.3"), "s2 forwards toward b3:\n{s2}");
-    assert!(s2.contains("priority=300,tcp,nw_src=10.0.0.3,nw_dst=10.0.0.1"), "s2 carries b3's replies:\n{s2}");
+    assert!(
+        s2.contains("priority=300,tcp,nw_src=10.0.0.1,nw_dst=10.0.0.3"),
+        "s2 forwards toward b3:\n{s2}"
+    );
+    assert!(
+        s2.contains("priority=300,tcp,nw_src=10.0.0.3,nw_dst=10.0.0.1"),
+        "s2 carries b3's replies:\n{s2}"
+    );
     ctl.assert_no_openflow_errors();
 }
 
@@ -96,32 +156,79 @@ fn ovs_linear_three_switches() {
 /// table and balances new connections again.
 #[test]
 fn ovs_controller_restart_keeps_connections() {
-    let Some(p) = setup("ovs_controller_restart_keeps_connections") else { return };
+    let Some(p) = setup("ovs_controller_restart_keeps_connections") else {
+        return;
+    };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let mut ctl = Ctl::start("restart", &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""));
-    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
-    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
-    let _servers = [httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]), httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"])];
+    let mut ctl = Ctl::start(
+        "restart",
+        &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""),
+    );
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _servers = [
+        httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]),
+        httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),
+    ];
     ctl.wait_backends_ready(Duration::from_secs(15));
 
     // A 6 MB download at 1 MB/s: six seconds on the wire.
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/bytes/6000000");
-    let dl = client.command(&["curl", "-s", "-o", "/dev/null", "-m", "30", "-w", "%{http_code} %{size_download}", &url]).stdout(std::process::Stdio::piped()).spawn().expect("curl");
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "30",
+            "-w",
+            "%{http_code} %{size_download}",
+            &url,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
     std::thread::sleep(Duration::from_millis(1500));
     ctl.restart();
-    t.bridges[0].wait_connected(Duration::from_secs(15)).expect("switch reconnects");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(15))
+        .expect("switch reconnects");
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.trim(), "200 6000000", "the download survived the restart (curl: {text})");
+    assert_eq!(
+        text.trim(),
+        "200 6000000",
+        "the download survived the restart (curl: {text})"
+    );
 
     let services = ctl.get_json("/api/v1/services");
-    let rebuilt: u64 = services[0]["backends"].as_array().unwrap().iter().map(|b| b["active_connections"].as_u64().unwrap()).sum();
-    assert!(rebuilt >= 1, "connections rebuilt from flow stats: {services}");
+    let rebuilt: u64 = services[0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["active_connections"].as_u64().unwrap())
+        .sum();
+    assert!(
+        rebuilt >= 1,
+        "connections rebuilt from flow stats: {services}"
+    );
 
     ctl.wait_backends_ready(Duration::from_secs(15));
-    let report = load(client, &format!("http://{VIP}/"), &["--requests", "40", "--concurrency", "2"]);
-    assert_eq!(report["ok"], 40, "new connections are served after the restart: {report}");
+    let report = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "40", "--concurrency", "2"],
+    );
+    assert_eq!(
+        report["ok"], 40,
+        "new connections are served after the restart: {report}"
+    );
     for (name, n) in shares(&report) {
         assert_eq!(n, 20, "{name}: round robin again after the restart");
     }
@@ -132,16 +239,29 @@ fn ovs_controller_restart_keeps_connections() {
 /// counted, never sent to an arbitrary backend.
 #[test]
 fn ovs_unknown_connection_is_reset() {
-    let Some(p) = setup("ovs_unknown_connection_is_reset") else { return };
+    let Some(p) = setup("ovs_unknown_connection_is_reset") else {
+        return;
+    };
     let t = topo::single(&TopoOptions::new(p.as_str()), 2).expect("topology");
-    let ctl = Ctl::start("unknown", &vip_config(VIP, "round-robin", &[t.hosts[1].ip()], ""));
-    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
-    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
+    let ctl = Ctl::start(
+        "unknown",
+        &vip_config(VIP, "round-robin", &[t.hosts[1].ip()], ""),
+    );
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
     let _s = httpd(&t.hosts[1], "b2", &[]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];
     // Resolve the VIP first, then send a bare ACK to it from a port no connection uses.
-    assert!(client.ping_until(t.hosts[1].ip(), Duration::from_secs(5)).expect("ping"));
+    assert!(
+        client
+            .ping_until(t.hosts[1].ip(), Duration::from_secs(5))
+            .expect("ping")
+    );
     let script = format!(
         "import socket,struct\n\
 s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_TCP)\n\
@@ -160,8 +280,18 @@ while True:\n  d,a=s.recvfrom(100)\n  if a[0]==dst:\n    f=d[20+13]\n    print('
     assert_eq!(r["ok"], 1);
     let out = client.exec(&["python3", "-c", &script]).expect("python");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("flags 4") || text.contains("flags 20"), "a RST came back: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("flags 4") || text.contains("flags 20"),
+        "a RST came back: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let services = ctl.get_json("/api/v1/services");
-    assert!(services[0]["counters"]["unknown_flow_packets"].as_u64().unwrap() >= 1, "{services}");
+    assert!(
+        services[0]["counters"]["unknown_flow_packets"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{services}"
+    );
     ctl.assert_no_openflow_errors();
 }

@@ -25,11 +25,18 @@ fn main() {
     let mut n = 0u64;
     while t0.elapsed().as_secs_f64() < 4.0 {
         for _ in 0..10_000 {
-            std::hint::black_box(roundtrip::round_trip(std::hint::black_box(&frame), &mut out));
+            std::hint::black_box(roundtrip::round_trip(
+                std::hint::black_box(&frame),
+                &mut out,
+            ));
         }
         n += 10_000;
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = (cpu_ticks().unwrap_or(0) - c0) as f64 / 100.0; // USER_HZ = 100
-    println!("{n} round trips: {:.0}/s wall-clock, {:.0}/s of CPU time ({cpu:.2}s CPU in {wall:.2}s)", n as f64 / wall, n as f64 / cpu);
+    println!(
+        "{n} round trips: {:.0}/s wall-clock, {:.0}/s of CPU time ({cpu:.2}s CPU in {wall:.2}s)",
+        n as f64 / wall,
+        n as f64 / cpu
+    );
 }

@@ -98,7 +98,11 @@ impl Action {
     /// otherwise `max_len` is 0.
     #[inline]
     pub fn output(port: u32) -> Self {
-        let max_len = if port == port::CONTROLLER { CONTROLLER_MAX_LEN_NO_BUFFER } else { 0 };
+        let max_len = if port == port::CONTROLLER {
+            CONTROLLER_MAX_LEN_NO_BUFFER
+        } else {
+            0
+        };
         Action::Output { port, max_len }
     }
     /// SET_FIELD of a field; any mask is dropped, since SET_FIELD takes none (§7.2.5).
@@ -117,7 +121,13 @@ impl Action {
         }
         let mut a = r.sub(len)?;
         a.skip(4)?;
-        let fixed = |want: usize| if len == want { Ok(()) } else { Err(DecodeError::BadLength) };
+        let fixed = |want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(DecodeError::BadLength)
+            }
+        };
         let act = match typ {
             OUTPUT => {
                 fixed(16)?;
@@ -200,9 +210,15 @@ impl Action {
             }
             EXPERIMENTER => {
                 let experimenter = a.u32()?;
-                Action::Experimenter { experimenter, data: a.rest() }
+                Action::Experimenter {
+                    experimenter,
+                    data: a.rest(),
+                }
             }
-            _ => Action::Unknown { typ, data: a.rest() },
+            _ => Action::Unknown {
+                typ,
+                data: a.rest(),
+            },
         };
         Ok(act)
     }
@@ -279,10 +295,17 @@ impl Action {
 /// Re-encode a typed OXM as an opaque one (for masked SET_FIELD from the wire).
 fn raw_of(oxm: &Oxm) -> Result<Oxm, DecodeError> {
     let mut b = BytesMut::with_capacity(oxm.wire_len());
-    oxm.encode(&mut b).map_err(|_| DecodeError::BadValue { what: "set_field oxm" })?;
+    oxm.encode(&mut b).map_err(|_| DecodeError::BadValue {
+        what: "set_field oxm",
+    })?;
     let id = oxm.id();
     let payload = b.freeze().slice(4..);
-    Ok(Oxm::Raw(crate::oxm::RawOxm { class: id.class, field: id.field, hasmask: true, payload }))
+    Ok(Oxm::Raw(crate::oxm::RawOxm {
+        class: id.class,
+        field: id.field,
+        hasmask: true,
+        payload,
+    }))
 }
 
 /// Decode a list of actions filling the reader.

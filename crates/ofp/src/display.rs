@@ -21,8 +21,12 @@ pub fn message_json(xid: u32, msg: &Message) -> String {
         typ: &'static str,
         msg: &'a Message,
     }
-    serde_json::to_string(&Out { xid, typ: msg.msg_type().name(), msg })
-        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    serde_json::to_string(&Out {
+        xid,
+        typ: msg.msg_type().name(),
+        msg,
+    })
+    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// A one-line summary (`OFPT_FLOW_MOD xid=7 len=...`) without serde.

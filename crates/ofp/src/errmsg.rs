@@ -134,9 +134,15 @@ pub enum ErrorKind {
     MeterModFailed(MeterModFailedCode),
     TableFeaturesFailed(TableFeaturesFailedCode),
     /// OFPET_EXPERIMENTER (`struct ofp_error_experimenter_msg`).
-    Experimenter { exp_type: u16, experimenter: u32 },
+    Experimenter {
+        exp_type: u16,
+        experimenter: u32,
+    },
     /// A type this version does not define.
-    Other { typ: u16, code: u16 },
+    Other {
+        typ: u16,
+        code: u16,
+    },
 }
 
 impl ErrorKind {
@@ -186,10 +192,20 @@ impl ErrorKind {
     /// The spec's type name, e.g. `OFPET_BAD_MATCH`.
     pub fn type_name(&self) -> Option<&'static str> {
         const N: [&str; 14] = [
-            "OFPET_HELLO_FAILED", "OFPET_BAD_REQUEST", "OFPET_BAD_ACTION", "OFPET_BAD_INSTRUCTION",
-            "OFPET_BAD_MATCH", "OFPET_FLOW_MOD_FAILED", "OFPET_GROUP_MOD_FAILED", "OFPET_PORT_MOD_FAILED",
-            "OFPET_TABLE_MOD_FAILED", "OFPET_QUEUE_OP_FAILED", "OFPET_SWITCH_CONFIG_FAILED",
-            "OFPET_ROLE_REQUEST_FAILED", "OFPET_METER_MOD_FAILED", "OFPET_TABLE_FEATURES_FAILED",
+            "OFPET_HELLO_FAILED",
+            "OFPET_BAD_REQUEST",
+            "OFPET_BAD_ACTION",
+            "OFPET_BAD_INSTRUCTION",
+            "OFPET_BAD_MATCH",
+            "OFPET_FLOW_MOD_FAILED",
+            "OFPET_GROUP_MOD_FAILED",
+            "OFPET_PORT_MOD_FAILED",
+            "OFPET_TABLE_MOD_FAILED",
+            "OFPET_QUEUE_OP_FAILED",
+            "OFPET_SWITCH_CONFIG_FAILED",
+            "OFPET_ROLE_REQUEST_FAILED",
+            "OFPET_METER_MOD_FAILED",
+            "OFPET_TABLE_FEATURES_FAILED",
         ];
         match self {
             ErrorKind::Experimenter { .. } => Some("OFPET_EXPERIMENTER"),
@@ -244,11 +260,17 @@ impl ErrorMsg {
         let typ = r.u16()?;
         let code = r.u16()?;
         let kind = if typ == OFPET_EXPERIMENTER {
-            ErrorKind::Experimenter { exp_type: code, experimenter: r.u32()? }
+            ErrorKind::Experimenter {
+                exp_type: code,
+                experimenter: r.u32()?,
+            }
         } else {
             ErrorKind::from_type_code(typ, code)
         };
-        Ok(ErrorMsg { kind, data: r.rest() })
+        Ok(ErrorMsg {
+            kind,
+            data: r.rest(),
+        })
     }
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {

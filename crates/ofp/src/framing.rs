@@ -39,7 +39,10 @@ impl Framer {
         let len = match HeaderView::new_checked(&buf[..]) {
             Ok(h) => usize::from(h.length()),
             Err(_) => {
-                let l = u16::from_be_bytes([buf.get(2).copied().unwrap_or(0), buf.get(3).copied().unwrap_or(0)]);
+                let l = u16::from_be_bytes([
+                    buf.get(2).copied().unwrap_or(0),
+                    buf.get(3).copied().unwrap_or(0),
+                ]);
                 return Err(FrameError::BadLength(l));
             }
         };
@@ -64,7 +67,11 @@ pub fn decode_file_bytes(data: &[u8]) -> Result<Vec<(u32, Message)>, DecodeError
         }
     }
     if buf.has_remaining() {
-        return Err(if out.is_empty() { DecodeError::Truncated } else { DecodeError::TrailingBytes });
+        return Err(if out.is_empty() {
+            DecodeError::Truncated
+        } else {
+            DecodeError::TrailingBytes
+        });
     }
     Ok(out)
 }

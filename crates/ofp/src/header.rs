@@ -52,11 +52,36 @@ impl MsgType {
     pub fn from_u8(v: u8) -> Option<Self> {
         use MsgType::*;
         const ALL: [MsgType; 30] = [
-            Hello, Error, EchoRequest, EchoReply, Experimenter, FeaturesRequest, FeaturesReply,
-            GetConfigRequest, GetConfigReply, SetConfig, PacketIn, FlowRemoved, PortStatus,
-            PacketOut, FlowMod, GroupMod, PortMod, TableMod, MultipartRequest, MultipartReply,
-            BarrierRequest, BarrierReply, QueueGetConfigRequest, QueueGetConfigReply,
-            RoleRequest, RoleReply, GetAsyncRequest, GetAsyncReply, SetAsync, MeterMod,
+            Hello,
+            Error,
+            EchoRequest,
+            EchoReply,
+            Experimenter,
+            FeaturesRequest,
+            FeaturesReply,
+            GetConfigRequest,
+            GetConfigReply,
+            SetConfig,
+            PacketIn,
+            FlowRemoved,
+            PortStatus,
+            PacketOut,
+            FlowMod,
+            GroupMod,
+            PortMod,
+            TableMod,
+            MultipartRequest,
+            MultipartReply,
+            BarrierRequest,
+            BarrierReply,
+            QueueGetConfigRequest,
+            QueueGetConfigReply,
+            RoleRequest,
+            RoleReply,
+            GetAsyncRequest,
+            GetAsyncReply,
+            SetAsync,
+            MeterMod,
         ];
         ALL.get(usize::from(v)).copied()
     }
@@ -116,7 +141,12 @@ impl Header {
     /// Parse the first 8 bytes. Checks only that 8 bytes exist and `length >= 8` (§7.1).
     pub fn parse(buf: &[u8]) -> Result<Header, DecodeError> {
         let v = HeaderView::new_checked(buf)?;
-        Ok(Header { version: v.version(), msg_type: v.msg_type(), length: v.length(), xid: v.xid() })
+        Ok(Header {
+            version: v.version(),
+            msg_type: v.msg_type(),
+            length: v.length(),
+            xid: v.xid(),
+        })
     }
     /// Append the 8 header bytes.
     pub fn write(&self, out: &mut BytesMut) {

@@ -77,7 +77,13 @@ impl Instruction {
         }
         let mut b = r.sub(len)?;
         b.skip(4)?;
-        let fixed = |want: usize| if len == want { Ok(()) } else { Err(DecodeError::BadLength) };
+        let fixed = |want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(DecodeError::BadLength)
+            }
+        };
         Ok(match typ {
             GOTO_TABLE => {
                 fixed(8)?;
@@ -86,12 +92,19 @@ impl Instruction {
             WRITE_METADATA => {
                 fixed(24)?;
                 b.skip(4)?;
-                Instruction::WriteMetadata { metadata: b.u64()?, mask: b.u64()? }
+                Instruction::WriteMetadata {
+                    metadata: b.u64()?,
+                    mask: b.u64()?,
+                }
             }
             WRITE_ACTIONS | APPLY_ACTIONS => {
                 b.skip(4)?;
                 let acts = decode_actions(b)?;
-                if typ == WRITE_ACTIONS { Instruction::WriteActions(acts) } else { Instruction::ApplyActions(acts) }
+                if typ == WRITE_ACTIONS {
+                    Instruction::WriteActions(acts)
+                } else {
+                    Instruction::ApplyActions(acts)
+                }
             }
             CLEAR_ACTIONS => {
                 fixed(8)?;
@@ -103,9 +116,15 @@ impl Instruction {
             }
             EXPERIMENTER => {
                 let experimenter = b.u32()?;
-                Instruction::Experimenter { experimenter, data: b.rest() }
+                Instruction::Experimenter {
+                    experimenter,
+                    data: b.rest(),
+                }
             }
-            _ => Instruction::Unknown { typ, data: b.rest() },
+            _ => Instruction::Unknown {
+                typ,
+                data: b.rest(),
+            },
         })
     }
 
@@ -126,7 +145,11 @@ impl Instruction {
                 out.put_u64(*mask);
             }
             Instruction::WriteActions(a) | Instruction::ApplyActions(a) => {
-                out.put_u16(if matches!(self, Instruction::WriteActions(_)) { WRITE_ACTIONS } else { APPLY_ACTIONS });
+                out.put_u16(if matches!(self, Instruction::WriteActions(_)) {
+                    WRITE_ACTIONS
+                } else {
+                    APPLY_ACTIONS
+                });
                 let mark = LenMark::at(out, start);
                 out.put_u32(0);
                 encode_actions(a, out)?;
@@ -170,7 +193,10 @@ pub(crate) fn decode_instructions(mut r: Reader<'_>) -> Result<Instructions, Dec
     Ok(v)
 }
 
-pub(crate) fn encode_instructions(ins: &[Instruction], out: &mut BytesMut) -> Result<(), EncodeError> {
+pub(crate) fn encode_instructions(
+    ins: &[Instruction],
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
     for i in ins {
         i.encode(out)?;
     }

@@ -51,10 +51,10 @@ pub use msg::group::{Bucket, GroupMod, GroupModCommand, GroupType};
 pub use msg::hello::{Hello, HelloElement, negotiate_version};
 pub use msg::meter::{MeterBand, MeterFlags, MeterMod, MeterModCommand};
 pub use msg::multipart::{
-    AggregateStats, BucketCounter, Desc, FlowStats, FlowStatsRequest, GroupDesc, GroupFeatures, GroupStats,
-    MULTIPART_MORE, MeterBandStats, MeterConfig, MeterFeatures, MeterStats, MultipartAssembler, MultipartReply,
-    MultipartReplyBody, MultipartRequest, MultipartRequestBody, PortStats, QueueStats, ReassemblyError,
-    TableFeatureProp, TableFeatures, TableStats,
+    AggregateStats, BucketCounter, Desc, FlowStats, FlowStatsRequest, GroupDesc, GroupFeatures,
+    GroupStats, MULTIPART_MORE, MeterBandStats, MeterConfig, MeterFeatures, MeterStats,
+    MultipartAssembler, MultipartReply, MultipartReplyBody, MultipartRequest, MultipartRequestBody,
+    PortStats, QueueStats, ReassemblyError, TableFeatureProp, TableFeatures, TableStats,
 };
 pub use msg::packet::{PacketIn, PacketInReason, PacketOut};
 pub use msg::port::{PortDesc, PortMod, PortReason, PortStatus};

@@ -54,18 +54,36 @@ pub struct RawOxm {
 pub enum Oxm {
     InPort(u32),
     InPhyPort(u32),
-    Metadata { value: u64, mask: Option<u64> },
-    EthDst { value: [u8; 6], mask: Option<[u8; 6]> },
-    EthSrc { value: [u8; 6], mask: Option<[u8; 6]> },
+    Metadata {
+        value: u64,
+        mask: Option<u64>,
+    },
+    EthDst {
+        value: [u8; 6],
+        mask: Option<[u8; 6]>,
+    },
+    EthSrc {
+        value: [u8; 6],
+        mask: Option<[u8; 6]>,
+    },
     EthType(u16),
     /// Raw wire value: `OFPVID_PRESENT | vid`, or `OFPVID_NONE`.
-    VlanVid { value: u16, mask: Option<u16> },
+    VlanVid {
+        value: u16,
+        mask: Option<u16>,
+    },
     VlanPcp(u8),
     IpDscp(u8),
     IpEcn(u8),
     IpProto(u8),
-    Ipv4Src { value: Ipv4Addr, mask: Option<Ipv4Addr> },
-    Ipv4Dst { value: Ipv4Addr, mask: Option<Ipv4Addr> },
+    Ipv4Src {
+        value: Ipv4Addr,
+        mask: Option<Ipv4Addr>,
+    },
+    Ipv4Dst {
+        value: Ipv4Addr,
+        mask: Option<Ipv4Addr>,
+    },
     TcpSrc(u16),
     TcpDst(u16),
     UdpSrc(u16),
@@ -75,13 +93,34 @@ pub enum Oxm {
     Icmpv4Type(u8),
     Icmpv4Code(u8),
     ArpOp(u16),
-    ArpSpa { value: Ipv4Addr, mask: Option<Ipv4Addr> },
-    ArpTpa { value: Ipv4Addr, mask: Option<Ipv4Addr> },
-    ArpSha { value: [u8; 6], mask: Option<[u8; 6]> },
-    ArpTha { value: [u8; 6], mask: Option<[u8; 6]> },
-    Ipv6Src { value: Ipv6Addr, mask: Option<Ipv6Addr> },
-    Ipv6Dst { value: Ipv6Addr, mask: Option<Ipv6Addr> },
-    Ipv6Flabel { value: u32, mask: Option<u32> },
+    ArpSpa {
+        value: Ipv4Addr,
+        mask: Option<Ipv4Addr>,
+    },
+    ArpTpa {
+        value: Ipv4Addr,
+        mask: Option<Ipv4Addr>,
+    },
+    ArpSha {
+        value: [u8; 6],
+        mask: Option<[u8; 6]>,
+    },
+    ArpTha {
+        value: [u8; 6],
+        mask: Option<[u8; 6]>,
+    },
+    Ipv6Src {
+        value: Ipv6Addr,
+        mask: Option<Ipv6Addr>,
+    },
+    Ipv6Dst {
+        value: Ipv6Addr,
+        mask: Option<Ipv6Addr>,
+    },
+    Ipv6Flabel {
+        value: u32,
+        mask: Option<u32>,
+    },
     Icmpv6Type(u8),
     Icmpv6Code(u8),
     Ipv6NdTarget(Ipv6Addr),
@@ -91,9 +130,18 @@ pub enum Oxm {
     MplsTc(u8),
     MplsBos(u8),
     /// 24-bit I-SID.
-    PbbIsid { value: u32, mask: Option<u32> },
-    TunnelId { value: u64, mask: Option<u64> },
-    Ipv6Exthdr { value: u16, mask: Option<u16> },
+    PbbIsid {
+        value: u32,
+        mask: Option<u32>,
+    },
+    TunnelId {
+        value: u64,
+        mask: Option<u64>,
+    },
+    Ipv6Exthdr {
+        value: u16,
+        mask: Option<u16>,
+    },
     /// Any other class, or a basic field with a length/mask the spec does not allow.
     Raw(RawOxm),
 }
@@ -154,12 +202,46 @@ pub mod ofb {
 }
 
 const OFB_NAMES: [&str; 40] = [
-    "in_port", "in_phy_port", "metadata", "eth_dst", "eth_src", "eth_type", "vlan_vid",
-    "vlan_pcp", "ip_dscp", "ip_ecn", "ip_proto", "ipv4_src", "ipv4_dst", "tcp_src", "tcp_dst",
-    "udp_src", "udp_dst", "sctp_src", "sctp_dst", "icmpv4_type", "icmpv4_code", "arp_op",
-    "arp_spa", "arp_tpa", "arp_sha", "arp_tha", "ipv6_src", "ipv6_dst", "ipv6_flabel",
-    "icmpv6_type", "icmpv6_code", "ipv6_nd_target", "ipv6_nd_sll", "ipv6_nd_tll", "mpls_label",
-    "mpls_tc", "mpls_bos", "pbb_isid", "tunnel_id", "ipv6_exthdr",
+    "in_port",
+    "in_phy_port",
+    "metadata",
+    "eth_dst",
+    "eth_src",
+    "eth_type",
+    "vlan_vid",
+    "vlan_pcp",
+    "ip_dscp",
+    "ip_ecn",
+    "ip_proto",
+    "ipv4_src",
+    "ipv4_dst",
+    "tcp_src",
+    "tcp_dst",
+    "udp_src",
+    "udp_dst",
+    "sctp_src",
+    "sctp_dst",
+    "icmpv4_type",
+    "icmpv4_code",
+    "arp_op",
+    "arp_spa",
+    "arp_tpa",
+    "arp_sha",
+    "arp_tha",
+    "ipv6_src",
+    "ipv6_dst",
+    "ipv6_flabel",
+    "icmpv6_type",
+    "icmpv6_code",
+    "ipv6_nd_target",
+    "ipv6_nd_sll",
+    "ipv6_nd_tll",
+    "mpls_label",
+    "mpls_tc",
+    "mpls_bos",
+    "pbb_isid",
+    "tunnel_id",
+    "ipv6_exthdr",
 ];
 
 /// The lower-case name of an OpenFlow-basic field (`"eth_dst"`), as Ryu and ovs-ofctl say.
@@ -180,63 +262,101 @@ impl Oxm {
     /// Unmasked `eth_dst`.
     #[inline]
     pub fn eth_dst(mac: [u8; 6]) -> Self {
-        Oxm::EthDst { value: mac, mask: None }
+        Oxm::EthDst {
+            value: mac,
+            mask: None,
+        }
     }
     /// Unmasked `eth_src`.
     #[inline]
     pub fn eth_src(mac: [u8; 6]) -> Self {
-        Oxm::EthSrc { value: mac, mask: None }
+        Oxm::EthSrc {
+            value: mac,
+            mask: None,
+        }
     }
     /// Unmasked `ipv4_src`.
     #[inline]
     pub fn ipv4_src(ip: Ipv4Addr) -> Self {
-        Oxm::Ipv4Src { value: ip, mask: None }
+        Oxm::Ipv4Src {
+            value: ip,
+            mask: None,
+        }
     }
     /// Unmasked `ipv4_dst`.
     #[inline]
     pub fn ipv4_dst(ip: Ipv4Addr) -> Self {
-        Oxm::Ipv4Dst { value: ip, mask: None }
+        Oxm::Ipv4Dst {
+            value: ip,
+            mask: None,
+        }
     }
     /// Unmasked `ipv6_src`.
     #[inline]
     pub fn ipv6_src(ip: Ipv6Addr) -> Self {
-        Oxm::Ipv6Src { value: ip, mask: None }
+        Oxm::Ipv6Src {
+            value: ip,
+            mask: None,
+        }
     }
     /// Unmasked `ipv6_dst`.
     #[inline]
     pub fn ipv6_dst(ip: Ipv6Addr) -> Self {
-        Oxm::Ipv6Dst { value: ip, mask: None }
+        Oxm::Ipv6Dst {
+            value: ip,
+            mask: None,
+        }
     }
     /// Unmasked `metadata`.
     #[inline]
     pub fn metadata(v: u64) -> Self {
-        Oxm::Metadata { value: v, mask: None }
+        Oxm::Metadata {
+            value: v,
+            mask: None,
+        }
     }
     /// Unmasked `tunnel_id`.
     #[inline]
     pub fn tunnel_id(v: u64) -> Self {
-        Oxm::TunnelId { value: v, mask: None }
+        Oxm::TunnelId {
+            value: v,
+            mask: None,
+        }
     }
     /// `vlan_vid` for a tagged frame with this VLAN id (sets `OFPVID_PRESENT`).
     #[inline]
     pub fn vlan(vid: u16) -> Self {
-        Oxm::VlanVid { value: VID_PRESENT | (vid & 0x0fff), mask: None }
+        Oxm::VlanVid {
+            value: VID_PRESENT | (vid & 0x0fff),
+            mask: None,
+        }
     }
     /// `arp_spa`, unmasked.
     #[inline]
     pub fn arp_spa(ip: Ipv4Addr) -> Self {
-        Oxm::ArpSpa { value: ip, mask: None }
+        Oxm::ArpSpa {
+            value: ip,
+            mask: None,
+        }
     }
     /// `arp_tpa`, unmasked.
     #[inline]
     pub fn arp_tpa(ip: Ipv4Addr) -> Self {
-        Oxm::ArpTpa { value: ip, mask: None }
+        Oxm::ArpTpa {
+            value: ip,
+            mask: None,
+        }
     }
 
     /// Class and field of this TLV.
     pub fn id(&self) -> OxmId {
         let field = match self {
-            Oxm::Raw(r) => return OxmId { class: r.class, field: r.field },
+            Oxm::Raw(r) => {
+                return OxmId {
+                    class: r.class,
+                    field: r.field,
+                };
+            }
             Oxm::InPort(_) => ofb::IN_PORT,
             Oxm::InPhyPort(_) => ofb::IN_PHY_PORT,
             Oxm::Metadata { .. } => ofb::METADATA,
@@ -278,13 +398,20 @@ impl Oxm {
             Oxm::TunnelId { .. } => ofb::TUNNEL_ID,
             Oxm::Ipv6Exthdr { .. } => ofb::IPV6_EXTHDR,
         };
-        OxmId { class: class::OPENFLOW_BASIC, field }
+        OxmId {
+            class: class::OPENFLOW_BASIC,
+            field,
+        }
     }
 
     /// The field's name (`"ipv4_src"`), or `None` for a [`RawOxm`] of another class.
     pub fn name(&self) -> Option<&'static str> {
         let id = self.id();
-        if id.class == class::OPENFLOW_BASIC { ofb_name(id.field) } else { None }
+        if id.class == class::OPENFLOW_BASIC {
+            ofb_name(id.field)
+        } else {
+            None
+        }
     }
 
     /// Whether this TLV carries a mask.
@@ -343,7 +470,12 @@ impl Oxm {
             }
             p = save;
         }
-        Ok(Oxm::Raw(RawOxm { class, field, hasmask, payload: p.rest() }))
+        Ok(Oxm::Raw(RawOxm {
+            class,
+            field,
+            hasmask,
+            payload: p.rest(),
+        }))
     }
 
     /// The encoded length of this TLV (4-byte header + payload).
@@ -405,7 +537,12 @@ impl Oxm {
         }
         macro_rules! masked {
             ($f:expr, $n:expr, $value:expr, $mask:expr, $put:expr) => {{
-                hdr(out, $f, $mask.is_some(), if $mask.is_some() { 2 * $n } else { $n });
+                hdr(
+                    out,
+                    $f,
+                    $mask.is_some(),
+                    if $mask.is_some() { 2 * $n } else { $n },
+                );
                 $put(&mut *out, $value);
                 if let Some(m) = $mask {
                     $put(&mut *out, m);
@@ -420,8 +557,14 @@ impl Oxm {
         let pip6 = |o: &mut BytesMut, v: &Ipv6Addr| o.put_slice(&v.octets());
         match self {
             Oxm::Raw(r) => {
-                let len = u8::try_from(r.payload.len()).map_err(|_| EncodeError::FieldTooLong { what: "oxm" })?;
-                out.put_u32((u32::from(r.class) << 16) | (u32::from(r.field & 0x7f) << 9) | (u32::from(r.hasmask) << 8) | u32::from(len));
+                let len = u8::try_from(r.payload.len())
+                    .map_err(|_| EncodeError::FieldTooLong { what: "oxm" })?;
+                out.put_u32(
+                    (u32::from(r.class) << 16)
+                        | (u32::from(r.field & 0x7f) << 9)
+                        | (u32::from(r.hasmask) << 8)
+                        | u32::from(len),
+                );
                 out.put_slice(&r.payload);
             }
             Oxm::InPort(v) => {
@@ -649,7 +792,9 @@ impl Match {
     /// An empty match (matches everything).
     #[inline]
     pub fn new() -> Self {
-        Match { fields: SmallVec::new() }
+        Match {
+            fields: SmallVec::new(),
+        }
     }
     /// Append a field (no checks; see [`Match::validate`] and [`Match::try_with`]).
     #[inline]
@@ -670,7 +815,9 @@ impl Match {
     }
     /// Build from fields and check prerequisites.
     pub fn build<I: IntoIterator<Item = Oxm>>(fields: I) -> Result<Self, MatchError> {
-        let m = Match { fields: fields.into_iter().collect() };
+        let m = Match {
+            fields: fields.into_iter().collect(),
+        };
         m.validate()?;
         Ok(m)
     }
@@ -700,22 +847,43 @@ impl Match {
     }
     /// The first OpenFlow-basic field with this `OFPXMT_OFB_*` number.
     pub fn get_ofb(&self, field: u8) -> Option<&Oxm> {
-        self.get(OxmId { class: class::OPENFLOW_BASIC, field })
+        self.get(OxmId {
+            class: class::OPENFLOW_BASIC,
+            field,
+        })
     }
     /// `in_port`.
     #[inline]
     pub fn in_port(&self) -> Option<u32> {
-        self.fields.iter().find_map(|o| if let Oxm::InPort(v) = o { Some(*v) } else { None })
+        self.fields.iter().find_map(|o| {
+            if let Oxm::InPort(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        })
     }
     /// `eth_type`.
     #[inline]
     pub fn eth_type(&self) -> Option<u16> {
-        self.fields.iter().find_map(|o| if let Oxm::EthType(v) = o { Some(*v) } else { None })
+        self.fields.iter().find_map(|o| {
+            if let Oxm::EthType(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        })
     }
     /// `ip_proto`.
     #[inline]
     pub fn ip_proto(&self) -> Option<u8> {
-        self.fields.iter().find_map(|o| if let Oxm::IpProto(v) = o { Some(*v) } else { None })
+        self.fields.iter().find_map(|o| {
+            if let Oxm::IpProto(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        })
     }
     /// Unmasked `ipv4_src`.
     #[inline]
@@ -736,12 +904,24 @@ impl Match {
     /// `tcp_src`.
     #[inline]
     pub fn tcp_src(&self) -> Option<u16> {
-        self.fields.iter().find_map(|o| if let Oxm::TcpSrc(v) = o { Some(*v) } else { None })
+        self.fields.iter().find_map(|o| {
+            if let Oxm::TcpSrc(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        })
     }
     /// `tcp_dst`.
     #[inline]
     pub fn tcp_dst(&self) -> Option<u16> {
-        self.fields.iter().find_map(|o| if let Oxm::TcpDst(v) = o { Some(*v) } else { None })
+        self.fields.iter().find_map(|o| {
+            if let Oxm::TcpDst(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        })
     }
     /// Unmasked `metadata`.
     #[inline]
@@ -767,9 +947,19 @@ impl Match {
         }
         let eth = self.eth_type();
         let proto = self.ip_proto();
-        let icmp6 = self.fields.iter().find_map(|o| if let Oxm::Icmpv6Type(v) = o { Some(*v) } else { None });
+        let icmp6 = self.fields.iter().find_map(|o| {
+            if let Oxm::Icmpv6Type(v) = o {
+                Some(*v)
+            } else {
+                None
+            }
+        });
         let need = |ok: bool, field: &'static str, needs: &'static str| {
-            if ok { Ok(()) } else { Err(MatchError::MissingPrerequisite { field, needs }) }
+            if ok {
+                Ok(())
+            } else {
+                Err(MatchError::MissingPrerequisite { field, needs })
+            }
         };
         let is_ip = matches!(eth, Some(0x0800) | Some(0x86dd));
         for o in &self.fields {
@@ -807,18 +997,38 @@ impl Match {
                 }
                 Oxm::IpProto(_) => need(is_ip, name, "eth_type=0x0800 or 0x86dd")?,
                 Oxm::Ipv4Src { value, mask } | Oxm::Ipv4Dst { value, mask } => {
-                    check_mask(name, u64::from(u32::from(*value)), mask.map(|m| u64::from(u32::from(m))))?;
+                    check_mask(
+                        name,
+                        u64::from(u32::from(*value)),
+                        mask.map(|m| u64::from(u32::from(m))),
+                    )?;
                     need(eth == Some(0x0800), name, "eth_type=0x0800")?
                 }
-                Oxm::TcpSrc(_) | Oxm::TcpDst(_) => need(proto == Some(6) && is_ip, name, "ip_proto=6")?,
-                Oxm::UdpSrc(_) | Oxm::UdpDst(_) => need(proto == Some(17) && is_ip, name, "ip_proto=17")?,
-                Oxm::SctpSrc(_) | Oxm::SctpDst(_) => need(proto == Some(132) && is_ip, name, "ip_proto=132")?,
-                Oxm::Icmpv4Type(_) | Oxm::Icmpv4Code(_) => {
-                    need(proto == Some(1) && eth == Some(0x0800), name, "ip_proto=1, eth_type=0x0800")?
+                Oxm::TcpSrc(_) | Oxm::TcpDst(_) => {
+                    need(proto == Some(6) && is_ip, name, "ip_proto=6")?
                 }
-                Oxm::ArpOp(_) | Oxm::ArpSpa { .. } | Oxm::ArpTpa { .. } | Oxm::ArpSha { .. } | Oxm::ArpTha { .. } => {
+                Oxm::UdpSrc(_) | Oxm::UdpDst(_) => {
+                    need(proto == Some(17) && is_ip, name, "ip_proto=17")?
+                }
+                Oxm::SctpSrc(_) | Oxm::SctpDst(_) => {
+                    need(proto == Some(132) && is_ip, name, "ip_proto=132")?
+                }
+                Oxm::Icmpv4Type(_) | Oxm::Icmpv4Code(_) => need(
+                    proto == Some(1) && eth == Some(0x0800),
+                    name,
+                    "ip_proto=1, eth_type=0x0800",
+                )?,
+                Oxm::ArpOp(_)
+                | Oxm::ArpSpa { .. }
+                | Oxm::ArpTpa { .. }
+                | Oxm::ArpSha { .. }
+                | Oxm::ArpTha { .. } => {
                     if let Oxm::ArpSpa { value, mask } | Oxm::ArpTpa { value, mask } = o {
-                        check_mask(name, u64::from(u32::from(*value)), mask.map(|m| u64::from(u32::from(m))))?;
+                        check_mask(
+                            name,
+                            u64::from(u32::from(*value)),
+                            mask.map(|m| u64::from(u32::from(m))),
+                        )?;
                     }
                     need(eth == Some(0x0806), name, "eth_type=0x0806")?
                 }
@@ -837,10 +1047,16 @@ impl Match {
                     check_mask(name, u64::from(*value), mask.map(u64::from))?;
                     need(eth == Some(0x86dd), name, "eth_type=0x86dd")?
                 }
-                Oxm::Icmpv6Type(_) | Oxm::Icmpv6Code(_) => {
-                    need(proto == Some(58) && eth == Some(0x86dd), name, "ip_proto=58, eth_type=0x86dd")?
-                }
-                Oxm::Ipv6NdTarget(_) => need(matches!(icmp6, Some(135) | Some(136)), name, "icmpv6_type=135 or 136")?,
+                Oxm::Icmpv6Type(_) | Oxm::Icmpv6Code(_) => need(
+                    proto == Some(58) && eth == Some(0x86dd),
+                    name,
+                    "ip_proto=58, eth_type=0x86dd",
+                )?,
+                Oxm::Ipv6NdTarget(_) => need(
+                    matches!(icmp6, Some(135) | Some(136)),
+                    name,
+                    "icmpv6_type=135 or 136",
+                )?,
                 Oxm::Ipv6NdSll(_) => need(icmp6 == Some(135), name, "icmpv6_type=135")?,
                 Oxm::Ipv6NdTll(_) => need(icmp6 == Some(136), name, "icmpv6_type=136")?,
                 Oxm::MplsLabel(_) | Oxm::MplsTc(_) | Oxm::MplsBos(_) => {
@@ -853,7 +1069,11 @@ impl Match {
                     if bad {
                         return Err(MatchError::BadValue(name));
                     }
-                    need(matches!(eth, Some(0x8847) | Some(0x8848)), name, "eth_type=0x8847 or 0x8848")?
+                    need(
+                        matches!(eth, Some(0x8847) | Some(0x8848)),
+                        name,
+                        "eth_type=0x8847 or 0x8848",
+                    )?
                 }
                 Oxm::PbbIsid { value, mask } => {
                     if *value > 0xffffff || mask.is_some_and(|m| m > 0xffffff) {
@@ -869,7 +1089,9 @@ impl Match {
                     check_mask(name, u64::from(*value), mask.map(u64::from))?;
                     need(eth == Some(0x86dd), name, "eth_type=0x86dd")?
                 }
-                Oxm::Metadata { value, mask } | Oxm::TunnelId { value, mask } => check_mask(name, *value, *mask)?,
+                Oxm::Metadata { value, mask } | Oxm::TunnelId { value, mask } => {
+                    check_mask(name, *value, *mask)?
+                }
                 Oxm::EthDst { value, mask } | Oxm::EthSrc { value, mask } => {
                     if let Some(m) = mask {
                         if value.iter().zip(m.iter()).any(|(v, m)| v & !m != 0) {
@@ -926,7 +1148,9 @@ fn check_mask(name: &'static str, value: u64, mask: Option<u64>) -> Result<(), M
 
 impl FromIterator<Oxm> for Match {
     fn from_iter<I: IntoIterator<Item = Oxm>>(iter: I) -> Self {
-        Match { fields: iter.into_iter().collect() }
+        Match {
+            fields: iter.into_iter().collect(),
+        }
     }
 }
 

@@ -16,7 +16,11 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(buf: &'a Bytes) -> Self {
-        Reader { buf, pos: 0, end: buf.len() }
+        Reader {
+            buf,
+            pos: 0,
+            end: buf.len(),
+        }
     }
 
     #[inline]
@@ -34,7 +38,10 @@ impl<'a> Reader<'a> {
         if n > self.remaining() {
             return Err(DecodeError::Truncated);
         }
-        let s = self.buf.get(self.pos..self.pos + n).ok_or(DecodeError::Truncated)?;
+        let s = self
+            .buf
+            .get(self.pos..self.pos + n)
+            .ok_or(DecodeError::Truncated)?;
         self.pos += n;
         Ok(s)
     }
@@ -73,7 +80,11 @@ impl<'a> Reader<'a> {
         if n > self.remaining() {
             return Err(DecodeError::Truncated);
         }
-        let b = if n == 0 { Bytes::new() } else { self.buf.slice(self.pos..self.pos + n) };
+        let b = if n == 0 {
+            Bytes::new()
+        } else {
+            self.buf.slice(self.pos..self.pos + n)
+        };
         self.pos += n;
         Ok(b)
     }
@@ -89,7 +100,11 @@ impl<'a> Reader<'a> {
         if n > self.remaining() {
             return Err(DecodeError::Truncated);
         }
-        let r = Reader { buf: self.buf, pos: self.pos, end: self.pos + n };
+        let r = Reader {
+            buf: self.buf,
+            pos: self.pos,
+            end: self.pos + n,
+        };
         self.pos += n;
         Ok(r)
     }
@@ -119,7 +134,11 @@ impl LenMark {
     }
     /// Write the element length (current end - start) into the placeholder.
     #[inline]
-    pub(crate) fn finish(self, out: &mut BytesMut, what: &'static str) -> Result<usize, EncodeError> {
+    pub(crate) fn finish(
+        self,
+        out: &mut BytesMut,
+        what: &'static str,
+    ) -> Result<usize, EncodeError> {
         let len = out.len() - self.start;
         let v = u16::try_from(len).map_err(|_| EncodeError::FieldTooLong { what })?;
         if let Some(s) = out.get_mut(self.field..self.field + 2) {

@@ -4,13 +4,18 @@
 use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
-use ofp::{DecodeError, Message, MultipartReplyBody as Rb, MultipartRequestBody as Qb, Oxm, decode, encode};
+use ofp::{
+    DecodeError, Message, MultipartReplyBody as Rb, MultipartRequestBody as Qb, Oxm, decode, encode,
+};
 use serde_json::{Value, json};
 
 fn dir() -> PathBuf {
     match std::env::var_os("FLOWGATE_CONFORMANCE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/conformance/ryu-of13")),
+        None => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/conformance/ryu-of13"
+        )),
     }
 }
 
@@ -74,7 +79,11 @@ fn ryu_class(m: &Message) -> String {
                 Qb::TableFeatures(_) => "TableFeatures",
                 Qb::PortDesc => "PortDesc",
                 // Ryu decodes ONF's flow monitor (an experimenter multipart) by name.
-                Qb::Experimenter { experimenter: 0x4f4e4600, exp_type: 1870, .. } => {
+                Qb::Experimenter {
+                    experimenter: 0x4f4e4600,
+                    exp_type: 1870,
+                    ..
+                } => {
                     return "ONFFlowMonitorStatsRequest".into();
                 }
                 Qb::Experimenter { .. } => "Experimenter",
@@ -108,7 +117,12 @@ fn ryu_class(m: &Message) -> String {
 }
 
 fn mac(m: &[u8; 6]) -> Value {
-    json!(m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"))
+    json!(
+        m.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    )
 }
 
 /// Our OXM in Ryu's JSON form: (field name, value, mask); `None` for opaque TLVs.
@@ -119,21 +133,48 @@ fn ryu_oxm(o: &Oxm) -> Option<(&'static str, Value, Value)> {
     }
     let (v, m) = match o {
         Oxm::InPort(v) | Oxm::InPhyPort(v) | Oxm::MplsLabel(v) => (json!(v), Value::Null),
-        Oxm::Metadata { value, mask } | Oxm::TunnelId { value, mask } => (json!(value), opt(mask, |m| json!(m))),
-        Oxm::EthDst { value, mask } | Oxm::EthSrc { value, mask } | Oxm::ArpSha { value, mask } | Oxm::ArpTha { value, mask } => {
-            (mac(value), opt(mask, mac))
+        Oxm::Metadata { value, mask } | Oxm::TunnelId { value, mask } => {
+            (json!(value), opt(mask, |m| json!(m)))
         }
-        Oxm::EthType(v) | Oxm::TcpSrc(v) | Oxm::TcpDst(v) | Oxm::UdpSrc(v) | Oxm::UdpDst(v) | Oxm::SctpSrc(v) | Oxm::SctpDst(v) | Oxm::ArpOp(v) => {
-            (json!(v), Value::Null)
+        Oxm::EthDst { value, mask }
+        | Oxm::EthSrc { value, mask }
+        | Oxm::ArpSha { value, mask }
+        | Oxm::ArpTha { value, mask } => (mac(value), opt(mask, mac)),
+        Oxm::EthType(v)
+        | Oxm::TcpSrc(v)
+        | Oxm::TcpDst(v)
+        | Oxm::UdpSrc(v)
+        | Oxm::UdpDst(v)
+        | Oxm::SctpSrc(v)
+        | Oxm::SctpDst(v)
+        | Oxm::ArpOp(v) => (json!(v), Value::Null),
+        Oxm::VlanVid { value, mask } | Oxm::Ipv6Exthdr { value, mask } => {
+            (json!(value), opt(mask, |m| json!(m)))
         }
-        Oxm::VlanVid { value, mask } | Oxm::Ipv6Exthdr { value, mask } => (json!(value), opt(mask, |m| json!(m))),
-        Oxm::VlanPcp(v) | Oxm::IpDscp(v) | Oxm::IpEcn(v) | Oxm::IpProto(v) | Oxm::Icmpv4Type(v) | Oxm::Icmpv4Code(v)
-        | Oxm::Icmpv6Type(v) | Oxm::Icmpv6Code(v) | Oxm::MplsTc(v) | Oxm::MplsBos(v) => (json!(v), Value::Null),
-        Oxm::Ipv4Src { value, mask } | Oxm::Ipv4Dst { value, mask } | Oxm::ArpSpa { value, mask } | Oxm::ArpTpa { value, mask } => {
-            (json!(value.to_string()), opt(mask, |m| json!(m.to_string())))
+        Oxm::VlanPcp(v)
+        | Oxm::IpDscp(v)
+        | Oxm::IpEcn(v)
+        | Oxm::IpProto(v)
+        | Oxm::Icmpv4Type(v)
+        | Oxm::Icmpv4Code(v)
+        | Oxm::Icmpv6Type(v)
+        | Oxm::Icmpv6Code(v)
+        | Oxm::MplsTc(v)
+        | Oxm::MplsBos(v) => (json!(v), Value::Null),
+        Oxm::Ipv4Src { value, mask }
+        | Oxm::Ipv4Dst { value, mask }
+        | Oxm::ArpSpa { value, mask }
+        | Oxm::ArpTpa { value, mask } => (
+            json!(value.to_string()),
+            opt(mask, |m| json!(m.to_string())),
+        ),
+        Oxm::Ipv6Src { value, mask } | Oxm::Ipv6Dst { value, mask } => (
+            json!(value.to_string()),
+            opt(mask, |m| json!(m.to_string())),
+        ),
+        Oxm::Ipv6Flabel { value, mask } | Oxm::PbbIsid { value, mask } => {
+            (json!(value), opt(mask, |m| json!(m)))
         }
-        Oxm::Ipv6Src { value, mask } | Oxm::Ipv6Dst { value, mask } => (json!(value.to_string()), opt(mask, |m| json!(m.to_string()))),
-        Oxm::Ipv6Flabel { value, mask } | Oxm::PbbIsid { value, mask } => (json!(value), opt(mask, |m| json!(m))),
         Oxm::Ipv6NdTarget(a) => (json!(a.to_string()), Value::Null),
         Oxm::Ipv6NdSll(m) | Oxm::Ipv6NdTll(m) => (mac(m), Value::Null),
         Oxm::Raw(_) => return None,
@@ -146,13 +187,26 @@ fn is_ofb_name(n: &str) -> bool {
     (0..40u8).any(|f| ofp::oxm::ofb_name(f) == Some(n))
 }
 
-fn check_match(ctx: &str, ours: &ofp::Match, ryu: &Value, errs: &mut Vec<String>, oxm_checked: &mut usize) {
-    let Some(fields) = ryu.pointer("/OFPMatch/oxm_fields").and_then(Value::as_array) else {
+fn check_match(
+    ctx: &str,
+    ours: &ofp::Match,
+    ryu: &Value,
+    errs: &mut Vec<String>,
+    oxm_checked: &mut usize,
+) {
+    let Some(fields) = ryu
+        .pointer("/OFPMatch/oxm_fields")
+        .and_then(Value::as_array)
+    else {
         errs.push(format!("{ctx}: no OFPMatch in JSON"));
         return;
     };
     if fields.len() != ours.len() {
-        errs.push(format!("{ctx}: {} OXMs, Ryu has {}", ours.len(), fields.len()));
+        errs.push(format!(
+            "{ctx}: {} OXMs, Ryu has {}",
+            ours.len(),
+            fields.len()
+        ));
         return;
     }
     for (o, f) in ours.iter().zip(fields) {
@@ -161,12 +215,17 @@ fn check_match(ctx: &str, ours: &ofp::Match, ryu: &Value, errs: &mut Vec<String>
         match ryu_oxm(o) {
             Some((name, v, m)) => {
                 if name != rname || v != t["value"] || m != t["mask"] {
-                    errs.push(format!("{ctx}: OXM ours {name}={v} mask {m}, Ryu {rname}={} mask {}", t["value"], t["mask"]));
+                    errs.push(format!(
+                        "{ctx}: OXM ours {name}={v} mask {m}, Ryu {rname}={} mask {}",
+                        t["value"], t["mask"]
+                    ));
                 }
             }
             None => {
                 if is_ofb_name(rname) {
-                    errs.push(format!("{ctx}: Ryu decoded {rname} but we kept it opaque: {o:?}"));
+                    errs.push(format!(
+                        "{ctx}: Ryu decoded {rname} but we kept it opaque: {o:?}"
+                    ));
                 }
             }
         }
@@ -215,7 +274,10 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
             check_match(ctx, &f.match_, &body["match"], errs, &mut c.oxms);
             let ni = body["instructions"].as_array().map_or(0, Vec::len);
             if ni != f.instructions.len() {
-                errs.push(format!("{ctx}: {} instructions, Ryu {ni}", f.instructions.len()));
+                errs.push(format!(
+                    "{ctx}: {} instructions, Ryu {ni}",
+                    f.instructions.len()
+                ));
             }
         }
         Message::PacketIn(p) => {
@@ -245,15 +307,32 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
             check_scalars(ctx, s, body, errs, &mut c.scalars);
             let bands = body["bands"].as_array().cloned().unwrap_or_default();
             if bands.len() != mm.bands.len() {
-                errs.push(format!("{ctx}: {} bands, Ryu {}", mm.bands.len(), bands.len()));
+                errs.push(format!(
+                    "{ctx}: {} bands, Ryu {}",
+                    mm.bands.len(),
+                    bands.len()
+                ));
             }
             for (b, rb) in mm.bands.iter().zip(&bands) {
                 let (cls, s) = match b {
-                    ofp::MeterBand::Drop { rate, burst_size } => ("OFPMeterBandDrop", json!({"rate": rate, "burst_size": burst_size})),
-                    ofp::MeterBand::DscpRemark { rate, burst_size, prec_level } => {
-                        ("OFPMeterBandDscpRemark", json!({"rate": rate, "burst_size": burst_size, "prec_level": prec_level}))
-                    }
-                    ofp::MeterBand::Experimenter { rate, burst_size, experimenter, .. } => (
+                    ofp::MeterBand::Drop { rate, burst_size } => (
+                        "OFPMeterBandDrop",
+                        json!({"rate": rate, "burst_size": burst_size}),
+                    ),
+                    ofp::MeterBand::DscpRemark {
+                        rate,
+                        burst_size,
+                        prec_level,
+                    } => (
+                        "OFPMeterBandDscpRemark",
+                        json!({"rate": rate, "burst_size": burst_size, "prec_level": prec_level}),
+                    ),
+                    ofp::MeterBand::Experimenter {
+                        rate,
+                        burst_size,
+                        experimenter,
+                        ..
+                    } => (
                         "OFPMeterBandExperimenter",
                         json!({"rate": rate, "burst_size": burst_size, "experimenter": experimenter}),
                     ),
@@ -270,21 +349,31 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
             check_scalars(ctx, s, body, errs, &mut c.scalars);
             let bs = body["buckets"].as_array().cloned().unwrap_or_default();
             if bs.len() != g.buckets.len() {
-                errs.push(format!("{ctx}: {} buckets, Ryu {}", g.buckets.len(), bs.len()));
+                errs.push(format!(
+                    "{ctx}: {} buckets, Ryu {}",
+                    g.buckets.len(),
+                    bs.len()
+                ));
             }
             for (b, rb) in g.buckets.iter().zip(&bs) {
                 let s = json!({"weight": b.weight, "watch_port": b.watch_port, "watch_group": b.watch_group});
                 check_scalars(ctx, s, &rb["OFPBucket"], errs, &mut c.scalars);
                 let na = rb["OFPBucket"]["actions"].as_array().map_or(0, Vec::len);
                 if na != b.actions.len() {
-                    errs.push(format!("{ctx}: {} actions in bucket, Ryu {na}", b.actions.len()));
+                    errs.push(format!(
+                        "{ctx}: {} actions in bucket, Ryu {na}",
+                        b.actions.len()
+                    ));
                 }
             }
         }
         Message::Error(e) => {
             let (t, code) = e.kind.type_code();
             let s = match e.kind {
-                ofp::ErrorKind::Experimenter { exp_type, experimenter } => {
+                ofp::ErrorKind::Experimenter {
+                    exp_type,
+                    experimenter,
+                } => {
                     json!({"type": t, "exp_type": exp_type, "experimenter": experimenter})
                 }
                 _ => json!({"type": t, "code": code}),
@@ -292,13 +381,31 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
             check_scalars(ctx, s, body, errs, &mut c.scalars);
         }
         Message::SetConfig(s) | Message::GetConfigReply(s) => {
-            check_scalars(ctx, json!({"flags": s.flags, "miss_send_len": s.miss_send_len}), body, errs, &mut c.scalars);
+            check_scalars(
+                ctx,
+                json!({"flags": s.flags, "miss_send_len": s.miss_send_len}),
+                body,
+                errs,
+                &mut c.scalars,
+            );
         }
         Message::PacketOut(p) => {
-            check_scalars(ctx, json!({"buffer_id": p.buffer_id, "in_port": p.in_port}), body, errs, &mut c.scalars);
+            check_scalars(
+                ctx,
+                json!({"buffer_id": p.buffer_id, "in_port": p.in_port}),
+                body,
+                errs,
+                &mut c.scalars,
+            );
         }
         Message::PortStatus(p) => {
-            check_scalars(ctx, json!({"reason": p.reason.to_raw()}), body, errs, &mut c.scalars);
+            check_scalars(
+                ctx,
+                json!({"reason": p.reason.to_raw()}),
+                body,
+                errs,
+                &mut c.scalars,
+            );
             if let Some(d) = body.pointer("/desc/OFPPort") {
                 let s = json!({"port_no": p.desc.port_no, "name": p.desc.name.as_str(), "hw_addr": mac(&p.desc.hw_addr),
                     "config": p.desc.config, "state": p.desc.state, "curr_speed": p.desc.curr_speed, "max_speed": p.desc.max_speed});
@@ -306,7 +413,13 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
             }
         }
         Message::TableMod(t) => {
-            check_scalars(ctx, json!({"table_id": t.table_id, "config": t.config}), body, errs, &mut c.scalars);
+            check_scalars(
+                ctx,
+                json!({"table_id": t.table_id, "config": t.config}),
+                body,
+                errs,
+                &mut c.scalars,
+            );
         }
         Message::MultipartRequest(r) => {
             check_scalars(ctx, json!({"flags": r.flags}), body, errs, &mut c.scalars);
@@ -340,11 +453,24 @@ fn compare_json(ctx: &str, m: &Message, j: &Value, errs: &mut Vec<String>, c: &m
 #[test]
 fn ryu_of13_vectors() {
     let files = packets();
-    assert!(files.len() >= 70, "expected the Ryu vectors in {}, found {}", dir().display(), files.len());
+    assert!(
+        files.len() >= 70,
+        "expected the Ryu vectors in {}, found {}",
+        dir().display(),
+        files.len()
+    );
     let mut errs = Vec::new();
-    let mut c = Counts { files: 0, roundtrip: 0, scalars: 0, oxms: 0 };
+    let mut c = Counts {
+        files: 0,
+        roundtrip: 0,
+        scalars: 0,
+        oxms: 0,
+    };
     for path in &files {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         c.files += 1;
         let raw = std::fs::read(path).expect("read packet");
         let (xid, msg) = match decode(Bytes::from(raw.clone())) {
@@ -358,14 +484,25 @@ fn ryu_of13_vectors() {
         match encode(xid, &msg, &mut out) {
             Ok(()) if out[..] == raw[..] => c.roundtrip += 1,
             Ok(()) => {
-                let at = out.iter().zip(&raw).position(|(a, b)| a != b).unwrap_or(out.len().min(raw.len()));
-                errs.push(format!("{name}: re-encoding differs at byte {at} (ours {} bytes, wire {})", out.len(), raw.len()));
+                let at = out
+                    .iter()
+                    .zip(&raw)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(out.len().min(raw.len()));
+                errs.push(format!(
+                    "{name}: re-encoding differs at byte {at} (ours {} bytes, wire {})",
+                    out.len(),
+                    raw.len()
+                ));
             }
             Err(e) => errs.push(format!("{name}: encode failed: {e:?}")),
         }
         let mut jp = path.clone().into_os_string();
         jp.push(".json");
-        match std::fs::read(&jp).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+        match std::fs::read(&jp)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        {
             Some(j) => compare_json(&name, &msg, &j, &mut errs, &mut c),
             None => errs.push(format!("{name}: no JSON decoding")),
         }
@@ -392,6 +529,9 @@ fn truncated_flow_mod_is_truncated() {
     assert_eq!(decode(cut), Err(DecodeError::Truncated));
     // And every shorter prefix too: never a panic, always an error.
     for n in 0..raw.len() {
-        assert!(decode(Bytes::copy_from_slice(&raw[..n])).is_err(), "prefix {n}");
+        assert!(
+            decode(Bytes::copy_from_slice(&raw[..n])).is_err(),
+            "prefix {n}"
+        );
     }
 }

@@ -59,7 +59,10 @@ fn packet_in_to_flow_mods_and_packet_out_allocates_nothing() {
     ALLOCS.store(0, Ordering::Relaxed);
     WATCH.with(|w| w.set(true));
     for _ in 0..1000 {
-        std::hint::black_box(roundtrip::round_trip(std::hint::black_box(&frame), &mut out));
+        std::hint::black_box(roundtrip::round_trip(
+            std::hint::black_box(&frame),
+            &mut out,
+        ));
     }
     WATCH.with(|w| w.set(false));
     let n = ALLOCS.load(Ordering::Relaxed);

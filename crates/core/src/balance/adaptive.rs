@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::{Balancer, BackendLoad, SelectRequest, clean, conns, effective_rps, lc_key, usable, valid};
+use super::{
+    BackendLoad, Balancer, SelectRequest, clean, conns, effective_rps, lc_key, usable, valid,
+};
 
 /// Smallest RT (ms) used in the `RT · (1 + picks)` product, so a zero RT still grows.
 const MIN_RT_MS: f64 = 1e-3;
@@ -99,14 +101,24 @@ impl Balancer {
                 load.push(l);
             }
         }
-        self.dwrs = DwrsState { mean_rps, mean_load: load.mean().unwrap_or(0.0) };
+        self.dwrs = DwrsState {
+            mean_rps,
+            mean_load: load.mean().unwrap_or(0.0),
+        };
     }
 
     pub(super) fn select_dwrs(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Option<usize> {
         let w_min = self.params.dwrs_min_weight;
-        let w_min = if w_min.is_finite() && w_min > 0.0 { w_min.min(1.0) } else { 0.05 };
+        let w_min = if w_min.is_finite() && w_min > 0.0 {
+            w_min.min(1.0)
+        } else {
+            0.05
+        };
         let window = self.rate_window();
-        let DwrsState { mean_rps, mean_load } = self.dwrs;
+        let DwrsState {
+            mean_rps,
+            mean_load,
+        } = self.dwrs;
         let mut sum = 0.0;
         for (i, x) in b.iter().enumerate() {
             let mut w = 0.0;
@@ -114,7 +126,11 @@ impl Balancer {
                 let eff = effective_rps(x, req.since_refresh, window);
                 let load = dwrs_load(x, eff, mean_rps).unwrap_or(mean_load);
                 let head = 1.0 - load;
-                let head = if head.is_nan() { w_min } else { head.max(w_min) };
+                let head = if head.is_nan() {
+                    w_min
+                } else {
+                    head.max(w_min)
+                };
                 w = f64::from(x.weight) * head;
             }
             self.scratch[i] = w;
@@ -198,17 +214,35 @@ impl MrbsState {
         self.samples
     }
     fn features(&self, x: &BackendLoad, mean_rt_n: f64) -> [f64; F] {
-        let n = |v: f64, s: f64| if s > 0.0 { (v / s).clamp(0.0, 4.0) } else { 0.0 };
+        let n = |v: f64, s: f64| {
+            if s > 0.0 {
+                (v / s).clamp(0.0, 4.0)
+            } else {
+                0.0
+            }
+        };
         let rps = clean(x.rps);
-        let rps = if rps.is_finite() { rps } else { self.scale[0] * 4.0 };
+        let rps = if rps.is_finite() {
+            rps
+        } else {
+            self.scale[0] * 4.0
+        };
         let rt = valid(x.response_time_ms).map_or(mean_rt_n, |r| n(r, self.scale[2]));
         let util = valid(x.cpu)
             .map(|c| c.min(1.0))
             .or_else(|| {
-                valid(x.capacity_rps).filter(|c| *c > 0.0).map(|c| (rps / c).min(4.0))
+                valid(x.capacity_rps)
+                    .filter(|c| *c > 0.0)
+                    .map(|c| (rps / c).min(4.0))
             })
             .unwrap_or(0.0);
-        [1.0, n(rps, self.scale[0]), n(conns(x), self.scale[1]), rt, util]
+        [
+            1.0,
+            n(rps, self.scale[0]),
+            n(conns(x), self.scale[1]),
+            rt,
+            util,
+        ]
     }
     fn predict(&self, f: &[f64; F]) -> f64 {
         self.beta.iter().zip(f).map(|(b, x)| b * x).sum()
@@ -218,7 +252,11 @@ impl MrbsState {
 impl Balancer {
     pub(super) fn refresh_mrbs(&mut self, b: &[BackendLoad]) {
         let lr = self.params.mrbs_learning_rate;
-        let lr = if lr.is_finite() && lr > 0.0 { lr.min(1.0) } else { 0.01 };
+        let lr = if lr.is_finite() && lr > 0.0 {
+            lr.min(1.0)
+        } else {
+            0.01
+        };
         let m = &mut self.mrbs;
         // 1. Normalising maxima (decaying, with floors) over usable fresh backends.
         let mut mx = [0.0f64; 3];
@@ -283,7 +321,11 @@ impl Balancer {
             }
         }
         m.mean_pred = pred.mean().unwrap_or(f64::NAN);
-        m.floor = if floor.is_finite() { floor.max(1e-6) } else { 1e-6 };
+        m.floor = if floor.is_finite() {
+            floor.max(1e-6)
+        } else {
+            1e-6
+        };
     }
 
     pub(super) fn select_mrbs(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Option<usize> {
@@ -318,7 +360,11 @@ pub(super) struct AmlobState {
 
 impl Default for AmlobState {
     fn default() -> Self {
-        AmlobState { a: [1.0 / 3.0; 3], mean_rps: 0.0, mean_rt: f64::NAN }
+        AmlobState {
+            a: [1.0 / 3.0; 3],
+            mean_rps: 0.0,
+            mean_rt: f64::NAN,
+        }
     }
 }
 
@@ -395,9 +441,17 @@ fn amlob_metrics(st: &AmlobState, x: &BackendLoad, since: Duration, window: Dura
     } else {
         eff_with(x, st.mean_rps, since, window)
     };
-    let rt = if x.metrics_fresh { valid(x.response_time_ms) } else { None };
+    let rt = if x.metrics_fresh {
+        valid(x.response_time_ms)
+    } else {
+        None
+    };
     let rt = rt.unwrap_or(if st.mean_rt.is_nan() { 1.0 } else { st.mean_rt });
-    [eff, conns(x), rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh))]
+    [
+        eff,
+        conns(x),
+        rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)),
+    ]
 }
 
 // ---- SRT ----------------------------------------------------------------------------
@@ -412,7 +466,10 @@ pub(super) struct SrtState {
 
 impl Default for SrtState {
     fn default() -> Self {
-        SrtState { rt: Vec::new(), mean: f64::NAN }
+        SrtState {
+            rt: Vec::new(),
+            mean: f64::NAN,
+        }
     }
 }
 
@@ -434,7 +491,11 @@ impl SrtState {
 impl Balancer {
     pub(super) fn refresh_srt(&mut self, b: &[BackendLoad], interval: Duration) {
         let alpha = self.params.srt_alpha;
-        let alpha = if alpha.is_finite() && alpha > 0.0 { alpha.min(1.0) } else { 0.2 };
+        let alpha = if alpha.is_finite() && alpha > 0.0 {
+            alpha.min(1.0)
+        } else {
+            0.2
+        };
         let st = &mut self.srt;
         let mut mean = Stat::default();
         for (i, x) in b.iter().enumerate() {
@@ -443,7 +504,11 @@ impl Balancer {
                 continue;
             }
             if let Some(s) = valid(x.response_time_ms) {
-                *cur = if cur.is_nan() { s } else { alpha * s + (1.0 - alpha) * *cur };
+                *cur = if cur.is_nan() {
+                    s
+                } else {
+                    alpha * s + (1.0 - alpha) * *cur
+                };
             }
             if usable(x) && !cur.is_nan() {
                 mean.push(*cur);
@@ -470,7 +535,10 @@ impl Balancer {
             let rt = rts.get(i).copied().filter(|r| !r.is_nan());
             let rt = rt.or_else(|| valid(x.response_time_ms).filter(|_| x.metrics_fresh));
             let rt = rt.unwrap_or(if mean.is_nan() { 1.0 } else { mean });
-            Some([rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)), conns(x)])
+            Some([
+                rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)),
+                conns(x),
+            ])
         });
         self.srt.rt = rts;
         r

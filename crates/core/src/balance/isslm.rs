@@ -40,7 +40,7 @@ use std::cmp::Ordering;
 use std::time::Duration;
 
 use super::{
-    AlgorithmParams, Balancer, BackendLoad, Outcome, SelectRequest, Selection, conns,
+    AlgorithmParams, BackendLoad, Balancer, Outcome, SelectRequest, Selection, conns,
     effective_rps, key_f, usable, valid,
 };
 
@@ -56,21 +56,33 @@ fn rank_less(a: (f64, usize), b: (f64, usize)) -> bool {
 
 /// The threshold, or +∞ ("never over") when unset or invalid.
 fn threshold(p: &AlgorithmParams) -> f64 {
-    p.threshold_rps.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(f64::INFINITY)
+    p.threshold_rps
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .unwrap_or(f64::INFINITY)
 }
 
 impl Balancer {
     /// Updates and returns the over latch of backend `i` for effective load `load`.
     fn latch(&mut self, i: usize, load: f64, t: f64) -> bool {
-        let Some(was) = self.over.get(i).copied() else { return false };
+        let Some(was) = self.over.get(i).copied() else {
+            return false;
+        };
         if !t.is_finite() {
             self.over[i] = false;
             return false;
         }
         let h = self.params.hysteresis;
-        let h = if h.is_finite() { h.clamp(0.0, 0.99) } else { 0.0 };
+        let h = if h.is_finite() {
+            h.clamp(0.0, 0.99)
+        } else {
+            0.0
+        };
         let load = if load.is_nan() { 0.0 } else { load };
-        let now = if was { load >= t * (1.0 - h) } else { load >= t };
+        let now = if was {
+            load >= t * (1.0 - h)
+        } else {
+            load >= t
+        };
         self.over[i] = now;
         now
     }
@@ -98,7 +110,10 @@ impl Balancer {
         let req_usable = usable(&b[requested]);
         let over = self.latch(requested, effective_rps(&b[requested], since, window), t);
         if req_usable && !over {
-            return Selection { backend: Some(requested), outcome: Outcome::Requested };
+            return Selection {
+                backend: Some(requested),
+                outcome: Outcome::Requested,
+            };
         }
         match self.isslm_search(b, requested, t, since, window) {
             Some(i) => {
@@ -106,14 +121,19 @@ impl Balancer {
                     // Rotate ties of later searches (behind a VIP the base RR does it).
                     self.cursor = i + 1;
                 }
-                Selection { backend: Some(i), outcome: Outcome::Moved { from: requested } }
+                Selection {
+                    backend: Some(i),
+                    outcome: Outcome::Moved { from: requested },
+                }
             }
-            None if req_usable => {
-                Selection { backend: Some(requested), outcome: Outcome::NoOptimalServer }
-            }
-            None if b.iter().any(usable) => {
-                Selection { backend: None, outcome: Outcome::NoOptimalServer }
-            }
+            None if req_usable => Selection {
+                backend: Some(requested),
+                outcome: Outcome::NoOptimalServer,
+            },
+            None if b.iter().any(usable) => Selection {
+                backend: None,
+                outcome: Outcome::NoOptimalServer,
+            },
             None => Selection::NONE_ELIGIBLE,
         }
     }
@@ -155,7 +175,9 @@ impl Balancer {
             }
             let mut proposed = false;
             for k in 0..3 {
-                let Some((key, pos, i)) = best[k] else { continue };
+                let Some((key, pos, i)) = best[k] else {
+                    continue;
+                };
                 proposed = true;
                 last[k] = Some((key, pos));
                 if self.isslm_acceptable(&b[i], i, t, since, window) {

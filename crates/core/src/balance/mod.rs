@@ -184,7 +184,11 @@ pub struct UnknownAlgorithm(pub String);
 
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown balancing algorithm {:?}; expected one of ", self.0)?;
+        write!(
+            f,
+            "unknown balancing algorithm {:?}; expected one of ",
+            self.0
+        )?;
         for (i, k) in AlgorithmKind::ALL.iter().enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
@@ -208,7 +212,11 @@ impl FromStr for AlgorithmKind {
         let eq = |name: &str| {
             t.len() == name.len()
                 && t.bytes().zip(name.bytes()).all(|(a, b)| {
-                    let a = if a == b'_' { b'-' } else { a.to_ascii_lowercase() };
+                    let a = if a == b'_' {
+                        b'-'
+                    } else {
+                        a.to_ascii_lowercase()
+                    };
                     a == b
                 })
         };
@@ -308,7 +316,10 @@ impl AlgorithmParams {
                     Some(_) => {}
                 }
                 if !(self.hysteresis.is_finite() && (0.0..1.0).contains(&self.hysteresis)) {
-                    return Err(format!("hysteresis must be in [0, 1), got {}", self.hysteresis));
+                    return Err(format!(
+                        "hysteresis must be in [0, 1), got {}",
+                        self.hysteresis
+                    ));
                 }
                 if self.isslm_tries == 0 {
                     return Err("isslm_tries must be at least 1".into());
@@ -357,7 +368,12 @@ pub struct BackendLoad {
 impl BackendLoad {
     /// An eligible, idle backend with fresh (empty) metrics and the given weight.
     pub fn new(weight: u32) -> Self {
-        BackendLoad { eligible: true, weight, metrics_fresh: true, ..Default::default() }
+        BackendLoad {
+            eligible: true,
+            weight,
+            metrics_fresh: true,
+            ..Default::default()
+        }
     }
 }
 
@@ -402,7 +418,10 @@ pub struct Selection {
 }
 
 impl Selection {
-    const NONE_ELIGIBLE: Selection = Selection { backend: None, outcome: Outcome::NoEligible };
+    const NONE_ELIGIBLE: Selection = Selection {
+        backend: None,
+        outcome: Outcome::NoEligible,
+    };
 }
 
 /// The effective request rate (1/s) of a backend: `(rps·W + picks) / (W + since)`, the
@@ -529,7 +548,10 @@ impl Balancer {
     /// The window `rps` is taken to cover: `params.rps_window`, else the last refresh
     /// interval (10 ms before the first refresh).
     pub fn rate_window(&self) -> Duration {
-        self.params.rps_window.filter(|w| !w.is_zero()).unwrap_or(self.window)
+        self.params
+            .rps_window
+            .filter(|w| !w.is_zero())
+            .unwrap_or(self.window)
     }
 
     /// ISSLM hysteresis latch of backend `i` (true while it counts as over the threshold).
@@ -689,11 +711,17 @@ impl Balancer {
     fn select_none(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Selection {
         let n = b.len();
         if let Some(r) = req.requested.filter(|&r| r < n) {
-            return Selection { backend: Some(r), outcome: Outcome::Requested };
+            return Selection {
+                backend: Some(r),
+                outcome: Outcome::Requested,
+            };
         }
         let target = self.params.none_target.filter(|&t| t < n && usable(&b[t]));
         match target.or_else(|| b.iter().position(usable)) {
-            Some(i) => Selection { backend: Some(i), outcome: Outcome::Chosen },
+            Some(i) => Selection {
+                backend: Some(i),
+                outcome: Outcome::Chosen,
+            },
             None => Selection::NONE_ELIGIBLE,
         }
     }
@@ -720,7 +748,11 @@ impl Balancer {
     }
 
     fn select_random(&mut self, b: &[BackendLoad]) -> Option<usize> {
-        let total: u64 = b.iter().filter(|x| usable(x)).map(|x| u64::from(x.weight)).sum();
+        let total: u64 = b
+            .iter()
+            .filter(|x| usable(x))
+            .map(|x| u64::from(x.weight))
+            .sum();
         if total == 0 {
             return None;
         }
@@ -757,24 +789,39 @@ impl Balancer {
             return None;
         }
         let k = self.rng.gen_range(0..m);
-        b.iter().enumerate().filter(|(i, x)| ok(*i, x)).nth(k).map(|(i, _)| i)
+        b.iter()
+            .enumerate()
+            .filter(|(i, x)| ok(*i, x))
+            .nth(k)
+            .map(|(i, _)| i)
     }
 
     fn select_p2c(&mut self, b: &[BackendLoad]) -> Option<usize> {
         let a = self.random_usable(b, None)?;
-        let Some(c) = self.random_usable(b, Some(a)) else { return Some(a) };
+        let Some(c) = self.random_usable(b, Some(a)) else {
+            return Some(a);
+        };
         // `a` is a uniform draw, so preferring it on ties is a random tie break.
-        if lc_key(&b[c]) < lc_key(&b[a]) { Some(c) } else { Some(a) }
+        if lc_key(&b[c]) < lc_key(&b[a]) {
+            Some(c)
+        } else {
+            Some(a)
+        }
     }
 }
 
 /// Turns a free choice into a [`Selection`], relating it to `requested` if present.
 fn finish(req: &SelectRequest, n: usize, choice: Option<usize>) -> Selection {
-    let Some(c) = choice else { return Selection::NONE_ELIGIBLE };
+    let Some(c) = choice else {
+        return Selection::NONE_ELIGIBLE;
+    };
     let outcome = match req.requested.filter(|&r| r < n) {
         Some(r) if r == c => Outcome::Requested,
         Some(r) => Outcome::Moved { from: r },
         None => Outcome::Chosen,
     };
-    Selection { backend: Some(c), outcome }
+    Selection {
+        backend: Some(c),
+        outcome,
+    }
 }

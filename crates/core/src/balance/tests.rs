@@ -9,7 +9,10 @@ fn pool(n: usize) -> Vec<BackendLoad> {
 }
 
 fn params() -> AlgorithmParams {
-    AlgorithmParams { threshold_rps: Some(100.0), ..AlgorithmParams::default() }
+    AlgorithmParams {
+        threshold_rps: Some(100.0),
+        ..AlgorithmParams::default()
+    }
 }
 
 fn bal(kind: AlgorithmKind, n: usize) -> Balancer {
@@ -21,12 +24,20 @@ fn req() -> SelectRequest {
 }
 
 fn to(r: usize) -> SelectRequest {
-    SelectRequest { requested: Some(r), ..SelectRequest::default() }
+    SelectRequest {
+        requested: Some(r),
+        ..SelectRequest::default()
+    }
 }
 
 /// `count` selections without a refresh, updating picks (and active connections) the way
 /// the core does; returns how many each backend got.
-fn burst(b: &mut Balancer, r: &SelectRequest, pool: &mut [BackendLoad], count: usize) -> Vec<usize> {
+fn burst(
+    b: &mut Balancer,
+    r: &SelectRequest,
+    pool: &mut [BackendLoad],
+    count: usize,
+) -> Vec<usize> {
     let mut got = vec![0; pool.len()];
     for _ in 0..count {
         let s = b.select(r, pool);
@@ -50,7 +61,10 @@ fn names_round_trip() {
     assert_eq!(AlgorithmKind::ALL.len(), 11);
     for &k in AlgorithmKind::ALL {
         assert_eq!(k.to_string().parse::<AlgorithmKind>(), Ok(k));
-        assert_eq!(k.as_str().to_ascii_uppercase().replace('-', "_").parse(), Ok(k));
+        assert_eq!(
+            k.as_str().to_ascii_uppercase().replace('-', "_").parse(),
+            Ok(k)
+        );
     }
     let names: Vec<String> = AlgorithmKind::ALL.iter().map(|k| k.to_string()).collect();
     assert_eq!(
@@ -78,7 +92,11 @@ fn names_round_trip() {
 #[test]
 fn validate_params() {
     let p = AlgorithmParams::default();
-    assert!(p.validate(AlgorithmKind::Isslm).expect_err("no threshold").contains("threshold_rps"));
+    assert!(
+        p.validate(AlgorithmKind::Isslm)
+            .expect_err("no threshold")
+            .contains("threshold_rps")
+    );
     for &k in AlgorithmKind::ALL {
         if k != AlgorithmKind::Isslm {
             assert_eq!(p.validate(k), Ok(()), "{k}");
@@ -90,14 +108,20 @@ fn validate_params() {
         f(&mut p);
         p.validate(k).is_err()
     };
-    assert!(bad(|p| p.threshold_rps = Some(f64::NAN), AlgorithmKind::Isslm));
+    assert!(bad(
+        |p| p.threshold_rps = Some(f64::NAN),
+        AlgorithmKind::Isslm
+    ));
     assert!(bad(|p| p.threshold_rps = Some(0.0), AlgorithmKind::Isslm));
     assert!(bad(|p| p.hysteresis = 1.0, AlgorithmKind::Isslm));
     assert!(bad(|p| p.isslm_tries = 0, AlgorithmKind::Isslm));
     assert!(bad(|p| p.dwrs_min_weight = 0.0, AlgorithmKind::Dwrs));
     assert!(bad(|p| p.srt_alpha = 2.0, AlgorithmKind::Srt));
     assert!(bad(|p| p.mrbs_learning_rate = -1.0, AlgorithmKind::Mrbs));
-    assert!(bad(|p| p.rps_window = Some(Duration::ZERO), AlgorithmKind::Random));
+    assert!(bad(
+        |p| p.rps_window = Some(Duration::ZERO),
+        AlgorithmKind::Random
+    ));
 }
 
 // ---- every algorithm: degenerate pools ----------------------------------------------
@@ -108,7 +132,14 @@ fn empty_pool_every_algorithm() {
         let mut b = bal(k, 0);
         b.on_refresh(&[], MS10);
         let s = b.select(&req(), &[]);
-        assert_eq!(s, Selection { backend: None, outcome: Outcome::NoEligible }, "{k}");
+        assert_eq!(
+            s,
+            Selection {
+                backend: None,
+                outcome: Outcome::NoEligible
+            },
+            "{k}"
+        );
         let s = b.select(&to(3), &[]);
         assert_eq!(s.backend, None, "{k}");
     }
@@ -133,9 +164,19 @@ fn all_ineligible_or_weight_zero_every_algorithm() {
             let s = b.select(&to(1), &p);
             if k == AlgorithmKind::None {
                 // Plain forwarding honours what the client addressed.
-                assert_eq!(s, Selection { backend: Some(1), outcome: Outcome::Requested });
+                assert_eq!(
+                    s,
+                    Selection {
+                        backend: Some(1),
+                        outcome: Outcome::Requested
+                    }
+                );
             } else {
-                assert_eq!(s, Selection::NONE_ELIGIBLE, "{k} variant {variant} requested");
+                assert_eq!(
+                    s,
+                    Selection::NONE_ELIGIBLE,
+                    "{k} variant {variant} requested"
+                );
             }
         }
     }
@@ -161,7 +202,15 @@ fn weight_zero_gets_nothing_every_algorithm() {
 
 #[test]
 fn garbage_metrics_never_panic() {
-    let weird = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -5.0, 0.0, 1e308, 5.0];
+    let weird = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -5.0,
+        0.0,
+        1e308,
+        5.0,
+    ];
     for &k in AlgorithmKind::ALL {
         let mut b = bal(k, 7);
         let mut p: Vec<BackendLoad> = (0..7)
@@ -180,7 +229,10 @@ fn garbage_metrics_never_panic() {
         for round in 0..100 {
             b.on_refresh(&p, if round % 3 == 0 { Duration::ZERO } else { MS10 });
             for r in [req(), to(2), to(3), to(99)] {
-                let r = SelectRequest { since_refresh: Duration::from_micros(round), ..r };
+                let r = SelectRequest {
+                    since_refresh: Duration::from_micros(round),
+                    ..r
+                };
                 let s = b.select(&r, &p);
                 if let Some(i) = s.backend {
                     assert!(i < p.len(), "{k}");
@@ -244,12 +296,27 @@ fn resize_remove_and_longer_slice() {
 fn requested_outcomes_for_free_choice_algorithms() {
     let mut b = bal(AlgorithmKind::RoundRobin, 3);
     let p = pool(3);
-    assert_eq!(b.select(&to(0), &p), Selection { backend: Some(0), outcome: Outcome::Requested });
     assert_eq!(
         b.select(&to(0), &p),
-        Selection { backend: Some(1), outcome: Outcome::Moved { from: 0 } }
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::Requested
+        }
     );
-    assert_eq!(b.select(&to(9), &p), Selection { backend: Some(2), outcome: Outcome::Chosen });
+    assert_eq!(
+        b.select(&to(0), &p),
+        Selection {
+            backend: Some(1),
+            outcome: Outcome::Moved { from: 0 }
+        }
+    );
+    assert_eq!(
+        b.select(&to(9), &p),
+        Selection {
+            backend: Some(2),
+            outcome: Outcome::Chosen
+        }
+    );
 }
 
 // ---- none ---------------------------------------------------------------------------
@@ -259,14 +326,29 @@ fn none_policy() {
     let mut p = pool(3);
     let mut b = Balancer::new(
         AlgorithmKind::None,
-        AlgorithmParams { none_target: Some(2), ..params() },
+        AlgorithmParams {
+            none_target: Some(2),
+            ..params()
+        },
         3,
         1,
     );
     p[0].rps = 1e9; // load is ignored
-    assert_eq!(b.select(&to(0), &p), Selection { backend: Some(0), outcome: Outcome::Requested });
+    assert_eq!(
+        b.select(&to(0), &p),
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::Requested
+        }
+    );
     for _ in 0..5 {
-        assert_eq!(b.select(&req(), &p), Selection { backend: Some(2), outcome: Outcome::Chosen });
+        assert_eq!(
+            b.select(&req(), &p),
+            Selection {
+                backend: Some(2),
+                outcome: Outcome::Chosen
+            }
+        );
     }
     p[2].eligible = false; // configured server down: first usable
     assert_eq!(pick(&mut b, &p), Some(0));
@@ -364,7 +446,10 @@ fn assert_shares(got: &[usize], want: &[f64], tol: f64) {
         if *w == 0.0 {
             assert_eq!(got[i], 0, "{got:?}");
         } else {
-            assert!((s - w).abs() <= tol * w, "backend {i}: share {s} want {w} ±{tol}: {got:?}");
+            assert!(
+                (s - w).abs() <= tol * w,
+                "backend {i}: share {s} want {w} ±{tol}: {got:?}"
+            );
         }
     }
 }
@@ -421,7 +506,12 @@ fn p2c_picks_lesser_of_two() {
 // ---- ISSLM --------------------------------------------------------------------------
 
 fn isslm_pool(rps: &[f64]) -> Vec<BackendLoad> {
-    rps.iter().map(|&r| BackendLoad { rps: r, ..BackendLoad::new(1) }).collect()
+    rps.iter()
+        .map(|&r| BackendLoad {
+            rps: r,
+            ..BackendLoad::new(1)
+        })
+        .collect()
 }
 
 #[test]
@@ -429,7 +519,13 @@ fn isslm_below_threshold_keeps_requested() {
     let p = isslm_pool(&[99.0, 0.0, 0.0]);
     let mut b = bal(AlgorithmKind::Isslm, 3);
     b.on_refresh(&p, MS10);
-    assert_eq!(b.select(&to(0), &p), Selection { backend: Some(0), outcome: Outcome::Requested });
+    assert_eq!(
+        b.select(&to(0), &p),
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::Requested
+        }
+    );
 }
 
 #[test]
@@ -440,7 +536,10 @@ fn isslm_moves_to_lesser_request_load() {
     b.on_refresh(&p, MS10);
     assert_eq!(
         b.select(&to(0), &p),
-        Selection { backend: Some(2), outcome: Outcome::Moved { from: 0 } }
+        Selection {
+            backend: Some(2),
+            outcome: Outcome::Moved { from: 0 }
+        }
     );
     // Exactly at the threshold counts as over (">=").
     let p = isslm_pool(&[100.0, 80.0, 30.0]);
@@ -454,10 +553,28 @@ fn isslm_vip_uses_round_robin_base() {
     let mut b = bal(AlgorithmKind::Isslm, 4);
     b.on_refresh(&p, MS10);
     let got: Vec<_> = (0..4).map(|_| b.select(&req(), &p)).collect();
-    assert_eq!(got[0], Selection { backend: Some(0), outcome: Outcome::Requested });
-    assert_eq!(got[1], Selection { backend: Some(1), outcome: Outcome::Requested });
+    assert_eq!(
+        got[0],
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::Requested
+        }
+    );
+    assert_eq!(
+        got[1],
+        Selection {
+            backend: Some(1),
+            outcome: Outcome::Requested
+        }
+    );
     assert_eq!(got[2].outcome, Outcome::Moved { from: 2 });
-    assert_eq!(got[3], Selection { backend: Some(3), outcome: Outcome::Requested });
+    assert_eq!(
+        got[3],
+        Selection {
+            backend: Some(3),
+            outcome: Outcome::Requested
+        }
+    );
 }
 
 #[test]
@@ -468,17 +585,29 @@ fn isslm_every_backend_over_is_no_optimal_server() {
     // The flow stays on the requested server.
     assert_eq!(
         b.select(&to(1), &p),
-        Selection { backend: Some(1), outcome: Outcome::NoOptimalServer }
+        Selection {
+            backend: Some(1),
+            outcome: Outcome::NoOptimalServer
+        }
     );
     // Behind a VIP: the base choice keeps it.
     assert_eq!(
         b.select(&req(), &p),
-        Selection { backend: Some(0), outcome: Outcome::NoOptimalServer }
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::NoOptimalServer
+        }
     );
     // Requested server down and every other over: nowhere to go.
     let mut q = p.clone();
     q[1].eligible = false;
-    assert_eq!(b.select(&to(1), &q), Selection { backend: None, outcome: Outcome::NoOptimalServer });
+    assert_eq!(
+        b.select(&to(1), &q),
+        Selection {
+            backend: None,
+            outcome: Outcome::NoOptimalServer
+        }
+    );
     // Requested server down, another one fine: moved.
     q[3].rps = 5.0;
     b.on_refresh(&q, MS10);
@@ -496,18 +625,28 @@ fn isslm_hysteresis_latch_prevents_flapping() {
     let mut b = bal(AlgorithmKind::Isslm, 2);
     let mut seq = Vec::new();
     let mut latch = Vec::new();
-    for rps in [95.0, 101.0, 97.0, 99.0, 93.0, 91.0, 89.0, 95.0, 99.0, 100.0, 96.0] {
+    for rps in [
+        95.0, 101.0, 97.0, 99.0, 93.0, 91.0, 89.0, 95.0, 99.0, 100.0, 96.0,
+    ] {
         let p = isslm_pool(&[rps, 10.0]);
         b.on_refresh(&p, MS10);
         latch.push(b.is_over(0));
         seq.push(b.select(&to(0), &p).backend.unwrap_or(9));
     }
-    assert_eq!(latch, [false, true, true, true, true, true, false, false, false, true, true]);
+    assert_eq!(
+        latch,
+        [
+            false, true, true, true, true, true, false, false, false, true, true
+        ]
+    );
     assert_eq!(seq, [0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1]);
     // Without hysteresis the same trace flaps on every crossing.
     let mut b = Balancer::new(
         AlgorithmKind::Isslm,
-        AlgorithmParams { hysteresis: 0.0, ..params() },
+        AlgorithmParams {
+            hysteresis: 0.0,
+            ..params()
+        },
         2,
         7,
     );
@@ -534,7 +673,13 @@ fn isslm_stale_target_rejected_and_second_search_used() {
     b.on_refresh(&p, MS10);
     assert_eq!(b.select(&to(0), &p).backend, Some(3));
     // A stale requested server still takes flows addressed to it when under threshold.
-    assert_eq!(b.select(&to(1), &p), Selection { backend: Some(1), outcome: Outcome::Requested });
+    assert_eq!(
+        b.select(&to(1), &p),
+        Selection {
+            backend: Some(1),
+            outcome: Outcome::Requested
+        }
+    );
     // Third search: response time decides when RPS and connection leaders are stale.
     let mut p = isslm_pool(&[150.0, 10.0, 50.0, 70.0]);
     for (x, (c, rt)) in p.iter_mut().zip([(0, 1.0), (0, 9.0), (5, 8.0), (7, 2.0)]) {
@@ -550,7 +695,12 @@ fn isslm_tries_bound_the_search() {
     // 15 stale backends lead every ranking; the only good target is 16th in each.
     let mut p = isslm_pool(&[500.0; 17]);
     for x in p.iter_mut().skip(1).take(15) {
-        *x = BackendLoad { rps: 0.0, response_time_ms: Some(1.0), metrics_fresh: false, ..*x };
+        *x = BackendLoad {
+            rps: 0.0,
+            response_time_ms: Some(1.0),
+            metrics_fresh: false,
+            ..*x
+        };
     }
     p[16] = BackendLoad {
         rps: 50.0,
@@ -562,11 +712,17 @@ fn isslm_tries_bound_the_search() {
     b.on_refresh(&p, MS10);
     assert_eq!(
         b.select(&to(0), &p),
-        Selection { backend: Some(0), outcome: Outcome::NoOptimalServer }
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::NoOptimalServer
+        }
     );
     let mut b = Balancer::new(
         AlgorithmKind::Isslm,
-        AlgorithmParams { isslm_tries: 16, ..params() },
+        AlgorithmParams {
+            isslm_tries: 16,
+            ..params()
+        },
         17,
         7,
     );
@@ -580,12 +736,19 @@ fn isslm_burst_of_moves_spreads() {
     let mut p = isslm_pool(&[20_000.0, 100.0, 100.0, 100.0]);
     let mut b = Balancer::new(
         AlgorithmKind::Isslm,
-        AlgorithmParams { threshold_rps: Some(10_000.0), ..params() },
+        AlgorithmParams {
+            threshold_rps: Some(10_000.0),
+            ..params()
+        },
         4,
         7,
     );
     b.on_refresh(&p, MS10);
-    let r = SelectRequest { requested: Some(0), since_refresh: Duration::from_millis(5), ..req() };
+    let r = SelectRequest {
+        requested: Some(0),
+        since_refresh: Duration::from_millis(5),
+        ..req()
+    };
     let got = burst(&mut b, &r, &mut p, 100);
     assert_eq!(got[0], 0);
     for g in &got[1..] {
@@ -610,18 +773,32 @@ fn isslm_picks_push_a_target_over_threshold() {
         .collect();
     assert_eq!(got[0].backend, Some(1));
     assert_eq!(got[1].backend, Some(2));
-    assert_eq!(got[2], Selection { backend: Some(0), outcome: Outcome::NoOptimalServer });
+    assert_eq!(
+        got[2],
+        Selection {
+            backend: Some(0),
+            outcome: Outcome::NoOptimalServer
+        }
+    );
 }
 
 #[test]
 fn effective_rps_blend() {
-    let x = BackendLoad { rps: 900.0, picks_since_refresh: 9, ..BackendLoad::new(1) };
+    let x = BackendLoad {
+        rps: 900.0,
+        picks_since_refresh: 9,
+        ..BackendLoad::new(1)
+    };
     // Steady state at the end of a window: still 900/s (the plain sum would say 1800).
     assert!((effective_rps(&x, MS10, MS10) - 900.0).abs() < 1e-9);
     // Burst right after a refresh: 900 + 9/0.01.
     assert!((effective_rps(&x, Duration::ZERO, MS10) - 1800.0).abs() < 1e-9);
     // Tiny windows are guarded (1 ms floor).
-    let y = BackendLoad { rps: f64::NAN, picks_since_refresh: 1, ..BackendLoad::new(1) };
+    let y = BackendLoad {
+        rps: f64::NAN,
+        picks_since_refresh: 1,
+        ..BackendLoad::new(1)
+    };
     assert!((effective_rps(&y, Duration::ZERO, Duration::ZERO) - 1000.0).abs() < 1e-9);
 }
 
@@ -746,7 +923,10 @@ fn amlob_cv_weights_and_ties() {
     let mut b = bal(AlgorithmKind::Amlob, 3);
     b.on_refresh(&p, MS10);
     let a = b.amlob_weights();
-    assert!((a[0] - 0.5).abs() < 1e-9 && (a[1] - 0.5).abs() < 1e-9 && a[2] == 0.0, "{a:?}");
+    assert!(
+        (a[0] - 0.5).abs() < 1e-9 && (a[1] - 0.5).abs() < 1e-9 && a[2] == 0.0,
+        "{a:?}"
+    );
     assert_eq!(pick(&mut b, &p), Some(1));
     // RT is the only metric that differs → it alone decides.
     let mut p = isslm_pool(&[10.0, 10.0, 10.0]);
@@ -774,7 +954,12 @@ fn amlob_burst_spreads() {
 // ---- SRT ----------------------------------------------------------------------------
 
 fn srt_pool(rt: &[f64]) -> Vec<BackendLoad> {
-    rt.iter().map(|&r| BackendLoad { response_time_ms: Some(r), ..BackendLoad::new(1) }).collect()
+    rt.iter()
+        .map(|&r| BackendLoad {
+            response_time_ms: Some(r),
+            ..BackendLoad::new(1)
+        })
+        .collect()
 }
 
 #[test]

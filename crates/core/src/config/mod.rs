@@ -52,13 +52,20 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError { path: path.into(), message: message.into() }
+        ConfigError {
+            path: path.into(),
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() { write!(f, "{}", self.message) } else { write!(f, "{}: {}", self.path, self.message) }
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
     }
 }
 
@@ -178,7 +185,10 @@ pub struct BackendConfig {
 impl Config {
     /// Parse and validate a config file's text. `env` looks up environment variables
     /// (passed in so tests need no process environment).
-    pub fn from_toml(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+    pub fn from_toml(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
         let doc: toml::Table = match text.parse() {
             Ok(t) => t,
             Err(e) => {
@@ -190,7 +200,10 @@ impl Config {
                     }
                     None => String::new(),
                 };
-                return Err(ConfigErrors(vec![ConfigError::new(path, format!("TOML syntax: {msg}"))]));
+                return Err(ConfigErrors(vec![ConfigError::new(
+                    path,
+                    format!("TOML syntax: {msg}"),
+                )]));
             }
         };
         let mut errs = Vec::new();
@@ -203,83 +216,171 @@ impl Config {
 
     /// A minimal config with defaults everywhere and no services.
     pub fn empty() -> Config {
-        Config::from_toml("", &|_| None).unwrap_or_else(|_| unreachable!("the empty config is valid"))
+        Config::from_toml("", &|_| None)
+            .unwrap_or_else(|_| unreachable!("the empty config is valid"))
     }
 }
 
-fn socket_addr(o: &mut Obj<'_>, key: &str, default: &str, errs: &mut Vec<ConfigError>) -> Option<SocketAddr> {
+fn socket_addr(
+    o: &mut Obj<'_>,
+    key: &str,
+    default: &str,
+    errs: &mut Vec<ConfigError>,
+) -> Option<SocketAddr> {
     let s = o.string(key, errs).unwrap_or(default);
     match s.parse() {
         Ok(a) => Some(a),
         Err(_) => {
-            errs.push(ConfigError::new(o.key_path(key), format!("{s:?} is not an IP:port address")));
+            errs.push(ConfigError::new(
+                o.key_path(key),
+                format!("{s:?} is not an IP:port address"),
+            ));
             None
         }
     }
 }
 
-fn millis(o: &mut Obj<'_>, key: &str, default: u64, lo: u64, hi: u64, errs: &mut Vec<ConfigError>) -> Duration {
-    let v = o.int_in(key, lo as i64, hi as i64, errs).map(|v| v as u64).unwrap_or(default);
+fn millis(
+    o: &mut Obj<'_>,
+    key: &str,
+    default: u64,
+    lo: u64,
+    hi: u64,
+    errs: &mut Vec<ConfigError>,
+) -> Duration {
+    let v = o
+        .int_in(key, lo as i64, hi as i64, errs)
+        .map(|v| v as u64)
+        .unwrap_or(default);
     Duration::from_millis(v)
 }
 
-fn validate(doc: &toml::Table, env: &dyn Fn(&str) -> Option<String>, errs: &mut Vec<ConfigError>) -> Option<Config> {
+fn validate(
+    doc: &toml::Table,
+    env: &dyn Fn(&str) -> Option<String>,
+    errs: &mut Vec<ConfigError>,
+) -> Option<Config> {
     let mut root = Obj::new("", doc);
 
     // [openflow]
     let empty = toml::Table::new();
-    let mut of = root.table("openflow", errs).unwrap_or_else(|| Obj::new("openflow", &empty));
+    let mut of = root
+        .table("openflow", errs)
+        .unwrap_or_else(|| Obj::new("openflow", &empty));
     let of_listen = socket_addr(&mut of, "listen", DEFAULT_OPENFLOW_LISTEN, errs);
-    let echo_interval = millis(&mut of, "echo_interval_ms", DEFAULT_ECHO_INTERVAL_MS, 100, 600_000, errs);
-    let echo_timeout = millis(&mut of, "echo_timeout_ms", DEFAULT_ECHO_TIMEOUT_MS, 200, 3_600_000, errs);
+    let echo_interval = millis(
+        &mut of,
+        "echo_interval_ms",
+        DEFAULT_ECHO_INTERVAL_MS,
+        100,
+        600_000,
+        errs,
+    );
+    let echo_timeout = millis(
+        &mut of,
+        "echo_timeout_ms",
+        DEFAULT_ECHO_TIMEOUT_MS,
+        200,
+        3_600_000,
+        errs,
+    );
     if echo_timeout <= echo_interval {
-        errs.push(ConfigError::new(of.key_path("echo_timeout_ms"), "must be longer than echo_interval_ms"));
+        errs.push(ConfigError::new(
+            of.key_path("echo_timeout_ms"),
+            "must be longer than echo_interval_ms",
+        ));
     }
-    let packet_in_rate =
-        of.int_in("packet_in_rate", 1, 100_000_000, errs).map(|v| v as u32).unwrap_or(DEFAULT_PACKET_IN_RATE);
+    let packet_in_rate = of
+        .int_in("packet_in_rate", 1, 100_000_000, errs)
+        .map(|v| v as u32)
+        .unwrap_or(DEFAULT_PACKET_IN_RATE);
     let tls = of.table("tls", errs).map(|mut t| {
         let cert = t.string("cert", errs).map(PathBuf::from);
         let key = t.string("key", errs).map(PathBuf::from);
         let ca = t.string("ca", errs).map(PathBuf::from);
         if cert.is_none() {
-            errs.push(ConfigError::new(t.key_path("cert"), "required when [openflow.tls] is present"));
+            errs.push(ConfigError::new(
+                t.key_path("cert"),
+                "required when [openflow.tls] is present",
+            ));
         }
         if key.is_none() {
-            errs.push(ConfigError::new(t.key_path("key"), "required when [openflow.tls] is present"));
+            errs.push(ConfigError::new(
+                t.key_path("key"),
+                "required when [openflow.tls] is present",
+            ));
         }
         t.finish(errs);
-        TlsConfig { cert: cert.unwrap_or_default(), key: key.unwrap_or_default(), ca }
+        TlsConfig {
+            cert: cert.unwrap_or_default(),
+            key: key.unwrap_or_default(),
+            ca,
+        }
     });
     of.finish(errs);
 
     // [api]
-    let mut api = root.table("api", errs).unwrap_or_else(|| Obj::new("api", &empty));
+    let mut api = root
+        .table("api", errs)
+        .unwrap_or_else(|| Obj::new("api", &empty));
     let api_listen = socket_addr(&mut api, "listen", DEFAULT_API_LISTEN, errs);
     let file_token = api.string("token", errs).map(str::to_string);
-    let token_env = api.string("token_env", errs).unwrap_or(DEFAULT_TOKEN_ENV).to_string();
-    let token = file_token.or_else(|| env(&token_env)).filter(|t| !t.is_empty());
+    let token_env = api
+        .string("token_env", errs)
+        .unwrap_or(DEFAULT_TOKEN_ENV)
+        .to_string();
+    let token = file_token
+        .or_else(|| env(&token_env))
+        .filter(|t| !t.is_empty());
     if let Some(t) = &token {
         if t.len() < 16 {
-            errs.push(ConfigError::new(api.key_path("token"), "a token must have at least 16 characters"));
+            errs.push(ConfigError::new(
+                api.key_path("token"),
+                "a token must have at least 16 characters",
+            ));
         }
     }
     api.finish(errs);
 
     // [controller]
-    let mut ctl = root.table("controller", errs).unwrap_or_else(|| Obj::new("controller", &empty));
-    let idle_timeout_secs =
-        ctl.int_in("idle_timeout_secs", 1, 65_535, errs).map(|v| v as u16).unwrap_or(DEFAULT_IDLE_TIMEOUT_SECS as u16);
-    let refresh_interval = millis(&mut ctl, "refresh_interval_ms", DEFAULT_REFRESH_INTERVAL_MS, 1, 60_000, errs);
-    let lldp_interval = millis(&mut ctl, "lldp_interval_ms", DEFAULT_LLDP_INTERVAL_MS, 50, 60_000, errs);
+    let mut ctl = root
+        .table("controller", errs)
+        .unwrap_or_else(|| Obj::new("controller", &empty));
+    let idle_timeout_secs = ctl
+        .int_in("idle_timeout_secs", 1, 65_535, errs)
+        .map(|v| v as u16)
+        .unwrap_or(DEFAULT_IDLE_TIMEOUT_SECS as u16);
+    let refresh_interval = millis(
+        &mut ctl,
+        "refresh_interval_ms",
+        DEFAULT_REFRESH_INTERVAL_MS,
+        1,
+        60_000,
+        errs,
+    );
+    let lldp_interval = millis(
+        &mut ctl,
+        "lldp_interval_ms",
+        DEFAULT_LLDP_INTERVAL_MS,
+        50,
+        60_000,
+        errs,
+    );
     let unknown_flow = match ctl.string("unknown_flow", errs) {
         None | Some("reset") => UnknownFlowPolicy::Reset,
         Some("drop") => UnknownFlowPolicy::Drop,
         Some(other) => {
-            errs.push(ConfigError::new(ctl.key_path("unknown_flow"), format!("{other:?} is not one of \"reset\", \"drop\"")));
+            errs.push(ConfigError::new(
+                ctl.key_path("unknown_flow"),
+                format!("{other:?} is not one of \"reset\", \"drop\""),
+            ));
             UnknownFlowPolicy::Reset
         }
     };
-    let seed = ctl.integer("seed", errs).map(|v| v as u64).unwrap_or(0x666c_6f77_6761_7465);
+    let seed = ctl
+        .integer("seed", errs)
+        .map(|v| v as u64)
+        .unwrap_or(0x666c_6f77_6761_7465);
     ctl.finish(errs);
 
     // [[service]]
@@ -293,9 +394,24 @@ fn validate(doc: &toml::Table, env: &dyn Fn(&str) -> Option<String>, errs: &mut 
     check_services(&services, errs);
 
     Some(Config {
-        openflow: OpenflowConfig { listen: of_listen?, echo_interval, echo_timeout, tls, packet_in_rate },
-        api: ApiConfig { listen: api_listen?, token },
-        controller: ControllerConfig { idle_timeout_secs, refresh_interval, lldp_interval, unknown_flow, seed },
+        openflow: OpenflowConfig {
+            listen: of_listen?,
+            echo_interval,
+            echo_timeout,
+            tls,
+            packet_in_rate,
+        },
+        api: ApiConfig {
+            listen: api_listen?,
+            token,
+        },
+        controller: ControllerConfig {
+            idle_timeout_secs,
+            refresh_interval,
+            lldp_interval,
+            unknown_flow,
+            seed,
+        },
         services,
     })
 }
@@ -304,26 +420,44 @@ fn ipv4(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<Ipv4A
     let s = o.string(key, errs)?;
     match s.parse::<Ipv4Addr>() {
         Ok(a) if a.is_unspecified() || a.is_broadcast() || a.is_multicast() => {
-            errs.push(ConfigError::new(o.key_path(key), format!("{a} cannot be a host address")));
+            errs.push(ConfigError::new(
+                o.key_path(key),
+                format!("{a} cannot be a host address"),
+            ));
             None
         }
         Ok(a) => Some(a),
         Err(_) => {
-            errs.push(ConfigError::new(o.key_path(key), format!("{s:?} is not an IPv4 address")));
+            errs.push(ConfigError::new(
+                o.key_path(key),
+                format!("{s:?} is not an IPv4 address"),
+            ));
             None
         }
     }
 }
 
-fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut Vec<ConfigError>) -> Option<ServiceConfig> {
+fn validate_service(
+    mut s: Obj<'_>,
+    index: usize,
+    idle_default: u16,
+    errs: &mut Vec<ConfigError>,
+) -> Option<ServiceConfig> {
     let before = errs.len();
     let name = s.string("name", errs).map(str::to_string);
     if name.is_none() {
         errs.push(ConfigError::new(s.key_path("name"), "required"));
     }
     if let Some(n) = &name {
-        if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            errs.push(ConfigError::new(s.key_path("name"), format!("{n:?}: use letters, digits, '-' and '_'")));
+        if n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            errs.push(ConfigError::new(
+                s.key_path("name"),
+                format!("{n:?}: use letters, digits, '-' and '_'"),
+            ));
         }
     }
     let vip = ipv4(&mut s, "vip", errs);
@@ -331,12 +465,18 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
         None => MacAddr([0x02, 0x66, 0x67, 0x00, (index >> 8) as u8, index as u8 + 1]),
         Some(m) => match m.parse::<MacAddr>() {
             Ok(mac) if mac.is_multicast() => {
-                errs.push(ConfigError::new(s.key_path("virtual_mac"), "must be a unicast MAC"));
+                errs.push(ConfigError::new(
+                    s.key_path("virtual_mac"),
+                    "must be a unicast MAC",
+                ));
                 mac
             }
             Ok(mac) => mac,
             Err(_) => {
-                errs.push(ConfigError::new(s.key_path("virtual_mac"), format!("{m:?} is not a MAC address")));
+                errs.push(ConfigError::new(
+                    s.key_path("virtual_mac"),
+                    format!("{m:?} is not a MAC address"),
+                ));
                 MacAddr([0; 6])
             }
         },
@@ -351,7 +491,10 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
             Ok(k) => k,
             Err(_) => {
                 let known: Vec<String> = AlgorithmKind::ALL.iter().map(|k| k.to_string()).collect();
-                errs.push(ConfigError::new(s.key_path("algorithm"), format!("{a:?} is not one of {}", known.join(", "))));
+                errs.push(ConfigError::new(
+                    s.key_path("algorithm"),
+                    format!("{a:?} is not one of {}", known.join(", ")),
+                ));
                 AlgorithmKind::RoundRobin
             }
         },
@@ -359,13 +502,19 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
     let mut params = AlgorithmParams::default();
     if let Some(t) = s.float("threshold_rps", errs) {
         if t <= 0.0 {
-            errs.push(ConfigError::new(s.key_path("threshold_rps"), "must be positive"));
+            errs.push(ConfigError::new(
+                s.key_path("threshold_rps"),
+                "must be positive",
+            ));
         }
         params.threshold_rps = Some(t);
     }
     if let Some(h) = s.float("hysteresis", errs) {
         if !(0.0..1.0).contains(&h) {
-            errs.push(ConfigError::new(s.key_path("hysteresis"), "must be in [0, 1)"));
+            errs.push(ConfigError::new(
+                s.key_path("hysteresis"),
+                "must be in [0, 1)",
+            ));
         }
         params.hysteresis = h;
     }
@@ -373,17 +522,26 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
     if let Err(msg) = params.validate(algorithm) {
         errs.push(ConfigError::new(s.key_path("algorithm"), msg));
     }
-    let idle_timeout_secs = s.int_in("idle_timeout_secs", 1, 65_535, errs).map(|v| v as u16).unwrap_or(idle_default);
-    let slow_start = Duration::from_secs(s.int_in("slow_start_secs", 0, 3_600, errs).unwrap_or(0) as u64);
+    let idle_timeout_secs = s
+        .int_in("idle_timeout_secs", 1, 65_535, errs)
+        .map(|v| v as u16)
+        .unwrap_or(idle_default);
+    let slow_start =
+        Duration::from_secs(s.int_in("slow_start_secs", 0, 3_600, errs).unwrap_or(0) as u64);
 
     let empty = toml::Table::new();
-    let mut h = s.table("health", errs).unwrap_or_else(|| Obj::new(s.key_path("health"), &empty));
+    let mut h = s
+        .table("health", errs)
+        .unwrap_or_else(|| Obj::new(s.key_path("health"), &empty));
     let kind = match h.string("kind", errs) {
         None | Some("tcp") => HealthKind::Tcp,
         Some("http") => HealthKind::Http,
         Some("none") => HealthKind::None,
         Some(other) => {
-            errs.push(ConfigError::new(h.key_path("kind"), format!("{other:?} is not one of \"http\", \"tcp\", \"none\"")));
+            errs.push(ConfigError::new(
+                h.key_path("kind"),
+                format!("{other:?} is not one of \"http\", \"tcp\", \"none\""),
+            ));
             HealthKind::None
         }
     };
@@ -391,10 +549,30 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
     if !path.starts_with('/') {
         errs.push(ConfigError::new(h.key_path("path"), "must start with '/'"));
     }
-    let interval = millis(&mut h, "interval_ms", DEFAULT_HEALTH_INTERVAL_MS, 10, 3_600_000, errs);
-    let timeout = millis(&mut h, "timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
-    let rise = h.int_in("rise", 1, 100, errs).map(|v| v as u32).unwrap_or(DEFAULT_HEALTH_RISE);
-    let fall = h.int_in("fall", 1, 100, errs).map(|v| v as u32).unwrap_or(DEFAULT_HEALTH_FALL);
+    let interval = millis(
+        &mut h,
+        "interval_ms",
+        DEFAULT_HEALTH_INTERVAL_MS,
+        10,
+        3_600_000,
+        errs,
+    );
+    let timeout = millis(
+        &mut h,
+        "timeout_ms",
+        DEFAULT_HEALTH_TIMEOUT_MS,
+        1,
+        600_000,
+        errs,
+    );
+    let rise = h
+        .int_in("rise", 1, 100, errs)
+        .map(|v| v as u32)
+        .unwrap_or(DEFAULT_HEALTH_RISE);
+    let fall = h
+        .int_in("fall", 1, 100, errs)
+        .map(|v| v as u32)
+        .unwrap_or(DEFAULT_HEALTH_FALL);
     h.finish(errs);
 
     let mut backends = Vec::new();
@@ -404,30 +582,49 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
         if address.is_none() && !b.has("address") {
             errs.push(ConfigError::new(b.key_path("address"), "required"));
         }
-        let weight = b.int_in("weight", 0, 1_000_000, errs).map(|w| w as u32).unwrap_or(1);
+        let weight = b
+            .int_in("weight", 0, 1_000_000, errs)
+            .map(|w| w as u32)
+            .unwrap_or(1);
         let metrics = b.string("metrics", errs).map(str::to_string);
         if let Some(m) = &metrics {
             if !m.starts_with("http://") {
-                errs.push(ConfigError::new(b.key_path("metrics"), "must be an http:// URL"));
+                errs.push(ConfigError::new(
+                    b.key_path("metrics"),
+                    "must be an http:// URL",
+                ));
             }
         }
         if let Some(a) = address {
             if !seen.insert(a) {
-                errs.push(ConfigError::new(b.key_path("address"), format!("{a} is listed twice")));
+                errs.push(ConfigError::new(
+                    b.key_path("address"),
+                    format!("{a} is listed twice"),
+                ));
             }
             if Some(a) == vip {
-                errs.push(ConfigError::new(b.key_path("address"), "a backend cannot have the service's VIP"));
+                errs.push(ConfigError::new(
+                    b.key_path("address"),
+                    "a backend cannot have the service's VIP",
+                ));
             }
         }
         b.finish(errs);
         if let Some(address) = address {
-            backends.push(BackendConfig { address, weight, metrics });
+            backends.push(BackendConfig {
+                address,
+                weight,
+                metrics,
+            });
         }
     }
     if let Some(t) = none_target {
         match backends.iter().position(|b| b.address == t) {
             Some(i) => params.none_target = Some(i),
-            None => errs.push(ConfigError::new(s.key_path("none_target"), format!("{t} is not one of this service's backends"))),
+            None => errs.push(ConfigError::new(
+                s.key_path("none_target"),
+                format!("{t} is not one of this service's backends"),
+            )),
         }
     }
     s.finish(errs);
@@ -443,7 +640,14 @@ fn validate_service(mut s: Obj<'_>, index: usize, idle_default: u16, errs: &mut 
         params,
         idle_timeout_secs,
         slow_start,
-        health: HealthConfig { kind, path, interval, timeout, rise, fall },
+        health: HealthConfig {
+            kind,
+            path,
+            interval,
+            timeout,
+            rise,
+            fall,
+        },
         backends,
     })
 }
@@ -453,11 +657,17 @@ fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
     let mut listeners = HashSet::new();
     for (i, s) in services.iter().enumerate() {
         if !names.insert(s.name.as_str()) {
-            errs.push(ConfigError::new(format!("service[{i}].name"), format!("{:?} is used by another service", s.name)));
+            errs.push(ConfigError::new(
+                format!("service[{i}].name"),
+                format!("{:?} is used by another service", s.name),
+            ));
         }
         if let Some(vip) = s.vip {
             if !listeners.insert((vip, s.port)) {
-                errs.push(ConfigError::new(format!("service[{i}].vip"), format!("{vip}:{} is used by another service", s.port)));
+                errs.push(ConfigError::new(
+                    format!("service[{i}].vip"),
+                    format!("{vip}:{} is used by another service", s.port),
+                ));
             }
             for (j, other) in services.iter().enumerate() {
                 if other.backends.iter().any(|b| b.address == vip) {

@@ -19,7 +19,11 @@ pub(crate) struct Obj<'a> {
 
 impl<'a> Obj<'a> {
     pub(crate) fn new(path: impl Into<String>, table: &'a Table) -> Self {
-        Obj { path: path.into(), table, used: BTreeSet::new() }
+        Obj {
+            path: path.into(),
+            table,
+            used: BTreeSet::new(),
+        }
     }
 
     /// Whether the key is present at all (so "required" is not reported on top of a type
@@ -30,7 +34,11 @@ impl<'a> Obj<'a> {
 
     /// The path of a key inside this table, for error messages.
     pub(crate) fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
     }
 
     fn get(&mut self, key: &str) -> Option<&'a Value> {
@@ -43,7 +51,10 @@ impl<'a> Obj<'a> {
         match self.get(key)? {
             Value::String(s) => Some(s.as_str()),
             other => {
-                errs.push(ConfigError::new(self.key_path(key), format!("expected a string, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    self.key_path(key),
+                    format!("expected a string, found {}", other.type_str()),
+                ));
                 None
             }
         }
@@ -53,17 +64,29 @@ impl<'a> Obj<'a> {
         match self.get(key)? {
             Value::Integer(i) => Some(*i),
             other => {
-                errs.push(ConfigError::new(self.key_path(key), format!("expected an integer, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    self.key_path(key),
+                    format!("expected an integer, found {}", other.type_str()),
+                ));
                 None
             }
         }
     }
 
     /// An integer in `lo..=hi`.
-    pub(crate) fn int_in(&mut self, key: &str, lo: i64, hi: i64, errs: &mut Vec<ConfigError>) -> Option<i64> {
+    pub(crate) fn int_in(
+        &mut self,
+        key: &str,
+        lo: i64,
+        hi: i64,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<i64> {
         let v = self.integer(key, errs)?;
         if v < lo || v > hi {
-            errs.push(ConfigError::new(self.key_path(key), format!("{v} is out of range {lo}..={hi}")));
+            errs.push(ConfigError::new(
+                self.key_path(key),
+                format!("{v} is out of range {lo}..={hi}"),
+            ));
             return None;
         }
         Some(v)
@@ -74,11 +97,17 @@ impl<'a> Obj<'a> {
             Value::Float(f) if f.is_finite() => Some(*f),
             Value::Integer(i) => Some(*i as f64),
             Value::Float(f) => {
-                errs.push(ConfigError::new(self.key_path(key), format!("{f} is not a finite number")));
+                errs.push(ConfigError::new(
+                    self.key_path(key),
+                    format!("{f} is not a finite number"),
+                ));
                 None
             }
             other => {
-                errs.push(ConfigError::new(self.key_path(key), format!("expected a number, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    self.key_path(key),
+                    format!("expected a number, found {}", other.type_str()),
+                ));
                 None
             }
         }
@@ -89,7 +118,10 @@ impl<'a> Obj<'a> {
         match self.get(key)? {
             Value::Table(t) => Some(Obj::new(path, t)),
             other => {
-                errs.push(ConfigError::new(path, format!("expected a table, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    path,
+                    format!("expected a table, found {}", other.type_str()),
+                ));
                 None
             }
         }
@@ -114,7 +146,10 @@ impl<'a> Obj<'a> {
                 out
             }
             Some(other) => {
-                errs.push(ConfigError::new(path, format!("expected an array of tables, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    path,
+                    format!("expected an array of tables, found {}", other.type_str()),
+                ));
                 Vec::new()
             }
         }
@@ -124,7 +159,10 @@ impl<'a> Obj<'a> {
     pub(crate) fn finish(self, errs: &mut Vec<ConfigError>) {
         for key in self.table.keys() {
             if !self.used.contains(key.as_str()) {
-                errs.push(ConfigError::new(self.key_path(key), "unknown key".to_string()));
+                errs.push(ConfigError::new(
+                    self.key_path(key),
+                    "unknown key".to_string(),
+                ));
             }
         }
     }

@@ -75,7 +75,9 @@ address = "10.0.0.2"
 
 #[test]
 fn a_syntax_error_names_its_line() {
-    let errs = Config::from_toml("[openflow]\nlisten = \n", &no_env).expect_err("invalid").0;
+    let errs = Config::from_toml("[openflow]\nlisten = \n", &no_env)
+        .expect_err("invalid")
+        .0;
     assert_eq!(errs.len(), 1);
     assert!(errs[0].path.starts_with("line "), "{errs:?}");
 }
@@ -98,7 +100,11 @@ port = 80
 address = "10.0.0.2"
 "#;
     let errs = Config::from_toml(text, &no_env).expect_err("invalid").0;
-    assert!(errs.iter().any(|e| e.path == "service[0].vip" && e.message.contains("backend")), "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.path == "service[0].vip" && e.message.contains("backend")),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -114,8 +120,14 @@ none_target = "10.0.0.7"
 address = "10.0.0.3"
 "#;
     let errs = Config::from_toml(text, &no_env).expect_err("invalid").0;
-    assert!(errs.iter().any(|e| e.path == "service[0].algorithm"), "{errs:?}");
-    assert!(errs.iter().any(|e| e.path == "service[0].none_target"), "{errs:?}");
+    assert!(
+        errs.iter().any(|e| e.path == "service[0].algorithm"),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter().any(|e| e.path == "service[0].none_target"),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -123,7 +135,9 @@ fn the_token_comes_from_the_environment_when_the_file_has_none() {
     let env = |k: &str| (k == DEFAULT_TOKEN_ENV).then(|| "0123456789abcdef0123".to_string());
     let cfg = Config::from_toml(EXAMPLE, &env).expect("valid");
     assert_eq!(cfg.api.token.as_deref(), Some("0123456789abcdef0123"));
-    let short = Config::from_toml("[api]\ntoken = \"abc\"\n", &no_env).expect_err("too short").0;
+    let short = Config::from_toml("[api]\ntoken = \"abc\"\n", &no_env)
+        .expect_err("too short")
+        .0;
     assert_eq!(short[0].path, "api.token");
 }
 

@@ -15,7 +15,13 @@ impl Controller {
     /// The PACKET_IN path. It allocates nothing for a packet of a known connection or a new
     /// connection to a service (the messages it emits own their buffers, which the outbox
     /// reuses).
-    pub(crate) fn handle_packet_in(&mut self, now: Instant, dpid: Dpid, pi: &PacketIn, out: &mut Outbox) {
+    pub(crate) fn handle_packet_in(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        pi: &PacketIn,
+        out: &mut Outbox,
+    ) {
         self.counters.packet_in += 1;
         let Some(in_port) = pi.in_port() else {
             // §7.4.1: the match of a PACKET_IN always carries OXM_OF_IN_PORT.
@@ -32,8 +38,16 @@ impl Controller {
         if let L3::Lldp(l) = &frame.l3 {
             self.counters.lldp_received += 1;
             if let (Some(chassis), Some(port)) = (l.chassis_dpid, l.port_no) {
-                if self.topo.link_seen(now, PortRef::new(chassis, port), PortRef::new(dpid, in_port)) {
-                    self.event(now, "link-up", format!("{chassis:016x}:{port} - {dpid:016x}:{in_port}"));
+                if self.topo.link_seen(
+                    now,
+                    PortRef::new(chassis, port),
+                    PortRef::new(dpid, in_port),
+                ) {
+                    self.event(
+                        now,
+                        "link-up",
+                        format!("{chassis:016x}:{port} - {dpid:016x}:{in_port}"),
+                    );
                     self.maybe_recompute_l2(out);
                 }
             }
@@ -58,7 +72,14 @@ impl Controller {
         self.forward_l2(dpid, in_port, frame.eth_dst, pi, out);
     }
 
-    fn learn(&mut self, now: Instant, dpid: Dpid, in_port: u32, frame: &Frame<'_>, out: &mut Outbox) {
+    fn learn(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        in_port: u32,
+        frame: &Frame<'_>,
+        out: &mut Outbox,
+    ) {
         let ip = match &frame.l3 {
             L3::Arp(a) => Some(a.spa),
             L3::Ipv4(ip) => Some(ip.src),
@@ -68,7 +89,9 @@ impl Controller {
         if self.is_virtual_mac(frame.eth_src) {
             return;
         }
-        let change = self.topo.learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
+        let change = self
+            .topo
+            .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
         if change != HostChange::Same {
             self.install_l2_for(frame.eth_src, out);
         }
@@ -97,7 +120,10 @@ impl Controller {
             if let Some(mac) = self.vip_mac(arp.tpa) {
                 // The VIP is an address of its own: the controller answers for it.
                 let reply = packet::arp_reply(arp, mac);
-                out.push(dpid, rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), reply));
+                out.push(
+                    dpid,
+                    rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), reply),
+                );
                 self.counters.arp_replies_sent += 1;
                 return true;
             }
@@ -111,15 +137,27 @@ impl Controller {
     }
 
     pub(crate) fn vip_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
-        self.services.iter().find(|s| s.cfg.vip == Some(ip)).map(|s| s.cfg.virtual_mac)
+        self.services
+            .iter()
+            .find(|s| s.cfg.vip == Some(ip))
+            .map(|s| s.cfg.virtual_mac)
     }
 
     /// Send a packet on toward its destination MAC, or flood it along the tree.
-    pub(crate) fn forward_l2(&mut self, dpid: Dpid, in_port: u32, dst: MacAddr, pi: &PacketIn, out: &mut Outbox) {
+    pub(crate) fn forward_l2(
+        &mut self,
+        dpid: Dpid,
+        in_port: u32,
+        dst: MacAddr,
+        pi: &PacketIn,
+        out: &mut Outbox,
+    ) {
         let mut actions = Actions::new();
         match self.topo.host(dst).map(|h| h.at) {
             Some(at) if !dst.is_multicast() => {
-                let Some(port) = self.topo.egress_toward(dpid, at) else { return };
+                let Some(port) = self.topo.egress_toward(dpid, at) else {
+                    return;
+                };
                 if port == in_port {
                     return;
                 }
@@ -148,7 +186,9 @@ impl Controller {
 
     /// Install, on every switch, the rule carrying traffic for `mac` toward it.
     fn install_l2_for(&mut self, mac: MacAddr, out: &mut Outbox) {
-        let Some(at) = self.topo.host(mac).map(|h| h.at) else { return };
+        let Some(at) = self.topo.host(mac).map(|h| h.at) else {
+            return;
+        };
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
             match self.topo.egress_toward(d, at) {
@@ -182,13 +222,22 @@ impl Controller {
 
     /// LLDP out of every port of one switch, each naming the switch and the port.
     pub(crate) fn send_lldp(&mut self, dpid: Dpid, out: &mut Outbox) {
-        let Some(sw) = self.topo.switch(dpid) else { return };
-        let ports: Vec<(u32, MacAddr)> =
-            sw.ports.iter().filter(|(no, p)| p.up && **no <= ofp::port::MAX).map(|(no, p)| (*no, p.hw_addr)).collect();
+        let Some(sw) = self.topo.switch(dpid) else {
+            return;
+        };
+        let ports: Vec<(u32, MacAddr)> = sw
+            .ports
+            .iter()
+            .filter(|(no, p)| p.up && **no <= ofp::port::MAX)
+            .map(|(no, p)| (*no, p.hw_addr))
+            .collect();
         let ttl = (self.config().lldp_interval.as_secs() * 4).clamp(1, 65_535) as u16;
         for (port, mac) in ports {
             let frame = packet::lldp_probe(mac, dpid, port, ttl);
-            out.push(dpid, rules::packet_out(ofp::port::CONTROLLER, rules::output(port), frame));
+            out.push(
+                dpid,
+                rules::packet_out(ofp::port::CONTROLLER, rules::output(port), frame),
+            );
         }
     }
 

@@ -143,7 +143,8 @@ impl Controller {
             scratch_ports: Vec::with_capacity(64),
         };
         for (i, s) in config.services.iter().enumerate() {
-            c.services.push(ServiceState::new(s.clone(), seed.wrapping_add(i as u64)));
+            c.services
+                .push(ServiceState::new(s.clone(), seed.wrapping_add(i as u64)));
         }
         c.reindex();
         c
@@ -183,7 +184,11 @@ impl Controller {
         if self.events.len() == EVENT_RING {
             self.events.pop_front();
         }
-        self.events.push_back(Event { at_ms, kind, detail });
+        self.events.push_back(Event {
+            at_ms,
+            kind,
+            detail,
+        });
     }
 
     /// Rebuild the address indexes after the services or their pools changed.
@@ -194,16 +199,31 @@ impl Controller {
             let si = si as u16;
             match s.cfg.vip {
                 Some(vip) => {
-                    self.listeners.insert((vip, s.cfg.port), Listener { service: si, requested: None });
+                    self.listeners.insert(
+                        (vip, s.cfg.port),
+                        Listener {
+                            service: si,
+                            requested: None,
+                        },
+                    );
                 }
                 None => {
                     for (bi, b) in s.backends.iter().enumerate() {
-                        self.listeners.insert((b.address, s.cfg.port), Listener { service: si, requested: Some(bi as u16) });
+                        self.listeners.insert(
+                            (b.address, s.cfg.port),
+                            Listener {
+                                service: si,
+                                requested: Some(bi as u16),
+                            },
+                        );
                     }
                 }
             }
             for (bi, b) in s.backends.iter().enumerate() {
-                self.backend_index.entry(b.address).or_default().push((si, bi as u16));
+                self.backend_index
+                    .entry(b.address)
+                    .or_default()
+                    .push((si, bi as u16));
             }
         }
     }
@@ -212,7 +232,9 @@ impl Controller {
     fn intercept_rules(&self) -> Vec<Message> {
         let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
         v.sort_by_key(|(k, _)| **k);
-        v.into_iter().map(|(&(addr, port), l)| rules::intercept(l.service, addr, port)).collect()
+        v.into_iter()
+            .map(|(&(addr, port), l)| rules::intercept(l.service, addr, port))
+            .collect()
     }
 
     // ----- switch lifecycle -------------------------------------------------------------
@@ -224,11 +246,25 @@ impl Controller {
     pub fn handle_switch_up(&mut self, now: Instant, features: SwitchFeatures, out: &mut Outbox) {
         let dpid = features.datapath_id;
         self.ms_since_start(now);
-        self.switches.insert(dpid, SwitchState { features, connected_at: now, packet_in: 0, last_error: None });
+        self.switches.insert(
+            dpid,
+            SwitchState {
+                features,
+                connected_at: now,
+                packet_in: 0,
+                last_error: None,
+            },
+        );
         self.topo.add_switch(dpid);
         self.event(now, "switch-up", format!("{dpid:016x}"));
         // Full packets to the controller, nothing buffered (§7.3.2 miss_send_len).
-        out.push(dpid, Message::SetConfig(ofp::SwitchConfig { flags: 0, miss_send_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER }));
+        out.push(
+            dpid,
+            Message::SetConfig(ofp::SwitchConfig {
+                flags: 0,
+                miss_send_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER,
+            }),
+        );
         for kind in RuleKind::PROACTIVE {
             out.push(dpid, rules::delete_kind(kind));
         }
@@ -307,13 +343,19 @@ impl Controller {
     fn set_port(&mut self, dpid: Dpid, p: &PortDesc) {
         // OFPPS_LINK_DOWN = 1, OFPPC_PORT_DOWN = 1 (§7.2.1).
         let up = p.state & 1 == 0 && p.config & 1 == 0;
-        let info = PortInfo { name: p.name.as_str().to_string(), hw_addr: flowgate_packet::MacAddr(p.hw_addr), up };
+        let info = PortInfo {
+            name: p.name.as_str().to_string(),
+            hw_addr: flowgate_packet::MacAddr(p.hw_addr),
+            up,
+        };
         self.topo.set_port(dpid, p.port_no, info);
     }
 
     fn handle_flow_removed(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
         self.counters.flow_removed += 1;
-        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn) || fr.cookie & cookie::conn::ACCOUNTING == 0 {
+        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn)
+            || fr.cookie & cookie::conn::ACCOUNTING == 0
+        {
             return;
         }
         if let Some(key) = vip::conn_key_of_forward_match(&fr.match_) {
@@ -332,7 +374,9 @@ impl Controller {
     /// Call it at least every `refresh_interval`.
     pub fn handle_tick(&mut self, now: Instant, out: &mut Outbox) {
         self.ms_since_start(now);
-        let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| now.saturating_duration_since(t) >= every);
+        let due = |last: Option<Instant>, every: Duration| {
+            last.is_none_or(|t| now.saturating_duration_since(t) >= every)
+        };
         if due(self.last_refresh, self.cfg.refresh_interval) {
             self.last_refresh = Some(now);
             let stale = self.cfg.refresh_interval * 50 + Duration::from_secs(1);
@@ -364,9 +408,19 @@ impl Controller {
     }
 
     /// Stop (or resume) giving new connections to a backend; existing ones are untouched.
-    pub fn set_admin(&mut self, now: Instant, service: usize, backend: usize, admin: AdminState) -> bool {
-        let Some(s) = self.services.get_mut(service) else { return false };
-        let Some(b) = s.backends.get_mut(backend) else { return false };
+    pub fn set_admin(
+        &mut self,
+        now: Instant,
+        service: usize,
+        backend: usize,
+        admin: AdminState,
+    ) -> bool {
+        let Some(s) = self.services.get_mut(service) else {
+            return false;
+        };
+        let Some(b) = s.backends.get_mut(backend) else {
+            return false;
+        };
         b.admin = admin;
         if admin == AdminState::Active {
             b.since = Some(now);
@@ -378,12 +432,24 @@ impl Controller {
     }
 
     pub fn set_weight(&mut self, service: usize, backend: usize, weight: u32) -> bool {
-        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return false };
+        let Some(b) = self
+            .services
+            .get_mut(service)
+            .and_then(|s| s.backends.get_mut(backend))
+        else {
+            return false;
+        };
         b.weight = weight;
         true
     }
 
-    pub fn set_algorithm(&mut self, now: Instant, service: usize, kind: AlgorithmKind, params: AlgorithmParams) -> Result<(), String> {
+    pub fn set_algorithm(
+        &mut self,
+        now: Instant,
+        service: usize,
+        kind: AlgorithmKind,
+        params: AlgorithmParams,
+    ) -> Result<(), String> {
         params.validate(kind)?;
         let seed = self.seed;
         let s = self.services.get_mut(service).ok_or("no such service")?;
@@ -394,10 +460,19 @@ impl Controller {
     }
 
     /// Add a backend to a service's pool. Returns its index.
-    pub fn add_backend(&mut self, now: Instant, service: usize, cfg: BackendConfig, out: &mut Outbox) -> Result<usize, String> {
+    pub fn add_backend(
+        &mut self,
+        now: Instant,
+        service: usize,
+        cfg: BackendConfig,
+        out: &mut Outbox,
+    ) -> Result<usize, String> {
         let s = self.services.get_mut(service).ok_or("no such service")?;
         if s.backend_index(cfg.address).is_some() {
-            return Err(format!("{} is already a backend of {}", cfg.address, s.cfg.name));
+            return Err(format!(
+                "{} is already a backend of {}",
+                cfg.address, s.cfg.name
+            ));
         }
         if s.cfg.vip == Some(cfg.address) {
             return Err("a backend cannot have the service's VIP".into());
@@ -417,7 +492,13 @@ impl Controller {
 
     /// Remove a backend. Its existing connections keep their rules until they end; only
     /// their accounting is dropped (no connection is broken by a pool change).
-    pub fn remove_backend(&mut self, now: Instant, service: usize, backend: usize, out: &mut Outbox) -> Result<(), String> {
+    pub fn remove_backend(
+        &mut self,
+        now: Instant,
+        service: usize,
+        backend: usize,
+        out: &mut Outbox,
+    ) -> Result<(), String> {
         let s = self.services.get_mut(service).ok_or("no such service")?;
         if backend >= s.backends.len() {
             return Err("no such backend".into());
@@ -468,8 +549,15 @@ impl Controller {
         }
         // Connections whose service or backend is gone stop being accounted for; their
         // rules stay until idle, so they are not broken.
-        let names: Vec<(String, Vec<Ipv4Addr>)> =
-            old.iter().map(|o| (o.cfg.name.clone(), o.backends.iter().map(|b| b.address).collect())).collect();
+        let names: Vec<(String, Vec<Ipv4Addr>)> = old
+            .iter()
+            .map(|o| {
+                (
+                    o.cfg.name.clone(),
+                    o.backends.iter().map(|b| b.address).collect(),
+                )
+            })
+            .collect();
         let services = &self.services;
         let remap = |svc: u16, backend: u16| -> Option<(u16, u16)> {
             let (name, addrs) = names.get(usize::from(svc))?;
@@ -537,24 +625,43 @@ impl Controller {
 
     /// Feed one active probe result; the backend's rise/fall state decides its health.
     pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, ok: bool) {
-        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return };
+        let Some(b) = self
+            .services
+            .get_mut(service)
+            .and_then(|s| s.backends.get_mut(backend))
+        else {
+            return;
+        };
         match b.health.on_probe(ok) {
-            Some(crate::health::HealthTransition::Up) => self.handle_health(now, service, backend, true),
-            Some(crate::health::HealthTransition::Down) => self.handle_health(now, service, backend, false),
+            Some(crate::health::HealthTransition::Up) => {
+                self.handle_health(now, service, backend, true)
+            }
+            Some(crate::health::HealthTransition::Down) => {
+                self.handle_health(now, service, backend, false)
+            }
             None => {}
         }
     }
 
     /// Set a backend's health (from the probes, or an operator).
     pub fn handle_health(&mut self, now: Instant, service: usize, backend: usize, healthy: bool) {
-        let Some(s) = self.services.get_mut(service) else { return };
-        let Some(b) = s.backends.get_mut(backend) else { return };
+        let Some(s) = self.services.get_mut(service) else {
+            return;
+        };
+        let Some(b) = s.backends.get_mut(backend) else {
+            return;
+        };
         if b.healthy != healthy {
             b.healthy = healthy;
             if healthy {
                 b.since = Some(now);
             }
-            let detail = format!("{}/{} {}", s.cfg.name, b.address, if healthy { "up" } else { "down" });
+            let detail = format!(
+                "{}/{} {}",
+                s.cfg.name,
+                b.address,
+                if healthy { "up" } else { "down" }
+            );
             s.sync_eligibility();
             self.event(now, "health", detail);
         }
@@ -562,7 +669,11 @@ impl Controller {
 
     /// Record a measured response time (ms) for a backend, from a probe or its metrics.
     pub fn handle_response_time(&mut self, service: usize, backend: usize, ms: f64) {
-        if let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) {
+        if let Some(b) = self
+            .services
+            .get_mut(service)
+            .and_then(|s| s.backends.get_mut(backend))
+        {
             // EWMA with α = 0.2 (load-balancing-anchors §1.4).
             b.response_time_ms = Some(match b.response_time_ms {
                 Some(prev) => prev + 0.2 * (ms - prev),

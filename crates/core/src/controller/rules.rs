@@ -12,7 +12,10 @@
 use std::net::Ipv4Addr;
 
 use flowgate_packet::{ETH_TYPE_IPV4, ETH_TYPE_LLDP, IP_PROTO_TCP, MacAddr};
-use ofp::{Action, Actions, Bytes, FlowMod, FlowModCommand, FlowModFlags, Instruction, Match, Message, Oxm, PacketOut};
+use ofp::{
+    Action, Actions, Bytes, FlowMod, FlowModCommand, FlowModFlags, Instruction, Match, Message,
+    Oxm, PacketOut,
+};
 
 use crate::cookie::{self, RuleKind};
 
@@ -35,7 +38,10 @@ fn to_controller() -> Actions {
     let mut a = Actions::new();
     // OFPCML_NO_BUFFER: send the whole packet, buffer nothing (§7.2.5), so the packet
     // can be sent on with PACKET_OUT whatever the switch's buffering.
-    a.push(Action::Output { port: ofp::port::CONTROLLER, max_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER });
+    a.push(Action::Output {
+        port: ofp::port::CONTROLLER,
+        max_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER,
+    });
     a
 }
 
@@ -50,11 +56,23 @@ fn flow(kind: RuleKind, low: u64, priority: u16, m: Match, actions: Actions) -> 
 /// The OpenFlow 1.3 table-miss entry: "§5.4: every flow table must support a table-miss
 /// flow entry ... (priority 0, all fields wildcarded)". Without it OF1.3 drops misses.
 pub(crate) fn table_miss() -> Message {
-    Message::FlowMod(flow(RuleKind::TableMiss, 0, PRIO_TABLE_MISS, Match::new(), to_controller()))
+    Message::FlowMod(flow(
+        RuleKind::TableMiss,
+        0,
+        PRIO_TABLE_MISS,
+        Match::new(),
+        to_controller(),
+    ))
 }
 
 pub(crate) fn lldp_to_controller() -> Message {
-    Message::FlowMod(flow(RuleKind::Lldp, 0, PRIO_LLDP, Match::new().with(Oxm::EthType(ETH_TYPE_LLDP)), to_controller()))
+    Message::FlowMod(flow(
+        RuleKind::Lldp,
+        0,
+        PRIO_LLDP,
+        Match::new().with(Oxm::EthType(ETH_TYPE_LLDP)),
+        to_controller(),
+    ))
 }
 
 /// Delete every rule of one kind in every table, whatever its match (non-strict delete
@@ -71,17 +89,29 @@ pub(crate) fn delete_kind(kind: RuleKind) -> Message {
 /// (higher priority) take everything after the first packets.
 pub(crate) fn intercept(service: u16, addr: Ipv4Addr, port: u16) -> Message {
     let m = tcp_match(None, Some(addr), None, Some(port));
-    Message::FlowMod(flow(RuleKind::Intercept, u64::from(service), PRIO_INTERCEPT, m, to_controller()))
+    Message::FlowMod(flow(
+        RuleKind::Intercept,
+        u64::from(service),
+        PRIO_INTERCEPT,
+        m,
+        to_controller(),
+    ))
 }
 
 pub(crate) fn l2_forward(mac: MacAddr, port: u32) -> Message {
     let low = mac_bits(mac);
-    let m = Match::new().with(Oxm::EthDst { value: mac.0, mask: None });
+    let m = Match::new().with(Oxm::EthDst {
+        value: mac.0,
+        mask: None,
+    });
     Message::FlowMod(flow(RuleKind::L2, low, PRIO_L2, m, output(port)))
 }
 
 pub(crate) fn l2_delete(mac: MacAddr) -> Message {
-    let mut fm = FlowMod::delete(Match::new().with(Oxm::EthDst { value: mac.0, mask: None }));
+    let mut fm = FlowMod::delete(Match::new().with(Oxm::EthDst {
+        value: mac.0,
+        mask: None,
+    }));
     fm.command = FlowModCommand::DeleteStrict;
     fm.priority = PRIO_L2;
     fm.cookie = cookie::cookie(RuleKind::L2, mac_bits(mac));
@@ -102,13 +132,26 @@ pub(crate) fn output(port: u32) -> Actions {
 /// An exact match on an IPv4 TCP segment's addresses and ports (any of them may be left
 /// out). Prerequisites per §7.2.3.8: `ipv4_*` needs `eth_type=0x0800`, `tcp_*` needs
 /// `ip_proto=6`.
-pub(crate) fn tcp_match(src: Option<Ipv4Addr>, dst: Option<Ipv4Addr>, sport: Option<u16>, dport: Option<u16>) -> Match {
-    let mut m = Match::new().with(Oxm::EthType(ETH_TYPE_IPV4)).with(Oxm::IpProto(IP_PROTO_TCP));
+pub(crate) fn tcp_match(
+    src: Option<Ipv4Addr>,
+    dst: Option<Ipv4Addr>,
+    sport: Option<u16>,
+    dport: Option<u16>,
+) -> Match {
+    let mut m = Match::new()
+        .with(Oxm::EthType(ETH_TYPE_IPV4))
+        .with(Oxm::IpProto(IP_PROTO_TCP));
     if let Some(a) = src {
-        m.push(Oxm::Ipv4Src { value: a, mask: None });
+        m.push(Oxm::Ipv4Src {
+            value: a,
+            mask: None,
+        });
     }
     if let Some(a) = dst {
-        m.push(Oxm::Ipv4Dst { value: a, mask: None });
+        m.push(Oxm::Ipv4Dst {
+            value: a,
+            mask: None,
+        });
     }
     if let Some(p) = sport {
         m.push(Oxm::TcpSrc(p));
@@ -129,7 +172,13 @@ pub(crate) struct ConnRule {
 
 impl ConnRule {
     pub(crate) fn into_message(self) -> Message {
-        let mut fm = flow(RuleKind::Conn, self.cookie_low, PRIO_CONN, self.m, self.actions);
+        let mut fm = flow(
+            RuleKind::Conn,
+            self.cookie_low,
+            PRIO_CONN,
+            self.m,
+            self.actions,
+        );
         fm.idle_timeout = self.idle_timeout;
         fm.flags = FlowModFlags::SEND_FLOW_REM;
         Message::FlowMod(fm)
@@ -139,19 +188,36 @@ impl ConnRule {
 /// Rewrite the destination to `(mac, ip)`: the forward rewrite, client to backend.
 /// SET_FIELD without a mask: OVS rejects masked set-field in OF1.3 (OFPBAC_BAD_SET_MASK).
 pub(crate) fn push_rewrite_dst(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
-    a.push(Action::SetField(Oxm::EthDst { value: mac.0, mask: None }));
-    a.push(Action::SetField(Oxm::Ipv4Dst { value: ip, mask: None }));
+    a.push(Action::SetField(Oxm::EthDst {
+        value: mac.0,
+        mask: None,
+    }));
+    a.push(Action::SetField(Oxm::Ipv4Dst {
+        value: ip,
+        mask: None,
+    }));
 }
 
 /// Rewrite the source to `(mac, ip)`: the reverse rewrite, backend back to the service.
 pub(crate) fn push_rewrite_src(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
-    a.push(Action::SetField(Oxm::EthSrc { value: mac.0, mask: None }));
-    a.push(Action::SetField(Oxm::Ipv4Src { value: ip, mask: None }));
+    a.push(Action::SetField(Oxm::EthSrc {
+        value: mac.0,
+        mask: None,
+    }));
+    a.push(Action::SetField(Oxm::Ipv4Src {
+        value: ip,
+        mask: None,
+    }));
 }
 
 /// Send `data` out with `actions`, as if it had entered at `in_port`.
 pub(crate) fn packet_out(in_port: u32, actions: Actions, data: Bytes) -> Message {
-    Message::PacketOut(PacketOut { buffer_id: ofp::NO_BUFFER, in_port, actions, data })
+    Message::PacketOut(PacketOut {
+        buffer_id: ofp::NO_BUFFER,
+        in_port,
+        actions,
+        data,
+    })
 }
 
 /// Flow stats of every connection rule, to rebuild the connection table after a restart.
@@ -170,5 +236,8 @@ pub(crate) fn conn_flow_stats_request() -> Message {
 }
 
 pub(crate) fn port_desc_request() -> Message {
-    ofp::Message::MultipartRequest(ofp::MultipartRequest { flags: 0, body: ofp::MultipartRequestBody::PortDesc })
+    ofp::Message::MultipartRequest(ofp::MultipartRequest {
+        flags: 0,
+        body: ofp::MultipartRequestBody::PortDesc,
+    })
 }

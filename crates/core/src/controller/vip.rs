@@ -52,7 +52,12 @@ impl Controller {
         out: &mut Outbox,
     ) -> bool {
         if let Some(&l) = self.listeners.get(&(dst, tcp.dst_port)) {
-            let key = ConnKey { client: src, client_port: tcp.src_port, service_addr: dst, service_port: tcp.dst_port };
+            let key = ConnKey {
+                client: src,
+                client_port: tcp.src_port,
+                service_addr: dst,
+                service_port: tcp.dst_port,
+            };
             if let Some(conn) = self.conns.get(&key).copied() {
                 self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
             } else if tcp.flags.is_initial_syn() {
@@ -76,15 +81,29 @@ impl Controller {
     }
 
     /// The connection between `client:cport` and backend `backend:bport`, if one exists.
-    fn find_by_backend(&self, backend: Ipv4Addr, bport: u16, client: Ipv4Addr, cport: u16) -> Option<(ConnKey, Conn)> {
+    fn find_by_backend(
+        &self,
+        backend: Ipv4Addr,
+        bport: u16,
+        client: Ipv4Addr,
+        cport: u16,
+    ) -> Option<(ConnKey, Conn)> {
         for &(si, bi) in self.backend_index.get(&backend)? {
             let s = self.services.get(usize::from(si))?;
             if s.cfg.port != bport {
                 continue;
             }
             let try_addr = |service_addr: Ipv4Addr| {
-                let key = ConnKey { client, client_port: cport, service_addr, service_port: bport };
-                self.conns.get(&key).filter(|c| c.service == si && c.backend == bi).map(|c| (key, *c))
+                let key = ConnKey {
+                    client,
+                    client_port: cport,
+                    service_addr,
+                    service_port: bport,
+                };
+                self.conns
+                    .get(&key)
+                    .filter(|c| c.service == si && c.backend == bi)
+                    .map(|c| (key, *c))
             };
             match s.cfg.vip {
                 Some(vip) => {
@@ -120,14 +139,23 @@ impl Controller {
         let created_ms = self.ms_since_start(now);
         let flow_hash = flow_hash(&key);
         let si = usize::from(l.service);
-        let Some(s) = self.services.get_mut(si) else { return };
-        let req = SelectRequest { requested: l.requested.map(usize::from), flow_hash, since_refresh };
+        let Some(s) = self.services.get_mut(si) else {
+            return;
+        };
+        let req = SelectRequest {
+            requested: l.requested.map(usize::from),
+            flow_hash,
+            since_refresh,
+        };
         let sel = s.balancer.select(&req, &s.loads);
         if sel.outcome == Outcome::NoOptimalServer {
             s.counters.no_optimal_server += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
         }
-        let Some(b) = sel.backend.filter(|&b| s.backends.get(b).is_some_and(|b| b.mac.is_some())) else {
+        let Some(b) = sel
+            .backend
+            .filter(|&b| s.backends.get(b).is_some_and(|b| b.mac.is_some()))
+        else {
             s.counters.refused_no_backend += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "no backend can take the connection");
             self.reset(dpid, in_port, frame, out);
@@ -135,7 +163,12 @@ impl Controller {
         };
         // A connection we cannot route (client or backend unreachable from each other)
         // is refused before it is counted: a phantom entry would never see FLOW_REMOVED.
-        let probe = Conn { service: l.service, backend: b as u16, created_ms, installed: false };
+        let probe = Conn {
+            service: l.service,
+            backend: b as u16,
+            created_ms,
+            installed: false,
+        };
         if !self.routable(&key, probe) {
             if let Some(s) = self.services.get_mut(si) {
                 s.counters.refused_no_backend += 1;
@@ -143,14 +176,30 @@ impl Controller {
             self.reset(dpid, in_port, frame, out);
             return;
         }
-        let Some(s) = self.services.get_mut(si) else { return };
+        let Some(s) = self.services.get_mut(si) else {
+            return;
+        };
         s.record_pick(b);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
-        let conn = Conn { service: l.service, backend: b as u16, created_ms, installed: false };
+        let conn = Conn {
+            service: l.service,
+            backend: b as u16,
+            created_ms,
+            installed: false,
+        };
         self.conns.insert(key, conn);
         self.install(&key, out);
         let conn = self.conns.get(&key).copied().unwrap_or(conn);
-        self.send_known(dpid, in_port, &key, conn, Dir::Forward, key.service_addr, pi, out);
+        self.send_known(
+            dpid,
+            in_port,
+            &key,
+            conn,
+            Dir::Forward,
+            key.service_addr,
+            pi,
+            out,
+        );
     }
 
     /// Where the client and the backend of a connection are, if both are known.
@@ -166,58 +215,129 @@ impl Controller {
             // The client asked for this backend by its own address: answer as it.
             None => self.topo.mac_of(key.service_addr)?,
         };
-        Some(Placement { client_at, backend_ip: b.address, backend_mac, backend_at, service_mac })
+        Some(Placement {
+            client_at,
+            backend_ip: b.address,
+            backend_mac,
+            backend_at,
+            service_mac,
+        })
     }
 
     /// Whether both ends of a connection are located and joined by a path.
     fn routable(&mut self, key: &ConnKey, conn: Conn) -> bool {
-        let Some(p) = self.placement(key, conn) else { return false };
+        let Some(p) = self.placement(key, conn) else {
+            return false;
+        };
         let mut path = std::mem::take(&mut self.scratch_path);
-        let ok = self.topo.path(p.client_at.dpid, p.backend_at, &mut path).is_some()
-            && self.topo.path(p.backend_at.dpid, p.client_at, &mut path).is_some();
+        let ok = self
+            .topo
+            .path(p.client_at.dpid, p.backend_at, &mut path)
+            .is_some()
+            && self
+                .topo
+                .path(p.backend_at.dpid, p.client_at, &mut path)
+                .is_some();
         self.scratch_path = path;
         ok
     }
 
     /// Install the connection's rules on every switch of its path, both directions.
     fn install(&mut self, key: &ConnKey, out: &mut Outbox) {
-        let Some(conn) = self.conns.get(key).copied() else { return };
-        let Some(p) = self.placement(key, conn) else { return };
-        let idle = self.services.get(usize::from(conn.service)).map_or(self.config().idle_timeout_secs, |s| s.cfg.idle_timeout_secs);
+        let Some(conn) = self.conns.get(key).copied() else {
+            return;
+        };
+        let Some(p) = self.placement(key, conn) else {
+            return;
+        };
+        let idle = self
+            .services
+            .get(usize::from(conn.service))
+            .map_or(self.config().idle_timeout_secs, |s| s.cfg.idle_timeout_secs);
         let low = (u64::from(conn.service) << 16) | u64::from(conn.backend);
         let rewrite = key.service_addr != p.backend_ip;
 
         let mut path = std::mem::take(&mut self.scratch_path);
-        if self.topo.path(p.client_at.dpid, p.backend_at, &mut path).is_some() {
+        if self
+            .topo
+            .path(p.client_at.dpid, p.backend_at, &mut path)
+            .is_some()
+        {
             for (i, &(d, port)) in path.iter().enumerate() {
                 let first = i == 0;
-                let dst = if first { key.service_addr } else { p.backend_ip };
-                let m = rules::tcp_match(Some(key.client), Some(dst), Some(key.client_port), Some(key.service_port));
+                let dst = if first {
+                    key.service_addr
+                } else {
+                    p.backend_ip
+                };
+                let m = rules::tcp_match(
+                    Some(key.client),
+                    Some(dst),
+                    Some(key.client_port),
+                    Some(key.service_port),
+                );
                 let mut actions = Actions::new();
                 if first && rewrite {
                     rules::push_rewrite_dst(&mut actions, p.backend_mac, p.backend_ip);
                 } else if first && p.service_mac != p.backend_mac {
-                    actions.push(Action::SetField(Oxm::EthDst { value: p.backend_mac.0, mask: None }));
+                    actions.push(Action::SetField(Oxm::EthDst {
+                        value: p.backend_mac.0,
+                        mask: None,
+                    }));
                 }
                 actions.push(Action::output(port));
-                let cookie_low = if first { low | cookie::conn::ACCOUNTING } else { low };
-                out.push(d, rules::ConnRule { cookie_low, idle_timeout: idle, m, actions }.into_message());
+                let cookie_low = if first {
+                    low | cookie::conn::ACCOUNTING
+                } else {
+                    low
+                };
+                out.push(
+                    d,
+                    rules::ConnRule {
+                        cookie_low,
+                        idle_timeout: idle,
+                        m,
+                        actions,
+                    }
+                    .into_message(),
+                );
             }
         }
-        if self.topo.path(p.backend_at.dpid, p.client_at, &mut path).is_some() {
+        if self
+            .topo
+            .path(p.backend_at.dpid, p.client_at, &mut path)
+            .is_some()
+        {
             let last = path.len().saturating_sub(1);
             for (i, &(d, port)) in path.iter().enumerate() {
-                let m = rules::tcp_match(Some(p.backend_ip), Some(key.client), Some(key.service_port), Some(key.client_port));
+                let m = rules::tcp_match(
+                    Some(p.backend_ip),
+                    Some(key.client),
+                    Some(key.service_port),
+                    Some(key.client_port),
+                );
                 let mut actions = Actions::new();
                 if i == last {
                     if rewrite {
                         rules::push_rewrite_src(&mut actions, p.service_mac, key.service_addr);
                     } else if p.service_mac != p.backend_mac {
-                        actions.push(Action::SetField(Oxm::EthSrc { value: p.service_mac.0, mask: None }));
+                        actions.push(Action::SetField(Oxm::EthSrc {
+                            value: p.service_mac.0,
+                            mask: None,
+                        }));
                     }
                 }
                 actions.push(Action::output(port));
-                out.push(d, rules::ConnRule { cookie_low: low | cookie::conn::REVERSE, idle_timeout: idle, m, actions }.into_message());
+                out.push(
+                    d,
+                    rules::ConnRule {
+                        cookie_low: low | cookie::conn::REVERSE,
+                        idle_timeout: idle,
+                        m,
+                        actions,
+                    }
+                    .into_message(),
+                );
             }
         }
         self.scratch_path = path;
@@ -228,29 +348,51 @@ impl Controller {
 
     /// Send one packet of a known connection on, with the rewrite its position calls for.
     #[allow(clippy::too_many_arguments)]
-    fn send_known(&mut self, dpid: Dpid, in_port: u32, key: &ConnKey, conn: Conn, dir: Dir, pkt_dst: Ipv4Addr, pi: &PacketIn, out: &mut Outbox) {
+    fn send_known(
+        &mut self,
+        dpid: Dpid,
+        in_port: u32,
+        key: &ConnKey,
+        conn: Conn,
+        dir: Dir,
+        pkt_dst: Ipv4Addr,
+        pi: &PacketIn,
+        out: &mut Outbox,
+    ) {
         if !conn.installed {
             self.install(key, out);
         }
-        let Some(p) = self.placement(key, conn) else { return };
+        let Some(p) = self.placement(key, conn) else {
+            return;
+        };
         let mut actions = Actions::new();
         match dir {
             Dir::Forward => {
-                let Some(port) = self.topo.egress_toward(dpid, p.backend_at) else { return };
+                let Some(port) = self.topo.egress_toward(dpid, p.backend_at) else {
+                    return;
+                };
                 if pkt_dst == key.service_addr && key.service_addr != p.backend_ip {
                     rules::push_rewrite_dst(&mut actions, p.backend_mac, p.backend_ip);
                 } else if pkt_dst == key.service_addr {
-                    actions.push(Action::SetField(Oxm::EthDst { value: p.backend_mac.0, mask: None }));
+                    actions.push(Action::SetField(Oxm::EthDst {
+                        value: p.backend_mac.0,
+                        mask: None,
+                    }));
                 }
                 actions.push(Action::output(port));
             }
             Dir::Reverse => {
-                let Some(port) = self.topo.egress_toward(dpid, p.client_at) else { return };
+                let Some(port) = self.topo.egress_toward(dpid, p.client_at) else {
+                    return;
+                };
                 if dpid == p.client_at.dpid {
                     if key.service_addr != p.backend_ip {
                         rules::push_rewrite_src(&mut actions, p.service_mac, key.service_addr);
                     } else {
-                        actions.push(Action::SetField(Oxm::EthSrc { value: p.service_mac.0, mask: None }));
+                        actions.push(Action::SetField(Oxm::EthSrc {
+                            value: p.service_mac.0,
+                            mask: None,
+                        }));
                     }
                 }
                 actions.push(Action::output(port));
@@ -261,7 +403,14 @@ impl Controller {
 
     /// A non-SYN segment of a connection nobody decided: never send it to an arbitrary
     /// backend (that backend would reset it anyway, after a round trip).
-    fn unknown_flow(&mut self, service: u16, dpid: Dpid, in_port: u32, frame: &Frame<'_>, out: &mut Outbox) {
+    fn unknown_flow(
+        &mut self,
+        service: u16,
+        dpid: Dpid,
+        in_port: u32,
+        frame: &Frame<'_>,
+        out: &mut Outbox,
+    ) {
         if let Some(s) = self.services.get_mut(usize::from(service)) {
             s.counters.unknown_flow_packets += 1;
         }
@@ -274,36 +423,61 @@ impl Controller {
     fn reset(&mut self, dpid: Dpid, in_port: u32, frame: &Frame<'_>, out: &mut Outbox) {
         if let Some(rst) = packet::tcp_rst(frame) {
             self.counters.resets_sent += 1;
-            out.push(dpid, rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), rst));
+            out.push(
+                dpid,
+                rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), rst),
+            );
         }
     }
 
     fn since_refresh(&self, now: Instant) -> std::time::Duration {
-        self.last_refresh.map(|t| now.saturating_duration_since(t)).unwrap_or_default()
+        self.last_refresh
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or_default()
     }
 
     /// After a restart or a reconnect: a connection rule the switch still holds becomes a
     /// connection in the table again, with the backend its rewrite names.
     pub(crate) fn rebuild_conn(&mut self, now: Instant, fs: &ofp::FlowStats) {
-        if cookie::kind_of(fs.cookie) != Some(RuleKind::Conn) || fs.cookie & cookie::conn::ACCOUNTING == 0 {
+        if cookie::kind_of(fs.cookie) != Some(RuleKind::Conn)
+            || fs.cookie & cookie::conn::ACCOUNTING == 0
+        {
             return;
         }
-        let Some(key) = conn_key_of_forward_match(&fs.match_) else { return };
+        let Some(key) = conn_key_of_forward_match(&fs.match_) else {
+            return;
+        };
         if self.conns.get(&key).is_some() {
             return;
         }
-        let Some(&l) = self.listeners.get(&(key.service_addr, key.service_port)) else { return };
+        let Some(&l) = self.listeners.get(&(key.service_addr, key.service_port)) else {
+            return;
+        };
         let backend_ip = rewritten_ipv4_dst(&fs.instructions).unwrap_or(key.service_addr);
-        let Some(s) = self.services.get_mut(usize::from(l.service)) else { return };
-        let Some(bi) = s.backend_index(backend_ip) else { return };
+        let Some(s) = self.services.get_mut(usize::from(l.service)) else {
+            return;
+        };
+        let Some(bi) = s.backend_index(backend_ip) else {
+            return;
+        };
         if let Some(b) = s.backends.get_mut(bi) {
             b.active_connections += 1;
         }
         if let Some(load) = s.loads.get_mut(bi) {
             load.active_connections += 1;
         }
-        let created_ms = self.ms_since_start(now).saturating_sub(u64::from(fs.duration_sec) * 1000);
-        self.conns.insert(key, Conn { service: l.service, backend: bi as u16, created_ms, installed: true });
+        let created_ms = self
+            .ms_since_start(now)
+            .saturating_sub(u64::from(fs.duration_sec) * 1000);
+        self.conns.insert(
+            key,
+            Conn {
+                service: l.service,
+                backend: bi as u16,
+                created_ms,
+                installed: true,
+            },
+        );
         self.counters.connections_rebuilt += 1;
     }
 }
@@ -320,15 +494,22 @@ pub(crate) fn conn_key_of_forward_match(m: &Match) -> Option<ConnKey> {
             _ => {}
         }
     }
-    Some(ConnKey { client: client?, client_port: cport?, service_addr: service_addr?, service_port: sport? })
+    Some(ConnKey {
+        client: client?,
+        client_port: cport?,
+        service_addr: service_addr?,
+        service_port: sport?,
+    })
 }
 
 fn rewritten_ipv4_dst(instructions: &ofp::Instructions) -> Option<Ipv4Addr> {
     instructions.iter().find_map(|i| match i {
-        Instruction::ApplyActions(actions) | Instruction::WriteActions(actions) => actions.iter().find_map(|a| match a {
-            Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
-            _ => None,
-        }),
+        Instruction::ApplyActions(actions) | Instruction::WriteActions(actions) => {
+            actions.iter().find_map(|a| match a {
+                Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
+                _ => None,
+            })
+        }
         _ => None,
     })
 }

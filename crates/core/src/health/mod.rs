@@ -79,7 +79,13 @@ impl ActiveHealth {
 
     /// A checker in state `Unknown`.
     pub fn new(rise: u32, fall: u32) -> Self {
-        ActiveHealth { rise, fall, state: HealthState::Unknown, successes: 0, failures: 0 }
+        ActiveHealth {
+            rise,
+            fall,
+            state: HealthState::Unknown,
+            successes: 0,
+            failures: 0,
+        }
     }
 
     /// True in state `Healthy`.
@@ -99,7 +105,11 @@ impl ActiveHealth {
             }
             (HealthState::Healthy, false) => {
                 self.failures = self.failures.saturating_add(1);
-                if self.failures >= fall { self.set(HealthState::Unhealthy) } else { None }
+                if self.failures >= fall {
+                    self.set(HealthState::Unhealthy)
+                } else {
+                    None
+                }
             }
             (HealthState::Unhealthy, false) => {
                 self.successes = 0;
@@ -107,7 +117,11 @@ impl ActiveHealth {
             }
             (HealthState::Unhealthy, true) => {
                 self.successes = self.successes.saturating_add(1);
-                if self.successes >= rise { self.set(HealthState::Healthy) } else { None }
+                if self.successes >= rise {
+                    self.set(HealthState::Healthy)
+                } else {
+                    None
+                }
             }
         }
     }
@@ -130,9 +144,7 @@ impl ActiveHealth {
         self.state = s;
         match s {
             HealthState::Healthy if was != HealthState::Healthy => Some(HealthTransition::Up),
-            HealthState::Unhealthy if was != HealthState::Unhealthy => {
-                Some(HealthTransition::Down)
-            }
+            HealthState::Unhealthy if was != HealthState::Unhealthy => Some(HealthTransition::Down),
             _ => None,
         }
     }
@@ -184,7 +196,13 @@ pub struct Outlier {
 impl Outlier {
     /// A host with no failures and no ejection history.
     pub fn new(cfg: OutlierConfig) -> Self {
-        Outlier { cfg, consecutive: 0, multiplier: 0, ejected_until: None, decay_from: None }
+        Outlier {
+            cfg,
+            consecutive: 0,
+            multiplier: 0,
+            ejected_until: None,
+            decay_from: None,
+        }
     }
 
     /// The settings.
@@ -217,7 +235,11 @@ impl Outlier {
     /// One observed failure; ejects the host when the threshold is reached and returns
     /// the end of the ejection. No pool cap: use [`PoolOutliers`] for that.
     pub fn on_failure(&mut self, now: Instant) -> Option<Instant> {
-        if self.count_failure(now) { Some(self.eject(now)) } else { None }
+        if self.count_failure(now) {
+            Some(self.eject(now))
+        } else {
+            None
+        }
     }
 
     /// One observed success: the consecutive count restarts.
@@ -250,7 +272,11 @@ impl Outlier {
     fn eject(&mut self, now: Instant) -> Instant {
         self.settle(now);
         self.multiplier = self.multiplier.saturating_add(1);
-        let d = self.cfg.base_ejection.saturating_mul(self.multiplier).min(self.cfg.max_ejection);
+        let d = self
+            .cfg
+            .base_ejection
+            .saturating_mul(self.multiplier)
+            .min(self.cfg.max_ejection);
         let until = now.checked_add(d).unwrap_or(now);
         self.ejected_until = Some(until);
         self.consecutive = 0;
@@ -280,9 +306,13 @@ impl Outlier {
         if steps == 0 {
             return;
         }
-        let dec = u32::try_from(steps).unwrap_or(u32::MAX).min(self.multiplier);
+        let dec = u32::try_from(steps)
+            .unwrap_or(u32::MAX)
+            .min(self.multiplier);
         self.multiplier -= dec;
-        self.decay_from = from.checked_add(self.cfg.decay_interval.saturating_mul(dec)).or(Some(now));
+        self.decay_from = from
+            .checked_add(self.cfg.decay_interval.saturating_mul(dec))
+            .or(Some(now));
     }
 }
 
@@ -299,7 +329,10 @@ pub struct PoolOutliers {
 impl PoolOutliers {
     /// A pool of `n` hosts.
     pub fn new(cfg: OutlierConfig, n: usize) -> Self {
-        PoolOutliers { cfg, hosts: vec![Outlier::new(cfg); n] }
+        PoolOutliers {
+            cfg,
+            hosts: vec![Outlier::new(cfg); n],
+        }
     }
 
     /// Pool size.
@@ -349,7 +382,11 @@ impl PoolOutliers {
     pub fn on_failure(&mut self, i: usize, now: Instant) -> Option<Instant> {
         let may = self.may_eject(now);
         let h = self.hosts.get_mut(i)?;
-        if h.count_failure(now) && may { Some(h.eject(now)) } else { None }
+        if h.count_failure(now) && may {
+            Some(h.eject(now))
+        } else {
+            None
+        }
     }
 
     /// One success of host `i`.
@@ -414,8 +451,9 @@ impl SlowStart {
 
     /// Ramping at `now`?
     pub fn is_active(&self, now: Instant) -> bool {
-        self.started
-            .is_some_and(|s| !self.window.is_zero() && now.saturating_duration_since(s) < self.window)
+        self.started.is_some_and(|s| {
+            !self.window.is_zero() && now.saturating_duration_since(s) < self.window
+        })
     }
 
     /// Weight multiplier in `[min_weight_percent / 100, 1]` at `now`.
@@ -489,7 +527,9 @@ impl FromStr for AdminState {
         match s.trim().to_ascii_lowercase().as_str() {
             "active" | "ready" => Ok(AdminState::Active),
             "draining" | "drain" => Ok(AdminState::Draining),
-            _ => Err(format!("unknown admin state {s:?}; expected \"active\" or \"draining\"")),
+            _ => Err(format!(
+                "unknown admin state {s:?}; expected \"active\" or \"draining\""
+            )),
         }
     }
 }

@@ -103,7 +103,10 @@ fn ejection_time_grows_and_is_capped() {
         // Fail again right after the ejection ends: no time to decay.
         now = until;
     }
-    assert_eq!(got, vec![30, 60, 90, 120, 150, 180, 210, 240, 270, 300, 300, 300]);
+    assert_eq!(
+        got,
+        vec![30, 60, 90, 120, 150, 180, 210, 240, 270, 300, 300, 300]
+    );
 }
 
 #[test]
@@ -160,7 +163,10 @@ fn at_least_one_host_is_always_ejectable() {
     let fail5 = |p: &mut PoolOutliers, i| (0..5).filter_map(|_| p.on_failure(i, t0)).last();
     assert!(fail5(&mut p, 3).is_some()); // 10 % of 4 < 1, still one
     assert!(fail5(&mut p, 1).is_none());
-    let cfg = OutlierConfig { max_ejection_percent: 0, ..OutlierConfig::default() };
+    let cfg = OutlierConfig {
+        max_ejection_percent: 0,
+        ..OutlierConfig::default()
+    };
     let mut p = PoolOutliers::new(cfg, 1);
     assert!(fail5(&mut p, 0).is_some());
     // Out-of-range host: no panic.
@@ -203,7 +209,10 @@ fn slow_start_ramp_is_linear_with_floor() {
     assert_eq!(s.effective_weight(t0, 1), 1);
     assert_eq!(s.effective_weight(t0, 0), 0);
     // Time going backwards (earlier `now`): the floor, no panic.
-    assert_eq!(s.effective_weight(t0.checked_sub(secs(1)).unwrap_or(t0), 100), 10);
+    assert_eq!(
+        s.effective_weight(t0.checked_sub(secs(1)).unwrap_or(t0), 100),
+        10
+    );
 }
 
 #[test]
@@ -216,7 +225,10 @@ fn slow_start_aggression() {
     assert_eq!(s.effective_weight(t0 + secs(25), 100), 50);
     s.aggression = f64::NAN; // treated as 1.0
     assert_eq!(s.effective_weight(t0 + secs(25), 100), 25);
-    let z = SlowStart { window: Duration::ZERO, ..s };
+    let z = SlowStart {
+        window: Duration::ZERO,
+        ..s
+    };
     assert_eq!(z.effective_weight(t0, 100), 100);
 }
 

@@ -156,6 +156,11 @@ impl FakeNetwork {
         self.host_ports.insert(name.to_string(), at);
     }
 
+    /// The host attached at `at`, if any.
+    pub fn host_at(&self, at: PortRef) -> Option<&str> {
+        self.hosts.get(&at).map(String::as_str)
+    }
+
     /// Where host `name` is attached.
     pub fn host_port(&self, name: &str) -> Option<PortRef> {
         self.host_ports.get(name).copied()

@@ -20,7 +20,10 @@ pub(crate) async fn serve(listener: TcpListener, handle: Handle, mut stop: watch
     let shutdown = async move {
         let _ = stop.changed().await;
     };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
         tracing::error!(error = %e, "API server failed");
     }
 }
@@ -37,7 +40,11 @@ pub fn router(handle: Handle) -> Router {
 
 /// A JSON error body: `{"error": "..."}`.
 pub(crate) fn error(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": msg.into() }))).into_response()
+    (
+        status,
+        axum::Json(serde_json::json!({ "error": msg.into() })),
+    )
+        .into_response()
 }
 
 async fn not_found() -> Response {

@@ -54,8 +54,16 @@ fn roundtrip_one(f: &PathBuf) -> Result<(), String> {
     let mut out = BytesMut::new();
     ofp::encode(*xid, msg, &mut out).map_err(|e| format!("re-encoding failed: {e}"))?;
     if out[..] != data[..] {
-        let at = out.iter().zip(data.iter()).position(|(a, b)| a != b).unwrap_or(out.len().min(data.len()));
-        return Err(format!("re-encoded bytes differ from byte {at} ({} vs {} bytes)", out.len(), data.len()));
+        let at = out
+            .iter()
+            .zip(data.iter())
+            .position(|(a, b)| a != b)
+            .unwrap_or(out.len().min(data.len()));
+        return Err(format!(
+            "re-encoded bytes differ from byte {at} ({} vs {} bytes)",
+            out.len(),
+            data.len()
+        ));
     }
     Ok(())
 }

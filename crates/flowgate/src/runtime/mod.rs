@@ -57,7 +57,12 @@ pub(crate) struct Outflow {
 
 impl CoreCell {
     fn new(controller: Controller) -> Self {
-        CoreCell { controller, outbox: Outbox::new(), sessions: HashMap::new(), next_session_id: 1 }
+        CoreCell {
+            controller,
+            outbox: Outbox::new(),
+            sessions: HashMap::new(),
+            next_session_id: 1,
+        }
     }
 
     /// Run one call into the controller and send what it produced.
@@ -74,7 +79,9 @@ impl CoreCell {
             return;
         }
         for (dpid, msg) in self.outbox.drain() {
-            let Some(s) = self.sessions.get_mut(&dpid) else { continue };
+            let Some(s) = self.sessions.get_mut(&dpid) else {
+                continue;
+            };
             s.xid = s.xid.wrapping_add(1);
             if let Err(e) = ofp::encode(s.xid, &msg, &mut s.buf) {
                 tracing::error!(dpid = format_args!("{dpid:016x}"), error = %e, "cannot encode a message for the switch");
@@ -88,7 +95,11 @@ impl CoreCell {
             let queued = s.out.queued.fetch_add(chunk.len(), Ordering::Relaxed) + chunk.len();
             if queued > MAX_QUEUED_BYTES {
                 if !s.out.overflowed.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(dpid = format_args!("{dpid:016x}"), queued, "switch is not reading its messages: closing the session");
+                    tracing::warn!(
+                        dpid = format_args!("{dpid:016x}"),
+                        queued,
+                        "switch is not reading its messages: closing the session"
+                    );
                 }
                 continue;
             }
@@ -101,7 +112,16 @@ impl CoreCell {
         self.next_session_id += 1;
         // A second session for the same datapath replaces the first (the switch
         // reconnected before we noticed the old one was dead).
-        self.sessions.insert(dpid, SessionTx { id, xid: 0x1000, buf: BytesMut::with_capacity(64 * 1024), tx, out });
+        self.sessions.insert(
+            dpid,
+            SessionTx {
+                id,
+                xid: 0x1000,
+                buf: BytesMut::with_capacity(64 * 1024),
+                tx,
+                out,
+            },
+        );
         id
     }
 
@@ -137,9 +157,17 @@ pub struct Listeners {
 }
 
 /// Run the controller until `shutdown` resolves.
-pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let controller = Controller::new(&config);
-    let handle = Handle { core: Arc::new(Mutex::new(CoreCell::new(controller))), started: Instant::now(), config: Arc::new(Mutex::new(config.clone())) };
+    let handle = Handle {
+        core: Arc::new(Mutex::new(CoreCell::new(controller))),
+        started: Instant::now(),
+        config: Arc::new(Mutex::new(config.clone())),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let tls = match &config.openflow.tls {
@@ -150,8 +178,18 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     tracing::info!(listen = %listeners.openflow.local_addr()?, tls = tls.is_some(), "OpenFlow listener up");
 
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(session::accept_loop(listeners.openflow, handle.clone(), tls, limits, stop_rx.clone()));
-    tasks.spawn(tick_loop(handle.clone(), config.controller.refresh_interval, stop_rx.clone()));
+    tasks.spawn(session::accept_loop(
+        listeners.openflow,
+        handle.clone(),
+        tls,
+        limits,
+        stop_rx.clone(),
+    ));
+    tasks.spawn(tick_loop(
+        handle.clone(),
+        config.controller.refresh_interval,
+        stop_rx.clone(),
+    ));
     tasks.spawn(probe::probe_loop(handle.clone(), stop_rx.clone()));
     if let Some(api) = listeners.api {
         tracing::info!(listen = %api.local_addr()?, "API listener up");
@@ -162,7 +200,10 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     // Give sessions a moment to close cleanly; the switches keep their rules (fail-secure).
-    let _ = tokio::time::timeout(Duration::from_secs(3), async { while tasks.join_next().await.is_some() {} }).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
     Ok(())
 }
 

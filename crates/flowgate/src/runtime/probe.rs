@@ -41,7 +41,14 @@ pub(super) async fn probe_loop(handle: Handle, mut stop: watch::Receiver<bool>) 
                 .filter(|s| s.cfg.health.kind != HealthKind::None)
                 .flat_map(|s| {
                     s.backends.iter().map(move |b| {
-                        (Target { service: s.cfg.name.clone(), address: b.address, port: s.cfg.port }, s.cfg.health.clone())
+                        (
+                            Target {
+                                service: s.cfg.name.clone(),
+                                address: b.address,
+                                port: s.cfg.port,
+                            },
+                            s.cfg.health.clone(),
+                        )
                     })
                 })
                 .collect()
@@ -87,8 +94,12 @@ async fn probe_backend(handle: Handle, target: Target, cfg: HealthConfig) {
         let now = Instant::now();
         let mut core = handle.lock();
         core.with(|c, _out| {
-            let Some(si) = c.service_index(&target.service) else { return };
-            let Some(bi) = c.services()[si].backend_index(target.address) else { return };
+            let Some(si) = c.service_index(&target.service) else {
+                return;
+            };
+            let Some(bi) = c.services()[si].backend_index(target.address) else {
+                return;
+            };
             c.handle_probe(now, si, bi, ok);
             if ok {
                 c.handle_response_time(si, bi, rtt_ms);
@@ -102,7 +113,11 @@ async fn probe_once(addr: SocketAddr, cfg: &HealthConfig) -> std::io::Result<()>
     if cfg.kind != HealthKind::Http {
         return Ok(());
     }
-    let req = format!("GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: flowgate-health\r\nConnection: close\r\n\r\n", cfg.path, addr.ip());
+    let req = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: flowgate-health\r\nConnection: close\r\n\r\n",
+        cfg.path,
+        addr.ip()
+    );
     s.write_all(req.as_bytes()).await?;
     let mut buf = [0u8; 64];
     let mut n = 0;
@@ -117,6 +132,9 @@ async fn probe_once(addr: SocketAddr, cfg: &HealthConfig) -> std::io::Result<()>
     let line = std::str::from_utf8(&buf[..n]).unwrap_or("");
     match line.get(9..10) {
         Some("2") | Some("3") => Ok(()),
-        _ => Err(std::io::Error::other(format!("unhealthy status: {:?}", line.lines().next().unwrap_or("")))),
+        _ => Err(std::io::Error::other(format!(
+            "unhealthy status: {:?}",
+            line.lines().next().unwrap_or("")
+        ))),
     }
 }

@@ -70,11 +70,15 @@ pub(super) async fn accept_loop(
         let tls = tls.clone();
         tokio::spawn(async move {
             let result = match tls {
-                Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => run_session(s, peer, handle, limits, stop).await,
-                    Ok(Err(e)) => Err(SessionError::Tls(e.to_string())),
-                    Err(_) => Err(SessionError::Timeout("TLS handshake")),
-                },
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(s)) => run_session(s, peer, handle, limits, stop).await,
+                        Ok(Err(e)) => Err(SessionError::Tls(e.to_string())),
+                        Err(_) => Err(SessionError::Timeout("TLS handshake")),
+                    }
+                }
                 None => run_session(stream, peer, handle, limits, stop).await,
             };
             match result {
@@ -119,7 +123,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     }
 
     fn next(&mut self) -> Result<Option<Bytes>, SessionError> {
-        self.framer.next_frame(&mut self.buf).map_err(|e| SessionError::Frame(e.to_string()))
+        self.framer
+            .next_frame(&mut self.buf)
+            .map_err(|e| SessionError::Frame(e.to_string()))
     }
 }
 
@@ -140,11 +146,16 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let (rd, mut wr) = tokio::io::split(stream);
-    let mut rd = Reader { io: rd, buf: BytesMut::with_capacity(64 * 1024), framer: Framer::new() };
+    let mut rd = Reader {
+        io: rd,
+        buf: BytesMut::with_capacity(64 * 1024),
+        framer: Framer::new(),
+    };
 
     // §6.3.1: each side sends HELLO at once; the version is the lower of the two, and a
     // bitmap lets each side say exactly which it supports.
-    wr.write_all(&encode_one(1, &Message::Hello(ofp::Hello::ours()))).await?;
+    wr.write_all(&encode_one(1, &Message::Hello(ofp::Hello::ours())))
+        .await?;
     let deadline = Instant::now() + limits.handshake_timeout;
     let mut got_hello = false;
     let features = loop {
@@ -169,7 +180,8 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             match ofp::negotiate_version(peer_version, hello) {
                 Ok(_) => {
                     got_hello = true;
-                    wr.write_all(&encode_one(2, &Message::FeaturesRequest)).await?;
+                    wr.write_all(&encode_one(2, &Message::FeaturesRequest))
+                        .await?;
                     continue;
                 }
                 Err(err) => {
@@ -181,7 +193,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         }
         match msg {
             Message::FeaturesReply(f) => break f,
-            Message::EchoRequest(data) => wr.write_all(&encode_one(xid, &Message::EchoReply(data))).await?,
+            Message::EchoRequest(data) => {
+                wr.write_all(&encode_one(xid, &Message::EchoReply(data)))
+                    .await?
+            }
             Message::Error(e) => {
                 tracing::warn!(%peer, error = ?e.kind, "switch sent an error during the handshake");
             }
@@ -245,7 +260,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut batch: Vec<(u32, Message)> = Vec::with_capacity(64);
     loop {
         if outflow.overflowed.load(Ordering::Relaxed) {
-            return Err(SessionError::Protocol("the switch stopped reading its messages"));
+            return Err(SessionError::Protocol(
+                "the switch stopped reading its messages",
+            ));
         }
         // Decode everything already buffered, then hand the batch to the core in one lock.
         batch.clear();
@@ -259,7 +276,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Message::PacketIn(_) if !budget.take(Instant::now()) => {
                     dropped_packet_ins += 1;
                     if dropped_packet_ins.is_power_of_two() {
-                        tracing::warn!(dpid = format_args!("{dpid:016x}"), dropped = dropped_packet_ins, "PACKET_IN flood: dropping beyond the session budget");
+                        tracing::warn!(
+                            dpid = format_args!("{dpid:016x}"),
+                            dropped = dropped_packet_ins,
+                            "PACKET_IN flood: dropping beyond the session budget"
+                        );
                     }
                 }
                 Message::Error(ref e) => {
@@ -283,7 +304,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             continue;
         }
         // Nothing buffered: wait for bytes, the keep-alive timer, or shutdown.
-        let wait = if echo_sent { limits.echo_timeout } else { limits.echo_interval };
+        let wait = if echo_sent {
+            limits.echo_timeout
+        } else {
+            limits.echo_interval
+        };
         let idle_for = last_heard.elapsed();
         let left = wait.saturating_sub(idle_for);
         tokio::select! {
@@ -314,7 +339,11 @@ struct TokenBucket {
 
 impl TokenBucket {
     fn new(rate: u32) -> Self {
-        TokenBucket { rate: f64::from(rate), tokens: f64::from(rate), last: Instant::now() }
+        TokenBucket {
+            rate: f64::from(rate),
+            tokens: f64::from(rate),
+            last: Instant::now(),
+        }
     }
 
     fn take(&mut self, now: Instant) -> bool {

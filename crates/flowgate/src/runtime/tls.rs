@@ -13,31 +13,51 @@ use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 
 pub(super) fn acceptor(cfg: &TlsConfig) -> anyhow::Result<TlsAcceptor> {
     let certs = rustls_pemfile::certs(&mut BufReader::new(
-        File::open(&cfg.cert).with_context(|| format!("openflow.tls.cert: cannot open {}", cfg.cert.display()))?,
+        File::open(&cfg.cert)
+            .with_context(|| format!("openflow.tls.cert: cannot open {}", cfg.cert.display()))?,
     ))
     .collect::<Result<Vec<_>, _>>()
     .with_context(|| format!("openflow.tls.cert: {} is not PEM", cfg.cert.display()))?;
     if certs.is_empty() {
-        bail!("openflow.tls.cert: {} holds no certificate", cfg.cert.display());
+        bail!(
+            "openflow.tls.cert: {} holds no certificate",
+            cfg.cert.display()
+        );
     }
     let key = rustls_pemfile::private_key(&mut BufReader::new(
-        File::open(&cfg.key).with_context(|| format!("openflow.tls.key: cannot open {}", cfg.key.display()))?,
+        File::open(&cfg.key)
+            .with_context(|| format!("openflow.tls.key: cannot open {}", cfg.key.display()))?,
     ))
     .with_context(|| format!("openflow.tls.key: {} is not PEM", cfg.key.display()))?
-    .with_context(|| format!("openflow.tls.key: {} holds no private key", cfg.key.display()))?;
+    .with_context(|| {
+        format!(
+            "openflow.tls.key: {} holds no private key",
+            cfg.key.display()
+        )
+    })?;
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
     let config = match &cfg.ca {
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             for c in rustls_pemfile::certs(&mut BufReader::new(
-                File::open(ca).with_context(|| format!("openflow.tls.ca: cannot open {}", ca.display()))?,
+                File::open(ca)
+                    .with_context(|| format!("openflow.tls.ca: cannot open {}", ca.display()))?,
             )) {
-                roots.add(c.with_context(|| format!("openflow.tls.ca: {} is not PEM", ca.display()))?)?;
+                roots.add(
+                    c.with_context(|| format!("openflow.tls.ca: {} is not PEM", ca.display()))?,
+                )?;
             }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
-            builder.with_client_cert_verifier(verifier).with_single_cert(certs, key)?
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()?;
+            builder
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(certs, key)?
         }
         None => builder.with_no_client_auth().with_single_cert(certs, key)?,
     };

@@ -28,7 +28,14 @@ impl Ctl {
         let dir = std::env::temp_dir().join(format!("flowgate-it-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut ctl = Ctl { child: None, openflow: "0.0.0.0:0".parse().unwrap(), api: "0.0.0.0:0".parse().unwrap(), dir, config: config.to_string(), starts: 0 };
+        let mut ctl = Ctl {
+            child: None,
+            openflow: "0.0.0.0:0".parse().unwrap(),
+            api: "0.0.0.0:0".parse().unwrap(),
+            dir,
+            config: config.to_string(),
+            starts: 0,
+        };
         ctl.spawn(config.to_string());
         ctl
     }
@@ -39,9 +46,15 @@ impl Ctl {
         std::fs::write(&cfg_path, &config).expect("write config");
         let ready = self.dir.join("ready.json");
         let _ = std::fs::remove_file(&ready);
-        let log = std::fs::File::create(self.dir.join(format!("controller-{}.log", self.starts))).expect("log");
+        let log = std::fs::File::create(self.dir.join(format!("controller-{}.log", self.starts)))
+            .expect("log");
         let child = Command::new(FLOWGATE)
-            .args(["--log", "info,flowgate_core=debug", "controller", "--config"])
+            .args([
+                "--log",
+                "info,flowgate_core=debug",
+                "controller",
+                "--config",
+            ])
             .arg(&cfg_path)
             .arg("--ready-file")
             .arg(&ready)
@@ -55,14 +68,26 @@ impl Ctl {
         loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let v: serde_json::Value = serde_json::from_str(&text).expect("ready file is JSON");
-                self.openflow = v["openflow"].as_str().expect("openflow").parse().expect("addr");
+                self.openflow = v["openflow"]
+                    .as_str()
+                    .expect("openflow")
+                    .parse()
+                    .expect("addr");
                 self.api = v["api"].as_str().expect("api").parse().expect("addr");
                 break;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("controller exited early ({status}):\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "controller did not become ready:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "controller did not become ready:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -90,7 +115,8 @@ impl Ctl {
     pub fn log(&self) -> String {
         let mut s = String::new();
         for i in 1..=self.starts {
-            s += &std::fs::read_to_string(self.dir.join(format!("controller-{i}.log"))).unwrap_or_default();
+            s += &std::fs::read_to_string(self.dir.join(format!("controller-{i}.log")))
+                .unwrap_or_default();
         }
         s
     }
@@ -110,11 +136,20 @@ impl Ctl {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.get_json("/api/v1/services");
-            let all = v.as_array().expect("list").iter().flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default()).all(|b| b["located"] == true && b["healthy"] == true);
+            let all = v
+                .as_array()
+                .expect("list")
+                .iter()
+                .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
+                .all(|b| b["located"] == true && b["healthy"] == true);
             if all {
                 return;
             }
-            assert!(Instant::now() < deadline, "backends not ready: {v}\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "backends not ready: {v}\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -127,7 +162,12 @@ impl Ctl {
 
     pub fn assert_no_openflow_errors(&self) {
         let n = self.openflow_errors();
-        assert_eq!(n, 0, "the switch answered with {n} OpenFlow ERROR(s):\n{}", self.log());
+        assert_eq!(
+            n,
+            0,
+            "the switch answered with {n} OpenFlow ERROR(s):\n{}",
+            self.log()
+        );
     }
 }
 
@@ -135,7 +175,11 @@ impl Drop for Ctl {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- controller log ({}) ---\n{}", self.dir.display(), self.log());
+            eprintln!(
+                "--- controller log ({}) ---\n{}",
+                self.dir.display(),
+                self.log()
+            );
         }
     }
 }
@@ -147,7 +191,13 @@ fn pin_ports(cfg: &str, of: SocketAddr, api: SocketAddr) -> String {
     for line in cfg.lines() {
         let t = line.trim();
         if t.starts_with('[') {
-            section = if t == "[openflow]" { "openflow" } else if t == "[api]" { "api" } else { "" };
+            section = if t == "[openflow]" {
+                "openflow"
+            } else if t == "[api]" {
+                "api"
+            } else {
+                ""
+            };
         }
         if t.starts_with("listen") && section == "openflow" {
             out += &format!("listen = \"{of}\"\n");
@@ -163,7 +213,11 @@ fn pin_ports(cfg: &str, of: SocketAddr, api: SocketAddr) -> String {
 
 /// The value of an unlabelled metric in a Prometheus text body.
 pub fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    body.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// A minimal HTTP/1.1 GET over loopback (the API).
@@ -171,10 +225,19 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     http_request(addr, "GET", path, &[], "")
 }
 
-pub fn http_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to API");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req += &format!("{k}: {v}\r\n");
     }
@@ -193,7 +256,10 @@ pub fn http_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str
 }
 
 fn decode_chunked_if_needed(head: &str, body: &str) -> String {
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return body.to_string();
     }
     let mut out = String::new();
@@ -215,7 +281,11 @@ pub fn httpd(host: &Host, name: &str, extra: &[&str]) -> ProcGuard {
     let mut argv = vec![FLOWGATE, "httpd", "--listen", &listen, "--name", name];
     argv.extend_from_slice(extra);
     let g = host.spawn(&argv).expect("spawn httpd");
-    host.wait_http(&format!("http://{}/health", host.ip()), Duration::from_secs(10)).ok();
+    host.wait_http(
+        &format!("http://{}/health", host.ip()),
+        Duration::from_secs(10),
+    )
+    .ok();
     g
 }
 
@@ -225,7 +295,12 @@ pub fn load(host: &Host, url: &str, args: &[&str]) -> serde_json::Value {
     argv.extend_from_slice(args);
     let out = host.exec(&argv).expect("run load");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "load failed: {}\n{}", text, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "load failed: {}\n{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("load report not JSON ({e}): {text}"))
 }
 
@@ -233,7 +308,11 @@ pub fn load(host: &Host, url: &str, args: &[&str]) -> serde_json::Value {
 pub fn shares(report: &serde_json::Value) -> Vec<(String, u64)> {
     let mut v: Vec<(String, u64)> = report["per_backend"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -248,7 +327,12 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 /// A config with one VIP service over `backends`, listening on port 0.
-pub fn vip_config(vip: &str, algorithm: &str, backends: &[std::net::Ipv4Addr], extra_service: &str) -> String {
+pub fn vip_config(
+    vip: &str,
+    algorithm: &str,
+    backends: &[std::net::Ipv4Addr],
+    extra_service: &str,
+) -> String {
     let mut c = format!(
         "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra_service}\n[service.health]\nkind = \"none\"\n"
     );

@@ -26,7 +26,12 @@ impl AsyncConfig {
         })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
-        for v in self.packet_in_mask.iter().chain(&self.port_status_mask).chain(&self.flow_removed_mask) {
+        for v in self
+            .packet_in_mask
+            .iter()
+            .chain(&self.port_status_mask)
+            .chain(&self.flow_removed_mask)
+        {
             out.put_u32(*v);
         }
     }

@@ -167,7 +167,8 @@ impl FlowMod {
     /// Append an apply-actions instruction.
     #[inline]
     pub fn apply<I: IntoIterator<Item = Action>>(mut self, actions: I) -> Self {
-        self.instructions.push(Instruction::ApplyActions(actions.into_iter().collect()));
+        self.instructions
+            .push(Instruction::ApplyActions(actions.into_iter().collect()));
         self
     }
 

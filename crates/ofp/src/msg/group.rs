@@ -46,11 +46,19 @@ pub struct Bucket {
 impl Bucket {
     /// A bucket with these actions, weight 0, no watch port/group.
     pub fn new(actions: Actions) -> Self {
-        Bucket { weight: 0, watch_port: port::ANY, watch_group: group::ANY, actions }
+        Bucket {
+            weight: 0,
+            watch_port: port::ANY,
+            watch_group: group::ANY,
+            actions,
+        }
     }
     /// A select-group bucket.
     pub fn weighted(weight: u16, actions: Actions) -> Self {
-        Bucket { weight, ..Bucket::new(actions) }
+        Bucket {
+            weight,
+            ..Bucket::new(actions)
+        }
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -64,7 +72,12 @@ impl Bucket {
         let watch_port = b.u32()?;
         let watch_group = b.u32()?;
         b.skip(4)?;
-        Ok(Bucket { weight, watch_port, watch_group, actions: decode_actions(b)? })
+        Ok(Bucket {
+            weight,
+            watch_port,
+            watch_group,
+            actions: decode_actions(b)?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         let start = out.len();
@@ -115,7 +128,12 @@ impl GroupMod {
         r.skip(1)?;
         let group_id = r.u32()?;
         let n = r.remaining();
-        Ok(GroupMod { command, group_type, group_id, buckets: decode_buckets(r.sub(n)?)? })
+        Ok(GroupMod {
+            command,
+            group_type,
+            group_id,
+            buckets: decode_buckets(r.sub(n)?)?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u16(self.command.to_raw());

@@ -37,7 +37,9 @@ pub struct Hello {
 impl Hello {
     /// Our HELLO: a version bitmap with only OpenFlow 1.3 (wire 0x04).
     pub fn ours() -> Self {
-        Hello { elements: vec![HelloElement::VersionBitmap(vec![1 << OFP_VERSION])] }
+        Hello {
+            elements: vec![HelloElement::VersionBitmap(vec![1 << OFP_VERSION])],
+        }
     }
 
     /// Whether the peer's bitmap (if any) has wire version `v`.
@@ -45,14 +47,24 @@ impl Hello {
         let bitmaps: Vec<&Vec<u32>> = self
             .elements
             .iter()
-            .filter_map(|e| if let HelloElement::VersionBitmap(b) = e { Some(b) } else { None })
+            .filter_map(|e| {
+                if let HelloElement::VersionBitmap(b) = e {
+                    Some(b)
+                } else {
+                    None
+                }
+            })
             .collect();
         if bitmaps.is_empty() {
             return None;
         }
         let word = usize::from(v / 32);
         let bit = u32::from(v % 32);
-        Some(bitmaps.iter().any(|b| b.get(word).is_some_and(|w| w & (1 << bit) != 0)))
+        Some(
+            bitmaps
+                .iter()
+                .any(|b| b.get(word).is_some_and(|w| w & (1 << bit) != 0)),
+        )
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -66,7 +78,7 @@ impl Hello {
             let mut e = r.sub(len)?;
             e.skip(4)?;
             // Elements are padded to 8 bytes; the padding is not in `length` (§7.5.1).
-            let pad = ((8 - len % 8) % 8).min(r.remaining());
+            let pad = (8 - len % 8) % 8;
             r.skip(pad)?;
             if typ == OFPHET_VERSIONBITMAP && (len - 4) % 4 == 0 {
                 let mut v = Vec::with_capacity((len - 4) / 4);
@@ -75,7 +87,10 @@ impl Hello {
                 }
                 elements.push(HelloElement::VersionBitmap(v));
             } else {
-                elements.push(HelloElement::Unknown { typ, data: e.rest() });
+                elements.push(HelloElement::Unknown {
+                    typ,
+                    data: e.rest(),
+                });
             }
         }
         Ok(Hello { elements })

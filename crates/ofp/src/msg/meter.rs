@@ -83,7 +83,13 @@ impl MeterBand {
         b.skip(4)?;
         let rate = b.u32()?;
         let burst_size = b.u32()?;
-        let fixed = |want: usize| if len == want { Ok(()) } else { Err(DecodeError::BadLength) };
+        let fixed = |want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(DecodeError::BadLength)
+            }
+        };
         Ok(match typ {
             1 => {
                 fixed(16)?;
@@ -91,22 +97,45 @@ impl MeterBand {
             }
             2 => {
                 fixed(16)?;
-                MeterBand::DscpRemark { rate, burst_size, prec_level: b.u8()? }
+                MeterBand::DscpRemark {
+                    rate,
+                    burst_size,
+                    prec_level: b.u8()?,
+                }
             }
             0xffff => {
                 let experimenter = b.u32()?;
-                MeterBand::Experimenter { rate, burst_size, experimenter, data: b.rest() }
+                MeterBand::Experimenter {
+                    rate,
+                    burst_size,
+                    experimenter,
+                    data: b.rest(),
+                }
             }
-            _ => MeterBand::Unknown { typ, rate, burst_size, data: b.rest() },
+            _ => MeterBand::Unknown {
+                typ,
+                rate,
+                burst_size,
+                data: b.rest(),
+            },
         })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         let start = out.len();
         let (typ, rate, burst) = match self {
             MeterBand::Drop { rate, burst_size } => (1, rate, burst_size),
-            MeterBand::DscpRemark { rate, burst_size, .. } => (2, rate, burst_size),
-            MeterBand::Experimenter { rate, burst_size, .. } => (0xffff, rate, burst_size),
-            MeterBand::Unknown { typ, rate, burst_size, .. } => (*typ, rate, burst_size),
+            MeterBand::DscpRemark {
+                rate, burst_size, ..
+            } => (2, rate, burst_size),
+            MeterBand::Experimenter {
+                rate, burst_size, ..
+            } => (0xffff, rate, burst_size),
+            MeterBand::Unknown {
+                typ,
+                rate,
+                burst_size,
+                ..
+            } => (*typ, rate, burst_size),
         };
         out.put_u16(typ);
         let m = LenMark::at(out, start);
@@ -115,7 +144,9 @@ impl MeterBand {
         match self {
             MeterBand::Drop { .. } => out.put_u32(0),
             MeterBand::DscpRemark { prec_level, .. } => out.put_slice(&[*prec_level, 0, 0, 0]),
-            MeterBand::Experimenter { experimenter, data, .. } => {
+            MeterBand::Experimenter {
+                experimenter, data, ..
+            } => {
                 out.put_u32(*experimenter);
                 out.put_slice(data);
             }
@@ -161,7 +192,12 @@ impl MeterMod {
         let flags = MeterFlags(r.u16()?);
         let meter_id = r.u32()?;
         let n = r.remaining();
-        Ok(MeterMod { command, flags, meter_id, bands: decode_bands(r.sub(n)?)? })
+        Ok(MeterMod {
+            command,
+            flags,
+            meter_id,
+            bands: decode_bands(r.sub(n)?)?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u16(self.command.to_raw());

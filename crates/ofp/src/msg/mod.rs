@@ -159,7 +159,9 @@ pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
         MsgType::MultipartReply => M::MultipartReply(MultipartReply::decode(r)?),
         MsgType::BarrierRequest => M::BarrierRequest,
         MsgType::BarrierReply => M::BarrierReply,
-        MsgType::QueueGetConfigRequest => M::QueueGetConfigRequest(QueueGetConfigRequest::decode(r)?),
+        MsgType::QueueGetConfigRequest => {
+            M::QueueGetConfigRequest(QueueGetConfigRequest::decode(r)?)
+        }
         MsgType::QueueGetConfigReply => M::QueueGetConfigReply(QueueGetConfigReply::decode(r)?),
         MsgType::RoleRequest => M::RoleRequest(RoleMsg::decode(r)?),
         MsgType::RoleReply => M::RoleReply(RoleMsg::decode(r)?),
@@ -212,9 +214,19 @@ impl Encode for Message {
 /// Append `msg` with header (version 0x04, `xid`) to `out` and fix its length field.
 /// On error nothing is appended. A message longer than 65,535 bytes is
 /// [`EncodeError::TooLong`] (§7.1: `length` is 16 bits).
-pub fn encode<M: Encode + ?Sized>(xid: u32, msg: &M, out: &mut BytesMut) -> Result<(), EncodeError> {
+pub fn encode<M: Encode + ?Sized>(
+    xid: u32,
+    msg: &M,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let start = out.len();
-    Header { version: OFP_VERSION, msg_type: msg.msg_type() as u8, length: 0, xid }.write(out);
+    Header {
+        version: OFP_VERSION,
+        msg_type: msg.msg_type() as u8,
+        length: 0,
+        xid,
+    }
+    .write(out);
     let r = msg.encode_body(out).and_then(|()| {
         let len = out.len() - start;
         if len > MAX_MESSAGE_LEN {

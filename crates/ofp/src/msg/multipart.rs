@@ -83,7 +83,14 @@ impl FlowStatsRequest {
         let cookie = r.u64()?;
         let cookie_mask = r.u64()?;
         let match_ = Match::decode(r)?;
-        Ok(FlowStatsRequest { table_id, out_port, out_group, cookie, cookie_mask, match_ })
+        Ok(FlowStatsRequest {
+            table_id,
+            out_port,
+            out_group,
+            cookie,
+            cookie_mask,
+            match_,
+        })
     }
     fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u8(self.table_id);
@@ -119,7 +126,12 @@ impl TableFeatureProp {
         if !matches!(self.typ, 8 | 10 | 12..=15) {
             return None;
         }
-        Some(self.data.chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Some(
+            self.data
+                .chunks_exact(4)
+                .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        )
     }
     /// For INSTRUCTIONS(_MISS) and (WRITE|APPLY)_ACTIONS(_MISS) (0, 1, 4..7): the type ids
     /// (experimenter entries are longer; their type is listed).
@@ -184,11 +196,22 @@ impl TableFeatures {
             let mut p = b.sub(plen)?;
             p.skip(4)?;
             // Properties are padded to 8; the padding is not in `length` (§7.3.5.5.2).
-            let pad = ((8 - plen % 8) % 8).min(b.remaining());
+            let pad = (8 - plen % 8) % 8;
             b.skip(pad)?;
-            properties.push(TableFeatureProp { typ, data: p.rest() });
+            properties.push(TableFeatureProp {
+                typ,
+                data: p.rest(),
+            });
         }
-        Ok(TableFeatures { table_id, name, metadata_match, metadata_write, config, max_entries, properties })
+        Ok(TableFeatures {
+            table_id,
+            name,
+            metadata_match,
+            metadata_write,
+            config,
+            max_entries,
+            properties,
+        })
     }
     fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         let start = out.len();
@@ -344,13 +367,24 @@ impl MultipartRequest {
             mt::FLOW => B::Flow(FlowStatsRequest::decode(r)?),
             mt::AGGREGATE => B::Aggregate(FlowStatsRequest::decode(r)?),
             mt::TABLE => B::Table,
-            mt::PORT_STATS => B::PortStats { port_no: u32_pad(r)? },
-            mt::QUEUE => B::Queue { port_no: r.u32()?, queue_id: r.u32()? },
-            mt::GROUP => B::Group { group_id: u32_pad(r)? },
+            mt::PORT_STATS => B::PortStats {
+                port_no: u32_pad(r)?,
+            },
+            mt::QUEUE => B::Queue {
+                port_no: r.u32()?,
+                queue_id: r.u32()?,
+            },
+            mt::GROUP => B::Group {
+                group_id: u32_pad(r)?,
+            },
             mt::GROUP_DESC => B::GroupDesc,
             mt::GROUP_FEATURES => B::GroupFeatures,
-            mt::METER => B::Meter { meter_id: u32_pad(r)? },
-            mt::METER_CONFIG => B::MeterConfig { meter_id: u32_pad(r)? },
+            mt::METER => B::Meter {
+                meter_id: u32_pad(r)?,
+            },
+            mt::METER_CONFIG => B::MeterConfig {
+                meter_id: u32_pad(r)?,
+            },
             mt::METER_FEATURES => B::MeterFeatures,
             mt::TABLE_FEATURES => {
                 let mut v = Vec::new();
@@ -360,8 +394,15 @@ impl MultipartRequest {
                 B::TableFeatures(v)
             }
             mt::PORT_DESC => B::PortDesc,
-            mt::EXPERIMENTER => B::Experimenter { experimenter: r.u32()?, exp_type: r.u32()?, data: r.rest() },
-            _ => B::Unknown { typ, data: r.rest() },
+            mt::EXPERIMENTER => B::Experimenter {
+                experimenter: r.u32()?,
+                exp_type: r.u32()?,
+                data: r.rest(),
+            },
+            _ => B::Unknown {
+                typ,
+                data: r.rest(),
+            },
         };
         Ok(MultipartRequest { flags, body })
     }
@@ -372,9 +413,17 @@ impl MultipartRequest {
         out.put_u16(self.flags);
         out.put_u32(0);
         match &self.body {
-            B::Desc | B::Table | B::GroupDesc | B::GroupFeatures | B::MeterFeatures | B::PortDesc => {}
+            B::Desc
+            | B::Table
+            | B::GroupDesc
+            | B::GroupFeatures
+            | B::MeterFeatures
+            | B::PortDesc => {}
             B::Flow(f) | B::Aggregate(f) => f.encode(out)?,
-            B::PortStats { port_no: v } | B::Group { group_id: v } | B::Meter { meter_id: v } | B::MeterConfig { meter_id: v } => {
+            B::PortStats { port_no: v }
+            | B::Group { group_id: v }
+            | B::Meter { meter_id: v }
+            | B::MeterConfig { meter_id: v } => {
                 out.put_u32(*v);
                 out.put_u32(0);
             }
@@ -387,7 +436,11 @@ impl MultipartRequest {
                     t.encode(out)?;
                 }
             }
-            B::Experimenter { experimenter, exp_type, data } => {
+            B::Experimenter {
+                experimenter,
+                exp_type,
+                data,
+            } => {
                 out.put_u32(*experimenter);
                 out.put_u32(*exp_type);
                 out.put_slice(data);
@@ -724,7 +777,10 @@ pub struct MultipartReply {
     pub body: MultipartReplyBody,
 }
 
-fn list<T>(r: &mut Reader<'_>, f: impl Fn(&mut Reader<'_>) -> Result<T, DecodeError>) -> Result<Vec<T>, DecodeError> {
+fn list<T>(
+    r: &mut Reader<'_>,
+    f: impl Fn(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
     let mut v = Vec::new();
     while !r.is_empty() {
         v.push(f(r)?);
@@ -779,14 +835,23 @@ impl MultipartReply {
             })),
             mt::FLOW => B::Flow(list(r, FlowStats::decode)?),
             mt::AGGREGATE => {
-                let a = AggregateStats { packet_count: r.u64()?, byte_count: r.u64()?, flow_count: r.u32()? };
+                let a = AggregateStats {
+                    packet_count: r.u64()?,
+                    byte_count: r.u64()?,
+                    flow_count: r.u32()?,
+                };
                 r.skip(4)?;
                 B::Aggregate(a)
             }
             mt::TABLE => B::Table(list(r, |r| {
                 let table_id = r.u8()?;
                 r.skip(3)?;
-                Ok(TableStats { table_id, active_count: r.u32()?, lookup_count: r.u64()?, matched_count: r.u64()? })
+                Ok(TableStats {
+                    table_id,
+                    active_count: r.u32()?,
+                    lookup_count: r.u64()?,
+                    matched_count: r.u64()?,
+                })
             })?),
             mt::PORT_STATS => B::PortStats(list(r, |r| {
                 let port_no = r.u32()?;
@@ -835,9 +900,21 @@ impl MultipartReply {
                 let byte_count = b.u64()?;
                 let duration_sec = b.u32()?;
                 let duration_nsec = b.u32()?;
-                let bucket_stats =
-                    list(&mut b, |b| Ok(BucketCounter { packet_count: b.u64()?, byte_count: b.u64()? }))?;
-                Ok(GroupStats { group_id, ref_count, packet_count, byte_count, duration_sec, duration_nsec, bucket_stats })
+                let bucket_stats = list(&mut b, |b| {
+                    Ok(BucketCounter {
+                        packet_count: b.u64()?,
+                        byte_count: b.u64()?,
+                    })
+                })?;
+                Ok(GroupStats {
+                    group_id,
+                    ref_count,
+                    packet_count,
+                    byte_count,
+                    duration_sec,
+                    duration_nsec,
+                    bucket_stats,
+                })
             })?),
             mt::GROUP_DESC => B::GroupDesc(list(r, |r| {
                 let len = usize::from(r.peek_u16(0)?);
@@ -849,7 +926,11 @@ impl MultipartReply {
                 let group_type = GroupType::from_raw(b.u8()?);
                 b.skip(1)?;
                 let group_id = b.u32()?;
-                Ok(GroupDesc { group_type, group_id, buckets: decode_buckets(b)? })
+                Ok(GroupDesc {
+                    group_type,
+                    group_id,
+                    buckets: decode_buckets(b)?,
+                })
             })?),
             mt::GROUP_FEATURES => B::GroupFeatures(GroupFeatures {
                 types: r.u32()?,
@@ -871,9 +952,20 @@ impl MultipartReply {
                 let duration_sec = b.u32()?;
                 let duration_nsec = b.u32()?;
                 let band_stats = list(&mut b, |b| {
-                    Ok(MeterBandStats { packet_band_count: b.u64()?, byte_band_count: b.u64()? })
+                    Ok(MeterBandStats {
+                        packet_band_count: b.u64()?,
+                        byte_band_count: b.u64()?,
+                    })
                 })?;
-                Ok(MeterStats { meter_id, flow_count, packet_in_count, byte_in_count, duration_sec, duration_nsec, band_stats })
+                Ok(MeterStats {
+                    meter_id,
+                    flow_count,
+                    packet_in_count,
+                    byte_in_count,
+                    duration_sec,
+                    duration_nsec,
+                    band_stats,
+                })
             })?),
             mt::METER_CONFIG => B::MeterConfig(list(r, |r| {
                 let len = usize::from(r.peek_u16(0)?);
@@ -884,7 +976,11 @@ impl MultipartReply {
                 b.skip(2)?;
                 let flags = MeterFlags(b.u16()?);
                 let meter_id = b.u32()?;
-                Ok(MeterConfig { flags, meter_id, bands: decode_bands(b)? })
+                Ok(MeterConfig {
+                    flags,
+                    meter_id,
+                    bands: decode_bands(b)?,
+                })
             })?),
             mt::METER_FEATURES => {
                 let f = MeterFeatures {
@@ -898,8 +994,15 @@ impl MultipartReply {
                 B::MeterFeatures(f)
             }
             mt::TABLE_FEATURES => B::TableFeatures(list(r, TableFeatures::decode)?),
-            mt::EXPERIMENTER => B::Experimenter { experimenter: r.u32()?, exp_type: r.u32()?, data: r.rest() },
-            _ => B::Unknown { typ, data: r.rest() },
+            mt::EXPERIMENTER => B::Experimenter {
+                experimenter: r.u32()?,
+                exp_type: r.u32()?,
+                data: r.rest(),
+            },
+            _ => B::Unknown {
+                typ,
+                data: r.rest(),
+            },
         };
         Ok(MultipartReply { flags, body })
     }
@@ -1055,7 +1158,11 @@ impl MultipartReply {
                     t.encode(out)?;
                 }
             }
-            B::Experimenter { experimenter, exp_type, data } => {
+            B::Experimenter {
+                experimenter,
+                exp_type,
+                data,
+            } => {
                 out.put_u32(*experimenter);
                 out.put_u32(*exp_type);
                 out.put_slice(data);
@@ -1083,9 +1190,18 @@ impl MultipartReplyBody {
             (B::Meter(a), B::Meter(b)) => a.extend(b),
             (B::MeterConfig(a), B::MeterConfig(b)) => a.extend(b),
             (B::TableFeatures(a), B::TableFeatures(b)) => a.extend(b),
-            (B::Experimenter { experimenter: e1, exp_type: t1, data: d1 }, B::Experimenter { experimenter, exp_type, data })
-                if *e1 == experimenter && *t1 == exp_type =>
-            {
+            (
+                B::Experimenter {
+                    experimenter: e1,
+                    exp_type: t1,
+                    data: d1,
+                },
+                B::Experimenter {
+                    experimenter,
+                    exp_type,
+                    data,
+                },
+            ) if *e1 == experimenter && *t1 == exp_type => {
                 let mut v = BytesMut::with_capacity(d1.len() + data.len());
                 v.put_slice(d1);
                 v.put_slice(&data);
@@ -1120,11 +1236,18 @@ impl MultipartAssembler {
     /// At most `max_pending` replies may be open at once (a misbehaving switch cannot make
     /// this grow without bound).
     pub fn new(max_pending: usize) -> Self {
-        MultipartAssembler { pending: HashMap::new(), max_pending }
+        MultipartAssembler {
+            pending: HashMap::new(),
+            max_pending,
+        }
     }
     /// Add a part. `Ok(Some(reply))` when the reply is complete (its `flags` cleared of
     /// REPLY_MORE), `Ok(None)` while more parts are expected.
-    pub fn push(&mut self, xid: u32, part: MultipartReply) -> Result<Option<MultipartReply>, ReassemblyError> {
+    pub fn push(
+        &mut self,
+        xid: u32,
+        part: MultipartReply,
+    ) -> Result<Option<MultipartReply>, ReassemblyError> {
         let more = part.more();
         let merged = match self.pending.remove(&xid) {
             Some(mut acc) => {

@@ -52,7 +52,15 @@ impl PacketIn {
         let cookie = r.u64()?;
         let match_ = Match::decode(r)?;
         r.skip(2)?;
-        Ok(PacketIn { buffer_id, total_len, reason, table_id, cookie, match_, data: r.rest() })
+        Ok(PacketIn {
+            buffer_id,
+            total_len,
+            reason,
+            table_id,
+            cookie,
+            match_,
+            data: r.rest(),
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u32(self.buffer_id);
@@ -88,7 +96,12 @@ impl PacketOut {
         let actions_len = usize::from(r.u16()?);
         r.skip(6)?;
         let actions = decode_actions(r.sub(actions_len)?)?;
-        Ok(PacketOut { buffer_id, in_port, actions, data: r.rest() })
+        Ok(PacketOut {
+            buffer_id,
+            in_port,
+            actions,
+            data: r.rest(),
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u32(self.buffer_id);
@@ -98,7 +111,8 @@ impl PacketOut {
         out.put_bytes(0, 6);
         let start = out.len();
         encode_actions(&self.actions, out)?;
-        let n = u16::try_from(out.len() - start).map_err(|_| EncodeError::FieldTooLong { what: "actions" })?;
+        let n = u16::try_from(out.len() - start)
+            .map_err(|_| EncodeError::FieldTooLong { what: "actions" })?;
         if let Some(s) = out.get_mut(len_at..len_at + 2) {
             s.copy_from_slice(&n.to_be_bytes());
         }

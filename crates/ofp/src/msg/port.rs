@@ -118,7 +118,10 @@ impl PortStatus {
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let reason = PortReason::from_raw(r.u8()?);
         r.skip(7)?;
-        Ok(PortStatus { reason, desc: PortDesc::decode(r)? })
+        Ok(PortStatus {
+            reason,
+            desc: PortDesc::decode(r)?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u8(self.reason.to_raw());
@@ -153,7 +156,13 @@ impl PortMod {
         let mask = r.u32()?;
         let advertise = r.u32()?;
         r.skip(4)?;
-        Ok(PortMod { port_no, hw_addr, config, mask, advertise })
+        Ok(PortMod {
+            port_no,
+            hw_addr,
+            config,
+            mask,
+            advertise,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u32(self.port_no);

@@ -81,7 +81,13 @@ impl QueueProp {
         }
         let mut b = r.sub(len)?;
         b.skip(8)?;
-        let fixed = |want: usize| if len == want { Ok(()) } else { Err(DecodeError::BadLength) };
+        let fixed = |want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(DecodeError::BadLength)
+            }
+        };
         Ok(match typ {
             1 => {
                 fixed(16)?;
@@ -94,9 +100,15 @@ impl QueueProp {
             0xffff => {
                 let experimenter = b.u32()?;
                 b.skip(4)?;
-                QueueProp::Experimenter { experimenter, data: b.rest() }
+                QueueProp::Experimenter {
+                    experimenter,
+                    data: b.rest(),
+                }
             }
-            _ => QueueProp::Unknown { typ, data: b.rest() },
+            _ => QueueProp::Unknown {
+                typ,
+                data: b.rest(),
+            },
         })
     }
     fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
@@ -141,7 +153,11 @@ impl PacketQueue {
         while !p.is_empty() {
             properties.push(QueueProp::decode(&mut p)?);
         }
-        Ok(PacketQueue { queue_id, port, properties })
+        Ok(PacketQueue {
+            queue_id,
+            port,
+            properties,
+        })
     }
     fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         let start = out.len();

@@ -31,7 +31,10 @@ impl RoleMsg {
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let role = ControllerRole::from_raw(r.u32()?);
         r.skip(4)?;
-        Ok(RoleMsg { role, generation_id: r.u64()? })
+        Ok(RoleMsg {
+            role,
+            generation_id: r.u64()?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u32(self.role.to_raw());

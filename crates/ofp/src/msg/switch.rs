@@ -42,7 +42,13 @@ impl SwitchFeatures {
         r.skip(2)?;
         let capabilities = r.u32()?;
         r.skip(4)?; // reserved
-        Ok(SwitchFeatures { datapath_id, n_buffers, n_tables, auxiliary_id, capabilities })
+        Ok(SwitchFeatures {
+            datapath_id,
+            n_buffers,
+            n_tables,
+            auxiliary_id,
+            capabilities,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u64(self.datapath_id);
@@ -67,7 +73,10 @@ pub struct SwitchConfig {
 
 impl SwitchConfig {
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(SwitchConfig { flags: r.u16()?, miss_send_len: r.u16()? })
+        Ok(SwitchConfig {
+            flags: r.u16()?,
+            miss_send_len: r.u16()?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u16(self.flags);
@@ -89,7 +98,11 @@ pub struct Experimenter {
 
 impl Experimenter {
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(Experimenter { experimenter: r.u32()?, exp_type: r.u32()?, data: r.rest() })
+        Ok(Experimenter {
+            experimenter: r.u32()?,
+            exp_type: r.u32()?,
+            data: r.rest(),
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u32(self.experimenter);

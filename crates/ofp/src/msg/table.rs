@@ -19,7 +19,10 @@ impl TableMod {
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let table_id = r.u8()?;
         r.skip(3)?;
-        Ok(TableMod { table_id, config: r.u32()? })
+        Ok(TableMod {
+            table_id,
+            config: r.u32()?,
+        })
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         out.put_u8(self.table_id);

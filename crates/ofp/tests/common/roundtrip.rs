@@ -7,8 +7,8 @@ use std::net::Ipv4Addr;
 
 use bytes::{Bytes, BytesMut};
 use ofp::{
-    Action, Actions, FlowMod, FlowModFlags, Instruction, Match, Message, Oxm, PacketIn, PacketInReason, PacketOut, decode,
-    encode,
+    Action, Actions, FlowMod, FlowModFlags, Instruction, Match, Message, Oxm, PacketIn,
+    PacketInReason, PacketOut, decode, encode,
 };
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
@@ -51,7 +51,10 @@ pub fn packet_in_bytes() -> Bytes {
 }
 
 fn be16(d: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([d.get(at).copied().unwrap_or(0), d.get(at + 1).copied().unwrap_or(0)])
+    u16::from_be_bytes([
+        d.get(at).copied().unwrap_or(0),
+        d.get(at + 1).copied().unwrap_or(0),
+    ])
 }
 fn ip(d: &[u8], at: usize) -> Ipv4Addr {
     let mut a = [0u8; 4];
@@ -71,7 +74,9 @@ fn mac(d: &[u8], at: usize) -> [u8; 6] {
 /// One round trip; returns the number of bytes written to `out`.
 pub fn round_trip(frame: &Bytes, out: &mut BytesMut) -> usize {
     out.clear();
-    let Ok((xid, Message::PacketIn(pi))) = decode(frame.clone()) else { panic!("not a packet-in") };
+    let Ok((xid, Message::PacketIn(pi))) = decode(frame.clone()) else {
+        panic!("not a packet-in")
+    };
     let in_port = pi.in_port().unwrap_or(0);
     let d = &pi.data[..];
     let (client_mac, client_ip, vip) = (mac(d, 6), ip(d, 26), ip(d, 30));

@@ -1,0 +1,613 @@
+//! The controller driven through a fake network (Faucet's method): every message it sends
+//! is applied to fake flow tables or traced as a PACKET_OUT, every packet that misses goes
+//! back to it as a PACKET_IN, and the tests assert where packets end up.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use flowgate_packet::{self as packet, Arp, L3, MacAddr, TcpFlags, TcpSegment};
+use ofp::{
+    Message, MultipartReply, MultipartReplyBody, PacketIn, PacketInReason, PortDesc, SwitchFeatures,
+};
+
+use super::*;
+use crate::testkit::{FakeNetwork, FakeTable, PacketFields};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+const VMAC: MacAddr = MacAddr([0x02, 0x66, 0x67, 0, 0, 1]);
+
+fn mac(i: u8) -> MacAddr {
+    MacAddr([0, 0, 0, 0, 0, i])
+}
+
+fn ip(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, i)
+}
+
+/// A controller wired to a fake network.
+struct Sim {
+    c: Controller,
+    net: FakeNetwork,
+    now: Instant,
+    out: Outbox,
+    /// Ports per switch, for PORT_DESC replies.
+    ports: BTreeMap<u64, Vec<u32>>,
+    /// Packets hosts received during the last `send`.
+    received: Vec<(String, PacketFields)>,
+    packet_ins: usize,
+}
+
+impl Sim {
+    /// Switches with `ports` each, `links` between them, hosts `(name, dpid, port)`.
+    fn new(
+        config: &str,
+        switches: &[(u64, u32)],
+        links: &[((u64, u32), (u64, u32))],
+        hosts: &[(&str, u64, u32)],
+    ) -> Sim {
+        let cfg = Config::from_toml(config, &|_| None).expect("valid config");
+        let mut net = FakeNetwork::new();
+        let mut ports = BTreeMap::new();
+        for &(d, n) in switches {
+            net.add_switch(d, FakeTable::new());
+            ports.insert(d, (1..=n).collect());
+        }
+        for &(a, b) in links {
+            net.add_link(a, b);
+        }
+        for &(h, d, p) in hosts {
+            net.add_host(h, (d, p));
+        }
+        let mut sim = Sim {
+            c: Controller::new(&cfg),
+            net,
+            now: Instant::now(),
+            out: Outbox::new(),
+            ports,
+            received: Vec::new(),
+            packet_ins: 0,
+        };
+        let dpids: Vec<u64> = sim.ports.keys().copied().collect();
+        for d in dpids {
+            let features = SwitchFeatures {
+                datapath_id: d,
+                n_buffers: 0,
+                n_tables: 254,
+                auxiliary_id: 0,
+                capabilities: 0,
+            };
+            sim.c.handle_switch_up(sim.now, features, &mut sim.out);
+            sim.pump();
+        }
+        sim.tick(Duration::from_millis(10));
+        sim
+    }
+
+    fn tick(&mut self, by: Duration) {
+        self.now += by;
+        self.c.handle_tick(self.now, &mut self.out);
+        self.pump();
+    }
+
+    /// Carry out everything the controller asked for, and everything that follows from it.
+    fn pump(&mut self) {
+        for _ in 0..10_000 {
+            let msgs: Vec<(u64, Message)> = self.out.drain().collect();
+            if msgs.is_empty() {
+                return;
+            }
+            for (dpid, msg) in msgs {
+                self.carry_out(dpid, msg);
+            }
+        }
+        panic!("the controller and the network never settled");
+    }
+
+    fn carry_out(&mut self, dpid: u64, msg: Message) {
+        match &msg {
+            Message::FlowMod(_) | Message::GroupMod(_) | Message::MeterMod(_) => {
+                if let Err(e) = self.net.apply(dpid, &msg) {
+                    panic!("the switch would answer with an OpenFlow ERROR: {e} for {msg:?}");
+                }
+            }
+            Message::PacketOut(po) => {
+                let table = self.net.switch(dpid).expect("switch");
+                let trace = table
+                    .packet_out(po)
+                    .unwrap_or_else(|e| panic!("PACKET_OUT refused: {e}"));
+                let is_lldp = matches!(packet::parse(&po.data).map(|f| f.l3), Ok(L3::Lldp(_)));
+                for (port, fields) in trace.outputs {
+                    if is_lldp {
+                        // LLDP is never forwarded: it arrives at the peer and goes up.
+                        if let Some(peer) = self.net.peer((dpid, port)) {
+                            self.packet_in(peer.0, peer.1, po.data.clone());
+                        }
+                        continue;
+                    }
+                    self.emit(dpid, port, fields);
+                }
+            }
+            Message::MultipartRequest(r) => match &r.body {
+                ofp::MultipartRequestBody::PortDesc => {
+                    let ports = self.ports[&dpid]
+                        .iter()
+                        .map(|&p| port_desc(dpid, p))
+                        .collect();
+                    let reply = Message::MultipartReply(MultipartReply {
+                        flags: 0,
+                        body: MultipartReplyBody::PortDesc(ports),
+                    });
+                    self.c.handle_message(self.now, dpid, &reply, &mut self.out);
+                }
+                ofp::MultipartRequestBody::Flow(_) => {
+                    let reply = Message::MultipartReply(MultipartReply {
+                        flags: 0,
+                        body: MultipartReplyBody::Flow(Vec::new()),
+                    });
+                    self.c.handle_message(self.now, dpid, &reply, &mut self.out);
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// A packet leaves switch `dpid` on `port`: over a link into the next switch, or to a host.
+    fn emit(&mut self, dpid: u64, port: u32, fields: PacketFields) {
+        if let Some(peer) = self.net.peer((dpid, port)) {
+            let d = self.net.inject(peer, fields).expect("no loop");
+            self.absorb(d);
+        } else if let Some(h) = self.net.host_at((dpid, port)) {
+            self.received.push((h.to_string(), fields));
+        }
+    }
+
+    fn absorb(&mut self, d: crate::testkit::Delivery) {
+        self.received.extend(d.hosts);
+        for (dpid, f) in d.to_controller {
+            let frame = frame_of(&f);
+            self.packet_in(dpid, f.in_port, frame);
+        }
+    }
+
+    fn packet_in(&mut self, dpid: u64, in_port: u32, data: ofp::Bytes) {
+        self.packet_ins += 1;
+        let pi = PacketIn {
+            buffer_id: ofp::NO_BUFFER,
+            total_len: data.len() as u16,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: 0,
+            match_: ofp::Match::new().with(ofp::Oxm::InPort(in_port)),
+            data,
+        };
+        self.c
+            .handle_message(self.now, dpid, &Message::PacketIn(pi), &mut self.out);
+        self.pump();
+    }
+
+    /// Host `from` sends a frame; returns who received what.
+    fn send(&mut self, from: &str, frame: &[u8]) -> Vec<(String, PacketFields)> {
+        self.received.clear();
+        let d = self.net.deliver_frame(from, frame).expect("no loop");
+        self.absorb(d);
+        std::mem::take(&mut self.received)
+    }
+}
+
+fn port_desc(dpid: u64, p: u32) -> PortDesc {
+    PortDesc {
+        port_no: p,
+        hw_addr: [0x0a, 0, 0, 0, dpid as u8, p as u8],
+        name: ofp::PortName::new(&format!("s{dpid}-eth{p}")),
+        config: 0,
+        state: 0,
+        curr: 0,
+        advertised: 0,
+        supported: 0,
+        peer: 0,
+        curr_speed: 0,
+        max_speed: 0,
+    }
+}
+
+/// A frame with these fields (TCP and ARP are what these tests send).
+fn frame_of(f: &PacketFields) -> ofp::Bytes {
+    if let (Some(op), Some(spa), Some(tpa)) = (f.arp_op, f.arp_spa, f.arp_tpa) {
+        let arp = Arp {
+            op,
+            sha: f.arp_sha.unwrap_or(f.eth_src),
+            spa,
+            tha: f.arp_tha.unwrap_or(MacAddr::ZERO),
+            tpa,
+        };
+        return packet::arp_frame(f.eth_src, f.eth_dst, f.vlan, &arp);
+    }
+    let seg = TcpSegment {
+        eth_src: f.eth_src,
+        eth_dst: f.eth_dst,
+        ip_src: f.ipv4_src.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        ip_dst: f.ipv4_dst.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        src_port: f.tcp_src.unwrap_or(0),
+        dst_port: f.tcp_dst.unwrap_or(0),
+        flags: TcpFlags(f.tcp_flags.unwrap_or(0) as u8),
+        ..TcpSegment::default()
+    };
+    packet::ipv4_tcp(&seg)
+}
+
+fn arp_request(from: u8, target: Ipv4Addr) -> ofp::Bytes {
+    packet::arp_request(mac(from), ip(from), target)
+}
+
+fn tcp(
+    from_mac: MacAddr,
+    to_mac: MacAddr,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    flags: u8,
+) -> ofp::Bytes {
+    packet::ipv4_tcp(&TcpSegment {
+        eth_src: from_mac,
+        eth_dst: to_mac,
+        ip_src: src.0,
+        ip_dst: dst.0,
+        src_port: src.1,
+        dst_port: dst.1,
+        seq: 1000,
+        flags: TcpFlags(flags),
+        ..TcpSegment::default()
+    })
+}
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const SYN_ACK: u8 = 0x12;
+
+fn service_config(algorithm: &str, backends: &[u8]) -> String {
+    let mut c = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\n[service.health]\nkind = \"none\"\n"
+    );
+    for b in backends {
+        c += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(*b));
+    }
+    c
+}
+
+/// One switch with h1 (client) and h2..h4 (backends) on ports 1..4; every host has said
+/// something so the controller knows where it is.
+fn single_switch(algorithm: &str) -> Sim {
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(
+        &service_config(algorithm, &[2, 3, 4]),
+        &[(1, 4)],
+        &[],
+        &hosts,
+    );
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim
+}
+
+#[test]
+fn arp_for_the_vip_is_answered_with_the_virtual_mac() {
+    let mut sim = single_switch("round-robin");
+    let got = sim.send("h1", &arp_request(1, VIP));
+    let (who, reply) = got
+        .iter()
+        .find(|(h, _)| h == "h1")
+        .expect("h1 gets an answer");
+    assert_eq!(who, "h1");
+    assert_eq!(reply.arp_op, Some(packet::ARP_OP_REPLY));
+    assert_eq!(reply.arp_sha, Some(VMAC));
+    assert_eq!(reply.arp_spa, Some(VIP));
+    assert!(
+        got.iter().all(|(h, _)| h == "h1"),
+        "nobody else hears about the VIP: {got:?}"
+    );
+}
+
+#[test]
+fn arp_between_hosts_is_flooded_then_unicast_is_carried_by_rules() {
+    let mut sim = single_switch("round-robin");
+    let got = sim.send("h1", &arp_request(1, ip(3)));
+    let names: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
+    assert_eq!(
+        names,
+        ["h2", "h3", "h4"],
+        "a broadcast reaches every other host once"
+    );
+    let before = sim.packet_ins;
+    // h3 is known, so its MAC has an L2 rule: a unicast frame to it needs no controller.
+    let got = sim.send("h1", &tcp(mac(1), mac(3), (ip(1), 5555), (ip(3), 22), SYN));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "h3");
+    assert_eq!(sim.packet_ins, before, "carried by the switch alone");
+}
+
+#[test]
+fn a_new_connection_is_rewritten_both_ways_and_stays_with_its_backend() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 40000);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    assert_eq!(got.len(), 1, "the SYN reaches exactly one backend: {got:?}");
+    let (backend, seen) = &got[0];
+    let b: u8 = backend[1..].parse().unwrap();
+    assert_eq!(
+        seen.ipv4_dst,
+        Some(ip(b)),
+        "destination rewritten to the backend"
+    );
+    assert_eq!(seen.eth_dst, mac(b));
+
+    // Every later packet of the connection, in either direction, is carried by the rules.
+    let before = sim.packet_ins;
+    let again = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        again.iter().map(|(h, _)| h.clone()).collect::<Vec<_>>(),
+        [backend.clone()]
+    );
+    let reply = sim.send(backend, &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK));
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].0, "h1");
+    assert_eq!(
+        reply[0].1.ipv4_src,
+        Some(VIP),
+        "the client only ever sees the VIP"
+    );
+    assert_eq!(reply[0].1.eth_src, VMAC);
+    assert_eq!(sim.packet_ins, before, "no PACKET_IN once the rules are in");
+}
+
+#[test]
+fn packets_that_race_the_rules_get_the_same_decision() {
+    // OVS's userspace datapath applies rules a little after accepting them: the SYN's
+    // retransmission and the backend's SYN-ACK may still come up. Simulate it by deleting
+    // the rules from the fake switch and sending them as PACKET_INs directly.
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 40001);
+    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let chosen = first[0].0.clone();
+    let b: u8 = chosen[1..].parse().unwrap();
+    for _ in 0..3 {
+        sim.received.clear();
+        sim.packet_in(1, 1, tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+        let got = std::mem::take(&mut sim.received);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].0, chosen,
+            "a retransmitted SYN goes to the same backend"
+        );
+    }
+    sim.received.clear();
+    sim.packet_in(
+        1,
+        u32::from(b),
+        tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
+    );
+    let got = std::mem::take(&mut sim.received);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "h1");
+    assert_eq!(
+        got[0].1.ipv4_src,
+        Some(VIP),
+        "the backend's early reply is rewritten too"
+    );
+    assert_eq!(
+        sim.c.services()[0].counters.connections_total,
+        1,
+        "one decision for the connection"
+    );
+}
+
+#[test]
+fn round_robin_spreads_connections_and_counts_them() {
+    let mut sim = single_switch("round-robin");
+    let mut counts = BTreeMap::new();
+    for port in 0..30u16 {
+        let got = sim.send(
+            "h1",
+            &tcp(mac(1), VMAC, (ip(1), 41000 + port), (VIP, 80), SYN),
+        );
+        *counts.entry(got[0].0.clone()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        [10, 10, 10],
+        "{counts:?}"
+    );
+    let active: u32 = sim.c.services()[0]
+        .backends
+        .iter()
+        .map(|b| b.active_connections)
+        .sum();
+    assert_eq!(active, 30);
+}
+
+#[test]
+fn an_unknown_non_syn_segment_is_reset_not_forwarded() {
+    let mut sim = single_switch("round-robin");
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 42000), (VIP, 80), ACK));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h1", "only the client hears back");
+    assert_eq!(
+        got[0].1.tcp_flags.map(|f| f & 0x04 != 0),
+        Some(true),
+        "it is a RST"
+    );
+    assert_eq!(got[0].1.ipv4_src, Some(VIP));
+    assert_eq!(sim.c.services()[0].counters.unknown_flow_packets, 1);
+    assert_eq!(sim.c.services()[0].counters.connections_total, 0);
+}
+
+#[test]
+fn a_drained_backend_takes_no_new_connections_and_keeps_its_old_ones() {
+    let mut sim = single_switch("round-robin");
+    let first = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 43000), (VIP, 80), SYN));
+    let drained = first[0].0.clone();
+    let bi = sim.c.services()[0]
+        .backend_index(ip(drained[1..].parse().unwrap()))
+        .unwrap();
+    assert!(sim.c.set_admin(sim.now, 0, bi, AdminState::Draining));
+    for port in 1..=20u16 {
+        let got = sim.send(
+            "h1",
+            &tcp(mac(1), VMAC, (ip(1), 43000 + port), (VIP, 80), SYN),
+        );
+        assert_ne!(got[0].0, drained, "no new connection to a draining backend");
+    }
+    // The existing connection still flows to it.
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 43000), (VIP, 80), ACK));
+    assert_eq!(got[0].0, drained);
+}
+
+#[test]
+fn flow_removed_ends_the_connection_and_its_count() {
+    let mut sim = single_switch("least-connections");
+    sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 44000), (VIP, 80), SYN));
+    assert_eq!(sim.c.connections().len(), 1);
+    let (key, _) = sim
+        .c
+        .connections()
+        .iter()
+        .next()
+        .map(|(k, c)| (*k, *c))
+        .unwrap();
+    let m = rules::tcp_match(
+        Some(key.client),
+        Some(key.service_addr),
+        Some(key.client_port),
+        Some(key.service_port),
+    );
+    let fr = ofp::FlowRemoved {
+        cookie: cookie::cookie(RuleKind::Conn, cookie::conn::ACCOUNTING),
+        priority: rules::PRIO_CONN,
+        reason: ofp::FlowRemovedReason::IdleTimeout,
+        table_id: 0,
+        duration_sec: 31,
+        duration_nsec: 0,
+        idle_timeout: 30,
+        hard_timeout: 0,
+        packet_count: 10,
+        byte_count: 1000,
+        match_: m,
+    };
+    sim.c
+        .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+    assert_eq!(sim.c.connections().len(), 0);
+    let active: u32 = sim.c.services()[0]
+        .backends
+        .iter()
+        .map(|b| b.active_connections)
+        .sum();
+    assert_eq!(active, 0);
+}
+
+/// Three switches in a line (s1 - s2 - s3), the client on s1 and the backends on s3:
+/// LLDP finds the links, and a connection gets rules on all three switches.
+#[test]
+fn linear_topology_paths_cross_every_switch() {
+    let links = [((1, 2), (2, 2)), ((2, 3), (3, 2))];
+    let hosts = [("h1", 1, 1), ("h5", 3, 1), ("h6", 3, 3)];
+    let cfg = service_config("round-robin", &[5, 6]);
+    let mut sim = Sim::new(&cfg, &[(1, 2), (2, 3), (3, 3)], &links, &hosts);
+    assert_eq!(sim.c.topology().links().count(), 2, "LLDP found both links");
+    for (h, i) in [("h1", 1), ("h5", 5), ("h6", 6)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN));
+    assert_eq!(got.len(), 1);
+    let backend = got[0].0.clone();
+    let b: u8 = backend[1..].parse().unwrap();
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), ACK));
+    assert_eq!(fwd[0].0, backend);
+    let back = sim.send(
+        &backend,
+        &tcp(mac(b), mac(1), (ip(b), 80), (ip(1), 45000), ACK),
+    );
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(back[0].1.ipv4_src, Some(VIP));
+    assert_eq!(
+        sim.packet_ins, before,
+        "both directions carried by rules on every switch"
+    );
+    for d in 1..=3 {
+        let conn_rules = sim
+            .net
+            .switch(d)
+            .unwrap()
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
+            .count();
+        assert_eq!(
+            conn_rules, 2,
+            "switch {d} holds the forward and the reverse rule"
+        );
+    }
+}
+
+/// A ring of three switches: broadcasts follow the spanning tree and never loop.
+#[test]
+fn a_ring_floods_along_a_tree() {
+    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
+    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
+    let mut sim = Sim::new(
+        &service_config("round-robin", &[2]),
+        &[(1, 3), (2, 3), (3, 3)],
+        &links,
+        &hosts,
+    );
+    let got = sim.send("h1", &arp_request(1, ip(3)));
+    let mut names: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["h2", "h3"],
+        "each other host hears the broadcast exactly once"
+    );
+}
+
+#[test]
+fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
+    let mut sim = single_switch("round-robin");
+    sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 46000), (VIP, 80), SYN));
+    let flows: Vec<ofp::FlowStats> = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
+        .map(|f| ofp::FlowStats {
+            table_id: 0,
+            duration_sec: 5,
+            duration_nsec: 0,
+            priority: f.priority,
+            idle_timeout: f.idle_timeout,
+            hard_timeout: 0,
+            flags: ofp::FlowModFlags::SEND_FLOW_REM,
+            cookie: f.cookie,
+            packet_count: 1,
+            byte_count: 60,
+            match_: f.match_.clone(),
+            instructions: f.instructions.iter().cloned().collect(),
+        })
+        .collect();
+    let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None).unwrap();
+    let mut fresh = Controller::new(&cfg);
+    let mut out = Outbox::new();
+    let reply = Message::MultipartReply(MultipartReply {
+        flags: 0,
+        body: MultipartReplyBody::Flow(flows),
+    });
+    fresh.handle_message(sim.now, 1, &reply, &mut out);
+    assert_eq!(fresh.connections().len(), 1);
+    let active: u32 = fresh.services()[0]
+        .backends
+        .iter()
+        .map(|b| b.active_connections)
+        .sum();
+    assert_eq!(active, 1);
+    let _ = SocketAddrV4::new(ip(1), 1);
+}
