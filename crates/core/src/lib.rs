@@ -15,6 +15,9 @@
 //! - [`balance`]: the selection algorithms (round robin to ISSLM) behind one interface.
 //! - [`health`]: active checks, outlier ejection and slow start, as state machines.
 //! - [`cookie`]: what each installed rule is, so a switch can be resynced.
+//! - [`overload`]: gapping of new flows under overload (ACCM), per service and for the
+//!   controller itself.
+//! - [`metrics_text`]: backends' own Prometheus figures turned into load.
 
 pub mod balance;
 pub mod config;
@@ -22,6 +25,8 @@ pub mod conntrack;
 pub mod controller;
 pub mod cookie;
 pub mod health;
+pub mod overload;
+pub mod metrics_text;
 pub mod service;
 pub mod topology;
 

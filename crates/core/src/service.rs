@@ -46,6 +46,9 @@ pub struct BackendState {
     pub active_connections: u32,
     pub connections_total: u64,
     pub picks_since_refresh: u32,
+    /// Connections assigned since the backend's last metrics report: they are in flight
+    /// but the report could not count them yet.
+    pub picks_since_metrics: u32,
     new_since_refresh: u32,
     /// New connections per second, averaged over [`RATE_TIME_CONSTANT`].
     pub rps: f64,
@@ -53,6 +56,8 @@ pub struct BackendState {
     pub cpu: Option<f64>,
     /// Request rate reported by the backend itself (Prometheus), when configured.
     pub reported_rps: Option<f64>,
+    /// Requests in progress as the backend reports them, when configured.
+    pub reported_active: Option<f64>,
     pub metrics_at: Option<Instant>,
     /// When the backend (re)joined, for slow start.
     pub since: Option<Instant>,
@@ -72,11 +77,13 @@ impl BackendState {
             active_connections: 0,
             connections_total: 0,
             picks_since_refresh: 0,
+            picks_since_metrics: 0,
             new_since_refresh: 0,
             rps: 0.0,
             response_time_ms: None,
             cpu: None,
             reported_rps: None,
+            reported_active: None,
             metrics_at: None,
             since: None,
             health: ActiveHealth::default(),
@@ -157,6 +164,7 @@ impl ServiceState {
         self.counters.connections_total += 1;
         if let Some(b) = self.backends.get_mut(backend) {
             b.picks_since_refresh += 1;
+            b.picks_since_metrics += 1;
             b.new_since_refresh += 1;
             b.connections_total += 1;
             b.active_connections += 1;
@@ -239,7 +247,15 @@ fn loads_push(loads: &mut Vec<BackendLoad>, b: &BackendState, weight: u32, metri
     loads.push(BackendLoad {
         eligible: b.eligible(),
         weight,
-        active_connections: b.active_connections,
+        // What the backend itself reports in progress is the truer figure for short
+        // requests (the switch reports a connection's end about a second after its FIN);
+        // the flow count stands in when there is no fresh report.
+        active_connections: match b.reported_active {
+            Some(a) if metrics_fresh && a.is_finite() && a >= 0.0 => {
+                (a.round() as u32).saturating_add(b.picks_since_metrics)
+            }
+            _ => b.active_connections,
+        },
         rps: b.reported_rps.unwrap_or(b.rps),
         picks_since_refresh: b.picks_since_refresh,
         response_time_ms: b.response_time_ms,

@@ -5,5 +5,6 @@
 //! tools ([`cli`]). The one binary, `flowgate`, is in `main.rs`.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod runtime;

@@ -44,6 +44,42 @@ enum Cmd {
     Httpd(flowgate_testbed::httpd::HttpdArgs),
     /// A real HTTP load generator (bounded in requests and time).
     Load(flowgate_testbed::load::LoadArgs),
+    /// A command-line client of the controller's HTTP API.
+    Ctl(flowgate::cli::ctl::CtlArgs),
+    /// Benchmarks: controller flow setups, the data path, memory (docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        cmd: flowgate::bench::BenchCmd,
+    },
+    /// The paper's experiments on real Open vSwitch and network namespaces.
+    Lab {
+        #[command(subcommand)]
+        cmd: LabCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum LabCmd {
+    /// Name the scenarios.
+    List,
+    /// Run one scenario (needs root and Open vSwitch): build the network, run the load,
+    /// measure, and write tables and plots to --out.
+    Run {
+        /// Scenario name (see `flowgate lab list`).
+        name: String,
+        /// The quick variant: fewer clients and requests, shorter (under two minutes).
+        #[arg(long)]
+        quick: bool,
+        /// Output directory for the tables (Markdown, CSV) and plots (SVG).
+        #[arg(long, default_value = "out/lab")]
+        out: PathBuf,
+        /// Name prefix of the bridges, namespaces and interfaces (4-6 characters).
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Seed of the random client draws and of the controller.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -86,6 +122,34 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }),
+        Cmd::Bench { cmd } => flowgate::bench::run(cmd),
+        Cmd::Ctl(args) => flowgate::cli::ctl::run(args),
+        Cmd::Lab { cmd: LabCmd::List } => {
+            print!("{}", flowgate_lab::list());
+            Ok(())
+        }
+        Cmd::Lab {
+            cmd:
+                LabCmd::Run {
+                    name,
+                    quick,
+                    out,
+                    prefix,
+                    seed,
+                },
+        } => std::env::current_exe()
+            .map_err(anyhow::Error::from)
+            .and_then(|flowgate| {
+                flowgate_lab::cli_run(&flowgate_lab::RunOptions {
+                    scenario: name,
+                    quick,
+                    out,
+                    flowgate,
+                    prefix,
+                    seed,
+                    progress: true,
+                })
+            }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -137,8 +201,9 @@ fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow
             std::fs::write(&tmp, ready.to_string())?;
             std::fs::rename(&tmp, &path)?;
         }
-        flowgate::runtime::run(
+        flowgate::runtime::run_with_path(
             config,
+            Some(std::fs::canonicalize(&path).unwrap_or(path)),
             flowgate::runtime::Listeners {
                 openflow,
                 api: Some(api),

@@ -1,12 +1,11 @@
 //! Output for `flowgate ofp decode`: one JSON object per message.
 
-use crate::error::DecodeError;
 use crate::msg::Message;
 
 /// Decode a buffer of concatenated messages and render each as a one-line JSON object
 /// `{"xid":..,"type":"OFPT_..","msg":{..}}`.
 #[cfg(feature = "serde")]
-pub fn to_json_lines(data: &[u8]) -> Result<Vec<String>, DecodeError> {
+pub fn to_json_lines(data: &[u8]) -> Result<Vec<String>, crate::error::DecodeError> {
     let msgs = crate::framing::decode_file_bytes(data)?;
     Ok(msgs.iter().map(|(xid, m)| message_json(*xid, m)).collect())
 }

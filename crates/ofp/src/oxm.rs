@@ -1107,6 +1107,14 @@ impl Match {
 
     /// Decode `struct ofp_match` including its padding to 8 bytes (§7.2.3.1).
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Match, DecodeError> {
+        let mut m = Match::new();
+        m.decode_into(r)?;
+        Ok(m)
+    }
+
+    /// Decode into `self` (which must be empty), avoiding a move of the inline storage.
+    #[inline]
+    pub(crate) fn decode_into(&mut self, r: &mut Reader<'_>) -> Result<(), DecodeError> {
         let typ = r.u16()?;
         let len = usize::from(r.u16()?);
         if typ != OFPMT_OXM {
@@ -1116,13 +1124,12 @@ impl Match {
             return Err(DecodeError::BadLength);
         }
         let mut body = r.sub(len - 4)?;
-        let mut fields = SmallVec::new();
         while !body.is_empty() {
-            fields.push(Oxm::decode(&mut body)?);
+            self.fields.push(Oxm::decode(&mut body)?);
         }
         let pad = (8 - len % 8) % 8;
         r.skip(pad)?;
-        Ok(Match { fields })
+        Ok(())
     }
 
     /// Encode `struct ofp_match` with padding.

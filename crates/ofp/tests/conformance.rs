@@ -535,3 +535,27 @@ fn truncated_flow_mod_is_truncated() {
         );
     }
 }
+
+#[test]
+fn decode_file_bytes_and_json_lines() {
+    let mut all = Vec::new();
+    for p in packets() {
+        all.extend(std::fs::read(p).expect("read"));
+    }
+    let msgs = ofp::decode_file_bytes(&all).expect("concatenated vectors decode");
+    assert_eq!(msgs.len(), packets().len());
+    let lines = ofp::display::to_json_lines(&all).expect("json");
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).expect("valid JSON");
+        assert!(
+            v["type"].as_str().is_some_and(|t| t.starts_with("OFPT_")),
+            "{l}"
+        );
+    }
+    let mut junk = all.clone();
+    junk.extend_from_slice(&[4, 0, 0]);
+    assert_eq!(
+        ofp::decode_file_bytes(&junk).map(|v| v.len()),
+        Err(DecodeError::TrailingBytes)
+    );
+}

@@ -67,6 +67,15 @@ fn packet_in_to_flow_mods_and_packet_out_allocates_nothing() {
     WATCH.with(|w| w.set(false));
     let n = ALLOCS.load(Ordering::Relaxed);
     assert_eq!(n, 0, "{n} heap allocations in 1000 round trips");
+    // The counter itself works.
+    WATCH.with(|w| w.set(true));
+    std::hint::black_box(Vec::<u8>::with_capacity(16));
+    WATCH.with(|w| w.set(false));
+    assert_eq!(
+        ALLOCS.load(Ordering::Relaxed),
+        1,
+        "the counting allocator did not see an allocation"
+    );
     // The three messages are valid and decode back.
     let msgs = ofp::decode_file_bytes(&out).expect("decode output");
     assert_eq!(msgs.len(), 3);

@@ -1,6 +1,8 @@
 //! Property tests: decode(encode(m)) == m for generated messages, encode(decode(b)) == b
 //! for what we encoded, and the framer is independent of how a stream is chunked.
 
+#![allow(clippy::unwrap_used)]
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use bytes::{Bytes, BytesMut};

@@ -29,6 +29,7 @@ pub mod httpd;
 pub mod load;
 pub mod netns;
 pub mod ovs;
+pub mod rootleg;
 pub mod topo;
 
 pub use error::{Error, Result};

@@ -18,7 +18,8 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{
-    BackendLoad, Balancer, SelectRequest, clean, conns, effective_rps, lc_key, usable, valid,
+    BackendLoad, Balancer, RateCtx, SelectRequest, clean, conns, effective_rps, lc_key, usable,
+    valid,
 };
 
 /// Smallest RT (ms) used in the `RT · (1 + picks)` product, so a zero RT still grows.
@@ -53,11 +54,6 @@ impl Stat {
         let cv = var.sqrt() / m;
         if cv.is_finite() { cv } else { 0.0 }
     }
-}
-
-/// `(rps·W + picks) / (W + since)` with `rps` replaced (for priors).
-fn eff_with(x: &BackendLoad, rps: f64, since: Duration, window: Duration) -> f64 {
-    effective_rps(&BackendLoad { rps, ..*x }, since, window)
 }
 
 // ---- DWRS ---------------------------------------------------------------------------
@@ -114,7 +110,7 @@ impl Balancer {
         } else {
             0.05
         };
-        let window = self.rate_window();
+        let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let DwrsState {
             mean_rps,
             mean_load,
@@ -123,7 +119,7 @@ impl Balancer {
         for (i, x) in b.iter().enumerate() {
             let mut w = 0.0;
             if usable(x) {
-                let eff = effective_rps(x, req.since_refresh, window);
+                let eff = rc.eff(x);
                 let load = dwrs_load(x, eff, mean_rps).unwrap_or(mean_load);
                 let head = 1.0 - load;
                 let head = if head.is_nan() {
@@ -133,7 +129,7 @@ impl Balancer {
                 };
                 w = f64::from(x.weight) * head;
             }
-            self.scratch[i] = w;
+            self.scratch[i][0] = w;
             sum += w;
         }
         if !(sum > 0.0 && sum.is_finite()) {
@@ -142,7 +138,8 @@ impl Balancer {
         let r = self.rng.gen_range(0.0..sum);
         let mut acc = 0.0;
         let mut last = None;
-        for (i, &w) in self.scratch[..b.len()].iter().enumerate() {
+        for (i, sc) in self.scratch[..b.len()].iter().enumerate() {
+            let w = sc[0];
             if w > 0.0 {
                 acc += w;
                 last = Some(i);
@@ -332,15 +329,14 @@ impl Balancer {
         if self.mrbs.samples < u64::from(self.params.mrbs_warmup) {
             return self.argmin(b, |_, x| Some([lc_key(x)]));
         }
-        let window = self.rate_window();
-        let since = req.since_refresh;
+        let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let (floor, mean) = (self.mrbs.floor, self.mrbs.mean_pred);
         let pred = std::mem::take(&mut self.mrbs.pred);
         let r = self.argmin(b, |i, x| {
             let p = pred.get(i).copied().filter(|p| !p.is_nan()).unwrap_or(mean);
             let p = if p.is_nan() { floor } else { p.max(floor) };
             let cost = p * (1.0 + f64::from(x.picks_since_refresh));
-            Some([cost, effective_rps(x, since, window)])
+            Some([cost, rc.eff(x)])
         });
         self.mrbs.pred = pred;
         r
@@ -400,46 +396,64 @@ impl Balancer {
     }
 
     pub(super) fn select_amlob(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Option<usize> {
-        let window = self.rate_window();
-        let since = req.since_refresh;
+        let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let st = self.amlob;
         let mut lo = [f64::INFINITY; 3];
         let mut hi = [f64::NEG_INFINITY; 3];
-        for x in b.iter().filter(|x| usable(x)) {
-            let m = amlob_metrics(&st, x, since, window);
+        // Pass 1: metrics into the scratch buffer, pool minima and maxima.
+        for (i, x) in b.iter().enumerate() {
+            if !usable(x) {
+                continue;
+            }
+            let m = amlob_metrics(&st, x, rc);
             for k in 0..3 {
                 if !m[k].is_nan() {
                     lo[k] = lo[k].min(m[k]);
                     hi[k] = hi[k].max(m[k]);
                 }
             }
+            self.scratch[i] = [m[0], m[1], m[2], 0.0];
         }
-        self.argmin(b, |_, x| {
-            let m = amlob_metrics(&st, x, since, window);
+        // `a_k / range_k`; a zero or infinite range scores `a_k` above the minimum.
+        let mut scale = [0.0; 3];
+        let mut step = [false; 3];
+        for k in 0..3 {
+            let range = hi[k] - lo[k];
+            if range > 0.0 && range.is_finite() {
+                scale[k] = st.a[k] / range;
+            } else {
+                step[k] = true;
+            }
+        }
+        // Pass 2: argmin of the weighted min-max score, ties by fewer connections.
+        let sc = std::mem::take(&mut self.scratch);
+        let r = self.argmin(b, |i, _| {
+            let m = sc[i];
             let mut score = 0.0;
             for k in 0..3 {
-                let range = hi[k] - lo[k];
-                let z = if range > 0.0 && range.is_finite() {
-                    (m[k] - lo[k]) / range
-                } else if m[k] > lo[k] {
-                    1.0
+                score += if step[k] {
+                    if m[k] > lo[k] { st.a[k] } else { 0.0 }
                 } else {
-                    0.0
+                    (m[k] - lo[k]) * scale[k]
                 };
-                score += st.a[k] * z;
             }
-            Some([score, conns(x)])
-        })
+            Some([score, m[1]])
+        });
+        self.scratch = sc;
+        r
     }
 }
 
 /// AMLOB metrics of one backend: effective RPS, connections, expected RT; stale or
 /// unmeasured values take the pool mean.
-fn amlob_metrics(st: &AmlobState, x: &BackendLoad, since: Duration, window: Duration) -> [f64; 3] {
+fn amlob_metrics(st: &AmlobState, x: &BackendLoad, rc: RateCtx) -> [f64; 3] {
     let eff = if x.metrics_fresh {
-        effective_rps(x, since, window)
+        rc.eff(x)
     } else {
-        eff_with(x, st.mean_rps, since, window)
+        rc.eff(&BackendLoad {
+            rps: st.mean_rps,
+            ..*x
+        })
     };
     let rt = if x.metrics_fresh {
         valid(x.response_time_ms)

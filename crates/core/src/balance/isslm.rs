@@ -13,8 +13,9 @@
 //!
 //! Our reading, where the pseudo-code leaves gaps:
 //!
-//! * *Request load* is [`effective_rps`] (measured RPS blended with the connections this
-//!   balancer assigned since the refresh, so a burst cannot pile onto one target).
+//! * *Request load* is [`effective_rps`](super::effective_rps) (measured RPS blended
+//!   with the connections this balancer assigned since the refresh, so a burst cannot
+//!   pile onto one target).
 //!   *Server load* `S_Load` is [`AlgorithmParams::threshold_rps`].
 //! * *Hysteresis* (anchors §1.6): a backend becomes over at `load ≥ T` and stays over until
 //!   `load < T·(1 − hysteresis)`. The latch is per backend, updated on every refresh and
@@ -28,7 +29,9 @@
 //!   proposes its best candidate not yet rejected. A search is *successful* when its
 //!   proposal has fresh, valid metrics and is not over. So the first try is the
 //!   pseudo-code's if/else-if chain on the three best candidates; later tries look one
-//!   rank deeper in each ranking. At most `3 × isslm_tries` proposals are examined.
+//!   rank deeper in each ranking. At most `3 × isslm_tries` proposals are examined
+//!   (the implementation gets the same answer in two O(n) passes). Equal keys rank in
+//!   round-robin order from the cursor.
 //! * *Not found*: outcome `NoOptimalServer`. The paper only prints a message; we keep the
 //!   flow on the requested server when it is usable (the flow is not dropped), else
 //!   `backend: None`.
@@ -40,8 +43,8 @@ use std::cmp::Ordering;
 use std::time::Duration;
 
 use super::{
-    AlgorithmParams, BackendLoad, Balancer, Outcome, SelectRequest, Selection, conns,
-    effective_rps, key_f, usable, valid,
+    AlgorithmParams, BackendLoad, Balancer, Outcome, RateCtx, SelectRequest, Selection, conns,
+    key_f, usable, valid,
 };
 
 /// `(key, rotated position)` ordering of a ranking.
@@ -89,17 +92,16 @@ impl Balancer {
 
     pub(super) fn refresh_isslm(&mut self, b: &[BackendLoad]) {
         let t = threshold(&self.params);
-        let w = self.rate_window();
+        let rc = RateCtx::new(Duration::ZERO, self.rate_window());
         for (i, x) in b.iter().enumerate() {
-            self.latch(i, effective_rps(x, Duration::ZERO, w), t);
+            self.latch(i, rc.eff(x), t);
         }
     }
 
     pub(super) fn select_isslm(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Selection {
         let n = b.len();
         let t = threshold(&self.params);
-        let window = self.rate_window();
-        let since = req.since_refresh;
+        let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let (requested, from_client) = match req.requested.filter(|&r| r < n) {
             Some(r) => (r, true),
             None => match self.next_rr(b) {
@@ -108,14 +110,14 @@ impl Balancer {
             },
         };
         let req_usable = usable(&b[requested]);
-        let over = self.latch(requested, effective_rps(&b[requested], since, window), t);
+        let over = self.latch(requested, rc.eff(&b[requested]), t);
         if req_usable && !over {
             return Selection {
                 backend: Some(requested),
                 outcome: Outcome::Requested,
             };
         }
-        match self.isslm_search(b, requested, t, since, window) {
+        match self.isslm_search(b, requested, t, rc) {
             Some(i) => {
                 if from_client {
                     // Rotate ties of later searches (behind a VIP the base RR does it).
@@ -138,71 +140,82 @@ impl Balancer {
         }
     }
 
-    /// The bounded three-ranking search; see the module docs. One pass over the pool per
-    /// try computes the three proposals; no allocation.
+    /// The bounded three-ranking search; see the module docs.
+    ///
+    /// Equivalent to walking the rankings try by try, in O(n) whatever `isslm_tries`:
+    /// a proposal's acceptance does not depend on when it is examined, so the walk
+    /// stops at the smallest `(rank of the best acceptable candidate, search)` pair,
+    /// provided that rank is below `isslm_tries`. Pass 1 takes each candidate's keys and
+    /// acceptance (into the scratch buffer) and each ranking's best acceptable and best
+    /// overall candidate; pass 2, needed only when the RPS ranking's leader is rejected,
+    /// counts the ranks. No allocation.
     fn isslm_search(
         &mut self,
         b: &[BackendLoad],
         requested: usize,
         t: f64,
-        since: Duration,
-        window: Duration,
+        rc: RateCtx,
     ) -> Option<usize> {
         let n = b.len();
         let s = self.start(n);
-        let mut last: [Option<(f64, usize)>; 3] = [None; 3];
-        for _ in 0..self.params.isslm_tries.max(1) {
-            let mut best: [Option<(f64, usize, usize)>; 3] = [None; 3];
-            for (i, x) in b.iter().enumerate() {
-                if i == requested || !usable(x) {
-                    continue;
-                }
-                let pos = (i + n - s) % n;
-                let keys = [
-                    Some(key_f(effective_rps(x, since, window))),
-                    Some(conns(x)),
-                    valid(x.response_time_ms),
-                ];
-                for (k, key) in keys.into_iter().enumerate() {
-                    let Some(key) = key else { continue };
-                    if last[k].is_some_and(|l| !rank_less(l, (key, pos))) {
-                        continue;
-                    }
-                    if best[k].is_none_or(|(bk, bp, _)| rank_less((key, pos), (bk, bp))) {
-                        best[k] = Some((key, pos, i));
-                    }
-                }
+        // (key, rotated position, index) of the best acceptable / best overall candidate.
+        let mut best_ok: [Option<(f64, usize, usize)>; 3] = [None; 3];
+        let mut best_any: [Option<(f64, usize)>; 3] = [None; 3];
+        for (i, x) in b.iter().enumerate() {
+            if i == requested || !usable(x) {
+                self.scratch[i][3] = f64::NAN; // not a candidate
+                continue;
             }
-            let mut proposed = false;
+            let pos = (i + n - s) % n;
+            let eff = rc.eff(x);
+            let keys = [
+                key_f(eff),
+                conns(x),
+                valid(x.response_time_ms).unwrap_or(f64::NAN), // unmeasured: not ranked
+            ];
+            let ok = x.metrics_fresh && !x.rps.is_nan() && x.rps >= 0.0 && !self.latch(i, eff, t);
+            self.scratch[i] = [keys[0], keys[1], keys[2], if ok { 1.0 } else { 0.0 }];
             for k in 0..3 {
-                let Some((key, pos, i)) = best[k] else {
+                if keys[k].is_nan() {
                     continue;
-                };
-                proposed = true;
-                last[k] = Some((key, pos));
-                if self.isslm_acceptable(&b[i], i, t, since, window) {
-                    return Some(i);
+                }
+                if best_any[k].is_none_or(|a| rank_less((keys[k], pos), a)) {
+                    best_any[k] = Some((keys[k], pos));
+                }
+                if ok && best_ok[k].is_none_or(|(bk, bp, _)| rank_less((keys[k], pos), (bk, bp))) {
+                    best_ok[k] = Some((keys[k], pos, i));
                 }
             }
-            if !proposed {
-                break; // every ranking is exhausted
+        }
+        // Try 1, search 1 succeeds: the RPS leader is acceptable.
+        if let (Some((k, p, i)), Some(a)) = (best_ok[0], best_any[0]) {
+            if (k, p) == a {
+                return Some(i);
             }
         }
-        None
-    }
-
-    /// A move target must have fresh, valid metrics and not be over (latched).
-    fn isslm_acceptable(
-        &mut self,
-        x: &BackendLoad,
-        i: usize,
-        t: f64,
-        since: Duration,
-        window: Duration,
-    ) -> bool {
-        if !x.metrics_fresh || x.rps.is_nan() || x.rps < 0.0 {
-            return false;
+        let mut rank = [0usize; 3];
+        for (i, sc) in self.scratch[..n].iter().enumerate() {
+            if sc[3].is_nan() {
+                continue;
+            }
+            let pos = (i + n - s) % n;
+            for k in 0..3 {
+                if let Some((bk, bp, _)) = best_ok[k] {
+                    if !sc[k].is_nan() && rank_less((sc[k], pos), (bk, bp)) {
+                        rank[k] += 1;
+                    }
+                }
+            }
         }
-        !self.latch(i, effective_rps(x, since, window), t)
+        let tries = usize::try_from(self.params.isslm_tries.max(1)).unwrap_or(usize::MAX);
+        let mut winner: Option<(usize, usize)> = None;
+        for k in 0..3 {
+            if let Some((_, _, i)) = best_ok[k] {
+                if rank[k] < tries && winner.is_none_or(|(r, _)| rank[k] < r) {
+                    winner = Some((rank[k], i));
+                }
+            }
+        }
+        winner.map(|(_, i)| i)
     }
 }

@@ -429,10 +429,34 @@ impl Selection {
 /// elapsed, with a 1 ms floor on the denominator. NaN or negative `rps` counts as 0;
 /// `+∞` stays `+∞` (over any threshold).
 pub fn effective_rps(b: &BackendLoad, since_refresh: Duration, window: Duration) -> f64 {
-    let w = window.as_secs_f64();
-    let total = (w + since_refresh.as_secs_f64()).max(MIN_RATE_WINDOW_S);
-    let measured = clean(b.rps) * w;
-    (if measured.is_nan() { 0.0 } else { measured } + f64::from(b.picks_since_refresh)) / total
+    RateCtx::new(since_refresh, window).eff(b)
+}
+
+/// [`effective_rps`] with the per-selection constants hoisted out of the backend loop.
+#[derive(Debug, Clone, Copy)]
+struct RateCtx {
+    /// `W` in seconds.
+    w: f64,
+    /// `1 / max(W + since, 1 ms)`.
+    inv: f64,
+}
+
+impl RateCtx {
+    fn new(since_refresh: Duration, window: Duration) -> Self {
+        let w = window.as_secs_f64();
+        let total = (w + since_refresh.as_secs_f64()).max(MIN_RATE_WINDOW_S);
+        RateCtx {
+            w,
+            inv: 1.0 / total,
+        }
+    }
+
+    #[inline]
+    fn eff(&self, b: &BackendLoad) -> f64 {
+        let measured = clean(b.rps) * self.w;
+        let measured = if measured.is_nan() { 0.0 } else { measured };
+        (measured + f64::from(b.picks_since_refresh)) * self.inv
+    }
 }
 
 /// `eligible && weight > 0`.
@@ -465,15 +489,15 @@ fn lc_key(b: &BackendLoad) -> f64 {
     (conns(b) + 1.0) / f64::from(b.weight.max(1))
 }
 
-/// Lexicographic "a < b" on keys with a total order (NaN is mapped to +∞ by callers'
-/// `key_f`, and `total_cmp` keeps this total regardless).
+/// Lexicographic "a < b" on keys already free of NaN (see [`key_f`]).
 #[inline]
 fn lex_less<const K: usize>(a: &[f64; K], b: &[f64; K]) -> bool {
     for i in 0..K {
-        match key_f(a[i]).total_cmp(&key_f(b[i])) {
-            std::cmp::Ordering::Less => return true,
-            std::cmp::Ordering::Greater => return false,
-            std::cmp::Ordering::Equal => {}
+        if a[i] < b[i] {
+            return true;
+        }
+        if a[i] > b[i] {
+            return false;
         }
     }
     false
@@ -500,8 +524,9 @@ pub struct Balancer {
     wrr_current: Vec<i64>,
     /// ISSLM hysteresis latch: true while the backend is "over".
     over: Vec<bool>,
-    /// Scratch weights for the roulette wheel (DWRS), sized `n`.
-    scratch: Vec<f64>,
+    /// Per-backend scratch for one selection (DWRS wheel, AMLOB metrics, ISSLM
+    /// rankings), sized `n` so select never allocates.
+    scratch: Vec<[f64; 4]>,
     dwrs: adaptive::DwrsState,
     mrbs: adaptive::MrbsState,
     amlob: adaptive::AmlobState,
@@ -587,7 +612,7 @@ impl Balancer {
         self.n = n_backends;
         self.wrr_current.resize(n_backends, 0);
         self.over.resize(n_backends, false);
-        self.scratch.resize(n_backends, 0.0);
+        self.scratch.resize(n_backends, [0.0; 4]);
         self.mrbs.resize(n_backends);
         self.srt.resize(n_backends);
         if n_backends == 0 {
@@ -689,21 +714,32 @@ impl Balancer {
     ) -> Option<usize> {
         let n = b.len();
         let s = self.start(n);
-        let mut best: Option<(usize, [f64; K])> = None;
-        for i in (s..n).chain(0..s) {
-            let x = &b[i];
+        let mut best = usize::MAX;
+        let mut best_k = [f64::INFINITY; K];
+        let mut visit = |i: usize, x: &BackendLoad| {
             if !usable(x) {
-                continue;
+                return;
             }
-            let Some(k) = key(i, x) else { continue };
-            match &best {
-                Some((_, bk)) if !lex_less(&k, bk) => {}
-                _ => best = Some((i, k)),
+            let Some(mut k) = key(i, x) else { return };
+            for v in &mut k {
+                *v = key_f(*v);
             }
+            if best == usize::MAX || lex_less(&k, &best_k) {
+                best = i;
+                best_k = k;
+            }
+        };
+        for (i, x) in b.iter().enumerate().skip(s) {
+            visit(i, x);
         }
-        let (i, _) = best?;
-        self.cursor = i + 1;
-        Some(i)
+        for (i, x) in b.iter().enumerate().take(s) {
+            visit(i, x);
+        }
+        if best == usize::MAX {
+            return None;
+        }
+        self.cursor = best + 1;
+        Some(best)
     }
 
     // ---- none, wrr, random, p2c ----------------------------------------------------

@@ -1063,3 +1063,79 @@ fn argmin_algorithms_do_not_herd_on_a_burst() {
         assert!(max <= 25, "{k} herded: {got:?}");
     }
 }
+
+/// The O(n) ISSLM search equals the literal try-by-try walk of the three rankings.
+#[test]
+#[allow(clippy::needless_range_loop)]
+fn isslm_search_matches_literal_walk() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
+    let t = 100.0;
+    for case in 0..3000 {
+        let n = rng.gen_range(2..12);
+        let tries = rng.gen_range(1..6);
+        let mut p: Vec<BackendLoad> = (0..n)
+            .map(|_| BackendLoad {
+                eligible: rng.gen_bool(0.8),
+                rps: f64::from(rng.gen_range(0..15u32)) * 10.0,
+                active_connections: rng.gen_range(0..4),
+                response_time_ms: rng.gen_bool(0.7).then(|| f64::from(rng.gen_range(1..5u32))),
+                metrics_fresh: rng.gen_bool(0.6),
+                ..BackendLoad::new(1)
+            })
+            .collect();
+        p[0].rps = 500.0; // requested, over
+        let rc = RateCtx::new(Duration::ZERO, MS10);
+        let accept = |x: &BackendLoad| x.metrics_fresh && rc.eff(x) < t;
+        let key = |k: usize, x: &BackendLoad| match k {
+            0 => Some(rc.eff(x)),
+            1 => Some(conns(x)),
+            _ => x.response_time_ms,
+        };
+        let mut want = None;
+        let mut last: [Option<(f64, usize)>; 3] = [None; 3];
+        'walk: for _ in 0..tries {
+            let mut proposed = false;
+            for k in 0..3 {
+                let mut best: Option<(f64, usize)> = None;
+                for (i, x) in p.iter().enumerate().skip(1) {
+                    let Some(v) = key(k, x).filter(|_| usable(x)) else {
+                        continue;
+                    };
+                    let after = last[k].is_none_or(|l| (v, i) > l);
+                    if after && best.is_none_or(|bb| (v, i) < bb) {
+                        best = Some((v, i));
+                    }
+                }
+                let Some((v, i)) = best else { continue };
+                proposed = true;
+                last[k] = Some((v, i));
+                if accept(&p[i]) {
+                    want = Some(i);
+                    break 'walk;
+                }
+            }
+            if !proposed {
+                break;
+            }
+        }
+        let mut b = Balancer::new(
+            AlgorithmKind::Isslm,
+            AlgorithmParams {
+                hysteresis: 0.0,
+                isslm_tries: tries,
+                ..params()
+            },
+            n,
+            1,
+        );
+        let got = b.select(&to(0), &p);
+        match want {
+            Some(i) => assert_eq!(got.backend, Some(i), "case {case}: {p:?}"),
+            None => assert!(
+                matches!(got.outcome, Outcome::NoOptimalServer | Outcome::NoEligible),
+                "case {case}: {got:?} {p:?}"
+            ),
+        }
+    }
+}

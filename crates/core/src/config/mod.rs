@@ -4,7 +4,7 @@
 //! config with any problem yields no [`Config`] at all, so nothing starts half-configured.
 //! Defaults are named `DEFAULT_*`, each with the reason for its value.
 
-mod reader;
+pub(crate) mod reader;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -32,6 +32,10 @@ pub const DEFAULT_ECHO_TIMEOUT_MS: u64 = 15_000;
 pub const DEFAULT_PACKET_IN_RATE: u32 = 100_000;
 /// The seed balancer's idle timeout for per-connection rules (seconds).
 pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30;
+/// A closed connection's rules linger this long after its FIN/RST, then the switch removes
+/// them and reports it: active connections are counted from the switch within about a
+/// second of a connection's end, not 30 s of idle timeout later.
+pub const DEFAULT_FIN_TIMEOUT_SECS: u64 = 1;
 /// The source paper refreshes server load about every 10 ms.
 pub const DEFAULT_REFRESH_INTERVAL_MS: u64 = 10;
 /// Link discovery probe period; links unseen for three periods are dropped.
@@ -39,6 +43,9 @@ pub const DEFAULT_LLDP_INTERVAL_MS: u64 = 1_000;
 /// HAProxy's default check interval is 2 s; we check a little faster.
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
+/// Backends' own metrics are scraped once a second: a Prometheus endpoint is not built to
+/// be polled at the 10 ms load refresh, and request-rate counters need a window anyway.
+pub const DEFAULT_METRICS_INTERVAL_MS: u64 = 1_000;
 /// HAProxy's defaults: two successes to rise, three failures to fall.
 pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 3;
@@ -137,7 +144,13 @@ pub struct ControllerConfig {
     pub refresh_interval: Duration,
     pub lldp_interval: Duration,
     pub unknown_flow: UnknownFlowPolicy,
+    /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST
+    /// (Open vSwitch's `fin_timeout` extension action); 0 leaves the rules to the plain
+    /// idle timeout, as a switch without the extension needs.
+    pub fin_timeout_secs: u16,
     pub seed: u64,
+    /// `[controller.overload]`: the controller's own gap (see [`crate::overload`]).
+    pub overload: crate::overload::ControllerOverloadConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -158,6 +171,14 @@ pub struct HealthConfig {
     pub fall: u32,
 }
 
+/// How to read backends' own Prometheus metrics (`metrics = URL` on a backend).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub names: crate::metrics_text::MetricNames,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {
     pub name: String,
@@ -171,7 +192,10 @@ pub struct ServiceConfig {
     pub idle_timeout_secs: u16,
     pub slow_start: Duration,
     pub health: HealthConfig,
+    pub metrics: MetricsConfig,
     pub backends: Vec<BackendConfig>,
+    /// `[service.overload]`: gapping of new connections (see [`crate::overload`]).
+    pub overload: crate::overload::OverloadConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -377,10 +401,18 @@ fn validate(
             UnknownFlowPolicy::Reset
         }
     };
+    let fin_timeout_secs = ctl
+        .int_in("fin_timeout_secs", 0, 65_535, errs)
+        .map(|v| v as u16)
+        .unwrap_or(DEFAULT_FIN_TIMEOUT_SECS as u16);
     let seed = ctl
         .integer("seed", errs)
         .map(|v| v as u64)
         .unwrap_or(0x666c_6f77_6761_7465);
+    let ctl_overload = ctl
+        .table("overload", errs)
+        .map(|t| crate::overload::ControllerOverloadConfig::read(t, errs))
+        .unwrap_or_default();
     ctl.finish(errs);
 
     // [[service]]
@@ -410,7 +442,9 @@ fn validate(
             refresh_interval,
             lldp_interval,
             unknown_flow,
+            fin_timeout_secs,
             seed,
+            overload: ctl_overload,
         },
         services,
     })
@@ -574,6 +608,35 @@ fn validate_service(
         .map(|v| v as u32)
         .unwrap_or(DEFAULT_HEALTH_FALL);
     h.finish(errs);
+    let overload = s
+        .table("overload", errs)
+        .map(|t| crate::overload::OverloadConfig::read(t, errs))
+        .unwrap_or_default();
+
+    let mut m = s.table("metrics", errs).unwrap_or_else(|| Obj::new(s.key_path("metrics"), &empty));
+    let mut names = match m.string("preset", errs) {
+        None | Some("flowgate") => crate::metrics_text::MetricNames::default(),
+        Some("nginx") => crate::metrics_text::MetricNames::nginx(),
+        Some(other) => {
+            errs.push(ConfigError::new(m.key_path("preset"), format!("{other:?} is not one of \"flowgate\", \"nginx\"")));
+            crate::metrics_text::MetricNames::default()
+        }
+    };
+    if let Some(list) = m.strings("active", errs) {
+        names.active = list;
+    }
+    for (key, slot) in [
+        ("requests", &mut names.requests),
+        ("response_time", &mut names.response_time),
+        ("cpu", &mut names.cpu),
+    ] {
+        if let Some(v) = m.string(key, errs) {
+            *slot = (!v.is_empty()).then(|| v.to_string());
+        }
+    }
+    let metrics_interval = millis(&mut m, "interval_ms", DEFAULT_METRICS_INTERVAL_MS, 10, 3_600_000, errs);
+    let metrics_timeout = millis(&mut m, "timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
+    m.finish(errs);
 
     let mut backends = Vec::new();
     let mut seen = HashSet::new();
@@ -648,7 +711,9 @@ fn validate_service(
             rise,
             fall,
         },
+        metrics: MetricsConfig { interval: metrics_interval, timeout: metrics_timeout, names },
         backends,
+        overload,
     })
 }
 

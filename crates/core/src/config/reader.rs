@@ -60,6 +60,31 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// A string, or an array of strings.
+    pub(crate) fn strings(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Option<Vec<String>> {
+        let path = self.key_path(key);
+        match self.get(key)? {
+            Value::String(s) => Some(vec![s.clone()]),
+            Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, v) in items.iter().enumerate() {
+                    match v {
+                        Value::String(s) => out.push(s.clone()),
+                        other => errs.push(ConfigError::new(
+                            format!("{path}[{i}]"),
+                            format!("expected a string, found {}", other.type_str()),
+                        )),
+                    }
+                }
+                Some(out)
+            }
+            other => {
+                errs.push(ConfigError::new(path, format!("expected a string or an array of strings, found {}", other.type_str())));
+                None
+            }
+        }
+    }
+
     pub(crate) fn integer(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Option<i64> {
         match self.get(key)? {
             Value::Integer(i) => Some(*i),

@@ -115,9 +115,26 @@ pub struct Controller {
     last_arp_probe: Option<Instant>,
     /// Topology generation the L2 rules were last computed for.
     l2_generation: u64,
+    /// The `fin_timeout` action added to connection rules (built once: cloning it is a
+    /// reference-count increment, not an allocation).
+    pub(crate) fin_timeout_action: Option<ofp::Action>,
+    /// Overload control: the gaps of the services and of the controller itself.
+    pub(crate) overload: crate::overload::enforce::Overload,
     /// Scratch buffers, reused so the PACKET_IN path does not allocate.
     pub(crate) scratch_path: Vec<(Dpid, u32)>,
     pub(crate) scratch_ports: Vec<u32>,
+}
+
+/// The balancer weighs a backend's measured `rps` over `rps_window` (default: the 10 ms
+/// refresh interval) against the picks made since. `BackendState::rps` is an average over
+/// [`crate::service::RATE_TIME_CONSTANT`] (1 s), so that is its window; with 10 ms each
+/// new pick added 100 req/s to a backend's apparent rate and ISSLM saw every server over
+/// any realistic threshold (found in the lab, `docs/lab.md`).
+fn rate_window(mut cfg: crate::config::ServiceConfig) -> crate::config::ServiceConfig {
+    cfg.params
+        .rps_window
+        .get_or_insert(crate::service::RATE_TIME_CONSTANT);
+    cfg
 }
 
 impl Controller {
@@ -139,12 +156,15 @@ impl Controller {
             last_lldp: None,
             last_arp_probe: None,
             l2_generation: 0,
+            fin_timeout_action: (config.controller.fin_timeout_secs > 0)
+                .then(|| rules::fin_timeout(config.controller.fin_timeout_secs)),
+            overload: crate::overload::enforce::Overload::new(config),
             scratch_path: Vec::with_capacity(16),
             scratch_ports: Vec::with_capacity(64),
         };
         for (i, s) in config.services.iter().enumerate() {
             c.services
-                .push(ServiceState::new(s.clone(), seed.wrapping_add(i as u64)));
+                .push(ServiceState::new(rate_window(s.clone()), seed.wrapping_add(i as u64)));
         }
         c.reindex();
         c
@@ -233,7 +253,9 @@ impl Controller {
         let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
         v.sort_by_key(|(k, _)| **k);
         v.into_iter()
-            .map(|(&(addr, port), l)| rules::intercept(l.service, addr, port))
+            .map(|(&(addr, port), l)| {
+                self.overload_intercept(l.service, rules::intercept(l.service, addr, port))
+            })
             .collect()
     }
 
@@ -268,10 +290,12 @@ impl Controller {
         for kind in RuleKind::PROACTIVE {
             out.push(dpid, rules::delete_kind(kind));
         }
+        self.overload_switch_reset(dpid, out);
         // §6.2: without a barrier the switch may reorder; the deletes must be done before
         // the new rules land, or they would delete them.
         out.push(dpid, Message::BarrierRequest);
-        out.push(dpid, rules::table_miss());
+        self.overload_ensure_meters(now, dpid, out);
+        out.push(dpid, self.overload_table_miss(rules::table_miss()));
         out.push(dpid, rules::lldp_to_controller());
         for m in self.intercept_rules() {
             out.push(dpid, m);
@@ -287,6 +311,7 @@ impl Controller {
     /// of the topology forgets it.
     pub fn handle_switch_down(&mut self, now: Instant, dpid: Dpid, out: &mut Outbox) {
         if self.switches.remove(&dpid).is_some() {
+            self.overload_switch_down(dpid);
             self.topo.remove_switch(dpid);
             self.event(now, "switch-down", format!("{dpid:016x}"));
             self.sync_backend_locations(now);
@@ -398,6 +423,7 @@ impl Controller {
             self.last_arp_probe = Some(now);
             self.probe_unlocated_backends(out);
         }
+        self.overload_tick(now, out);
         self.maybe_recompute_l2(out);
     }
 
@@ -453,6 +479,8 @@ impl Controller {
         params.validate(kind)?;
         let seed = self.seed;
         let s = self.services.get_mut(service).ok_or("no such service")?;
+        let mut params = params;
+        params.rps_window.get_or_insert(crate::service::RATE_TIME_CONSTANT);
         s.set_algorithm(kind, params, seed.wrapping_add(service as u64));
         let detail = format!("{} -> {kind}", s.cfg.name);
         self.event(now, "algorithm", detail);
@@ -527,6 +555,11 @@ impl Controller {
 
     fn reinstall_intercepts(&mut self, out: &mut Outbox) {
         let msgs = self.intercept_rules();
+        let dpids: Vec<Dpid> = self.switches.keys().copied().collect();
+        for &dpid in &dpids {
+            let now = self.switches[&dpid].connected_at;
+            self.overload_ensure_meters(now, dpid, out);
+        }
         for &dpid in self.switches.keys() {
             out.push(dpid, rules::delete_kind(RuleKind::Intercept));
             out.push(dpid, Message::BarrierRequest);
@@ -541,7 +574,8 @@ impl Controller {
     pub fn reload(&mut self, now: Instant, config: &Config, out: &mut Outbox) {
         let mut old: Vec<ServiceState> = std::mem::take(&mut self.services);
         for (i, scfg) in config.services.iter().enumerate() {
-            let mut s = ServiceState::new(scfg.clone(), self.seed.wrapping_add(i as u64));
+            let mut s =
+                ServiceState::new(rate_window(scfg.clone()), self.seed.wrapping_add(i as u64));
             if let Some(prev) = old.iter_mut().find(|o| o.cfg.name == scfg.name) {
                 carry_over(prev, &mut s);
             }
@@ -577,6 +611,7 @@ impl Controller {
             None => false,
         });
         self.cfg = config.controller.clone();
+        self.overload.reload(config);
         self.reindex();
         self.sync_backend_locations(now);
         self.reinstall_intercepts(out);
@@ -624,7 +659,7 @@ impl Controller {
     }
 
     /// Feed one active probe result; the backend's rise/fall state decides its health.
-    pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, ok: bool) {
+    pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, result: ProbeResult) {
         let Some(b) = self
             .services
             .get_mut(service)
@@ -632,7 +667,14 @@ impl Controller {
         else {
             return;
         };
-        match b.health.on_probe(ok) {
+        let transition = match result {
+            ProbeResult::Ok => b.health.on_probe(true),
+            ProbeResult::Failed => b.health.on_probe(false),
+            // A refused connection is the backend's own kernel saying nothing listens:
+            // no reason to wait for `fall` more probes (Envoy treats a bad HTTP status so).
+            ProbeResult::Refused => b.health.force_down(),
+        };
+        match transition {
             Some(crate::health::HealthTransition::Up) => {
                 self.handle_health(now, service, backend, true)
             }
@@ -667,6 +709,23 @@ impl Controller {
         }
     }
 
+    /// Load figures read from a backend's own metrics endpoint.
+    pub fn handle_backend_load(&mut self, now: Instant, service: usize, backend: usize, load: crate::metrics_text::LoadSample) {
+        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return };
+        b.metrics_at = Some(now);
+        b.picks_since_metrics = 0;
+        if load.rps.is_some() {
+            b.reported_rps = load.rps;
+        }
+        if load.cpu.is_some() {
+            b.cpu = load.cpu;
+        }
+        b.reported_active = load.active;
+        if let Some(ms) = load.response_time_ms {
+            self.handle_response_time(service, backend, ms);
+        }
+    }
+
     /// Record a measured response time (ms) for a backend, from a probe or its metrics.
     pub fn handle_response_time(&mut self, service: usize, backend: usize, ms: f64) {
         if let Some(b) = self
@@ -695,6 +754,17 @@ fn carry_over(prev: &mut ServiceState, next: &mut ServiceState) {
     }
     next.counters = prev.counters.clone();
     next.sync_eligibility();
+}
+
+/// The outcome of one active health probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// Connected (and, for HTTP, a 2xx/3xx answer).
+    Ok,
+    /// Timed out, reset mid-way, or a bad HTTP status: counts toward `fall`.
+    Failed,
+    /// Connection refused: the backend is down now.
+    Refused,
 }
 
 /// Per-switch figures for operators.

@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | 500 | LLDP to the controller | `Lldp` |
 //! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
+//! | 250 | overload OFF period: drop new connections to a service address | `Gap` |
 //! | 200 | new connections to a service address, to the controller | `Intercept` |
 //! | 100 | L2: to a learned host's MAC, toward it | `L2` |
 //! | 0 | table-miss, to the controller | `TableMiss` |
@@ -21,6 +22,7 @@ use crate::cookie::{self, RuleKind};
 
 pub(crate) const PRIO_LLDP: u16 = 500;
 pub(crate) const PRIO_CONN: u16 = 300;
+pub(crate) const PRIO_GAP: u16 = 250;
 pub(crate) const PRIO_INTERCEPT: u16 = 200;
 pub(crate) const PRIO_L2: u16 = 100;
 pub(crate) const PRIO_TABLE_MISS: u16 = 0;
@@ -96,6 +98,28 @@ pub(crate) fn intercept(service: u16, addr: Ipv4Addr, port: u16) -> Message {
         m,
         to_controller(),
     ))
+}
+
+/// An OFF period of a service's gap: new connections to `addr:port` are dropped at the
+/// switch until `hard_timeout` seconds have passed (§6.5: the switch removes the entry
+/// itself). Connection rules (priority 300) are above it: established flows never see it.
+pub(crate) fn gap_drop(service: u16, addr: Ipv4Addr, port: u16, hard_timeout: u16) -> Message {
+    let m = tcp_match(None, Some(addr), None, Some(port));
+    // An empty instruction set drops (§5.10: no output action, no forwarding).
+    let mut fm = FlowMod::add(m);
+    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(service));
+    fm.priority = PRIO_GAP;
+    fm.hard_timeout = hard_timeout;
+    Message::FlowMod(fm)
+}
+
+/// Withdraw a service's OFF-period rules (cookie-masked delete, §7.3.4.1).
+pub(crate) fn gap_delete(service: u16) -> Message {
+    let mut fm = FlowMod::delete(Match::new());
+    fm.table_id = TABLE_ALL;
+    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(service));
+    fm.cookie_mask = u64::MAX;
+    Message::FlowMod(fm)
 }
 
 pub(crate) fn l2_forward(mac: MacAddr, port: u32) -> Message {
@@ -208,6 +232,22 @@ pub(crate) fn push_rewrite_src(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
         value: ip,
         mask: None,
     }));
+}
+
+/// Nicira's experimenter id (Open vSwitch extensions).
+pub(crate) const NX_VENDOR_ID: u32 = 0x0000_2320;
+/// `NXAST_FIN_TIMEOUT`: on a TCP FIN or RST, lower the rule's idle/hard timeouts.
+const NXAST_FIN_TIMEOUT: u16 = 19;
+
+/// Open vSwitch's `fin_timeout(idle_timeout=N)`: once the switch sees the connection's FIN
+/// or RST, its rule idles out after `idle` seconds instead of the full idle timeout, and the
+/// FLOW_REMOVED that follows ends the connection's accounting promptly.
+/// Wire form (`struct nx_action_fin_timeout`, 16 bytes): subtype, fin_idle_timeout,
+/// fin_hard_timeout, 2 bytes of padding, after the experimenter header.
+pub(crate) fn fin_timeout(idle: u16) -> Action {
+    let [a, b] = NXAST_FIN_TIMEOUT.to_be_bytes();
+    let [i, j] = idle.to_be_bytes();
+    Action::Experimenter { experimenter: NX_VENDOR_ID, data: Bytes::copy_from_slice(&[a, b, i, j, 0, 0, 0, 0]) }
 }
 
 /// Send `data` out with `actions`, as if it had entered at `in_port`.

@@ -60,6 +60,15 @@ impl Controller {
             };
             if let Some(conn) = self.conns.get(&key).copied() {
                 self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+            } else if let Some((key, conn)) =
+                self.find_by_backend(dst, tcp.dst_port, src, tcp.src_port)
+            {
+                // Without a VIP every backend address is a listener: a packet of a
+                // connection addressed to another backend and already rewritten to this
+                // one (at a switch further along, before its rule took effect) is that
+                // connection's, not a new one (found in the lab: redirected connections
+                // were decided twice, or reset).
+                self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
             } else if tcp.flags.is_initial_syn() {
                 self.new_connection(now, dpid, in_port, frame, key, l, pi, out);
             } else {
@@ -139,6 +148,14 @@ impl Controller {
         let created_ms = self.ms_since_start(now);
         let flow_hash = flow_hash(&key);
         let si = usize::from(l.service);
+        // Overload control: the service's gap refuses it, with a RST so the client learns
+        // at once (or silently, if so configured).
+        if !self.overload_admit(now, si, out) {
+            if self.overload_refusal_resets(si) {
+                self.reset(dpid, in_port, frame, out);
+            }
+            return;
+        }
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -256,6 +273,7 @@ impl Controller {
             .map_or(self.config().idle_timeout_secs, |s| s.cfg.idle_timeout_secs);
         let low = (u64::from(conn.service) << 16) | u64::from(conn.backend);
         let rewrite = key.service_addr != p.backend_ip;
+        let fin = self.fin_timeout_action.clone();
 
         let mut path = std::mem::take(&mut self.scratch_path);
         if self
@@ -284,6 +302,9 @@ impl Controller {
                         value: p.backend_mac.0,
                         mask: None,
                     }));
+                }
+                if let Some(fin) = &fin {
+                    actions.push(fin.clone());
                 }
                 actions.push(Action::output(port));
                 let cookie_low = if first {
@@ -326,6 +347,9 @@ impl Controller {
                             mask: None,
                         }));
                     }
+                }
+                if let Some(fin) = &fin {
+                    actions.push(fin.clone());
                 }
                 actions.push(Action::output(port));
                 out.push(

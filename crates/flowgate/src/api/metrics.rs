@@ -1,14 +1,78 @@
-//! `/metrics` in the Prometheus text exposition format (version 0.0.4).
-//! Names follow Prometheus conventions: a `flowgate_` prefix, base units, `_total` on
-//! counters.
+//! `/metrics` in the Prometheus text exposition format (version 0.0.4), and the decision
+//! latency histogram the switch sessions feed.
+//!
+//! Names follow Prometheus conventions: a `flowgate_` prefix, base units (seconds),
+//! `_total` on counters. Every family is declared (`# HELP`, `# TYPE`) before its samples,
+//! and each family's samples are written together. Families of features that do not exist
+//! yet (the overload "gap" state) are omitted rather than exported as placeholders.
 
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+use super::ApiState;
 use crate::runtime::Handle;
+
+/// Upper bounds (inclusive, nanoseconds) of the decision latency buckets: 1 µs to 100 ms,
+/// 1-2.5-5 steps.
+pub const LATENCY_BOUNDS_NS: [u64; 16] = [
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+];
+
+/// A fixed-bucket histogram of durations. Observing is a few relaxed atomic adds: no lock,
+/// no allocation.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Per-bucket (not cumulative) counts; the last one is above the largest bound.
+    buckets: [AtomicU64; LATENCY_BOUNDS_NS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = LATENCY_BOUNDS_NS
+            .iter()
+            .position(|&b| ns <= b)
+            .unwrap_or(LATENCY_BOUNDS_NS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound (the last is `+Inf`, the total) and the sum in seconds.
+    pub fn snapshot(&self) -> ([u64; LATENCY_BOUNDS_NS.len() + 1], f64) {
+        let mut out = [0u64; LATENCY_BOUNDS_NS.len() + 1];
+        let mut acc = 0u64;
+        for (o, b) in out.iter_mut().zip(self.buckets.iter()) {
+            acc += b.load(Ordering::Relaxed);
+            *o = acc;
+        }
+        (out, self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9)
+    }
+}
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -22,10 +86,26 @@ fn esc(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// A float as the exposition format writes it (`+Inf`, `NaN`).
+fn num(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    } else {
+        format!("{v}")
+    }
+}
+
 pub(crate) fn render(handle: &Handle) -> String {
+    let flow_counts = handle
+        .flow_counts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let core = handle.lock();
     let c = &core.controller;
-    let mut o = String::with_capacity(4096);
+    let mut o = String::with_capacity(8192);
 
     let counters = c.counters();
     for (name, help, v) in [
@@ -64,6 +144,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "Connections recovered from switch flow tables.",
             counters.connections_rebuilt,
         ),
+        (
+            "flowgate_packet_in_dropped_total",
+            "PACKET_INs dropped beyond a switch session's packet_in_rate budget.",
+            handle.packet_in_dropped.load(Ordering::Relaxed),
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {v}");
@@ -75,6 +160,39 @@ pub(crate) fn render(handle: &Handle) -> String {
         "Connections tracked by the controller.",
     );
     let _ = writeln!(o, "flowgate_connections {}", c.connections().len());
+    family(
+        &mut o,
+        "flowgate_uptime_seconds",
+        "gauge",
+        "Seconds since the controller started.",
+    );
+    let _ = writeln!(
+        o,
+        "flowgate_uptime_seconds {}",
+        num(handle.started.elapsed().as_secs_f64())
+    );
+
+    // Decision latency: the core's handling of one PACKET_IN, measured by the sessions.
+    let (cum, sum) = handle.decision_latency.snapshot();
+    let name = "flowgate_decision_latency_seconds";
+    family(
+        &mut o,
+        name,
+        "histogram",
+        "Time the core takes to handle one PACKET_IN (decision and rules).",
+    );
+    for (i, b) in LATENCY_BOUNDS_NS.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "{name}_bucket{{le=\"{}\"}} {}",
+            num(*b as f64 / 1e9),
+            cum[i]
+        );
+    }
+    let total = cum[LATENCY_BOUNDS_NS.len()];
+    let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {total}");
+    let _ = writeln!(o, "{name}_sum {}", num(sum));
+    let _ = writeln!(o, "{name}_count {total}");
 
     family(
         &mut o,
@@ -89,6 +207,17 @@ pub(crate) fn render(handle: &Handle) -> String {
                 "flowgate_switch_packet_in_total{{dpid=\"{d:016x}\"}} {}",
                 s.packet_in
             );
+        }
+    }
+    family(
+        &mut o,
+        "flowgate_switch_flows",
+        "gauge",
+        "Flow entries in the switch (all tables), from its last aggregate stats reply.",
+    );
+    for d in c.switch_ids() {
+        if let Some(f) = flow_counts.get(&d) {
+            let _ = writeln!(o, "flowgate_switch_flows{{dpid=\"{d:016x}\"}} {}", f.flows);
         }
     }
     family(&mut o, "flowgate_switches", "gauge", "Connected switches.");
@@ -129,7 +258,7 @@ pub(crate) fn render(handle: &Handle) -> String {
         }
     }
 
-    let per_backend: [(&str, &str, &str); 6] = [
+    let per_backend: [(&str, &str, &str); 7] = [
         (
             "flowgate_backend_active_connections",
             "gauge",
@@ -143,12 +272,12 @@ pub(crate) fn render(handle: &Handle) -> String {
         (
             "flowgate_backend_requests_per_second",
             "gauge",
-            "New connections per second (1 s average).",
+            "New connections per second (1 s average), or the backend's own report.",
         ),
         (
             "flowgate_backend_response_time_seconds",
             "gauge",
-            "Average probe response time.",
+            "Response time (EWMA of probes or the backend's metrics).",
         ),
         (
             "flowgate_backend_healthy",
@@ -159,6 +288,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "flowgate_backend_draining",
             "gauge",
             "1 when the backend takes no new connections.",
+        ),
+        (
+            "flowgate_backend_weight",
+            "gauge",
+            "Configured weight (before slow start).",
         ),
     ];
     for (i, (name, kind, help)) in per_backend.iter().enumerate() {
@@ -174,26 +308,99 @@ pub(crate) fn render(handle: &Handle) -> String {
                         None => continue,
                     },
                     4 => f64::from(u8::from(b.healthy)),
-                    _ => f64::from(u8::from(
+                    5 => f64::from(u8::from(
                         b.admin == flowgate_core::service::AdminState::Draining,
                     )),
+                    _ => f64::from(b.weight),
                 };
                 let _ = writeln!(
                     o,
-                    "{name}{{service=\"{}\",backend=\"{}\"}} {v}",
+                    "{name}{{service=\"{}\",backend=\"{}\"}} {}",
                     esc(&s.cfg.name),
-                    b.address
+                    b.address,
+                    num(v)
                 );
             }
         }
     }
+    overload_metrics(&mut o, c);
     o
 }
 
-pub(crate) async fn metrics(State(handle): State<Handle>) -> Response {
+/// Overload control: each service's gap and the controller's own.
+fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
+    let views: Vec<(String, flowgate_core::overload::GapView)> = c
+        .services()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| c.gap_view(i).map(|v| (esc(&s.cfg.name), v)))
+        .collect();
+    family(
+        o,
+        "flowgate_service_overload_mode",
+        "gauge",
+        "Overload control mode of the service (1 for the mode in the label).",
+    );
+    for (name, v) in &views {
+        let _ = writeln!(o, "flowgate_service_overload_mode{{service=\"{name}\",mode=\"{}\"}} 1", v.mode);
+    }
+    let gauges: [(&str, &str, fn(&flowgate_core::overload::GapView) -> Option<f64>); 4] = [
+        (
+            "flowgate_service_overload_admitted_rate_limit",
+            "Admitted new-connection rate the gap amounts to (per second); absent when no gap.",
+            |v| v.admitted_rate_limit,
+        ),
+        (
+            "flowgate_service_overload_gap_seconds",
+            "Current gap between two admitted new connections; absent when no gap.",
+            |v| v.gap_ms.map(|g| g / 1000.0),
+        ),
+        (
+            "flowgate_service_overload_load",
+            "Measured load of the pool against its target (1 = at target).",
+            |v| Some(v.load),
+        ),
+        (
+            "flowgate_service_overload_admitted_per_second",
+            "Measured admitted new-connection rate.",
+            |v| Some(v.admitted_rate),
+        ),
+    ];
+    for (metric, help, f) in gauges {
+        family(o, metric, "gauge", help);
+        for (name, v) in &views {
+            if let Some(x) = f(v) {
+                let _ = writeln!(o, "{metric}{{service=\"{name}\"}} {x}");
+            }
+        }
+    }
+    family(
+        o,
+        "flowgate_service_overload_refused_total",
+        "counter",
+        "New connections refused by the gap (RST from the controller, or dropped).",
+    );
+    for (name, v) in &views {
+        let _ = writeln!(o, "flowgate_service_overload_refused_total{{service=\"{name}\"}} {}", v.refused_total);
+    }
+    let cv = c.controller_gap_view();
+    for (metric, kind, help, x) in [
+        ("flowgate_controller_overload_gapping", "gauge", "1 while the controller meters its own PACKET_INs.", f64::from(u8::from(cv.gap.gapping))),
+        ("flowgate_controller_overload_admitted_rate_limit", "gauge", "Admitted PACKET_IN rate (all switches; 0 = no limit).", cv.gap.admitted_rate_limit.unwrap_or(0.0)),
+        ("flowgate_controller_packet_in_utilization", "gauge", "Fraction of the last window spent on PACKET_INs.", cv.utilization),
+        ("flowgate_controller_packet_in_queueing_seconds", "gauge", "Longest PACKET_IN queueing delay in the last window.", cv.queueing_delay_ms / 1000.0),
+        ("flowgate_controller_packet_in_rate", "gauge", "PACKET_INs handled per second (last window).", cv.handled_rate),
+        ("flowgate_controller_packet_in_max_rate", "gauge", "Highest PACKET_IN rate handled while saturated.", cv.max_handled_rate),
+    ] {
+        family(o, metric, kind, help);
+        let _ = writeln!(o, "{metric} {x}");
+    }
+}
+
+pub(crate) async fn metrics(State(st): State<ApiState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        render(&handle),
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        render(&st.handle),
     )
         .into_response()
 }

@@ -1,3 +1,4 @@
 //! Subcommands other than the controller itself.
 
+pub mod ctl;
 pub mod ofp;

@@ -8,12 +8,14 @@
 //! own writer task.
 
 mod probe;
+mod scrape;
 mod session;
 mod tls;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -141,9 +143,52 @@ pub struct Handle {
     core: Arc<Mutex<CoreCell>>,
     pub started: Instant,
     pub config: Arc<Mutex<Config>>,
+    /// The file the config came from, re-read on reload (SIGHUP or the API).
+    pub config_path: Option<Arc<PathBuf>>,
+    /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
+    pub packet_in_dropped: Arc<AtomicU64>,
+    /// Time the core takes to handle one PACKET_IN (measured by the sessions).
+    pub decision_latency: Arc<crate::api::metrics::LatencyHistogram>,
+    /// Flow count per switch, from the periodic aggregate stats request (§7.3.5.3).
+    pub flow_counts: Arc<Mutex<HashMap<Dpid, FlowCount>>>,
 }
 
+/// A switch's flow count as its last OFPMP_AGGREGATE reply said.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowCount {
+    pub flows: u32,
+    pub at: Instant,
+}
+
+/// How often each switch is asked for its aggregate flow stats.
+pub const FLOW_STATS_INTERVAL: Duration = Duration::from_secs(2);
+
 impl Handle {
+    /// A handle over a controller with no switch sessions (yet): what [`run`] builds, and
+    /// what in-process API tests use.
+    pub fn new(controller: Controller, config: Config, config_path: Option<PathBuf>) -> Handle {
+        Handle {
+            core: Arc::new(Mutex::new(CoreCell::new(controller))),
+            started: Instant::now(),
+            config: Arc::new(Mutex::new(config)),
+            config_path: config_path.map(Arc::new),
+            packet_in_dropped: Arc::new(AtomicU64::new(0)),
+            decision_latency: Arc::new(crate::api::metrics::LatencyHistogram::new()),
+            flow_counts: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    pub(crate) fn record_flow_count(&self, dpid: Dpid, flows: u32) {
+        let mut m = self.flow_counts.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(
+            dpid,
+            FlowCount {
+                flows,
+                at: Instant::now(),
+            },
+        );
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, CoreCell> {
         // A panic under the lock is a bug; the state is still the best we have.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
@@ -162,12 +207,18 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_with_path(config, None, listeners, shutdown).await
+}
+
+/// [`run`], with the file the config came from: SIGHUP and `POST /api/v1/reload` re-read it.
+pub async fn run_with_path(
+    config: Config,
+    config_path: Option<PathBuf>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let controller = Controller::new(&config);
-    let handle = Handle {
-        core: Arc::new(Mutex::new(CoreCell::new(controller))),
-        started: Instant::now(),
-        config: Arc::new(Mutex::new(config.clone())),
-    };
+    let handle = Handle::new(controller, config.clone(), config_path);
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let tls = match &config.openflow.tls {
@@ -191,6 +242,9 @@ pub async fn run(
         stop_rx.clone(),
     ));
     tasks.spawn(probe::probe_loop(handle.clone(), stop_rx.clone()));
+    tasks.spawn(scrape::scrape_loop(handle.clone(), stop_rx.clone()));
+    tasks.spawn(flow_stats_loop(handle.clone(), stop_rx.clone()));
+    tasks.spawn(sighup_loop(handle.clone(), stop_rx.clone()));
     if let Some(api) = listeners.api {
         tracing::info!(listen = %api.local_addr()?, "API listener up");
         tasks.spawn(crate::api::serve(api, handle.clone(), stop_rx.clone()));
@@ -216,6 +270,58 @@ async fn tick_loop(handle: Handle, every: Duration, mut stop: watch::Receiver<bo
                 let now = Instant::now();
                 handle.lock().with(|c, out| c.handle_tick(now, out));
             }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Ask every switch for its aggregate flow stats (all tables, all flows), for the API's
+/// per-switch flow count. The replies are taken by the sessions ([`Handle::flow_counts`]).
+async fn flow_stats_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(FLOW_STATS_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {
+                let mut core = handle.lock();
+                let dpids: Vec<Dpid> = core.sessions.keys().copied().collect();
+                for dpid in dpids {
+                    core.outbox.push(dpid, aggregate_request());
+                }
+                core.flush();
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+fn aggregate_request() -> ofp::Message {
+    // §7.3.5.3: table OFPTT_ALL, no port/group/cookie restriction, an empty match.
+    ofp::Message::MultipartRequest(ofp::MultipartRequest {
+        flags: 0,
+        body: ofp::MultipartRequestBody::Aggregate(ofp::FlowStatsRequest {
+            table_id: 0xff,
+            out_port: ofp::port::ANY,
+            out_group: ofp::group::ANY,
+            cookie: 0,
+            cookie_mask: 0,
+            match_: ofp::Match::new(),
+        }),
+    })
+}
+
+/// Reload the config file on SIGHUP: validated first, a bad file changes nothing.
+async fn sighup_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => match crate::api::reload_from_file(&handle) {
+                Ok(r) => tracing::info!(services = r.services, restart_needed = ?r.restart_needed, "SIGHUP: config reloaded"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: config not reloaded"),
+            },
             _ = stop.changed() => return,
         }
     }

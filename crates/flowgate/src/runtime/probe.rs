@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use flowgate_core::config::{HealthConfig, HealthKind};
+use flowgate_core::controller::ProbeResult;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -79,17 +80,22 @@ async fn probe_backend(handle: Handle, target: Target, cfg: HealthConfig) {
     loop {
         interval.tick().await;
         let started = Instant::now();
-        let ok = match tokio::time::timeout(cfg.timeout, probe_once(addr, &cfg)).await {
-            Ok(Ok(())) => true,
+        let result = match tokio::time::timeout(cfg.timeout, probe_once(addr, &cfg)).await {
+            Ok(Ok(())) => ProbeResult::Ok,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(backend = %addr, "health probe refused");
+                ProbeResult::Refused
+            }
             Ok(Err(e)) => {
                 tracing::debug!(backend = %addr, error = %e, "health probe failed");
-                false
+                ProbeResult::Failed
             }
             Err(_) => {
                 tracing::debug!(backend = %addr, "health probe timed out");
-                false
+                ProbeResult::Failed
             }
         };
+        let ok = result == ProbeResult::Ok;
         let rtt_ms = started.elapsed().as_secs_f64() * 1000.0;
         let now = Instant::now();
         let mut core = handle.lock();
@@ -100,7 +106,7 @@ async fn probe_backend(handle: Handle, target: Target, cfg: HealthConfig) {
             let Some(bi) = c.services()[si].backend_index(target.address) else {
                 return;
             };
-            c.handle_probe(now, si, bi, ok);
+            c.handle_probe(now, si, bi, result);
             if ok {
                 c.handle_response_time(si, bi, rtt_ms);
             }

@@ -163,6 +163,11 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             if let Some(f) = rd.next()? {
                 break f;
             }
+            // §6.3.1: the first message is a HELLO (type 0 in every version). Garbage whose
+            // header announces a long length is refused now, not at the handshake timeout.
+            if !got_hello && rd.buf.len() >= 8 && rd.buf.get(1).is_some_and(|&t| t != 0) {
+                return Err(SessionError::Protocol("the first message was not HELLO"));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, rd.fill()).await {
                 Ok(Ok(true)) => {}
@@ -254,6 +259,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let mut last_heard = Instant::now();
+    let mut filled_at = last_heard;
     let mut echo_sent = false;
     let mut budget = TokenBucket::new(limits.packet_in_rate);
     let mut dropped_packet_ins: u64 = 0;
@@ -265,16 +271,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
             ));
         }
         // Decode everything already buffered, then hand the batch to the core in one lock.
+        let work_start = Instant::now();
         batch.clear();
         while let Some(frame) = rd.next()? {
             let (xid, msg) = ofp::decode(frame).map_err(|e| SessionError::Decode(e.to_string()))?;
             match msg {
                 Message::EchoRequest(data) => {
-                    let _ = tx.send(encode_one(xid, &Message::EchoReply(data)));
+                    // Counted like the core's messages: the writer subtracts every buffer.
+                    let reply = encode_one(xid, &Message::EchoReply(data));
+                    outflow.queued.fetch_add(reply.len(), Ordering::Relaxed);
+                    let _ = tx.send(reply);
                 }
                 Message::EchoReply(_) => {}
                 Message::PacketIn(_) if !budget.take(Instant::now()) => {
                     dropped_packet_ins += 1;
+                    handle.packet_in_dropped.fetch_add(1, Ordering::Relaxed);
                     if dropped_packet_ins.is_power_of_two() {
                         tracing::warn!(
                             dpid = format_args!("{dpid:016x}"),
@@ -287,6 +298,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     tracing::warn!(dpid = format_args!("{dpid:016x}"), xid, error = ?e.kind, "OpenFlow error from the switch");
                     batch.push((xid, msg));
                 }
+                // The runtime's own aggregate stats request (per-switch flow count, API).
+                Message::MultipartReply(ofp::MultipartReply {
+                    body: ofp::MultipartReplyBody::Aggregate(a),
+                    ..
+                }) => handle.record_flow_count(dpid, a.flow_count),
                 other => batch.push((xid, other)),
             }
             if batch.len() >= 256 {
@@ -296,11 +312,35 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if !batch.is_empty() {
             let now = Instant::now();
             let mut core = handle.lock();
+            let locked = Instant::now();
             core.with(|c, out| {
                 for (_, m) in &batch {
-                    c.handle_message(now, dpid, m, out);
+                    if matches!(m, Message::PacketIn(_)) {
+                        // Decision latency: the core's whole handling of one PACKET_IN.
+                        let t = Instant::now();
+                        c.handle_message(now, dpid, m, out);
+                        handle.decision_latency.observe(t.elapsed());
+                    } else {
+                        c.handle_message(now, dpid, m, out);
+                    }
                 }
             });
+            // Overload control of the controller itself: its PACKET_IN work (decode and
+            // decisions, not the wait for the lock), how long the batch's bytes waited
+            // since they were read, and what is still buffered behind it.
+            let done = Instant::now();
+            let packet_ins = batch
+                .iter()
+                .filter(|(_, m)| matches!(m, Message::PacketIn(_)))
+                .count() as u64;
+            core.controller
+                .record_packet_in_work(flowgate_core::overload::WorkSample {
+                    packet_ins,
+                    busy: now.saturating_duration_since(work_start)
+                        + done.saturating_duration_since(locked),
+                    queueing: done.saturating_duration_since(filled_at),
+                    backlog: rd.buf.len() as u64,
+                });
             continue;
         }
         // Nothing buffered: wait for bytes, the keep-alive timer, or shutdown.
@@ -313,14 +353,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
         let left = wait.saturating_sub(idle_for);
         tokio::select! {
             r = tokio::time::timeout(left, rd.fill()) => match r {
-                Ok(Ok(true)) => { last_heard = Instant::now(); echo_sent = false; }
+                Ok(Ok(true)) => { last_heard = Instant::now(); filled_at = last_heard; echo_sent = false; }
                 Ok(Ok(false)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     if echo_sent {
                         return Err(SessionError::Timeout("an echo reply (dead peer)"));
                     }
-                    let _ = tx.send(encode_one(0xec40, &Message::EchoRequest(Bytes::new())));
+                    let echo = encode_one(0xec40, &Message::EchoRequest(Bytes::new()));
+                    outflow.queued.fetch_add(echo.len(), Ordering::Relaxed);
+                    let _ = tx.send(echo);
                     echo_sent = true;
                     last_heard = Instant::now();
                 }

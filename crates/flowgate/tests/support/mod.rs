@@ -345,3 +345,56 @@ pub fn vip_config(
 pub fn temp_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
+
+impl Ctl {
+    /// True while the controller process is running.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// The controller's log without ANSI colour codes, for matching `key=value` fields.
+    pub fn log_plain(&self) -> String {
+        strip_ansi(&self.log())
+    }
+}
+
+/// Removes ANSI escape sequences (`ESC [ ... letter`) from a text.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for n in chars.by_ref() {
+                if n.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The value of a labelled metric sample, e.g. `metric_labelled(body,
+/// "flowgate_switch_packet_in_total", "dpid=\"000000000000beef\"")`.
+pub fn metric_labelled(body: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A config with one VIP service (as [`vip_config`]) plus extra `[openflow]` keys
+/// (`"echo_interval_ms = 300\n..."`).
+pub fn vip_config_openflow(
+    vip: &str,
+    algorithm: &str,
+    backends: &[std::net::Ipv4Addr],
+    openflow_extra: &str,
+) -> String {
+    vip_config(vip, algorithm, backends, "")
+        .replacen("[openflow]\n", &format!("[openflow]\n{openflow_extra}"), 1)
+}

@@ -35,7 +35,11 @@ use switch::{Experimenter, SwitchConfig, SwitchFeatures};
 use table::TableMod;
 
 /// Every OpenFlow 1.3 message.
-#[allow(missing_docs)]
+///
+/// Large variants (FLOW_MOD with its inline match and instructions) are not boxed on
+/// purpose: boxing would put a heap allocation on the PACKET_IN → FLOW_MOD path. Hot code
+/// can also encode the body types directly (`encode(xid, &flow_mod, out)`, see [`Encode`]).
+#[allow(missing_docs, clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -147,7 +151,13 @@ pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
         MsgType::GetConfigRequest => M::GetConfigRequest,
         MsgType::GetConfigReply => M::GetConfigReply(SwitchConfig::decode(r)?),
         MsgType::SetConfig => M::SetConfig(SwitchConfig::decode(r)?),
-        MsgType::PacketIn => M::PacketIn(PacketIn::decode(r)?),
+        MsgType::PacketIn => {
+            let mut m = M::PacketIn(PacketIn::empty());
+            if let M::PacketIn(p) = &mut m {
+                p.decode_into(r)?;
+            }
+            m
+        }
         MsgType::FlowRemoved => M::FlowRemoved(FlowRemoved::decode(r)?),
         MsgType::PortStatus => M::PortStatus(PortStatus::decode(r)?),
         MsgType::PacketOut => M::PacketOut(PacketOut::decode(r)?),

@@ -44,23 +44,32 @@ impl PacketIn {
     pub fn in_port(&self) -> Option<u32> {
         self.match_.in_port()
     }
-    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let buffer_id = r.u32()?;
-        let total_len = r.u16()?;
-        let reason = PacketInReason::from_raw(r.u8()?);
-        let table_id = r.u8()?;
-        let cookie = r.u64()?;
-        let match_ = Match::decode(r)?;
+    /// An empty PACKET_IN to decode into.
+    #[inline]
+    pub(crate) fn empty() -> Self {
+        PacketIn {
+            buffer_id: 0,
+            total_len: 0,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: 0,
+            match_: Match::new(),
+            data: Bytes::new(),
+        }
+    }
+    /// Decode in place (the message is built where it will live: no copies of the inline
+    /// match on the hot path).
+    #[inline]
+    pub(crate) fn decode_into(&mut self, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        self.buffer_id = r.u32()?;
+        self.total_len = r.u16()?;
+        self.reason = PacketInReason::from_raw(r.u8()?);
+        self.table_id = r.u8()?;
+        self.cookie = r.u64()?;
+        self.match_.decode_into(r)?;
         r.skip(2)?;
-        Ok(PacketIn {
-            buffer_id,
-            total_len,
-            reason,
-            table_id,
-            cookie,
-            match_,
-            data: r.rest(),
-        })
+        self.data = r.rest();
+        Ok(())
     }
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         out.put_u32(self.buffer_id);

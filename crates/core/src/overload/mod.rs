@@ -1,0 +1,628 @@
+//! Overload control: call gapping of new flows, driven by feedback, in the manner of the
+//! adaptive congestion control mechanism (ACCM) of Polykalas, Kolyvas and Venieris.
+//!
+//! Two kinds of destination can overload, and each gets its own gap controller:
+//!
+//! - a **service's backend pool** ([`GapController`] per service), whose load `ρ` is its
+//!   measured load against its capacity: the admitted new-connection rate against
+//!   `capacity_rps`, the live connections against `max_active_connections`, the backends'
+//!   response time against `target_response_ms` (the largest of the configured ratios);
+//! - **the controller itself** ([`ControllerGap`]), whose load is the busy fraction of its
+//!   PACKET_IN path against `target_utilization` and the PACKET_IN queueing delay against
+//!   `target_delay_ms`, as measured by the runtime ([`WorkSample`]).
+//!
+//! # The control law (`mode = "adaptive"`)
+//!
+//! Every control interval `T` (10–100 ms) the controller measures `ρ` and adapts the
+//! admitted rate of new flows `a` (the gap is `g = 1/a`; `a = ∞` means no gap):
+//!
+//! - `ρ > high_watermark`: multiplicative decrease, `a ← max(min_rate, b · max(β, m/ρ))`
+//!   where `b = min(a, 2 × measured admitted rate)`, `m = (low+high)/2` and `β` is
+//!   `decrease_factor`. It tightens fast: in one step straight to where the measured load
+//!   says the target is, but never by more than `β` at once. At most one decrease per
+//!   `settle` period (the memory of the rate measurement), so a decrease is not repeated
+//!   on a measurement that still shows the load from before it (TCP's "once per RTT").
+//! - `ρ < low_watermark` and the limit is binding (offered ≥ a): additive increase,
+//!   `a ← a + α` with `α = increase_fraction · reference` per interval, `reference` being
+//!   `capacity_rps` when configured, else the largest admitted rate seen. It relaxes gently.
+//!   When the offered rate falls below `a/2` the gap is lifted entirely (`a = ∞`).
+//! - between the watermarks: hold. At steady load the rate then stays put (no sawtooth).
+//! - with `capacity_rps` configured, the gate never admits more than
+//!   `capacity_rps × high_watermark` even with no gap in force (the ceiling): a step from
+//!   idle to overload then meets a closed gate, not a measurement still catching up.
+//!
+//! `mode = "static"` keeps the same measurement and the same settle period but takes the
+//! gap from a fixed table, as AIN Automatic Code Gapping does: an overload *level* rises by
+//! one above the high watermark and falls by one below the low watermark, and the gap is
+//! `gaps_ms[level]` (default: the AIN ACG interval table, 0, 0.1, 0.25, 0.5, 1, 2 … 600 s).
+//!
+//! # Enforcement
+//!
+//! - At the controller, a deterministic (Crawford) gate: after each admitted new
+//!   connection the gate closes for `g`; a SYN that arrives while it is closed is answered
+//!   with a TCP RST, so the client learns at once ([`Gate`]).
+//! - At the switch, a meter (PKTPS, BURST, one DROP band) on the service's intercept rule,
+//!   set to `backstop_factor · a`: a backstop that keeps the controller's channel from
+//!   carrying more refusals than it is worth, above the gate so that most refusals are
+//!   RSTs rather than silent drops ([`meter_plan`]). Its rate is quantized to 1/8-octave
+//!   steps, and changed at most every `meter_hold`: OFPMC_MODIFY refills the bucket.
+//! - OFF periods of `off_rule_min_gap_ms` or longer (a gap of seconds): after each
+//!   admission a high-priority drop rule for the service address with `hard_timeout` = the
+//!   OFF period in whole seconds, withdrawn (deleted) as soon as the gap relaxes.
+//! - The controller's own channel: a meter on the table-miss rule, and a cap on every
+//!   intercept meter, at the controller's admitted PACKET_IN rate split over its switches.
+
+pub mod config;
+pub(crate) mod enforce;
+#[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
+mod tests;
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use config::{ControllerOverloadConfig, OverloadConfig, Refusal};
+
+/// Meter id of the controller's own meter on the table-miss rule.
+pub const TABLE_MISS_METER: u32 = 1;
+/// Meter id of service `i`'s intercept meter: `SERVICE_METER_BASE + i`.
+pub const SERVICE_METER_BASE: u32 = 16;
+/// A meter rate that never binds (packets per second), for meters that must exist but
+/// gate nothing yet.
+pub const OPEN_METER_RATE: u32 = 1_000_000;
+
+/// The AIN Automatic Code Gapping interval table (seconds), as listed in a vendor's SS7
+/// documentation (research note §2.1), in milliseconds. Index 0 is "no gap".
+pub const AIN_ACG_GAPS_MS: [u32; 27] = [
+    0, 100, 250, 500, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 8_000, 10_000, 11_000, 15_000,
+    16_000, 22_000, 30_000, 42_000, 58_000, 60_000, 81_000, 112_000, 120_000, 156_000, 217_000,
+    300_000, 600_000,
+];
+
+/// How new flows to a destination are gapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// No gapping.
+    #[default]
+    Off,
+    /// A fixed gap table indexed by load level (AIN ACG).
+    Static,
+    /// ACCM: the gap adapts to the measured load (AIMD with watermarks).
+    Adaptive,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Off => "off",
+            Mode::Static => "static",
+            Mode::Adaptive => "adaptive",
+        })
+    }
+}
+
+/// The law's parameters, shared by the service and the controller gaps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LawParams {
+    pub mode: Mode,
+    pub interval: Duration,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub decrease_factor: f64,
+    pub increase_fraction: f64,
+    pub min_rate: f64,
+    /// Memory of the rate measurements, and the shortest time between two decreases.
+    pub settle: Duration,
+    /// Reference rate for the additive step (e.g. the pool's capacity), if known.
+    pub reference_rate: Option<f64>,
+    /// `static` mode's gap table (ms; 0 = no gap).
+    pub gaps_ms: Vec<u32>,
+    /// `adaptive` with a known capacity: the gate never admits more than
+    /// `capacity × high_watermark`, even with no gap in force (the rate signal would call
+    /// anything above it overload). Saves the overshoot of a step from idle to overload.
+    pub ceiling: Option<f64>,
+}
+
+/// Exponentially weighted rate estimate with time constant `tau`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RateEwma {
+    pub rate: f64,
+    primed: bool,
+}
+
+impl RateEwma {
+    pub fn update(&mut self, count: u64, dt: Duration, tau: Duration) {
+        let secs = dt.as_secs_f64();
+        if secs <= 0.0 {
+            return;
+        }
+        let inst = count as f64 / secs;
+        if !self.primed {
+            self.rate = inst;
+            self.primed = true;
+            return;
+        }
+        let alpha = 1.0 - (-secs / tau.as_secs_f64().max(1e-6)).exp();
+        self.rate += alpha * (inst - self.rate);
+    }
+}
+
+/// What one control step decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// The admitted rate before and after.
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    pub load: f64,
+}
+
+/// The gap state of one destination: the law, its measurements, its counters.
+#[derive(Debug, Clone)]
+pub struct GapController {
+    pub params: LawParams,
+    /// Admitted new-flow rate (per second); `None` = no gap.
+    rate: Option<f64>,
+    /// `static` mode's level (index into `gaps_ms`).
+    level: usize,
+    offered: RateEwma,
+    admitted: RateEwma,
+    offered_since: u64,
+    admitted_since: u64,
+    pub offered_total: u64,
+    pub admitted_total: u64,
+    pub refused_total: u64,
+    last_step: Option<Instant>,
+    last_decrease: Option<Instant>,
+    last_load: f64,
+    max_admitted_seen: f64,
+}
+
+impl GapController {
+    pub fn new(params: LawParams) -> Self {
+        GapController {
+            params,
+            rate: None,
+            level: 0,
+            offered: RateEwma::default(),
+            admitted: RateEwma::default(),
+            offered_since: 0,
+            admitted_since: 0,
+            offered_total: 0,
+            admitted_total: 0,
+            refused_total: 0,
+            last_step: None,
+            last_decrease: None,
+            last_load: 0.0,
+            max_admitted_seen: 0.0,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.params.mode
+    }
+
+    /// The admitted-rate limit (new flows per second); `None` when nothing is gapped.
+    pub fn rate(&self) -> Option<f64> {
+        match self.params.mode {
+            Mode::Off => None,
+            _ => self.rate,
+        }
+    }
+
+    /// The gap `g = 1/a`, if any.
+    pub fn gap(&self) -> Option<Duration> {
+        self.rate().map(|a| Duration::from_secs_f64(1.0 / a.max(1e-3)))
+    }
+
+    /// The rate the gate enforces: the gap's, else the ceiling (adaptive only).
+    pub fn gate_rate(&self) -> Option<f64> {
+        match self.params.mode {
+            Mode::Adaptive => match (self.rate, self.params.ceiling) {
+                (Some(a), Some(c)) => Some(a.min(c)),
+                (a, c) => a.or(c),
+            },
+            _ => self.rate(),
+        }
+    }
+
+    /// The gap the gate enforces (`1 / gate_rate`).
+    pub fn gate_gap(&self) -> Option<Duration> {
+        self.gate_rate()
+            .map(|a| Duration::from_secs_f64(1.0 / a.max(1e-3)))
+    }
+
+    pub fn level(&self) -> usize {
+        self.level
+    }
+
+    pub fn load(&self) -> f64 {
+        self.last_load
+    }
+
+    pub fn offered_rate(&self) -> f64 {
+        self.offered.rate
+    }
+
+    pub fn admitted_rate(&self) -> f64 {
+        self.admitted.rate
+    }
+
+    /// A new flow arrived at the gate; `admitted` says what the gate decided.
+    pub fn record(&mut self, admitted: bool) {
+        self.offered_since += 1;
+        self.offered_total += 1;
+        if admitted {
+            self.admitted_since += 1;
+            self.admitted_total += 1;
+        } else {
+            self.refused_total += 1;
+        }
+    }
+
+    /// Count `n` flows the destination took without going through the gate (the
+    /// controller's PACKET_INs are measured in bulk).
+    pub fn record_bulk(&mut self, offered: u64, admitted: u64) {
+        self.offered_since += offered;
+        self.offered_total += offered;
+        self.admitted_since += admitted;
+        self.admitted_total += admitted;
+        self.refused_total += offered.saturating_sub(admitted);
+    }
+
+    /// Whether a control step is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.last_step
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.params.interval)
+    }
+
+    /// Fold the counts since the last step into the rate estimates (and return `dt`).
+    pub fn measure(&mut self, now: Instant) -> Duration {
+        let dt = match self.last_step {
+            Some(t) => now.saturating_duration_since(t),
+            None => Duration::ZERO,
+        };
+        self.last_step = Some(now);
+        if !dt.is_zero() {
+            self.offered
+                .update(self.offered_since, dt, self.params.settle);
+            self.admitted
+                .update(self.admitted_since, dt, self.params.settle);
+            self.max_admitted_seen = self.max_admitted_seen.max(self.admitted.rate);
+        }
+        self.offered_since = 0;
+        self.admitted_since = 0;
+        dt
+    }
+
+    /// One control step with the measured load `load` (ρ; 1.0 = at target). Call
+    /// [`GapController::measure`] first, at the same `now`.
+    pub fn control(&mut self, now: Instant, load: f64) -> Step {
+        let load = if load.is_finite() { load.max(0.0) } else { 0.0 };
+        self.last_load = load;
+        let before = self.rate();
+        let p = &self.params;
+        let settled = self
+            .last_decrease
+            .is_none_or(|t| now.saturating_duration_since(t) >= p.settle);
+        match p.mode {
+            Mode::Off => {
+                self.rate = None;
+                self.level = 0;
+            }
+            Mode::Adaptive => {
+                let measured = self.admitted.rate;
+                if load > p.high_watermark {
+                    if settled {
+                        let mid = 0.5 * (p.low_watermark + p.high_watermark);
+                        let base = match self.rate {
+                            // Relative to the limit, proportional to the overshoot, but
+                            // never from far above what was admitted: a limit that does
+                            // not bind must bind after the cut. A deterministic gate
+                            // admits λa/(λ+a) ≥ a/2 while a ≤ λ, hence the 2.
+                            Some(a) => a.min(2.0 * measured.max(p.min_rate)),
+                            None => measured,
+                        };
+                        let factor = (mid / load).max(p.decrease_factor);
+                        self.rate = Some((base * factor).max(p.min_rate));
+                        self.last_decrease = Some(now);
+                    }
+                } else if load < p.low_watermark {
+                    if let Some(a) = self.rate {
+                        let offered = self.offered.rate;
+                        if offered < 0.5 * a || p.ceiling.is_some_and(|c| a >= c) {
+                            // Demand is well under the limit (or the limit reached the
+                            // ceiling): lift the gap.
+                            self.rate = None;
+                        } else if offered >= a * 0.95 || measured >= a * 0.8 {
+                            let reference = p
+                                .reference_rate
+                                .unwrap_or(self.max_admitted_seen.max(p.min_rate * 10.0));
+                            self.rate = Some(a + p.increase_fraction * reference);
+                        }
+                    }
+                }
+            }
+            Mode::Static => {
+                let top = p.gaps_ms.len().saturating_sub(1);
+                if load > p.high_watermark {
+                    if settled && self.level < top {
+                        self.level += 1;
+                        self.last_decrease = Some(now);
+                    }
+                } else if load < p.low_watermark && self.level > 0 && settled {
+                    self.level -= 1;
+                    self.last_decrease = Some(now);
+                }
+                self.rate = match p.gaps_ms.get(self.level).copied().unwrap_or(0) {
+                    0 => None,
+                    ms => Some(1000.0 / f64::from(ms)),
+                };
+            }
+        }
+        Step {
+            before,
+            after: self.rate(),
+            load,
+        }
+    }
+
+    /// A serialisable view for the API.
+    pub fn view(&self) -> GapView {
+        GapView {
+            mode: self.params.mode,
+            gapping: self.rate().is_some()
+                || self.gate_rate().is_some_and(|c| self.offered.rate > c),
+            admitted_rate_limit: self.gate_rate(),
+            gap_ms: self.gate_gap().map(|g| g.as_secs_f64() * 1000.0),
+            level: (self.params.mode == Mode::Static).then_some(self.level),
+            load: self.last_load,
+            offered_rate: self.offered.rate,
+            admitted_rate: self.admitted.rate,
+            offered_total: self.offered_total,
+            admitted_total: self.admitted_total,
+            refused_total: self.refused_total,
+        }
+    }
+}
+
+/// The gap state of one destination, as the API and `/metrics` show it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GapView {
+    pub mode: Mode,
+    /// True while new flows are being gapped.
+    pub gapping: bool,
+    /// The admitted new-flow rate (per second) the gate enforces (the gap's, or the
+    /// capacity ceiling in `adaptive` mode); `null` = no limit.
+    pub admitted_rate_limit: Option<f64>,
+    /// The current gap (ms between two admissions); `null` = no gap.
+    pub gap_ms: Option<f64>,
+    /// `static` mode: the overload level (index into the gap table).
+    pub level: Option<usize>,
+    /// The last measured load ρ (1.0 = at target).
+    pub load: f64,
+    /// Measured new-flow arrival rate at the gate (per second).
+    pub offered_rate: f64,
+    /// Measured admitted rate (per second).
+    pub admitted_rate: f64,
+    pub offered_total: u64,
+    pub admitted_total: u64,
+    /// New flows refused by the gap (RST from the controller, or dropped by a gap rule).
+    pub refused_total: u64,
+}
+
+/// The controller-side gate: a token bucket refilled at one token per gap `g`, holding at
+/// most `depth` tokens.
+///
+/// With `depth = 1` it is the deterministic call gap (Crawford): after each admission the
+/// gate stays closed for `g`; the first arrival after that is admitted. For Poisson
+/// arrivals at rate λ it admits `λ/(1+λg)` (research note §7.1). A deeper bucket (the
+/// default `gate_burst = 2`) carries unused time over, so periodic or clustered arrivals
+/// get the full `1/g` rather than a rate rounded down to a divisor of theirs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gate {
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Gate {
+    /// Crawford's gap: decide one arrival at `now` under `gap` (`None`: no gap, admit).
+    pub fn admit(&mut self, now: Instant, gap: Option<Duration>) -> bool {
+        self.admit_with_depth(now, gap, 1.0)
+    }
+
+    /// Decide one arrival with a bucket of `depth` tokens (≥ 1).
+    pub fn admit_with_depth(&mut self, now: Instant, gap: Option<Duration>, depth: f64) -> bool {
+        let depth = depth.max(1.0);
+        let Some(g) = gap else {
+            self.last = None;
+            return true;
+        };
+        let g = g.as_secs_f64().max(1e-9);
+        self.tokens = match self.last {
+            // A gap starts with a full bucket: the first arrival passes.
+            None => depth,
+            Some(t) => (self.tokens + now.saturating_duration_since(t).as_secs_f64() / g).min(depth),
+        };
+        self.last = Some(now);
+        if self.tokens >= 1.0 - 1e-9 {
+            self.tokens = (self.tokens - 1.0).max(0.0);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Quantize a meter rate (pktps) up to the next 1/8-octave step (2^(k/8)), so that small
+/// changes of the admitted rate do not each cost an OFPMC_MODIFY (which refills the
+/// bucket, research note §8.3).
+pub fn quantize_rate(rate: f64) -> u32 {
+    if !rate.is_finite() || rate >= f64::from(OPEN_METER_RATE) {
+        return OPEN_METER_RATE;
+    }
+    if rate <= 1.0 {
+        return 1;
+    }
+    let k = (rate.log2() * 8.0 - 1e-9).ceil();
+    let q = 2f64.powf(k / 8.0).ceil();
+    (q as u32).clamp(1, OPEN_METER_RATE)
+}
+
+/// One meter's band: rate and burst (packets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MeterBand {
+    pub rate: u32,
+    pub burst: u32,
+}
+
+/// The meter a service's intercept rule should carry on one switch.
+///
+/// `service_rate`: the service gap's admitted rate (`None` = no gap); `controller_share`:
+/// the controller's admitted PACKET_IN rate for this switch (`None` = no cap).
+pub fn meter_plan(
+    service_rate: Option<f64>,
+    backstop_factor: f64,
+    controller_share: Option<f64>,
+    burst_ms: u32,
+) -> MeterBand {
+    let want = match (service_rate.map(|a| a * backstop_factor), controller_share) {
+        (Some(a), Some(c)) => a.min(c),
+        (Some(a), None) => a,
+        (None, Some(c)) => c,
+        (None, None) => f64::INFINITY,
+    };
+    let rate = quantize_rate(want);
+    let burst = ((f64::from(rate) * f64::from(burst_ms) / 1000.0).ceil() as u32).max(1);
+    MeterBand { rate, burst }
+}
+
+/// What the runtime measured of the controller's own PACKET_IN work over one batch.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkSample {
+    /// PACKET_INs handled in the batch.
+    pub packet_ins: u64,
+    /// Time spent handling them (the decision latency of the batch, in total).
+    pub busy: Duration,
+    /// The longest a message of the batch waited in the controller between being read
+    /// off the socket and being handled (its queueing delay).
+    pub queueing: Duration,
+    /// Bytes still buffered (read but not yet handled) after the batch: the backlog.
+    pub backlog: u64,
+}
+
+/// The controller's own gap: its PACKET_IN path's load, measured by the runtime, drives
+/// the admitted PACKET_IN rate, enforced by meters at the switches.
+#[derive(Debug, Clone)]
+pub struct ControllerGap {
+    pub cfg: ControllerOverloadConfig,
+    pub law: GapController,
+    busy: Duration,
+    queueing_max: Duration,
+    backlog_max: u64,
+    handled_since: u64,
+    busy_since: Duration,
+    /// Last window's figures, for operators.
+    pub utilization: f64,
+    pub queueing_delay: Duration,
+    pub backlog: u64,
+    pub decision_latency_us: f64,
+    /// The highest PACKET_IN rate handled in a window where the controller was saturated.
+    pub max_handled_rate: f64,
+    pub handled_rate: f64,
+}
+
+impl ControllerGap {
+    pub fn new(cfg: ControllerOverloadConfig) -> Self {
+        let law = GapController::new(cfg.law());
+        ControllerGap {
+            cfg,
+            law,
+            busy: Duration::ZERO,
+            queueing_max: Duration::ZERO,
+            backlog_max: 0,
+            handled_since: 0,
+            busy_since: Duration::ZERO,
+            utilization: 0.0,
+            queueing_delay: Duration::ZERO,
+            backlog: 0,
+            decision_latency_us: 0.0,
+            max_handled_rate: 0.0,
+            handled_rate: 0.0,
+        }
+    }
+
+    pub fn record(&mut self, s: WorkSample) {
+        self.busy += s.busy;
+        self.busy_since += s.busy;
+        self.handled_since += s.packet_ins;
+        self.queueing_max = self.queueing_max.max(s.queueing);
+        self.backlog_max = self.backlog_max.max(s.backlog);
+        self.law.record_bulk(s.packet_ins, s.packet_ins);
+    }
+
+    /// One control step; returns the step when one ran.
+    pub fn step(&mut self, now: Instant) -> Option<Step> {
+        if !self.law.due(now) {
+            return None;
+        }
+        let dt = self.law.measure(now);
+        if dt.is_zero() {
+            return None;
+        }
+        let secs = dt.as_secs_f64();
+        self.utilization = (self.busy.as_secs_f64() / secs).min(1.0);
+        self.queueing_delay = self.queueing_max;
+        self.backlog = self.backlog_max;
+        self.handled_rate = self.handled_since as f64 / secs;
+        if self.handled_since > 0 {
+            self.decision_latency_us =
+                self.busy_since.as_secs_f64() * 1e6 / self.handled_since as f64;
+        }
+        let load = (self.utilization / self.cfg.target_utilization).max(
+            self.queueing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6),
+        );
+        if load >= 1.0 {
+            self.max_handled_rate = self.max_handled_rate.max(self.handled_rate);
+        }
+        self.busy = Duration::ZERO;
+        self.busy_since = Duration::ZERO;
+        self.handled_since = 0;
+        self.queueing_max = Duration::ZERO;
+        self.backlog_max = 0;
+        Some(self.law.control(now, load))
+    }
+
+    pub fn view(&self) -> ControllerGapView {
+        ControllerGapView {
+            gap: self.law.view(),
+            utilization: self.utilization,
+            queueing_delay_ms: self.queueing_delay.as_secs_f64() * 1000.0,
+            backlog_bytes: self.backlog,
+            decision_latency_us: self.decision_latency_us,
+            handled_rate: self.handled_rate,
+            max_handled_rate: self.max_handled_rate,
+        }
+    }
+}
+
+/// The controller's own overload state, for the API and `/metrics`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ControllerGapView {
+    #[serde(flatten)]
+    pub gap: GapView,
+    /// Fraction of the last window spent handling PACKET_INs.
+    pub utilization: f64,
+    /// Longest PACKET_IN queueing delay in the controller over the last window.
+    pub queueing_delay_ms: f64,
+    /// Largest backlog (bytes read from a switch, not yet handled) over the last window.
+    pub backlog_bytes: u64,
+    /// Mean handling time of one PACKET_IN over the last window.
+    pub decision_latency_us: f64,
+    /// PACKET_INs handled per second over the last window.
+    pub handled_rate: f64,
+    /// The highest PACKET_IN rate handled while saturated: the measured maximum.
+    pub max_handled_rate: f64,
+}

@@ -1,0 +1,316 @@
+//! The gap controller against analytic expectations (research note §7), with Poisson
+//! arrivals from a seeded RNG, in simulated time.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+fn exp(rng: &mut SmallRng, rate: f64) -> f64 {
+    let u: f64 = rng.r#gen::<f64>().max(1e-12);
+    -u.ln() / rate
+}
+
+/// §7.1: deterministic gapping of Poisson arrivals admits λ/(1+λg).
+#[test]
+fn crawford_gate_admits_lambda_over_one_plus_lambda_g() {
+    let t0 = Instant::now();
+    for (lambda, g_ms) in [(50.0, 10.0), (100.0, 10.0), (300.0, 10.0), (1000.0, 10.0), (20.0, 100.0)] {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let g = Duration::from_secs_f64(g_ms / 1000.0);
+        let mut gate = Gate::default();
+        let (mut t, mut admitted, n) = (0.0, 0u64, 200_000u64);
+        for _ in 0..n {
+            t += exp(&mut rng, lambda);
+            if gate.admit(t0 + Duration::from_secs_f64(t), Some(g)) {
+                admitted += 1;
+            }
+        }
+        let measured = admitted as f64 / t;
+        let lg = lambda * g.as_secs_f64();
+        let expected = lambda / (1.0 + lg);
+        let err = (measured - expected).abs() / expected;
+        assert!(
+            err < 0.02,
+            "λ={lambda} g={g_ms}ms: admitted {measured:.2}/s, expected {expected:.2}/s (err {err:.3})"
+        );
+        // Never more than one admission per gap.
+        assert!(measured <= 1.0 / g.as_secs_f64() + 1e-9);
+        // Rejected fraction λg/(1+λg).
+        let rejected = 1.0 - admitted as f64 / n as f64;
+        assert!((rejected - lg / (1.0 + lg)).abs() < 0.01, "rejected {rejected}");
+    }
+}
+
+#[test]
+fn meter_rates_are_quantized_upwards_in_eighth_octaves() {
+    let mut last = 0;
+    for r in 1..5000 {
+        let q = quantize_rate(f64::from(r));
+        assert!(q >= r as u32, "{r} -> {q}");
+        assert!(f64::from(q) <= f64::from(r) * 1.10 + 1.0, "{r} -> {q}");
+        assert!(q >= last);
+        last = q;
+    }
+    // Nearby rates share a step: a small change costs no OFPMC_MODIFY.
+    assert_eq!(quantize_rate(200.0), quantize_rate(205.0));
+    assert_eq!(quantize_rate(f64::INFINITY), OPEN_METER_RATE);
+    let b = meter_plan(Some(100.0), 4.0, None, 20);
+    assert_eq!(b.rate, quantize_rate(400.0));
+    assert_eq!(b.burst, (f64::from(b.rate) * 0.02).ceil() as u32);
+    // The controller's share caps it.
+    assert_eq!(meter_plan(Some(100.0), 4.0, Some(150.0), 20).rate, quantize_rate(150.0));
+}
+
+/// A pool of capacity `cap` behind a gate driven by `mode`, with Poisson offered load
+/// `lambda(t)`. Returns the admitted count per 1 s window and the limit at each step.
+struct Run {
+    admitted_per_s: Vec<f64>,
+    /// Completed within the deadline, after the first 5 s (Berger's goodput).
+    good: u64,
+    /// Sojourn times (queueing + service) of admissions after the first 5 s.
+    sojourn: Vec<f64>,
+    rejected: u64,
+    limits: Vec<(f64, Option<f64>)>,
+}
+
+fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: u64) -> Run {
+    let cfg = OverloadConfig {
+        mode,
+        capacity_rps: Some(cap),
+        ..OverloadConfig::default()
+    };
+    let mut law = GapController::new(cfg.law());
+    let mut gate = Gate::default();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let t0 = Instant::now();
+    let tick = 0.010;
+    let mut t = 0.0;
+    let mut next_arrival = exp(&mut rng, lambda(0.0));
+    let mut windows = vec![0.0; secs.ceil() as usize];
+    let mut limits = Vec::new();
+    // The pool: a FIFO server of rate `cap` (deterministic service 1/cap).
+    let (mut next_free, mut good, mut sojourn) = (0.0f64, 0u64, Vec::new());
+    let deadline = 1.0;
+    while t < secs {
+        let end = t + tick;
+        while next_arrival < end {
+            let at = t0 + Duration::from_secs_f64(next_arrival);
+            let ok = gate.admit_with_depth(at, law.gate_gap(), cfg.gate_burst);
+            law.record(ok);
+            if ok {
+                if let Some(w) = windows.get_mut(next_arrival as usize) {
+                    *w += 1.0;
+                }
+                let finish = next_free.max(next_arrival) + 1.0 / cap;
+                next_free = finish;
+                if next_arrival >= 5.0 {
+                    sojourn.push(finish - next_arrival);
+                    if finish - next_arrival <= deadline {
+                        good += 1;
+                    }
+                }
+            }
+            next_arrival += exp(&mut rng, lambda(next_arrival));
+        }
+        t = end;
+        let now = t0 + Duration::from_secs_f64(t);
+        if law.due(now) {
+            law.measure(now);
+            let load = law.admitted_rate() / cap;
+            law.control(now, load);
+            limits.push((t, law.rate()));
+        }
+    }
+    sojourn.sort_by(f64::total_cmp);
+    Run {
+        admitted_per_s: windows,
+        good,
+        sojourn,
+        rejected: law.refused_total,
+        limits,
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn cv(v: &[f64]) -> f64 {
+    let m = mean(v);
+    (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64).sqrt() / m
+}
+
+/// Under load below the low watermark nothing is gapped; after a step to 3× capacity the
+/// adaptive gap converges (admitted within 80–100% of capacity within 3 s) and then holds
+/// steady: the admitted rate's coefficient of variation over the last 10 s is small and
+/// the limit itself barely moves (no sawtooth).
+#[test]
+fn adaptive_gap_converges_after_a_step_and_does_not_oscillate() {
+    let cap = 100.0;
+    let run = simulate(
+        Mode::Adaptive,
+        cap,
+        30.0,
+        |t| if t < 10.0 { 50.0 } else { 300.0 },
+        11,
+    );
+    // Before the step: no gap at all.
+    assert!(
+        run.limits.iter().filter(|(t, _)| *t > 1.0 && *t < 10.0).all(|(_, a)| a.is_none()),
+        "no gap below the low watermark"
+    );
+    let w = &run.admitted_per_s;
+    // Converged within 3 s of the step.
+    for (i, &n) in w.iter().enumerate().skip(13) {
+        assert!(
+            (0.70 * cap..=1.0 * cap).contains(&n),
+            "second {i}: admitted {n}/s, capacity {cap}/s: {w:?}"
+        );
+    }
+    // Steady: small variation of the admitted rate, and of the limit.
+    let tail = &w[20..30];
+    assert!(mean(tail) >= 0.8 * cap, "steady admitted rate {}", mean(tail));
+    let c = cv(tail);
+    assert!(c < 0.08, "admitted rate CV {c:.3} over the last 10 s: {tail:?}");
+    let lims: Vec<f64> = run
+        .limits
+        .iter()
+        .filter(|(t, _)| *t > 20.0)
+        .filter_map(|(_, a)| *a)
+        .collect();
+    let (lo, hi) = lims
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), &a| (lo.min(a), hi.max(a)));
+    assert!(hi / lo < 1.25, "the limit oscillates between {lo:.1} and {hi:.1}");
+    // And when the load falls again, the gap relaxes and lifts.
+    let run = simulate(
+        Mode::Adaptive,
+        cap,
+        20.0,
+        |t| if t < 8.0 { 300.0 } else { 40.0 },
+        12,
+    );
+    assert_eq!(run.limits.last().map(|l| l.1), Some(None), "gap lifted");
+    let w = &run.admitted_per_s;
+    assert!(mean(&w[14..20]) > 35.0, "all of the lighter load admitted: {w:?}");
+}
+
+/// ACCM's qualitative claim (research note §7.11) against the AIN static table: under the
+/// same overload the adaptive gap establishes at least as many flows within capacity and
+/// spends less time overloaded.
+#[test]
+fn adaptive_beats_the_static_ain_table_under_the_same_overload() {
+    let cap = 100.0;
+    let lam = |_t: f64| 300.0;
+    let a = simulate(Mode::Adaptive, cap, 30.0, lam, 5);
+    let s = simulate(Mode::Static, cap, 30.0, lam, 5);
+    let p99 = |r: &Run| r.sojourn[r.sojourn.len() * 99 / 100];
+    let (ga, gs) = (a.good, s.good);
+    assert!(ga >= gs, "adaptive {ga} vs static {gs} flows served within the deadline");
+    assert!(ga as f64 > 0.8 * cap * 25.0, "adaptive goodput {ga}");
+    assert!(
+        p99(&a) <= p99(&s),
+        "p99 sojourn: adaptive {:.3}s static {:.3}s",
+        p99(&a),
+        p99(&s)
+    );
+    assert!(p99(&a) < 10.0 / cap, "adaptive p99 sojourn {:.3}s", p99(&a));
+    // The static table only knows its own gaps.
+    let s_limits: Vec<Option<f64>> = s.limits.iter().map(|l| l.1).collect();
+    assert!(s_limits.iter().flatten().all(|r| {
+        AIN_ACG_GAPS_MS.iter().any(|&g| g > 0 && (1000.0 / f64::from(g) - r).abs() < 1e-9)
+    }));
+    let _ = a.rejected + s.rejected;
+}
+
+/// `off` never gaps.
+#[test]
+fn off_mode_admits_everything() {
+    let run = simulate(Mode::Off, 100.0, 5.0, |_| 300.0, 3);
+    assert_eq!(run.rejected, 0);
+    assert!(run.limits.iter().all(|l| l.1.is_none()));
+}
+
+/// The controller's own gap: a PACKET_IN flood beyond what it can handle. The meter (here
+/// a gate at the admitted rate) keeps the handled rate near the measured maximum instead
+/// of letting the backlog grow: utilization stays at target, the handled rate does not
+/// collapse.
+#[test]
+fn controller_gap_holds_the_packet_in_rate_near_its_maximum() {
+    let cfg = ControllerOverloadConfig {
+        mode: Mode::Adaptive,
+        ..ControllerOverloadConfig::default()
+    };
+    let mut g = ControllerGap::new(cfg);
+    let t0 = Instant::now();
+    let service_rate = 2_000.0; // PACKET_INs per second the controller can handle
+    let offered = 10_000.0;
+    let mut backlog = 0.0f64;
+    let mut handled_tail = Vec::new();
+    let tick = 0.01;
+    for k in 0..2_000 {
+        let t = k as f64 * tick;
+        // Arrivals the switch meter lets through (token-bucket average = the limit).
+        let admitted = g.law.rate().map_or(offered, |r| r.min(offered)) * tick;
+        backlog += admitted;
+        let handled = backlog.min(service_rate * tick);
+        backlog -= handled;
+        g.record(WorkSample {
+            packet_ins: handled.round() as u64,
+            busy: Duration::from_secs_f64(handled / service_rate),
+            queueing: Duration::from_secs_f64(backlog / service_rate),
+            backlog: backlog as u64,
+        });
+        g.step(t0 + Duration::from_secs_f64(t + tick));
+        if t > 10.0 {
+            handled_tail.push(handled / tick);
+        }
+    }
+    let m = mean(&handled_tail);
+    assert!(
+        m > 0.75 * service_rate && m <= service_rate,
+        "handled {m:.0}/s of a {service_rate}/s maximum"
+    );
+    assert!(backlog < service_rate * 0.05, "the backlog stays bounded: {backlog}");
+    assert!(g.max_handled_rate >= 0.9 * service_rate);
+}
+
+#[test]
+fn config_keys_are_read_strictly_with_paths() {
+    let ok = crate::Config::from_toml(
+        "[controller.overload]\nmode = \"adaptive\"\ntarget_delay_ms = 10\n\
+         [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+         [service.overload]\nmode = \"adaptive\"\ncapacity_rps = 80\ninterval_ms = 20\n\
+         high_watermark = 0.9\nlow_watermark = 0.8\nbackstop_factor = 3\n\
+         gaps_ms = \"0, 100, 250\"\n",
+        &|_| None,
+    )
+    .expect("valid");
+    let o = &ok.services[0].overload;
+    assert_eq!(o.mode, Mode::Adaptive);
+    assert_eq!(o.capacity_rps, Some(80.0));
+    assert_eq!(o.interval, Duration::from_millis(20));
+    assert_eq!(o.gaps_ms, vec![0, 100, 250]);
+    assert_eq!(ok.controller.overload.mode, Mode::Adaptive);
+    assert_eq!(ok.controller.overload.target_delay, Duration::from_millis(10));
+
+    let bad = crate::Config::from_toml(
+        "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+         [service.overload]\nmode = \"adaptive\"\ninterval_ms = 500\nbogus = 1\n\
+         low_watermark = 1.5\n",
+        &|_| None,
+    )
+    .expect_err("invalid");
+    let paths: Vec<&str> = bad.0.iter().map(|e| e.path.as_str()).collect();
+    for p in [
+        "service[0].overload.interval_ms",
+        "service[0].overload.bogus",
+        "service[0].overload.low_watermark",
+        "service[0].overload.mode",
+    ] {
+        assert!(paths.contains(&p), "{p} reported: {bad}");
+    }
+}

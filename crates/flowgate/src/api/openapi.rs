@@ -1,0 +1,296 @@
+//! The OpenAPI 3.1 document, generated from [`super::ROUTES`] and the schemas below.
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use super::{BODY_LIMIT, MAX_PAGE, ROUTES};
+
+pub(crate) async fn serve() -> Response {
+    Json(document()).into_response()
+}
+
+fn schema_ref(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn error_response(desc: &str) -> Value {
+    json!({
+        "description": desc,
+        "content": { "application/json": { "schema": schema_ref("Error") } }
+    })
+}
+
+/// The document, as served.
+pub(crate) fn document() -> Value {
+    let mut paths: Map<String, Value> = Map::new();
+    for r in ROUTES {
+        let mut params: Vec<Value> = Vec::new();
+        for seg in r.path.split('/') {
+            if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                let desc = match name {
+                    "service" => "Service name.",
+                    "backend" => "Backend IPv4 address.",
+                    _ => "",
+                };
+                params.push(json!({
+                    "name": name, "in": "path", "required": true,
+                    "description": desc, "schema": { "type": "string" }
+                }));
+            }
+        }
+        for (name, ty, desc) in r.query {
+            params.push(json!({
+                "name": name, "in": "query", "required": false,
+                "description": desc, "schema": { "type": ty }
+            }));
+        }
+        let ok = if r.response == "text/event-stream" {
+            json!({
+                "description": "A stream of `snapshot` events (data: a Snapshot as JSON).",
+                "content": { "text/event-stream": { "schema": { "type": "string" } } }
+            })
+        } else {
+            json!({
+                "description": "Success.",
+                "content": { "application/json": { "schema": schema_ref(r.response) } }
+            })
+        };
+        let mut responses = Map::new();
+        let code = if r.op == super::Op::AddBackend {
+            "201"
+        } else {
+            "200"
+        };
+        responses.insert(code.into(), ok);
+        if r.path.contains('{') {
+            responses.insert("404".into(), error_response("No such service or backend."));
+        }
+        if !r.query.is_empty() || r.body.is_some() || r.path.contains('{') {
+            responses.insert("400".into(), error_response("Malformed input."));
+        }
+        let mut op = json!({
+            "operationId": r.operation_id,
+            "summary": r.summary,
+            "parameters": params,
+        });
+        if let Some(b) = r.body {
+            op["requestBody"] = json!({
+                "required": true,
+                "content": { "application/json": { "schema": schema_ref(b) } }
+            });
+            responses.insert(
+                "415".into(),
+                error_response("The body is not application/json."),
+            );
+            responses.insert(
+                "422".into(),
+                error_response("The JSON does not have the expected shape."),
+            );
+        }
+        if r.mutating {
+            op["security"] = json!([{ "bearer": [] }]);
+            responses.insert(
+                "401".into(),
+                error_response("Missing or invalid bearer token."),
+            );
+            responses.insert(
+                "403".into(),
+                error_response("No API token is configured: changes are disabled."),
+            );
+            responses.insert(
+                "413".into(),
+                error_response(&format!("Body larger than {BODY_LIMIT} bytes.")),
+            );
+        }
+        if r.op == super::Op::Reload {
+            responses.insert(
+                "422".into(),
+                json!({
+                    "description": "The config file is invalid; nothing was changed.",
+                    "content": { "application/json": { "schema": schema_ref("ConfigErrors") } }
+                }),
+            );
+            responses.insert(
+                "409".into(),
+                error_response("The controller was not started from a config file."),
+            );
+        }
+        if r.op == super::Op::AddBackend || r.op == super::Op::RemoveBackend {
+            responses.insert(
+                "409".into(),
+                error_response("Conflicts with the current pool."),
+            );
+        }
+        op["responses"] = Value::Object(responses);
+        let entry = paths
+            .entry(r.path.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        entry[r.verb.as_str().to_ascii_lowercase()] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "flowgate controller API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Services, backends, switches, connections and events of a flowgate \
+                OpenFlow 1.3 controller, and the changes an operator can make at run time. \
+                Every change needs a bearer token; every error is {\"error\": \"...\"}."
+        },
+        "servers": [{ "url": "/" }],
+        "paths": paths,
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": schemas(),
+        }
+    })
+}
+
+fn schemas() -> Value {
+    let num_or_null = json!({ "type": ["number", "null"] });
+    json!({
+        "Error": {
+            "type": "object", "required": ["error"],
+            "properties": { "error": { "type": "string" } }
+        },
+        "Ok": {
+            "type": "object",
+            "properties": { "ok": { "type": "boolean" } },
+            "additionalProperties": true
+        },
+        "OpenApi": { "type": "object", "description": "An OpenAPI 3.1 document." },
+        "Status": {
+            "type": "object",
+            "properties": {
+                "version": { "type": "string" },
+                "uptime_secs": { "type": "number" },
+                "mutations_enabled": { "type": "boolean" },
+                "config_file": { "type": ["string", "null"] },
+                "services": { "type": "integer" },
+                "switches": { "type": "integer" },
+                "connections": { "type": "integer" },
+                "flow_stats_interval_secs": { "type": "number" }
+            }
+        },
+        "Backend": {
+            "type": "object",
+            "properties": {
+                "address": { "type": "string", "format": "ipv4" },
+                "weight": { "type": "integer" },
+                "effective_weight": { "type": "integer" },
+                "healthy": { "type": "boolean" },
+                "state": { "type": "string", "enum": ["active", "draining"] },
+                "draining": { "type": "boolean" },
+                "eligible": { "type": "boolean" },
+                "located": { "type": "boolean" },
+                "mac": { "type": ["string", "null"] },
+                "active_connections": { "type": "integer" },
+                "connections_total": { "type": "integer" },
+                "picks_since_refresh": { "type": "integer" },
+                "rps": { "type": "number" },
+                "measured_rps": { "type": "number" },
+                "reported_rps": num_or_null,
+                "response_time_ms": num_or_null,
+                "cpu": num_or_null,
+                "metrics_fresh": { "type": "boolean" },
+                "gap": { "description": "Overload (gap) state; null until the core has the feature." }
+            }
+        },
+        "BackendList": { "type": "array", "items": schema_ref("Backend") },
+        "Service": {
+            "type": "object",
+            "properties": {
+                "name": { "type": "string" },
+                "vip": { "type": ["string", "null"] },
+                "virtual_mac": { "type": "string" },
+                "port": { "type": "integer" },
+                "algorithm": { "type": "string" },
+                "threshold_rps": num_or_null,
+                "hysteresis": { "type": "number" },
+                "health_check": { "type": "string", "enum": ["none", "tcp", "http"] },
+                "counters": { "type": "object" },
+                "rps": { "type": "number" },
+                "active_connections": { "type": "integer" },
+                "backends": schema_ref("BackendList")
+            }
+        },
+        "ServiceList": { "type": "array", "items": schema_ref("Service") },
+        "AlgorithmChange": {
+            "type": "object", "additionalProperties": false,
+            "properties": {
+                "algorithm": { "type": "string", "description": "Defaults to the current one." },
+                "threshold_rps": { "type": "number", "exclusiveMinimum": 0 },
+                "hysteresis": { "type": "number", "minimum": 0, "exclusiveMaximum": 1 }
+            }
+        },
+        "NewBackend": {
+            "type": "object", "additionalProperties": false, "required": ["address"],
+            "properties": {
+                "address": { "type": "string", "format": "ipv4" },
+                "weight": { "type": "integer", "minimum": 0, "maximum": 1_000_000 },
+                "metrics": { "type": "string" }
+            }
+        },
+        "WeightChange": {
+            "type": "object", "additionalProperties": false, "required": ["weight"],
+            "properties": { "weight": { "type": "integer", "minimum": 0, "maximum": 1_000_000 } }
+        },
+        "Switch": {
+            "type": "object",
+            "properties": {
+                "dpid": { "type": "string" },
+                "n_tables": { "type": "integer" },
+                "ports": { "type": "array", "items": { "type": "object" } },
+                "connected_secs": { "type": "number" },
+                "connected_since_unix": { "type": "number" },
+                "packet_in": { "type": "integer" },
+                "flow_count": { "type": ["integer", "null"] },
+                "flow_count_age_secs": num_or_null,
+                "flow_count_source": { "type": "string", "enum": ["aggregate-stats"] },
+                "last_error": { "type": ["string", "null"] }
+            }
+        },
+        "SwitchList": { "type": "array", "items": schema_ref("Switch") },
+        "ConnectionPage": {
+            "type": "object",
+            "properties": {
+                "total": { "type": "integer" },
+                "per_backend": { "type": "array", "items": { "type": "object" } },
+                "limit": { "type": "integer", "maximum": MAX_PAGE },
+                "items": { "type": "array", "items": { "type": "object" } },
+                "next": { "type": ["string", "null"] }
+            }
+        },
+        "Event": {
+            "type": "object",
+            "properties": {
+                "at_ms": { "type": "integer" },
+                "kind": { "type": "string" },
+                "detail": { "type": "string" }
+            }
+        },
+        "EventList": { "type": "array", "items": schema_ref("Event") },
+        "ReloadResult": {
+            "type": "object",
+            "properties": {
+                "ok": { "type": "boolean" },
+                "file": { "type": "string" },
+                "services": { "type": "integer" },
+                "restart_needed": { "type": "array", "items": { "type": "string" } }
+            }
+        },
+        "ConfigErrors": {
+            "type": "object",
+            "properties": {
+                "error": { "type": "string" },
+                "errors": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": { "path": { "type": "string" }, "message": { "type": "string" } }
+                    }
+                }
+            }
+        }
+    })
+}

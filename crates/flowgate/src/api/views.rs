@@ -1,0 +1,456 @@
+//! Read-only endpoints and the JSON views they (and the stream) return.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use flowgate_core::conntrack::ConnKey;
+use flowgate_core::service::{BackendState, ServiceState};
+use flowgate_core::Controller;
+use serde::{Deserialize, Serialize};
+
+use super::{ApiState, MAX_PAGE, error};
+use crate::runtime::{FLOW_STATS_INTERVAL, Handle};
+
+#[derive(Debug, Serialize)]
+pub struct ServiceView {
+    pub name: String,
+    pub vip: Option<Ipv4Addr>,
+    pub virtual_mac: String,
+    pub port: u16,
+    pub algorithm: String,
+    pub threshold_rps: Option<f64>,
+    pub hysteresis: f64,
+    pub health_check: flowgate_core::config::HealthKind,
+    pub counters: flowgate_core::service::ServiceCounters,
+    /// Sum of the backends' request rates (new connections per second).
+    pub rps: f64,
+    pub active_connections: u64,
+    pub backends: Vec<BackendView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BackendView {
+    pub address: Ipv4Addr,
+    pub weight: u32,
+    /// Weight the balancer uses now (slow start ramps it up after a (re)join).
+    pub effective_weight: u32,
+    /// Result of the active health checks.
+    pub healthy: bool,
+    /// `active` or `draining`.
+    pub state: flowgate_core::service::AdminState,
+    pub draining: bool,
+    /// Healthy, active and located: can take a new connection.
+    pub eligible: bool,
+    pub located: bool,
+    pub mac: Option<String>,
+    pub active_connections: u32,
+    pub connections_total: u64,
+    /// New connections since the last load refresh.
+    pub picks_since_refresh: u32,
+    /// Request rate the balancer uses (the backend's own report when it has one).
+    pub rps: f64,
+    /// New connections per second as the controller counts them.
+    pub measured_rps: f64,
+    pub reported_rps: Option<f64>,
+    pub response_time_ms: Option<f64>,
+    pub cpu: Option<f64>,
+    /// Whether the backend's metrics (if it has an endpoint) are recent.
+    pub metrics_fresh: bool,
+    /// Overload (gap) control state: `null` until that feature exists in the core.
+    pub gap: Option<serde_json::Value>,
+}
+
+fn backend_view(s: &ServiceState, i: usize, b: &BackendState) -> BackendView {
+    let load = s.loads.get(i);
+    BackendView {
+        address: b.address,
+        weight: b.weight,
+        effective_weight: load.map(|l| l.weight).unwrap_or(b.weight),
+        healthy: b.healthy,
+        state: b.admin,
+        draining: b.admin == flowgate_core::service::AdminState::Draining,
+        eligible: b.eligible(),
+        located: b.mac.is_some(),
+        mac: b.mac.map(|m| m.to_string()),
+        active_connections: b.active_connections,
+        connections_total: b.connections_total,
+        picks_since_refresh: b.picks_since_refresh,
+        rps: b.reported_rps.unwrap_or(b.rps),
+        measured_rps: b.rps,
+        reported_rps: b.reported_rps,
+        response_time_ms: b.response_time_ms,
+        cpu: b.cpu,
+        metrics_fresh: load.map(|l| l.metrics_fresh).unwrap_or(true),
+        gap: None,
+    }
+}
+
+fn service_view(s: &ServiceState) -> ServiceView {
+    let backends: Vec<BackendView> = s
+        .backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| backend_view(s, i, b))
+        .collect();
+    ServiceView {
+        name: s.cfg.name.clone(),
+        vip: s.cfg.vip,
+        virtual_mac: s.cfg.virtual_mac.to_string(),
+        port: s.cfg.port,
+        algorithm: s.algorithm().to_string(),
+        threshold_rps: s.cfg.params.threshold_rps,
+        hysteresis: s.cfg.params.hysteresis,
+        health_check: s.cfg.health.kind,
+        counters: s.counters.clone(),
+        rps: backends.iter().map(|b| b.rps).sum(),
+        active_connections: backends
+            .iter()
+            .map(|b| u64::from(b.active_connections))
+            .sum(),
+        backends,
+    }
+}
+
+pub(crate) fn service_views(c: &Controller) -> Vec<ServiceView> {
+    c.services().iter().map(service_view).collect()
+}
+
+/// Find a service by name, or the 404 to answer with.
+pub(crate) fn find_service(c: &Controller, name: &str) -> Result<usize, Response> {
+    c.service_index(name)
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, format!("no service named {name:?}")))
+}
+
+/// Find a backend (by address) of a service, or the 4xx to answer with.
+pub(crate) fn find_backend(
+    c: &Controller,
+    service: &str,
+    backend: &str,
+) -> Result<(usize, usize), Response> {
+    let si = find_service(c, service)?;
+    let addr: Ipv4Addr = backend.parse().map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("{backend:?} is not an IPv4 address"),
+        )
+    })?;
+    let bi = c.services()[si].backend_index(addr).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            format!("{addr} is not a backend of {service:?}"),
+        )
+    })?;
+    Ok((si, bi))
+}
+
+pub(crate) fn backend_json(c: &Controller, si: usize, bi: usize) -> Response {
+    let s = &c.services()[si];
+    match s.backends.get(bi) {
+        Some(b) => Json(backend_view(s, bi, b)).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such backend"),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct PortView {
+    pub port_no: u32,
+    pub name: String,
+    pub hw_addr: String,
+    pub up: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SwitchView {
+    /// Datapath id, 16 hex digits.
+    pub dpid: String,
+    pub n_tables: u8,
+    pub ports: Vec<PortView>,
+    /// Seconds since the switch's session started.
+    pub connected_secs: f64,
+    /// Unix time (seconds) the session started.
+    pub connected_since_unix: f64,
+    pub packet_in: u64,
+    /// Flow entries in all the switch's tables, from its last OFPMP_AGGREGATE reply
+    /// (requested every 2 s); `null` until the first reply.
+    pub flow_count: Option<u32>,
+    pub flow_count_age_secs: Option<f64>,
+    pub flow_count_source: &'static str,
+    pub last_error: Option<String>,
+}
+
+pub(crate) fn switch_views(handle: &Handle, c: &Controller) -> Vec<SwitchView> {
+    let counts = handle
+        .flow_counts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    c.switch_ids()
+        .filter_map(|d| c.switch_view(d))
+        .map(|s| {
+            let ports = c
+                .topology()
+                .switch(s.dpid)
+                .map(|sw| {
+                    sw.ports
+                        .iter()
+                        .map(|(no, p)| PortView {
+                            port_no: *no,
+                            name: p.name.clone(),
+                            hw_addr: p.hw_addr.to_string(),
+                            up: p.up,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let fc = counts.get(&s.dpid);
+            let connected = s.connected_at.elapsed().as_secs_f64();
+            SwitchView {
+                dpid: format!("{:016x}", s.dpid),
+                n_tables: s.n_tables,
+                ports,
+                connected_secs: connected,
+                connected_since_unix: now_unix - connected,
+                packet_in: s.packet_in,
+                flow_count: fc.map(|f| f.flows),
+                flow_count_age_secs: fc.map(|f| f.at.elapsed().as_secs_f64()),
+                flow_count_source: "aggregate-stats",
+                last_error: s.last_error,
+            }
+        })
+        .collect()
+}
+
+pub(crate) async fn status(State(st): State<ApiState>) -> Response {
+    let token = st
+        .handle
+        .config
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .api
+        .token
+        .is_some();
+    let core = st.handle.lock();
+    let c = &core.controller;
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_secs": st.handle.started.elapsed().as_secs_f64(),
+        "mutations_enabled": token,
+        "config_file": st.handle.config_path.as_ref().map(|p| p.display().to_string()),
+        "services": c.services().len(),
+        "switches": c.switch_ids().count(),
+        "connections": c.connections().len(),
+        "flow_stats_interval_secs": FLOW_STATS_INTERVAL.as_secs_f64(),
+    }))
+    .into_response()
+}
+
+pub(crate) async fn services(State(st): State<ApiState>) -> Response {
+    let core = st.handle.lock();
+    Json(service_views(&core.controller)).into_response()
+}
+
+pub(crate) async fn service(State(st): State<ApiState>, Path(name): Path<String>) -> Response {
+    let core = st.handle.lock();
+    let c = &core.controller;
+    match find_service(c, &name) {
+        Ok(si) => Json(service_view(&c.services()[si])).into_response(),
+        Err(r) => r,
+    }
+}
+
+pub(crate) async fn backends(State(st): State<ApiState>, Path(name): Path<String>) -> Response {
+    let core = st.handle.lock();
+    let c = &core.controller;
+    match find_service(c, &name) {
+        Ok(si) => Json(service_view(&c.services()[si]).backends).into_response(),
+        Err(r) => r,
+    }
+}
+
+pub(crate) async fn backend(
+    State(st): State<ApiState>,
+    Path((service, backend)): Path<(String, String)>,
+) -> Response {
+    let core = st.handle.lock();
+    let c = &core.controller;
+    match find_backend(c, &service, &backend) {
+        Ok((si, bi)) => backend_json(c, si, bi),
+        Err(r) => r,
+    }
+}
+
+pub(crate) async fn switches(State(st): State<ApiState>) -> Response {
+    let core = st.handle.lock();
+    Json(switch_views(&st.handle, &core.controller)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PageQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConnectionView {
+    /// The cursor form of the key: `client:port>service_addr:port`.
+    pub key: String,
+    pub client: Ipv4Addr,
+    pub client_port: u16,
+    pub service_addr: Ipv4Addr,
+    pub service_port: u16,
+    pub service: Option<String>,
+    pub backend: Option<Ipv4Addr>,
+    pub created_ms: u64,
+    pub installed: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct BackendCount {
+    service: String,
+    backend: Ipv4Addr,
+    connections: u64,
+}
+
+fn key_string(k: &ConnKey) -> String {
+    format!(
+        "{}:{}>{}:{}",
+        k.client, k.client_port, k.service_addr, k.service_port
+    )
+}
+
+fn parse_key(s: &str) -> Option<ConnKey> {
+    let (a, b) = s.split_once('>')?;
+    let (client, client_port) = a.rsplit_once(':')?;
+    let (service_addr, service_port) = b.rsplit_once(':')?;
+    Some(ConnKey {
+        client: client.parse().ok()?,
+        client_port: client_port.parse().ok()?,
+        service_addr: service_addr.parse().ok()?,
+        service_port: service_port.parse().ok()?,
+    })
+}
+
+/// Counts per backend, and one page of the table in key order: the `limit` smallest keys
+/// after the cursor, found in one pass with a bounded heap (O(n log limit) under the lock,
+/// no copy of the table).
+pub(crate) async fn connections(
+    State(st): State<ApiState>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_PAGE {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be between 1 and {MAX_PAGE}"),
+        );
+    }
+    let after = match q.after.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => match parse_key(s) {
+            Some(k) => Some(k),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("after: {s:?} is not a connection key (client:port>addr:port)"),
+                );
+            }
+        },
+    };
+    let core = st.handle.lock();
+    let c = &core.controller;
+    let services = c.services();
+    let mut counts: BTreeMap<(u16, u16), u64> = BTreeMap::new();
+    let mut heap: std::collections::BinaryHeap<ConnKey> =
+        std::collections::BinaryHeap::with_capacity(limit + 1);
+    let mut remaining = 0usize;
+    for (k, conn) in c.connections().iter() {
+        *counts.entry((conn.service, conn.backend)).or_default() += 1;
+        if after.is_some_and(|a| *k <= a) {
+            continue;
+        }
+        remaining += 1;
+        if heap.len() < limit {
+            heap.push(*k);
+        } else if heap.peek().is_some_and(|top| k < top) {
+            heap.pop();
+            heap.push(*k);
+        }
+    }
+    let keys = heap.into_sorted_vec();
+    let items: Vec<ConnectionView> = keys
+        .iter()
+        .filter_map(|k| {
+            let conn = c.connections().get(k)?;
+            let svc = services.get(usize::from(conn.service));
+            Some(ConnectionView {
+                key: key_string(k),
+                client: k.client,
+                client_port: k.client_port,
+                service_addr: k.service_addr,
+                service_port: k.service_port,
+                service: svc.map(|s| s.cfg.name.clone()),
+                backend: svc
+                    .and_then(|s| s.backends.get(usize::from(conn.backend)))
+                    .map(|b| b.address),
+                created_ms: conn.created_ms,
+                installed: conn.installed,
+            })
+        })
+        .collect();
+    let per_backend: Vec<BackendCount> = services
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| {
+            let counts = &counts;
+            s.backends.iter().enumerate().map(move |(bi, b)| BackendCount {
+                service: s.cfg.name.clone(),
+                backend: b.address,
+                connections: counts.get(&(si as u16, bi as u16)).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    let next = if remaining > items.len() {
+        items.last().map(|i| i.key.clone())
+    } else {
+        None
+    };
+    Json(serde_json::json!({
+        "total": c.connections().len(),
+        "per_backend": per_backend,
+        "limit": limit,
+        "items": items,
+        "next": next,
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventQuery {
+    since_ms: Option<u64>,
+    limit: Option<usize>,
+}
+
+pub(crate) async fn events(State(st): State<ApiState>, Query(q): Query<EventQuery>) -> Response {
+    let core = st.handle.lock();
+    let mut v: Vec<_> = core
+        .controller
+        .events()
+        .filter(|e| q.since_ms.is_none_or(|s| e.at_ms > s))
+        .cloned()
+        .collect();
+    if let Some(l) = q.limit {
+        let skip = v.len().saturating_sub(l);
+        v.drain(..skip);
+    }
+    Json(v).into_response()
+}

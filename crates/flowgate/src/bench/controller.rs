@@ -1,0 +1,692 @@
+//! `flowgate bench controller`: cbench for OpenFlow 1.3, with VIP-balancer answers checked.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use flowgate_packet::MacAddr;
+use hdrhistogram::Histogram;
+
+use super::switch::{CheckMode, Pace, RunFlags, SwitchCounters, SwitchPlan, run_switch};
+use super::{Table, fmt_rate};
+
+/// The os-ken peer app, written out next to its plan when the peer is started.
+pub const OSKEN_APP: &str = include_str!("../../../../bench/osken/vip_lb.py");
+
+/// A controller the bench can start itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// This binary's `controller`, one VIP service per emulated switch.
+    Flowgate,
+    /// bench/osken/vip_lb.py under `osken-manager` (the seed's balancer on os-ken).
+    Osken,
+    /// Debian's `ovs-testcontroller` (a learning switch: L2 mode only).
+    OvsTestcontroller,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Flowgate => "flowgate",
+            Peer::Osken => "os-ken vip_lb.py",
+            Peer::OvsTestcontroller => "ovs-testcontroller",
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// The controller under test (an already running OpenFlow 1.3 controller).
+    /// Without it, the `--peers` are started here, one after the other.
+    #[arg(long)]
+    pub controller: Option<SocketAddr>,
+    /// Controllers to start and measure side by side (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "flowgate")]
+    pub peers: Vec<Peer>,
+    /// Emulated switches (cbench -s).
+    #[arg(long, short = 's', default_value_t = 16)]
+    pub switches: usize,
+    /// Measured loops (cbench -l).
+    #[arg(long, short = 'l', default_value_t = 16)]
+    pub loops: usize,
+    /// Milliseconds per loop (cbench -m).
+    #[arg(long, short = 'm', default_value_t = 1000)]
+    pub ms_per_loop: u64,
+    /// Warm-up loops, not counted (cbench -w).
+    #[arg(long, short = 'w', default_value_t = 1)]
+    pub warmup: usize,
+    /// What counts as an answer: `vip` checks a VIP balancer's three messages; `l2`
+    /// counts any FLOW_MOD/PACKET_OUT as cbench does (for learning switches). The
+    /// default is `vip`, except for ovs-testcontroller which is always measured in `l2`.
+    #[arg(long, value_enum, default_value = "vip")]
+    pub mode: CheckMode,
+    /// Latency mode: one probe outstanding per switch (cbench's default). Without it
+    /// (and without --rate), throughput mode: `--window` outstanding per switch.
+    #[arg(long, conflicts_with = "rate")]
+    pub latency: bool,
+    /// Outstanding probes per switch in throughput mode.
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
+    /// Open loop: new connections per second, all switches together, at a fixed rate.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// After each throughput run, also run open loop at this fraction of the peak just
+    /// measured (e.g. 0.5 for the "p99 at half the peak rate" figure).
+    #[arg(long)]
+    pub also_rate_fraction: Option<f64>,
+    /// A probe without a complete answer after this many milliseconds is lost.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// Connections end: once a switch has more than this many live connections, the
+    /// oldest one's rules idle out and the switch sends FLOW_REMOVED for each rule that
+    /// asked for it (OFPFF_SEND_FLOW_REM), as OVS would. 0 = never (cbench: every probe
+    /// is a new flow and the controller's table grows for the whole run).
+    #[arg(long, default_value_t = 0)]
+    pub expire_after: usize,
+    /// The VIP of switch 0 (switch i uses the second octet + i).
+    #[arg(long, default_value = "10.0.0.100")]
+    pub vip: Ipv4Addr,
+    /// Backends of switch 0, on ports 2, 3, ... (switch i: second octet + i).
+    #[arg(long, value_delimiter = ',', default_value = "10.0.0.2,10.0.0.3,10.0.0.4")]
+    pub backends: Vec<Ipv4Addr>,
+    /// The service port.
+    #[arg(long, default_value_t = 80)]
+    pub vport: u16,
+    /// Milliseconds between the handshake and the first probe (cbench -D).
+    #[arg(long, default_value_t = 1000)]
+    pub delay_ms: u64,
+    /// The os-ken venv (with `osken-manager`).
+    #[arg(long, env = "FLOWGATE_OSKEN_VENV", default_value = "/opt/flowgate/osken-venv")]
+    pub osken_venv: PathBuf,
+    /// Write the results table here (Markdown).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print less (no per-loop lines).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunResult {
+    pub controller: String,
+    pub mode: CheckMode,
+    pub pace: String,
+    pub switches: usize,
+    /// responses/s per measured loop.
+    pub loops: Vec<f64>,
+    pub min: f64,
+    pub max: f64,
+    pub avg: f64,
+    pub stdev: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub sent: u64,
+    pub valid: u64,
+    pub invalid: u64,
+    pub lost: u64,
+    pub vip_arp_answered: bool,
+    pub invalid_samples: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+fn second_octet_plus(a: Ipv4Addr, i: usize) -> Ipv4Addr {
+    let o = a.octets();
+    Ipv4Addr::new(o[0], o[1].wrapping_add(i as u8), o[2], o[3])
+}
+
+/// The address plan of every emulated switch.
+pub fn plans(args: &ControllerArgs) -> anyhow::Result<Vec<SwitchPlan>> {
+    if args.switches == 0 || args.switches > 200 {
+        bail!("--switches must be 1..=200");
+    }
+    if args.backends.is_empty() {
+        bail!("--backends must name at least one backend");
+    }
+    Ok((0..args.switches)
+        .map(|i| SwitchPlan {
+            dpid: i as u64 + 1,
+            vip: second_octet_plus(args.vip, i),
+            vport: args.vport,
+            backends: args
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(b, ip)| {
+                    (
+                        second_octet_plus(*ip, i),
+                        MacAddr([0x02, 0x00, 0x0b, i as u8, 0x00, b as u8 + 2]),
+                        b as u32 + 2,
+                    )
+                })
+                .collect(),
+            client_mac: MacAddr([0x02, 0x00, 0x0c, i as u8, 0x00, 0x01]),
+            client_base: [11, i as u8],
+            client_port: 1,
+        })
+        .collect())
+}
+
+/// Run one measurement against `addr`.
+pub fn measure(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    addr: SocketAddr,
+    args: &ControllerArgs,
+    mode: CheckMode,
+    pace: Pace,
+) -> anyhow::Result<RunResult> {
+    rt.block_on(measure_async(name, addr, args, mode, pace))
+}
+
+async fn measure_async(
+    name: &str,
+    addr: SocketAddr,
+    args: &ControllerArgs,
+    mode: CheckMode,
+    pace: Pace,
+) -> anyhow::Result<RunResult> {
+    let plans = plans(args)?;
+    let n = plans.len();
+    let flags = Arc::new(RunFlags::default());
+    let counters: Vec<Arc<SwitchCounters>> =
+        (0..n).map(|_| Arc::new(SwitchCounters::default())).collect();
+    let per_switch = match pace {
+        Pace::Window(w) => Pace::Window(w),
+        Pace::Rate(r) => Pace::Rate(r / n as f64),
+    };
+    let mut pace_label = match pace {
+        Pace::Window(1) => "latency (1 outstanding/switch)".to_string(),
+        Pace::Window(w) => format!("throughput ({w} outstanding/switch)"),
+        Pace::Rate(r) => format!("open loop {}/s", fmt_rate(r)),
+    };
+    if args.expire_after > 0 {
+        pace_label += &format!(", FLOW_REMOVED beyond {} live/switch", args.expire_after);
+    }
+    if !args.quiet {
+        eprintln!("bench controller: {name} at {addr}, {n} switches, {pace_label}, mode {mode:?}");
+    }
+    let handles: Vec<_> = plans
+        .into_iter()
+        .zip(&counters)
+        .map(|(p, c)| tokio::spawn(run_switch(addr, p, mode, per_switch, Duration::from_millis(args.timeout_ms), args.expire_after, c.clone(), flags.clone())))
+        .collect();
+
+    // Handshake and learning, then cbench's -D delay.
+    let t0 = Instant::now();
+    while !counters.iter().all(|c| c.ready.load(Ordering::Relaxed)) {
+        if t0.elapsed() > Duration::from_secs(15) || handles.iter().any(|h| h.is_finished()) {
+            flags.stop.store(true, Ordering::Relaxed);
+            let errs: Vec<String> = futures_join(handles)
+                .await
+                .into_iter()
+                .filter_map(|r| r.error)
+                .collect();
+            bail!("{name}: the switches did not finish the handshake: {errs:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
+    flags.go.store(true, Ordering::Relaxed);
+
+    let total = |f: fn(&SwitchCounters) -> u64| counters.iter().map(|c| f(c)).sum::<u64>();
+    let mut loops = Vec::new();
+    let mut last: Vec<u64> = counters.iter().map(|c| c.valid.load(Ordering::Relaxed)).collect();
+    let mut at = Instant::now();
+    for l in 0..(args.warmup + args.loops) {
+        if l == args.warmup {
+            flags.measuring.store(true, Ordering::Relaxed);
+        }
+        let next = at + Duration::from_millis(args.ms_per_loop);
+        tokio::time::sleep(next.saturating_duration_since(Instant::now())).await;
+        let now = Instant::now();
+        let secs = now.duration_since(at).as_secs_f64();
+        at = now;
+        let cur: Vec<u64> = counters.iter().map(|c| c.valid.load(Ordering::Relaxed)).collect();
+        let per: Vec<u64> = cur.iter().zip(&last).map(|(a, b)| a - b).collect();
+        last = cur;
+        let sum: u64 = per.iter().sum();
+        let rate = sum as f64 / secs;
+        if !args.quiet {
+            let ms = secs * 1000.0;
+            let each: Vec<String> = per.iter().map(|x| format!("{:.2}", *x as f64 / ms)).collect();
+            eprintln!(
+                "{n:>3} switches: flows/ms: {}  total = {:.2} per ms{}",
+                each.join(" "),
+                sum as f64 / ms,
+                if l < args.warmup { " (warm-up)" } else { "" }
+            );
+        }
+        if l >= args.warmup {
+            loops.push(rate);
+        }
+    }
+    flags.stop.store(true, Ordering::Relaxed);
+    let results = futures_join(handles).await;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut samples = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        hist.add(&r.hist)?;
+        samples.extend(r.samples);
+        errors.extend(r.error);
+    }
+    samples.truncate(5);
+    let (min, max, avg, stdev) = stats(&loops);
+    println!(
+        "RESULT: {n} switches {} tests min/max/avg/stdev = {min:.2}/{max:.2}/{avg:.2}/{stdev:.2} responses/s",
+        loops.len()
+    );
+    Ok(RunResult {
+        controller: name.to_string(),
+        mode,
+        pace: pace_label,
+        switches: n,
+        loops,
+        min,
+        max,
+        avg,
+        stdev,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+        max_us: hist.max(),
+        sent: total(|c| c.sent.load(Ordering::Relaxed)),
+        valid: total(|c| c.valid.load(Ordering::Relaxed)),
+        invalid: total(|c| c.invalid.load(Ordering::Relaxed)),
+        lost: total(|c| c.lost.load(Ordering::Relaxed)),
+        vip_arp_answered: counters
+            .iter()
+            .all(|c| c.vip_arp_answered.load(Ordering::Relaxed)),
+        invalid_samples: samples,
+        errors,
+    })
+}
+
+async fn futures_join(
+    handles: Vec<tokio::task::JoinHandle<super::switch::SwitchResult>>,
+) -> Vec<super::switch::SwitchResult> {
+    let mut out = Vec::new();
+    for h in handles {
+        if let Ok(r) = h.await {
+            out.push(r);
+        }
+    }
+    out
+}
+
+fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0);
+    }
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(0.0, f64::max);
+    let avg = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / v.len() as f64;
+    (min, max, avg, var.sqrt())
+}
+
+// ----- peers -------------------------------------------------------------------------
+
+/// A controller started for the bench; killed (by its own pid) when dropped.
+pub struct Spawned {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub version: String,
+    child: Child,
+    _dir: TempDir,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> anyhow::Result<TempDir> {
+        let p = std::env::temp_dir().join(format!(
+            "flowgate-bench-{tag}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!(
+                "exited ({st}) before listening: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("not listening on {addr} after 30 s")
+}
+
+/// flowgate's config for the bench: one VIP service per emulated switch.
+pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
+    let mut c = String::from(
+        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    for (i, p) in plans(args)?.iter().enumerate() {
+        c += &format!(
+            "\n[[service]]\nname = \"s{i}\"\nvip = \"{}\"\nport = {}\nalgorithm = \"round-robin\"\nvirtual_mac = \"02:66:67:00:{:02x}:01\"\n\n[service.health]\nkind = \"none\"\n",
+            p.vip, p.vport, i
+        );
+        for (ip, _, _) in &p.backends {
+            c += &format!("\n[[service.backend]]\naddress = \"{ip}\"\n");
+        }
+    }
+    Ok(c)
+}
+
+fn flowgate_exe() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // The bench may run from a test binary: use the real `flowgate` next to it.
+    if exe.file_stem().is_some_and(|s| s == "flowgate") {
+        return Ok(exe);
+    }
+    if let Ok(p) = std::env::var("FLOWGATE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    bail!("cannot find the flowgate binary (set FLOWGATE_BIN)")
+}
+
+pub fn spawn_peer(peer: Peer, args: &ControllerArgs) -> anyhow::Result<Spawned> {
+    let dir = TempDir::new(match peer {
+        Peer::Flowgate => "flowgate",
+        Peer::Osken => "osken",
+        Peer::OvsTestcontroller => "testcontroller",
+    })?;
+    let log_path = dir.0.join("controller.log");
+    let log = std::fs::File::create(&log_path)?;
+    match peer {
+        Peer::Flowgate => {
+            let cfg = dir.0.join("flowgate.toml");
+            std::fs::write(&cfg, flowgate_config(args)?)?;
+            let ready = dir.0.join("ready.json");
+            let exe = flowgate_exe()?;
+            let mut child = Command::new(&exe)
+                .args(["--log", "warn", "controller", "--config"])
+                .arg(&cfg)
+                .arg("--ready-file")
+                .arg(&ready)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("start {}", exe.display()))?;
+            let t0 = Instant::now();
+            let addr: SocketAddr = loop {
+                if let Ok(s) = std::fs::read_to_string(&ready) {
+                    let v: serde_json::Value = serde_json::from_str(&s)?;
+                    break v["openflow"]
+                        .as_str()
+                        .context("ready file without openflow")?
+                        .parse()?;
+                }
+                if let Some(st) = child.try_wait()? {
+                    bail!(
+                        "flowgate exited ({st}): {}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    );
+                }
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    bail!("flowgate did not start");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            Ok(Spawned {
+                name: peer.name().into(),
+                addr,
+                version: format!("flowgate {}", env!("CARGO_PKG_VERSION")),
+                child,
+                _dir: dir,
+            })
+        }
+        Peer::Osken => {
+            let manager = args.osken_venv.join("bin/osken-manager");
+            if !manager.exists() {
+                bail!(
+                    "{} not found: run scripts/setup-bench-peers.sh (or set FLOWGATE_OSKEN_VENV)",
+                    manager.display()
+                );
+            }
+            let app = dir.0.join("vip_lb.py");
+            std::fs::write(&app, OSKEN_APP)?;
+            let plan = dir.0.join("plan.json");
+            std::fs::write(&plan, osken_plan(args)?)?;
+            let port = free_port()?;
+            let version = Command::new(&manager)
+                .arg("--version")
+                .output()
+                .map(|o| {
+                    let s = String::from_utf8_lossy(&o.stdout).to_string()
+                        + &String::from_utf8_lossy(&o.stderr);
+                    s.lines()
+                        .find(|l| l.contains("osken-manager"))
+                        .unwrap_or("os-ken ?")
+                        .trim()
+                        .to_string()
+                })
+                .unwrap_or_else(|_| "os-ken ?".into());
+            let mut child = Command::new(&manager)
+                .args(["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port"])
+                .arg(port.to_string())
+                .arg(&app)
+                .env("FLOWGATE_BENCH_PLAN", &plan)
+                .env("PYTHONWARNINGS", "ignore")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("start {}", manager.display()))?;
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
+                let _ = child.kill();
+                bail!("os-ken: {e}");
+            }
+            Ok(Spawned {
+                name: peer.name().into(),
+                addr,
+                version: format!("os-ken {}", version.trim_start_matches("osken-manager ")),
+                child,
+                _dir: dir,
+            })
+        }
+        Peer::OvsTestcontroller => {
+            let port = free_port()?;
+            let version = Command::new("ovs-testcontroller")
+                .arg("--version")
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .context("ovs-testcontroller not found: run scripts/setup-bench-peers.sh")?;
+            let mut child = Command::new("ovs-testcontroller")
+                .args(["-O", "OpenFlow13", "--no-chdir", "-vconsole:off"])
+                .arg(format!("ptcp:{port}:127.0.0.1"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("start ovs-testcontroller")?;
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
+                let _ = child.kill();
+                bail!("ovs-testcontroller: {e}");
+            }
+            Ok(Spawned {
+                name: peer.name().into(),
+                addr,
+                version,
+                child,
+                _dir: dir,
+            })
+        }
+    }
+}
+
+/// The os-ken app's plan: per dpid, the VIP and the backends (IP, MAC, port).
+pub fn osken_plan(args: &ControllerArgs) -> anyhow::Result<String> {
+    let mut m = serde_json::Map::new();
+    for (i, p) in plans(args)?.iter().enumerate() {
+        m.insert(
+            p.dpid.to_string(),
+            serde_json::json!({
+                "vip": p.vip.to_string(),
+                "vmac": format!("02:66:67:00:{i:02x}:01"),
+                "port": p.vport,
+                "backends": p.backends.iter().map(|(ip, mac, port)| serde_json::json!([ip.to_string(), mac.to_string(), port])).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(m).to_string())
+}
+
+/// Everything `flowgate bench controller` measured.
+pub struct Report {
+    pub runs: Vec<RunResult>,
+    pub versions: Vec<String>,
+}
+
+pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
+    // One thread for all the emulated switches, as cbench: the other core is the
+    // controller's.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let base_pace = match (args.rate, args.latency) {
+        (Some(r), _) => Pace::Rate(r),
+        (None, true) => Pace::Window(1),
+        (None, false) => Pace::Window(args.window.max(1)),
+    };
+    let mut runs = Vec::new();
+    let mut versions = Vec::new();
+    let targets: Vec<Option<Peer>> = match args.controller {
+        Some(_) => vec![None],
+        None => args.peers.iter().copied().map(Some).collect(),
+    };
+    for t in targets {
+        let mode = if t == Some(Peer::OvsTestcontroller) {
+            CheckMode::L2
+        } else {
+            args.mode
+        };
+        let spawned = match t {
+            Some(p) => Some(spawn_peer(p, args)?),
+            None => None,
+        };
+        let (name, addr) = match &spawned {
+            Some(s) => {
+                versions.push(s.version.clone());
+                (s.name.clone(), s.addr)
+            }
+            None => (
+                format!("controller at {}", args.controller.unwrap_or(([127, 0, 0, 1], 6653).into())),
+                args.controller.unwrap_or(([127, 0, 0, 1], 6653).into()),
+            ),
+        };
+        let r = measure(&rt, &name, addr, args, mode, base_pace)?;
+        let peak = r.avg;
+        runs.push(r);
+        if let (Some(f), Pace::Window(w)) = (args.also_rate_fraction, base_pace) {
+            if w > 1 && peak > 0.0 {
+                // A fresh controller, so the open-loop run starts from the same state.
+                drop(spawned);
+                let spawned = match t {
+                    Some(p) => Some(spawn_peer(p, args)?),
+                    None => None,
+                };
+                let addr = spawned.as_ref().map_or(addr, |s| s.addr);
+                runs.push(measure(&rt, &name, addr, args, mode, Pace::Rate(peak * f))?);
+            }
+        }
+    }
+    Ok(Report { runs, versions })
+}
+
+pub fn table(report: &Report) -> Table {
+    let reference = report
+        .runs
+        .iter()
+        .find(|r| r.controller == "flowgate" && r.pace.starts_with("throughput"))
+        .map(|r| r.avg);
+    let mut t = Table::new(&[
+        "controller",
+        "answers checked",
+        "load",
+        "switches",
+        "setups/s avg (min–max, stdev)",
+        "flowgate ÷ this",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "valid / invalid / lost",
+    ]);
+    for r in &report.runs {
+        let ratio = match reference {
+            Some(f) if r.avg > 0.0 && r.pace.starts_with("throughput") && r.controller != "flowgate" => {
+                format!("{:.1}×", f / r.avg)
+            }
+            _ => "–".into(),
+        };
+        t.row(vec![
+            r.controller.clone(),
+            match r.mode {
+                CheckMode::Vip => "VIP (fwd+rev rule, PACKET_OUT)".into(),
+                CheckMode::L2 => "L2 (any FLOW_MOD/PACKET_OUT, as cbench)".into(),
+            },
+            r.pace.clone(),
+            r.switches.to_string(),
+            format!(
+                "{} ({}–{}, {})",
+                fmt_rate(r.avg),
+                fmt_rate(r.min),
+                fmt_rate(r.max),
+                fmt_rate(r.stdev)
+            ),
+            ratio,
+            r.p50_us.to_string(),
+            r.p99_us.to_string(),
+            r.p999_us.to_string(),
+            format!("{} / {} / {}", r.valid, r.invalid, r.lost),
+        ]);
+    }
+    t
+}

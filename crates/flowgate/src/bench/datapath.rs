@@ -1,0 +1,432 @@
+//! `flowgate bench datapath`: HTTP requests/s and latency on one Open vSwitch bridge
+//! (userspace datapath), the same client and the same three backends, through
+//! (a) flowgate's VIP, (b) HAProxy `balance leastconn` and (c) nginx `least_conn` as proxies
+//! on a fifth host, and (d) straight to one backend. The client is wrk with a Lua script
+//! adding `Connection: close`, so every request is a new TCP connection (a new flow).
+//!
+//! h1 = client 10.0.0.1, h2..h4 = backends 10.0.0.2-4, h5 = proxy 10.0.0.5; VIP 10.0.0.100.
+//! Needs root and Open vSwitch; everything it makes is removed when it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Host, Prefix, ProcGuard, cleanup_stale};
+
+use super::Table;
+use super::controller::TempDir;
+
+/// The HTTP servers used as backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Nginx,
+    FlowgateHttpd,
+}
+
+/// A data-path case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Case {
+    /// flowgate's VIP (reactive: one controller round trip per connection).
+    Flowgate,
+    /// HAProxy, `balance leastconn`, on its own host.
+    Haproxy,
+    /// nginx `least_conn` as a reverse proxy on its own host.
+    Nginx,
+    /// Straight to backend 10.0.0.2 (L2 forwarding, `actions=NORMAL`).
+    Direct,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatapathArgs {
+    /// Cases to measure, in order (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,haproxy,nginx,flowgate")]
+    pub cases: Vec<Case>,
+    /// Backend servers; giving both measures `direct` with each (which keeps up?).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "nginx")]
+    pub backends: Vec<BackendKind>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// wrk connections (each request opens a new one: `Connection: close`).
+    #[arg(long, default_value_t = 16)]
+    pub connections: u32,
+    /// wrk threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: u32,
+    /// flowgate's balancing algorithm for the VIP.
+    #[arg(long, default_value = "least-connections")]
+    pub algorithm: String,
+    /// Write the results table here (Markdown).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CaseResult {
+    pub case: String,
+    pub backend: String,
+    pub requests_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub requests: u64,
+    pub errors: String,
+    /// flowgate only: PACKET_INs the controller handled during the run.
+    pub packet_ins: Option<u64>,
+}
+
+const VIP: &str = "10.0.0.100";
+const BACKENDS: [&str; 3] = ["10.0.0.2", "10.0.0.3", "10.0.0.4"];
+const PROXY: &str = "10.0.0.5";
+
+fn nginx_backend_conf(dir: &Path, ip: &str, name: &str) -> String {
+    format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx-{name}.pid;\nerror_log {d}/nginx-{name}.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-{name};\n  proxy_temp_path {d}/tmp-{name};\n  fastcgi_temp_path {d}/tmp-{name};\n  uwsgi_temp_path {d}/tmp-{name};\n  scgi_temp_path {d}/tmp-{name};\n  server {{ listen {ip}:80 backlog=4096; location / {{ return 200 \"{name}\\n\"; }} }}\n}}\n",
+        d = dir.display()
+    )
+}
+
+fn nginx_proxy_conf(dir: &Path) -> String {
+    let servers: String = BACKENDS
+        .iter()
+        .map(|b| format!("    server {b}:80;\n"))
+        .collect();
+    format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx-proxy.pid;\nerror_log {d}/nginx-proxy.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-proxy;\n  proxy_temp_path {d}/tmp-proxy;\n  fastcgi_temp_path {d}/tmp-proxy;\n  uwsgi_temp_path {d}/tmp-proxy;\n  scgi_temp_path {d}/tmp-proxy;\n  upstream pool {{\n    least_conn;\n{servers}  }}\n  server {{ listen {PROXY}:80 backlog=4096; location / {{ proxy_pass http://pool; }} }}\n}}\n",
+        d = dir.display()
+    )
+}
+
+fn haproxy_conf() -> String {
+    let servers: String = BACKENDS
+        .iter()
+        .enumerate()
+        .map(|(i, b)| format!("    server b{} {b}:80\n", i + 2))
+        .collect();
+    format!(
+        "global\n    maxconn 20000\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n    option http-server-close\nfrontend web\n    bind {PROXY}:80\n    default_backend pool\nbackend pool\n    balance leastconn\n{servers}"
+    )
+}
+
+const WRK_LUA: &str = "wrk.headers[\"Connection\"] = \"close\"\n";
+
+fn flowgate_exe() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("FLOWGATE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    Ok(std::env::current_exe()?)
+}
+
+/// Parse wrk's `--latency` output.
+pub fn parse_wrk(out: &str) -> anyhow::Result<(f64, f64, f64, u64, String)> {
+    let to_ms = |v: &str| -> Option<f64> {
+        let v = v.trim();
+        let (num, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic())?);
+        let n: f64 = num.parse().ok()?;
+        Some(match unit {
+            "us" => n / 1000.0,
+            "ms" => n,
+            "s" => n * 1000.0,
+            "m" => n * 60_000.0,
+            _ => return None,
+        })
+    };
+    let mut rps = None;
+    let mut p50 = None;
+    let mut p99 = None;
+    let mut requests = 0;
+    let mut errors = Vec::new();
+    for l in out.lines() {
+        let t = l.trim();
+        if let Some(v) = t.strip_prefix("Requests/sec:") {
+            rps = v.trim().parse().ok();
+        } else if let Some(v) = t.strip_prefix("50%") {
+            p50 = to_ms(v);
+        } else if let Some(v) = t.strip_prefix("99%") {
+            p99 = to_ms(v);
+        } else if t.contains("requests in") {
+            requests = t.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        } else if t.starts_with("Socket errors") || t.starts_with("Non-2xx") {
+            errors.push(t.to_string());
+        }
+    }
+    Ok((
+        rps.context("no Requests/sec in wrk's output")?,
+        p50.unwrap_or(f64::NAN),
+        p99.unwrap_or(f64::NAN),
+        requests,
+        if errors.is_empty() { "none".into() } else { errors.join("; ") },
+    ))
+}
+
+fn wrk(client: &Host, args: &DatapathArgs, url: &str, lua: &Path) -> anyhow::Result<String> {
+    let d = format!("{}s", args.duration);
+    let c = args.connections.to_string();
+    let t = args.threads.to_string();
+    let lua = lua.to_string_lossy().to_string();
+    let o = client
+        .exec(&["wrk", "-t", &t, "-c", &c, "-d", &d, "--latency", "-s", &lua, url])
+        .context("wrk")?;
+    let s = String::from_utf8_lossy(&o.stdout).to_string();
+    if !o.status.success() {
+        bail!("wrk failed: {s}{}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(s)
+}
+
+fn wait_http(client: &Host, url: &str, timeout: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < timeout {
+        if let Ok(o) = client.exec(&["curl", "-s", "-m", "1", "-o", "/dev/null", "-w", "%{http_code}", url]) {
+            if String::from_utf8_lossy(&o.stdout).trim() == "200" {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("{url} did not answer within {timeout:?}")
+}
+
+struct Controller {
+    child: Child,
+    api: String,
+    openflow: String,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Controller {
+    fn packet_ins(&self) -> Option<u64> {
+        let o = Command::new("curl")
+            .args(["-s", "-m", "2", &format!("http://{}/metrics", self.api)])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
+            let rest = l.strip_prefix("flowgate_packet_in_total")?;
+            rest.split_whitespace().last()?.parse::<f64>().ok().map(|v| v as u64)
+        })
+    }
+}
+
+fn start_flowgate(dir: &Path, algorithm: &str) -> anyhow::Result<Controller> {
+    let mut cfg = format!(
+        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\n\n[service.health]\nkind = \"none\"\n"
+    );
+    for b in BACKENDS {
+        cfg += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
+    }
+    let path = dir.join("flowgate.toml");
+    std::fs::write(&path, cfg)?;
+    let ready = dir.join("ready.json");
+    let log = std::fs::File::create(dir.join("flowgate.log"))?;
+    let child = Command::new(flowgate_exe()?)
+        .args(["--log", "warn", "controller", "--config"])
+        .arg(&path)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("start flowgate")?;
+    let mut c = Controller {
+        child,
+        api: String::new(),
+        openflow: String::new(),
+    };
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&ready) {
+            let v: serde_json::Value = serde_json::from_str(&s)?;
+            c.api = v["api"].as_str().unwrap_or("").to_string();
+            c.openflow = v["openflow"].as_str().unwrap_or("").to_string();
+            return Ok(c);
+        }
+        if let Some(st) = c.child.try_wait()? {
+            bail!("flowgate exited: {st}");
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!("flowgate did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start_backends(
+    t: &topo::Topology,
+    kind: BackendKind,
+    dir: &Path,
+) -> anyhow::Result<Vec<ProcGuard>> {
+    let mut v = Vec::new();
+    for (i, ip) in BACKENDS.iter().enumerate() {
+        let h = &t.hosts[i + 1];
+        let name = format!("b{}", i + 2);
+        match kind {
+            BackendKind::Nginx => {
+                let conf = dir.join(format!("nginx-{name}.conf"));
+                std::fs::create_dir_all(dir.join(format!("tmp-{name}")))?;
+                std::fs::write(&conf, nginx_backend_conf(dir, ip, &name))?;
+                let conf = conf.to_string_lossy().to_string();
+                let d = dir.to_string_lossy().to_string();
+                v.push(h.spawn(&["nginx", "-p", &d, "-c", &conf])?);
+            }
+            BackendKind::FlowgateHttpd => {
+                let exe = flowgate_exe()?.to_string_lossy().to_string();
+                let listen = format!("{ip}:80");
+                v.push(h.spawn(&[&exe, "--log", "warn", "httpd", "--listen", &listen, "--name", &name])?);
+            }
+        }
+    }
+    Ok(v)
+}
+
+pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
+    if let Some(why) = flowgate_testbed_unavailable() {
+        bail!("the data-path bench needs root and Open vSwitch: {why}");
+    }
+    let p = Prefix::for_test("bench_datapath");
+    cleanup_stale(p.as_str())?;
+    let dir = TempDir::new("datapath")?;
+    let lua = dir.0.join("close.lua");
+    std::fs::write(&lua, WRK_LUA)?;
+    let t = topo::single(&TopoOptions::new(p.as_str()), 5)?;
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let proxy_host = &t.hosts[4];
+    let mut results = Vec::new();
+    for (bi, &kind) in args.backends.iter().enumerate() {
+        let backend_label = match kind {
+            BackendKind::Nginx => "nginx",
+            BackendKind::FlowgateHttpd => "flowgate httpd",
+        };
+        let _servers = start_backends(&t, kind, &dir.0)?;
+        for &case in &args.cases {
+            // With several backend kinds, only `direct` is repeated for the others.
+            if bi > 0 && case != Case::Direct {
+                continue;
+            }
+            br.set_controller(&[])?;
+            br.del_flows()?;
+            let mut ctl = None;
+            let mut _proxy = None;
+            let url = match case {
+                Case::Direct => {
+                    br.add_flow("priority=0,actions=NORMAL")?;
+                    format!("http://{}/", BACKENDS[0])
+                }
+                Case::Haproxy => {
+                    br.add_flow("priority=0,actions=NORMAL")?;
+                    let conf = dir.0.join("haproxy.cfg");
+                    std::fs::write(&conf, haproxy_conf())?;
+                    let conf = conf.to_string_lossy().to_string();
+                    _proxy = Some(proxy_host.spawn(&["haproxy", "-db", "-f", &conf])?);
+                    format!("http://{PROXY}/")
+                }
+                Case::Nginx => {
+                    br.add_flow("priority=0,actions=NORMAL")?;
+                    let conf = dir.0.join("nginx-proxy.conf");
+                    std::fs::create_dir_all(dir.0.join("tmp-proxy"))?;
+                    std::fs::write(&conf, nginx_proxy_conf(&dir.0))?;
+                    let conf = conf.to_string_lossy().to_string();
+                    let d = dir.0.to_string_lossy().to_string();
+                    _proxy = Some(proxy_host.spawn(&["nginx", "-p", &d, "-c", &conf])?);
+                    format!("http://{PROXY}/")
+                }
+                Case::Flowgate => {
+                    let c = start_flowgate(&dir.0, &args.algorithm)?;
+                    br.set_controller(&[format!("tcp:{}", c.openflow)])?;
+                    br.wait_connected(Duration::from_secs(10))?;
+                    ctl = Some(c);
+                    format!("http://{VIP}/")
+                }
+            };
+            if let Err(e) = wait_http(client, &url, Duration::from_secs(20)) {
+                let proxy_log = _proxy.as_ref().map(|p| p.output()).unwrap_or_default();
+                bail!("{case:?} with {backend_label} backends: {e}\n{proxy_log}");
+            }
+            let pi_before = ctl.as_ref().and_then(|c| c.packet_ins());
+            eprintln!("bench datapath: {case:?} ({backend_label} backends) for {} s", args.duration);
+            let out = wrk(client, args, &url, &lua)?;
+            let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
+            let (rps, p50, p99, requests, errors) = parse_wrk(&out)?;
+            results.push(CaseResult {
+                case: match case {
+                    Case::Flowgate => "flowgate VIP (reactive)".into(),
+                    Case::Haproxy => "HAProxy leastconn (proxy host)".into(),
+                    Case::Nginx => "nginx least_conn (proxy host)".into(),
+                    Case::Direct => "direct to one backend".into(),
+                },
+                backend: backend_label.into(),
+                requests_per_sec: rps,
+                p50_ms: p50,
+                p99_ms: p99,
+                requests,
+                errors,
+                packet_ins: match (pi_before, pi_after) {
+                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                    _ => None,
+                },
+            });
+            drop(ctl);
+        }
+    }
+    drop(t);
+    Ok(results)
+}
+
+fn flowgate_testbed_unavailable() -> Option<String> {
+    // Same checks as the tests' `require_root_ovs`, without skipping.
+    let uid = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next().map(str::to_string))
+    });
+    if uid.as_deref() != Some("0") {
+        return Some("not root".into());
+    }
+    for prog in ["ovs-vsctl", "wrk", "curl"] {
+        if Command::new(prog).arg("--version").output().is_err() {
+            return Some(format!("{prog} not found"));
+        }
+    }
+    None
+}
+
+pub fn table(results: &[CaseResult]) -> Table {
+    let direct = results
+        .iter()
+        .find(|r| r.case.starts_with("direct"))
+        .map(|r| r.requests_per_sec);
+    let mut t = Table::new(&[
+        "path",
+        "backends",
+        "requests/s",
+        "vs direct",
+        "p50 ms",
+        "p99 ms",
+        "requests",
+        "errors",
+        "PACKET_INs / request",
+    ]);
+    for r in results {
+        t.row(vec![
+            r.case.clone(),
+            r.backend.clone(),
+            super::fmt_rate(r.requests_per_sec),
+            direct.map_or("–".into(), |d| format!("{:.0}%", 100.0 * r.requests_per_sec / d)),
+            format!("{:.2}", r.p50_ms),
+            format!("{:.2}", r.p99_ms),
+            r.requests.to_string(),
+            r.errors.clone(),
+            r.packet_ins
+                .map_or("–".into(), |p| format!("{:.1}", p as f64 / r.requests.max(1) as f64)),
+        ]);
+    }
+    t
+}

@@ -1,0 +1,170 @@
+//! `flowgate bench`: the benchmarks behind docs/benchmarks.md.
+//!
+//! - [`controller`]: cbench for OpenFlow 1.3 — emulated switches send TCP SYN PACKET_INs
+//!   to a VIP and check the balancer's answers; flowgate, an os-ken app and
+//!   ovs-testcontroller are measured side by side.
+//! - [`datapath`]: HTTP requests/s and p99 through flowgate's VIP, HAProxy, nginx, and
+//!   straight to a backend, on one Open vSwitch bridge with the same namespaces.
+//! - [`memory`]: resident bytes per tracked connection.
+//!
+//! Each prints a Markdown table and writes it to `--out FILE` when asked.
+
+pub mod controller;
+pub mod datapath;
+pub mod memory;
+pub mod switch;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The `bench` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchCmd {
+    /// cbench for OpenFlow 1.3: flow setups/s and setup latency of a VIP balancer.
+    Controller(controller::ControllerArgs),
+    /// HTTP through the VIP vs HAProxy, nginx and direct, on real OVS (needs root).
+    Datapath(datapath::DatapathArgs),
+    /// Resident memory per tracked connection.
+    Memory(memory::MemoryArgs),
+}
+
+/// A Markdown table.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, r: Vec<String>) {
+        self.rows.push(r);
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "| {} |", self.header.join(" | "));
+        let _ = writeln!(
+            s,
+            "|{}|",
+            self.header.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
+        );
+        for r in &self.rows {
+            let _ = writeln!(s, "| {} |", r.join(" | "));
+        }
+        s
+    }
+}
+
+/// 1234567.8 → "1,234,568".
+pub fn fmt_rate(x: f64) -> String {
+    let n = x.round().max(0.0) as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The machine, for the results: nproc, CPU model, kernel, OVS version.
+pub fn machine() -> String {
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let ovs = std::process::Command::new("ovs-vsctl")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "ovs-vsctl not found".into());
+    format!("nproc {nproc}; CPU {cpu}; kernel {kernel}; {ovs}")
+}
+
+fn emit(title: &str, command: &str, body: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    let doc = format!(
+        "## {title}\n\nMachine: {}\n\nCommand: `{command}`\n\n{body}",
+        machine()
+    );
+    println!("{doc}");
+    if let Some(p) = out {
+        std::fs::write(p, &doc).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// Run one `bench` subcommand.
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Controller(args) => {
+            let report = controller::run(&args)?;
+            let mut body = controller::table(&report).markdown();
+            if !report.versions.is_empty() {
+                body += &format!("\nControllers: {}\n", report.versions.join("; "));
+            }
+            for r in &report.runs {
+                if !r.invalid_samples.is_empty() {
+                    body += &format!("\nInvalid answers from {}: {:?}\n", r.controller, r.invalid_samples);
+                }
+                if !r.errors.is_empty() {
+                    body += &format!("\nSwitch errors with {}: {:?}\n", r.controller, r.errors);
+                }
+            }
+            emit(
+                "Controller: flow setups (cbench for OpenFlow 1.3)",
+                &command_line(),
+                &body,
+                args.out.as_deref(),
+            )
+        }
+        BenchCmd::Datapath(args) => {
+            let results = datapath::run(&args)?;
+            emit(
+                "Data path: HTTP through the VIP, proxies and direct",
+                &command_line(),
+                &datapath::table(&results).markdown(),
+                args.out.as_deref(),
+            )
+        }
+        BenchCmd::Memory(args) => {
+            let results = memory::run(&args)?;
+            if args.child.is_some() {
+                return Ok(());
+            }
+            emit(
+                "Memory per tracked connection",
+                &command_line(),
+                &memory::table(&results, args.ports_per_client).markdown(),
+                args.out.as_deref(),
+            )
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Smoke tests of `flowgate bench`: each benchmark runs for a second or two and must have
+//! run and answered correctly (every answer validated, a non-zero count). Speed is never
+//! asserted: these machines are shared.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use flowgate::bench::controller::{self, ControllerArgs, Peer};
+use flowgate::bench::switch::CheckMode;
+use flowgate::bench::{datapath, memory};
+
+#[derive(Parser)]
+struct Wrap<T: clap::Args> {
+    #[command(flatten)]
+    args: T,
+}
+
+fn parse<T: clap::Args>(argv: &[&str]) -> T {
+    let mut v = vec!["bench"];
+    v.extend_from_slice(argv);
+    Wrap::<T>::parse_from(v).args
+}
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+fn flowgate_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_flowgate"))
+}
+
+/// Runs the controller bench through the real binary (so the peer is the real
+/// `flowgate controller`), writes the Markdown table, and returns it.
+fn run_bench_controller(extra: &[&str]) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("flowgate-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join(format!("controller-{}.md", extra.join("_").replace(['/', ' '], "")));
+    let o = std::process::Command::new(flowgate_bin())
+        .args(["--log", "warn", "bench", "controller", "-s", "2", "-l", "1", "-m", "400", "-w", "0", "-q", "--out"])
+        .arg(&out)
+        .args(extra)
+        .output()
+        .expect("run flowgate bench controller");
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let table = std::fs::read_to_string(&out).expect("--out written");
+    (stdout, table)
+}
+
+/// The "valid / invalid / lost" cells of a controller's rows.
+fn counts(table: &str, controller: &str) -> Vec<(u64, u64, u64)> {
+    table
+        .lines()
+        .filter(|l| l.starts_with(&format!("| {controller} |")))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let v: Vec<u64> = cells
+                .last()
+                .expect("cells")
+                .split('/')
+                .map(|x| x.trim().parse().expect("count"))
+                .collect();
+            (v[0], v[1], v[2])
+        })
+        .collect()
+}
+
+#[test]
+fn bench_controller_flowgate_throughput_latency_and_rate() {
+    for extra in [
+        &["--peers", "flowgate", "--expire-after", "100", "--also-rate-fraction", "0.5"][..],
+        &["--peers", "flowgate", "--latency"][..],
+        &["--peers", "flowgate", "--rate", "2000"][..],
+    ] {
+        let (stdout, table) = run_bench_controller(extra);
+        assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
+        let rows = counts(&table, "flowgate");
+        let expected = if extra.contains(&"--also-rate-fraction") { 2 } else { 1 };
+        assert_eq!(rows.len(), expected, "{table}");
+        for (valid, invalid, lost) in rows {
+            assert!(valid > 0, "flowgate answered no probe ({extra:?}):\n{table}");
+            assert_eq!(invalid, 0, "wrong answers ({extra:?}):\n{table}");
+            assert_eq!(lost, 0, "lost probes ({extra:?}):\n{table}");
+        }
+        assert!(table.contains("p99"), "{table}");
+    }
+}
+
+#[test]
+fn bench_controller_library_checks_every_answer() {
+    // The same through the library, against an already running controller.
+    let mut args: ControllerArgs = parse(&[
+        "--peers", "flowgate", "-s", "2", "-l", "1", "-m", "300", "-w", "0", "--delay-ms", "200",
+        "-q",
+    ]);
+    args.peers = vec![Peer::Flowgate];
+    let ctl = Spawned::flowgate(&args);
+    args.controller = Some(ctl.addr);
+    let report = controller::run(&args).expect("bench runs");
+    assert_eq!(report.runs.len(), 1, "--controller measures once");
+    let r = &report.runs[0];
+    assert_eq!(r.mode, CheckMode::Vip);
+    assert!(r.valid > 0 && r.invalid == 0, "{r:?}");
+    assert!(r.vip_arp_answered, "the VIP's MAC was learned by ARP: {r:?}");
+    assert!(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.p999_us, "{r:?}");
+}
+
+/// A flowgate controller started by hand (the library's spawner needs FLOWGATE_BIN).
+struct Spawned {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    _dir: controller::TempDir,
+}
+
+impl Spawned {
+    fn flowgate(args: &ControllerArgs) -> Spawned {
+        let dir = controller::TempDir::new("smoke").expect("dir");
+        let cfg = dir.0.join("flowgate.toml");
+        std::fs::write(&cfg, controller::flowgate_config(args).expect("config")).expect("write");
+        let ready = dir.0.join("ready.json");
+        let child = std::process::Command::new(flowgate_bin())
+            .args(["--log", "warn", "controller", "--config"])
+            .arg(&cfg)
+            .arg("--ready-file")
+            .arg(&ready)
+            .spawn()
+            .expect("start flowgate");
+        let t0 = std::time::Instant::now();
+        let addr = loop {
+            if let Ok(s) = std::fs::read_to_string(&ready) {
+                let v: serde_json::Value = serde_json::from_str(&s).expect("json");
+                break v["openflow"].as_str().expect("openflow").parse().expect("addr");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "flowgate did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Spawned {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn bench_controller_osken_peer() {
+    let venv = std::env::var("FLOWGATE_OSKEN_VENV").unwrap_or_else(|_| "/opt/flowgate/osken-venv".into());
+    if !std::path::Path::new(&venv).join("bin/osken-manager").exists() {
+        assert!(
+            !in_ci(),
+            "CI is set but {venv}/bin/osken-manager is missing: scripts/setup-bench-peers.sh makes it"
+        );
+        eprintln!("skipping: no os-ken venv at {venv} (scripts/setup-bench-peers.sh)");
+        return;
+    }
+    let (stdout, table) = run_bench_controller(&["--peers", "osken", "--window", "4", "--delay-ms", "1500"]);
+    assert!(stdout.contains("RESULT:"), "{stdout}");
+    let rows = counts(&table, "os-ken vip_lb.py");
+    assert_eq!(rows.len(), 1, "{table}");
+    let (valid, invalid, _lost) = rows[0];
+    assert!(valid > 0, "os-ken answered no probe:\n{table}");
+    assert_eq!(invalid, 0, "os-ken's answers are checked like flowgate's:\n{table}");
+    assert!(table.contains("os-ken 3.1.0"), "the version is reported:\n{table}");
+}
+
+#[test]
+fn bench_controller_ovs_testcontroller_l2() {
+    if std::process::Command::new("ovs-testcontroller")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(!in_ci(), "CI is set but ovs-testcontroller is missing");
+        eprintln!("skipping: ovs-testcontroller not installed");
+        return;
+    }
+    let (stdout, table) = run_bench_controller(&["--peers", "ovs-testcontroller"]);
+    assert!(stdout.contains("RESULT:"), "{stdout}");
+    let rows = counts(&table, "ovs-testcontroller");
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(rows[0].0 > 0, "ovs-testcontroller answered nothing:\n{table}");
+    assert!(table.contains("L2 (any FLOW_MOD/PACKET_OUT"), "{table}");
+}
+
+#[test]
+fn bench_memory_counts_connections() {
+    let r = memory::measure_one(20_000, 100).expect("memory bench");
+    assert_eq!(r.tracked, 20_000);
+    assert!(r.rss_after_kib >= r.rss_before_kib, "{r:?}");
+    let t = memory::table(&[r], 100).markdown();
+    assert!(t.contains("bytes / connection"), "{t}");
+}
+
+#[test]
+fn bench_memory_cli_writes_table() {
+    let out = std::env::temp_dir().join(format!("flowgate-bench-mem-{}.md", std::process::id()));
+    let o = std::process::Command::new(flowgate_bin())
+        .args(["bench", "memory", "--conns", "5000,10000", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = std::fs::read_to_string(&out).expect("--out");
+    assert!(t.contains("| 5000 |") && t.contains("| 10000 |"), "{t}");
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn bench_datapath_all_paths_answer() {
+    if !flowgate_testbed::require_root_ovs("bench_datapath_all_paths_answer") {
+        return;
+    }
+    for prog in ["wrk", "haproxy", "nginx", "curl"] {
+        if std::process::Command::new(prog).arg("-v").output().is_err() {
+            assert!(!in_ci(), "CI is set but {prog} is missing");
+            eprintln!("skipping: {prog} not installed");
+            return;
+        }
+    }
+    let out = std::env::temp_dir().join(format!("flowgate-bench-dp-{}.md", std::process::id()));
+    let o = std::process::Command::new(flowgate_bin())
+        .args(["--log", "warn", "bench", "datapath", "--duration", "2", "--connections", "4", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run flowgate bench datapath");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "bench datapath failed:\n{stderr}");
+    let t = std::fs::read_to_string(&out).expect("--out");
+    for case in ["direct to one backend", "HAProxy", "nginx least_conn", "flowgate VIP"] {
+        let row = t
+            .lines()
+            .find(|l| l.contains(case))
+            .unwrap_or_else(|| panic!("no {case} row:\n{t}"));
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let requests: u64 = cells[6].parse().expect("requests");
+        assert!(requests > 0, "{case}: no request completed:\n{t}");
+    }
+    let parsed = datapath::parse_wrk(
+        "  Latency Distribution\n     50%  1.00ms\n     99%   2.50ms\n  100 requests in 1.00s, 1 KB read\nRequests/sec:    100.00\n",
+    )
+    .expect("wrk output parses");
+    assert_eq!(parsed.0, 100.0);
+    assert_eq!(parsed.2, 2.5);
+    let _ = std::fs::remove_file(out);
+}

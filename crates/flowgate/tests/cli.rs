@@ -1,0 +1,94 @@
+//! The binary's offline subcommands: config validation and the codec tools.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn conformance_dir() -> PathBuf {
+    std::env::var_os("FLOWGATE_CONFORMANCE_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("../shared/conformance/ryu-of13"))
+}
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(FLOWGATE).args(args).output().expect("run flowgate");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn the_examples_are_valid_configs() {
+    for f in ["examples/flowgate.toml", "examples/mininet.toml"] {
+        let path = repo().join(f);
+        let (ok, out, err) = run(&["controller", "--config", path.to_str().unwrap(), "--check"]);
+        assert!(ok, "{f}: {out}{err}");
+        assert!(out.contains("OK"), "{out}");
+    }
+}
+
+#[test]
+fn a_bad_config_reports_every_error_and_starts_nothing() {
+    let dir = std::env::temp_dir().join(format!("flowgate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[openflow]\nlisten = \"x\"\nfoo = 1\n[[service]]\nname = \"a b\"\nport = 0\n").unwrap();
+    // Without --check too: a bad config must not start the controller.
+    let (ok, _, err) = run(&["controller", "--config", path.to_str().unwrap()]);
+    assert!(!ok);
+    for want in ["openflow.listen", "openflow.foo: unknown key", "service[0].name", "service[0].port"] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn ofp_roundtrip_accepts_every_conformance_message() {
+    let dir = conformance_dir();
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "packet"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert!(files.len() > 70, "conformance files found: {}", files.len());
+    let mut args = vec!["ofp", "roundtrip"];
+    args.extend(files.iter().map(String::as_str));
+    let (ok, out, err) = run(&args);
+    assert!(ok, "roundtrip failed:\n{out}{err}");
+    let mut args = vec!["ofp", "decode"];
+    args.extend(files.iter().map(String::as_str));
+    let (ok, out, err) = run(&args);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), files.len(), "one JSON line per message");
+    for line in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        assert!(v["message"].is_object() || v["message"].is_string(), "{line}");
+    }
+}
+
+#[test]
+fn ofp_tools_reject_garbage_without_panicking() {
+    let dir = std::env::temp_dir().join(format!("flowgate-cli-g-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: [(&str, &[u8]); 4] = [
+        ("empty", b""),
+        ("garbage", b"\xde\xad\xbe\xef not openflow at all"),
+        ("short-length", &[4, 0, 0, 4, 0, 0, 0, 1]),
+        ("truncated", &[4, 14, 0, 200, 0, 0, 0, 1, 0, 0]),
+    ];
+    for (name, bytes) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        for sub in ["decode", "roundtrip"] {
+            let (ok, out, err) = run(&["ofp", sub, p.to_str().unwrap()]);
+            assert!(!ok, "{sub} {name} must fail");
+            assert!(!err.contains("panicked"), "{sub} {name} panicked: {err}");
+            if sub == "roundtrip" {
+                assert!(out.contains(name), "roundtrip names the bad file: {out}");
+            }
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version and a
+//! PACKET_IN flood. Each may end only its own session; the real switch stays connected and
+//! the VIP keeps serving.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+use support::*;
+
+const VIP: &str = "10.0.0.100";
+const VIP_MAC: [u8; 6] = [0x02, 0x66, 0x67, 0x00, 0x00, 0x01];
+const FLOOD: usize = 300_000;
+const RATE: f64 = 20_000.0;
+
+// OpenFlow 1.3 message types (§7.1).
+const OFPT_HELLO: u8 = 0;
+const OFPT_ERROR: u8 = 1;
+const OFPT_ECHO_REQUEST: u8 = 2;
+const OFPT_ECHO_REPLY: u8 = 3;
+const OFPT_FEATURES_REQUEST: u8 = 5;
+const OFPT_FEATURES_REPLY: u8 = 6;
+const OFPT_PACKET_IN: u8 = 10;
+
+fn header(version: u8, ty: u8, len: u16, xid: u32) -> Vec<u8> {
+    let mut v = vec![version, ty];
+    v.extend_from_slice(&len.to_be_bytes());
+    v.extend_from_slice(&xid.to_be_bytes());
+    v
+}
+
+fn features_reply(xid: u32, dpid: u64) -> Vec<u8> {
+    let mut v = header(4, OFPT_FEATURES_REPLY, 32, xid);
+    v.extend_from_slice(&dpid.to_be_bytes());
+    v.extend_from_slice(&256u32.to_be_bytes()); // n_buffers
+    v.extend_from_slice(&[254, 0, 0, 0]); // n_tables, auxiliary_id, pad
+    v.extend_from_slice(&0x4fu32.to_be_bytes()); // capabilities
+    v.extend_from_slice(&0u32.to_be_bytes()); // reserved
+    v
+}
+
+fn csum(data: &[u8]) -> u16 {
+    let mut s: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// A TCP SYN from 10.0.0.77:`sport` to the VIP, as a PACKET_IN from port 1 (§7.4.1).
+fn packet_in_syn(xid: u32, sport: u16) -> Vec<u8> {
+    let src = [10, 0, 0, 77];
+    let dst = [10, 0, 0, 100];
+    let mut tcp = Vec::with_capacity(20);
+    tcp.extend_from_slice(&sport.to_be_bytes());
+    tcp.extend_from_slice(&80u16.to_be_bytes());
+    tcp.extend_from_slice(&u32::from(sport).wrapping_mul(7919).to_be_bytes()); // seq
+    tcp.extend_from_slice(&0u32.to_be_bytes()); // ack
+    tcp.extend_from_slice(&[0x50, 0x02]); // data offset 5, SYN
+    tcp.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]); // window, checksum, urgent
+    let mut pseudo = Vec::with_capacity(32);
+    pseudo.extend_from_slice(&src);
+    pseudo.extend_from_slice(&dst);
+    pseudo.extend_from_slice(&[0, 6, 0, 20]);
+    pseudo.extend_from_slice(&tcp);
+    let c = csum(&pseudo).to_be_bytes();
+    tcp[16] = c[0];
+    tcp[17] = c[1];
+    let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&dst);
+    let c = csum(&ip).to_be_bytes();
+    ip[10] = c[0];
+    ip[11] = c[1];
+    let mut frame = Vec::with_capacity(54);
+    frame.extend_from_slice(&VIP_MAC);
+    frame.extend_from_slice(&[0x02, 0, 0, 0, 0xbe, 0xef]);
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(&ip);
+    frame.extend_from_slice(&tcp);
+
+    let len = 8 + 16 + 16 + 2 + frame.len();
+    let mut v = header(4, OFPT_PACKET_IN, len as u16, xid);
+    v.extend_from_slice(&0xffff_ffffu32.to_be_bytes()); // buffer_id: NO_BUFFER
+    v.extend_from_slice(&(frame.len() as u16).to_be_bytes()); // total_len
+    v.extend_from_slice(&[0, 0]); // reason NO_MATCH, table 0
+    v.extend_from_slice(&u64::MAX.to_be_bytes()); // cookie
+    // ofp_match: OXM, length 12 (in_port), padded to 16.
+    v.extend_from_slice(&[0, 1, 0, 12, 0x80, 0x00, 0x00, 0x04, 0, 0, 0, 1, 0, 0, 0, 0]);
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(&frame);
+    assert_eq!(v.len(), len);
+    v
+}
+
+/// Reads one whole OpenFlow message: `Ok(None)` at EOF.
+fn read_msg(s: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+    let mut h = [0u8; 8];
+    match s.read_exact(&mut h) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = usize::from(u16::from_be_bytes([h[2], h[3]])).max(8);
+    let mut m = h.to_vec();
+    m.resize(len, 0);
+    s.read_exact(&mut m[8..])?;
+    Ok(Some(m))
+}
+
+fn xid_of(m: &[u8]) -> u32 {
+    u32::from_be_bytes([m[4], m[5], m[6], m[7]])
+}
+
+/// Reads and discards until the controller closes the connection (EOF or reset); returns
+/// how long that took, or `None` if it is still open at `timeout`.
+fn wait_closed(s: &mut TcpStream, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < timeout {
+        s.set_read_timeout(Some(Duration::from_millis(200))).ok();
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
+}
+
+/// A fake switch: HELLO, then answers FEATURES_REQUEST with `dpid`.
+fn handshake(addr: SocketAddr, dpid: u64) -> TcpStream {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    s.write_all(&header(4, OFPT_HELLO, 8, 1)).expect("hello");
+    loop {
+        let m = read_msg(&mut s)
+            .expect("read")
+            .expect("controller closed during the handshake");
+        match m[1] {
+            OFPT_FEATURES_REQUEST => {
+                s.write_all(&features_reply(xid_of(&m), dpid))
+                    .expect("features reply");
+                return s;
+            }
+            OFPT_ECHO_REQUEST => {
+                let mut r = m.clone();
+                r[1] = OFPT_ECHO_REPLY;
+                s.write_all(&r).expect("echo reply");
+            }
+            _ => {}
+        }
+    }
+}
+
+fn wait_log(ctl: &Ctl, needle: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !ctl.log_plain().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no log line with {needle:?}:\n{}",
+            ctl.log_plain()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn switch_count(ctl: &Ctl) -> u64 {
+    metric(&ctl.get("/metrics").1, "flowgate_switches").unwrap_or(0.0) as u64
+}
+
+#[test]
+fn ovs_hostile_switch_peers() {
+    let name = "ovs_hostile_switch_peers";
+    if !require_root_ovs(name) {
+        return;
+    }
+    let p = Prefix::for_test(name);
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = vip_config_openflow(
+        VIP,
+        "round-robin",
+        &backends,
+        "echo_interval_ms = 300\necho_timeout_ms = 900\npacket_in_rate = 20000\n",
+    );
+    let mut ctl = Ctl::start("hostile", &cfg);
+    let bridge = &t.bridges[0];
+    bridge
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    bridge
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+
+    // The real switch, its session and the VIP are unaffected.
+    let healthy = |ctl: &mut Ctl, what: &str| {
+        assert!(
+            ctl.alive(),
+            "controller died after {what}:\n{}",
+            ctl.log_plain()
+        );
+        assert!(
+            bridge.is_connected().expect("is_connected"),
+            "real switch disconnected after {what}"
+        );
+        let r = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+        assert_eq!(r["ok"], 20, "HTTP through the VIP after {what}: {r}");
+        let real = ctl
+            .log_plain()
+            .matches("dpid=0000000000000001 n_tables")
+            .count();
+        assert_eq!(
+            real,
+            1,
+            "the real switch's session was never re-established after {what}:\n{}",
+            ctl.log_plain()
+        );
+    };
+    healthy(&mut ctl, "start-up");
+
+    // (a) Garbage: an HTTP request on the OpenFlow port. Its "header" announces 21,536
+    // bytes; the controller must not wait for them.
+    let mut g = TcpStream::connect(ctl.openflow).expect("connect");
+    let g_port = g.local_addr().expect("addr").port();
+    g.write_all(b"GET / HTTP/1.1\r\nHost: flowgate\r\n\r\n")
+        .expect("send garbage");
+    let took = wait_closed(&mut g, Duration::from_secs(5));
+    assert!(
+        took.is_some(),
+        "(a) the garbage session is still open after 5 s"
+    );
+    wait_log(
+        &ctl,
+        &format!("switch session ended peer=127.0.0.1:{g_port}"),
+        Duration::from_secs(3),
+    );
+    healthy(&mut ctl, "(a) garbage");
+
+    // (b) A good handshake, then a header announcing 65,535 bytes that never come: the
+    // keep-alive (echo every 300 ms, dead after 900 ms more) ends it.
+    let mut s = handshake(ctl.openflow, 0xdead);
+    let s_port = s.local_addr().expect("addr").port();
+    wait_until("0xdead registered", Duration::from_secs(5), || {
+        switch_count(&ctl) == 2
+    });
+    s.write_all(&[4, OFPT_PACKET_IN, 0xff, 0xff, 0, 0, 0, 9, 0, 0, 0, 0])
+        .expect("partial");
+    let took = wait_closed(&mut s, Duration::from_secs(6))
+        .expect("(b) the stalled session is still open after 6 s");
+    assert!(
+        took >= Duration::from_millis(900),
+        "(b) closed after {took:?}: before the echo timeout could have run out"
+    );
+    wait_log(
+        &ctl,
+        &format!(
+            "switch session ended peer=127.0.0.1:{s_port} error=timed out waiting for an echo reply"
+        ),
+        Duration::from_secs(3),
+    );
+    wait_log(
+        &ctl,
+        "dpid=000000000000dead n_tables",
+        Duration::from_secs(1),
+    );
+    wait_until("0xdead gone", Duration::from_secs(5), || {
+        switch_count(&ctl) == 1
+    });
+    healthy(&mut ctl, "(b) stalled message");
+
+    // (c) OpenFlow 1.0 HELLO without a version bitmap: HELLO_FAILED / INCOMPATIBLE, closed.
+    let mut v1 = TcpStream::connect(ctl.openflow).expect("connect");
+    v1.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    v1.write_all(&header(1, OFPT_HELLO, 8, 0x0102_0304))
+        .expect("send v1 hello");
+    let mut error = None;
+    while let Ok(Some(m)) = read_msg(&mut v1) {
+        if m[1] == OFPT_ERROR {
+            error = Some(m);
+            break;
+        }
+        assert_eq!(
+            m[1], OFPT_HELLO,
+            "(c) only HELLO before the ERROR: {m:02x?}"
+        );
+    }
+    let error = error.expect("(c) an ERROR for the 1.0 HELLO");
+    assert!(error.len() >= 12, "(c) ERROR too short: {error:02x?}");
+    assert_eq!(
+        &error[8..12],
+        &[0, 0, 0, 0],
+        "(c) OFPET_HELLO_FAILED / OFPHFC_INCOMPATIBLE: {error:02x?}"
+    );
+    assert_eq!(
+        xid_of(&error),
+        0x0102_0304,
+        "(c) the ERROR answers the HELLO's xid"
+    );
+    assert!(
+        wait_closed(&mut v1, Duration::from_secs(5)).is_some(),
+        "(c) closed after the ERROR"
+    );
+    healthy(&mut ctl, "(c) version 1.0");
+
+    // (d) A flood of PACKET_INs (SYNs to the VIP) from a fake switch, with the real client
+    // loading the VIP meanwhile.
+    // The session's bucket starts full: its budget runs from the handshake.
+    let session_start = Instant::now();
+    let f = handshake(ctl.openflow, 0xbeef);
+    wait_until("0xbeef registered", Duration::from_secs(5), || {
+        switch_count(&ctl) == 2
+    });
+    let writer = Arc::new(Mutex::new(f.try_clone().expect("clone")));
+    let done = Arc::new(AtomicBool::new(false));
+    // Drain what the controller sends, and answer its echoes.
+    let drainer = {
+        let mut r = f.try_clone().expect("clone");
+        let writer = writer.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            r.set_read_timeout(Some(Duration::from_millis(200))).ok();
+            let mut n = 0u64;
+            let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
+            let mut tmp = vec![0u8; 64 * 1024];
+            while !done.load(Ordering::Relaxed) {
+                match r.read(&mut tmp) {
+                    Ok(0) => break,
+                    Ok(k) => buf.extend_from_slice(&tmp[..k]),
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                        continue;
+                    }
+                    Err(_) => break,
+                }
+                let mut at = 0;
+                while buf.len() - at >= 8 {
+                    let len = usize::from(u16::from_be_bytes([buf[at + 2], buf[at + 3]])).max(8);
+                    if buf.len() - at < len {
+                        break;
+                    }
+                    n += 1;
+                    if buf[at + 1] == OFPT_ECHO_REQUEST {
+                        let mut reply = buf[at..at + len].to_vec();
+                        reply[1] = OFPT_ECHO_REPLY;
+                        let _ = writer.lock().map(|mut w| w.write_all(&reply));
+                    }
+                    at += len;
+                }
+                buf.drain(..at);
+            }
+            n
+        })
+    };
+    let chunk_msgs = 1000;
+    let flood_start = Instant::now();
+    let (report, flood_secs) = std::thread::scope(|sc| {
+        let flood = sc.spawn(|| {
+            let mut xid = 0x10_0000u32;
+            for c in 0..FLOOD / chunk_msgs {
+                let mut chunk = Vec::with_capacity(chunk_msgs * 100);
+                for i in 0..chunk_msgs {
+                    xid += 1;
+                    let sport = 1024 + ((c * chunk_msgs + i) % 60_000) as u16;
+                    chunk.extend_from_slice(&packet_in_syn(xid, sport));
+                }
+                writer
+                    .lock()
+                    .expect("writer")
+                    .write_all(&chunk)
+                    .expect("flood write");
+            }
+            flood_start.elapsed().as_secs_f64()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let report = load(client, &url, &["--requests", "200", "--concurrency", "2"]);
+        (report, flood.join().expect("flood thread"))
+    });
+    eprintln!("flood of {FLOOD} PACKET_INs written in {flood_secs:.2} s");
+    assert_eq!(
+        report["ok"], 200,
+        "(d) every request through the VIP during the flood: {report}"
+    );
+
+    // Every PACKET_IN was either handled (within the budget) or dropped and counted.
+    let mut handled = 0.0;
+    let mut dropped = 0.0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let body = ctl.get("/metrics").1;
+        handled = metric_labelled(
+            &body,
+            "flowgate_switch_packet_in_total",
+            "dpid=\"000000000000beef\"",
+        )
+        .unwrap_or(0.0);
+        dropped =
+            metric(&body, "flowgate_packet_in_dropped_total").expect("dropped PACKET_IN metric");
+        if handled + dropped >= FLOOD as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let read_secs = session_start.elapsed().as_secs_f64();
+    eprintln!("handled {handled}, dropped {dropped} (read within {read_secs:.2} s)");
+    assert_eq!(
+        handled + dropped,
+        FLOOD as f64,
+        "(d) every PACKET_IN handled or counted as dropped"
+    );
+    // A bucket of one second's worth, refilled at the rate, over the time the reading took.
+    let budget = RATE * (read_secs + 1.0) * 1.02 + 100.0;
+    assert!(
+        handled <= budget,
+        "(d) handled {handled} PACKET_INs, over the budget {budget:.0} for {read_secs:.2} s"
+    );
+    assert!(
+        dropped > 0.0,
+        "(d) the flood was throttled (nothing dropped)"
+    );
+    wait_log(
+        &ctl,
+        "PACKET_IN flood: dropping beyond the session budget",
+        Duration::from_secs(1),
+    );
+
+    done.store(true, Ordering::Relaxed);
+    let _ = f.shutdown(Shutdown::Both);
+    let received = drainer.join().expect("drainer");
+    eprintln!("the fake switch received {received} messages");
+    wait_until("0xbeef gone", Duration::from_secs(5), || {
+        switch_count(&ctl) == 1
+    });
+    healthy(&mut ctl, "(d) PACKET_IN flood");
+    ctl.assert_no_openflow_errors();
+}

@@ -1,0 +1,457 @@
+//! Overload control end to end: the real controller, real Open vSwitch (userspace
+//! datapath), backends with a fixed concurrency limit, and open-loop clients.
+//!
+//! The pool's capacity is **configured**: `capacity_rps` = backends × concurrency × 1000 /
+//! delay (80 requests/s here), the figure an operator reads off the servers' settings. A
+//! closed-loop run with one worker per slot also measures it, for the record (it comes out
+//! lower: each closed-loop cycle also pays for connection set-up).
+//! Results are written as CSV and SVG to `target/overload/` (the path is printed), for
+//! the lab to pick up.
+
+mod support;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+use support::*;
+
+const VIP: &str = "10.0.0.100";
+/// Backends: `--delay-ms 50 --concurrency 2`: 40 requests/s each, 80 for the pool.
+const DELAY_MS: u64 = 50;
+const CONCURRENCY: u64 = 2;
+/// Up to 200 requests wait at each backend (5 s of work): without control, queues grow.
+const QUEUE: u64 = 200;
+const TIMEOUT_MS: u64 = 3000;
+const RUN_SECS: f64 = 6.0;
+
+fn setup(test: &str) -> Option<Prefix> {
+    if !require_root_ovs(test) {
+        return None;
+    }
+    let p = Prefix::for_test(test);
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    Some(p)
+}
+
+fn out_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/overload");
+    std::fs::create_dir_all(&d).expect("output dir");
+    d
+}
+
+fn overload_config(backends: &[std::net::Ipv4Addr], mode: &str, capacity: f64, ctl: &str) -> String {
+    let mut c = vip_config(VIP, "round-robin", backends, "");
+    c += &format!(
+        "\n[controller.overload]\nmode = \"{ctl}\"\n\n[service.overload]\nmode = \"{mode}\"\n"
+    );
+    if mode != "off" {
+        c += &format!("capacity_rps = {capacity:.1}\n");
+    }
+    c
+}
+
+#[derive(Debug, Clone)]
+struct Point {
+    mode: String,
+    offered: f64,
+    sent: u64,
+    ok: u64,
+    goodput: f64,
+    p50: f64,
+    p99: f64,
+    /// Refused and told at once: connection refused (RST to the SYN), reset, or 503.
+    refused_prompt: u64,
+    /// Left waiting: connect timeouts and response timeouts.
+    timeouts: u64,
+    /// The controller's view after the run.
+    admitted_limit: Option<f64>,
+    gap_refused: u64,
+}
+
+fn run_point(client: &flowgate_testbed::Host, mode: &str, rate: f64, ctl: &Ctl) -> Point {
+    let n = (rate * RUN_SECS).round() as u64;
+    let r = load(
+        client,
+        &format!("http://{VIP}/"),
+        &[
+            "--rate",
+            &format!("{rate}"),
+            "--requests",
+            &n.to_string(),
+            "--timeout-ms",
+            &TIMEOUT_MS.to_string(),
+            "--duration-secs",
+            &format!("{}", RUN_SECS + 1.0),
+        ],
+    );
+    let e = &r["errors"];
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let http: u64 = e["http_status"]
+        .as_object()
+        .map(|m| m.values().map(u).sum())
+        .unwrap_or(0);
+    let ov = ctl.get_json("/api/v1/overload");
+    let s = &ov["services"][0]["overload"];
+    Point {
+        mode: mode.to_string(),
+        offered: rate,
+        sent: u(&r["sent"]),
+        ok: u(&r["ok"]),
+        // Successful responses per second of the experiment (until the last one ended).
+        goodput: u(&r["ok"]) as f64 / r["elapsed_secs"].as_f64().unwrap_or(RUN_SECS).max(RUN_SECS),
+        p50: r["latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+        p99: r["latency_ms"]["p99"].as_f64().unwrap_or(f64::NAN),
+        refused_prompt: u(&e["connect_refused"]) + u(&e["reset"]) + http,
+        timeouts: u(&e["connect_timeout"]) + u(&e["timeout"]),
+        admitted_limit: s["admitted_rate_limit"].as_f64(),
+        gap_refused: u(&s["refused_total"]),
+    }
+}
+
+/// New connections offered at up to three times the pool's capacity with `off`,
+/// `static` and `adaptive`: adaptive keeps goodput ≥ 90% of capacity and the p99 of
+/// admitted requests within 3× the unloaded p99, better than the other two, and tells
+/// every refused client at once.
+#[test]
+fn ovs_overload_three_modes() {
+    let Some(p) = setup("ovs_overload_three_modes") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let client = &t.hosts[0];
+    let args = [
+        "--delay-ms",
+        &DELAY_MS.to_string(),
+        "--concurrency",
+        &CONCURRENCY.to_string(),
+        "--queue",
+        &QUEUE.to_string(),
+    ]
+    .map(|s| s.to_string());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &argv))
+        .collect();
+    let nominal = backends.len() as f64 * CONCURRENCY as f64 * 1000.0 / DELAY_MS as f64;
+
+    let start = |mode: &str, capacity: f64| {
+        let ctl = Ctl::start(
+            &format!("overload-{mode}"),
+            &overload_config(&backends, mode, capacity, "off"),
+        );
+        t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
+        t.bridges[0]
+            .wait_connected(Duration::from_secs(10))
+            .expect("switch connects");
+        ctl.wait_backends_ready(Duration::from_secs(15));
+        ctl
+    };
+
+    // Unloaded latency and the pool's measured capacity (closed loop, one worker per slot).
+    let ctl = start("off", nominal);
+    let unloaded = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--rate", "10", "--requests", "40", "--timeout-ms", "3000"],
+    );
+    assert_eq!(unloaded["ok"], 40, "unloaded: {unloaded}");
+    let unloaded_p99 = unloaded["latency_ms"]["p99"].as_f64().expect("p99");
+    let slots = (backends.len() as u64 * CONCURRENCY).to_string();
+    let sat = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--concurrency", &slots, "--requests", "300", "--timeout-ms", "3000"],
+    );
+    let measured = sat["ok"].as_f64().unwrap_or(0.0) / sat["elapsed_secs"].as_f64().unwrap_or(1.0);
+    eprintln!("pool: configured {nominal:.1}/s, closed-loop measured {measured:.1}/s; unloaded p99 {unloaded_p99:.1} ms");
+    assert!(measured > 0.6 * nominal, "measured capacity {measured}");
+    let capacity = nominal;
+    drop(ctl);
+
+    let loads = [0.5, 1.5, 3.0];
+    let mut points: Vec<Point> = Vec::new();
+    for mode in ["off", "static", "adaptive"] {
+        let ctl = start(mode, capacity);
+        for &x in &loads {
+            let pt = run_point(client, mode, (x * capacity).round(), &ctl);
+            eprintln!("{pt:?}");
+            points.push(pt);
+            // Let the backends' queues drain before the next point.
+            std::thread::sleep(Duration::from_millis(TIMEOUT_MS + 500));
+        }
+        if mode == "adaptive" {
+            let (_, m) = ctl.get("/metrics");
+            assert!(
+                m.contains("flowgate_service_overload_mode{service=\"web\",mode=\"adaptive\"} 1"),
+                "{m}"
+            );
+            assert!(m.contains("flowgate_service_overload_refused_total{service=\"web\"}"));
+            let flows = t.bridges[0].dump_flows().expect("dump-flows");
+            assert!(
+                flows.lines().any(|l| l.contains("priority=200") && l.contains("meter:16")),
+                "the intercept rule carries the meter:\n{flows}"
+            );
+            let meters = t.bridges[0]
+                .ofctl("dump-meters", &["-O", "OpenFlow13"])
+                .unwrap_or_default();
+            eprintln!("{meters}");
+            assert!(meters.contains("meter=16") && meters.contains("pktps"), "{meters}");
+        }
+        ctl.assert_no_openflow_errors();
+    }
+    write_results(&points, capacity, unloaded_p99);
+
+    let at = |mode: &str| {
+        points
+            .iter()
+            .find(|p| p.mode == mode && (p.offered - (3.0 * capacity).round()).abs() < 0.5)
+            .cloned()
+            .expect("point")
+    };
+    let (off, st, ad) = (at("off"), at("static"), at("adaptive"));
+    assert!(
+        ad.goodput >= 0.9 * capacity,
+        "adaptive goodput {:.1}/s < 90% of {capacity:.1}/s: {ad:?}",
+        ad.goodput
+    );
+    assert!(
+        ad.p99 <= 3.0 * unloaded_p99,
+        "adaptive p99 {:.1} ms > 3 × unloaded {unloaded_p99:.1} ms: {ad:?}",
+        ad.p99
+    );
+    for other in [&off, &st] {
+        assert!(ad.goodput > other.goodput, "goodput: adaptive {ad:?} vs {other:?}");
+        assert!(ad.p99 < other.p99, "p99: adaptive {ad:?} vs {other:?}");
+    }
+    // Every refused client was told at once: no timeouts; refusals are RSTs or 503s.
+    assert_eq!(ad.timeouts, 0, "adaptive left clients waiting: {ad:?}");
+    assert_eq!(ad.ok + ad.refused_prompt, ad.sent, "{ad:?}");
+    assert!(ad.gap_refused > 0 && ad.admitted_limit.is_some(), "{ad:?}");
+}
+
+fn write_results(points: &[Point], capacity: f64, unloaded_p99: f64) {
+    let dir = out_dir();
+    let mut csv = String::from(
+        "mode,offered_rps,capacity_rps,sent,ok,goodput_rps,admitted_rps,p50_ms,p99_ms,unloaded_p99_ms,refused_prompt,timeouts,admitted_rate_limit,gap_refused\n",
+    );
+    for p in points {
+        // Admitted: requests the pool took on (served, or failed after admission).
+        let admitted = (p.sent - p.refused_prompt.min(p.sent)) as f64 / RUN_SECS;
+        let _ = writeln!(
+            csv,
+            "{},{},{capacity:.1},{},{},{:.2},{admitted:.2},{:.1},{:.1},{unloaded_p99:.1},{},{},{},{}",
+            p.mode,
+            p.offered,
+            p.sent,
+            p.ok,
+            p.goodput,
+            p.p50,
+            p.p99,
+            p.refused_prompt,
+            p.timeouts,
+            p.admitted_limit.map_or(String::new(), |a| format!("{a:.1}")),
+            p.gap_refused
+        );
+    }
+    let path = dir.join("three_modes.csv");
+    std::fs::write(&path, &csv).expect("write csv");
+    eprintln!("overload results: {}", path.display());
+    for (metric, title, f) in [
+        ("goodput", "goodput (req/s)", (|p: &Point| p.goodput) as fn(&Point) -> f64),
+        ("p99", "p99 latency of admitted requests (ms)", |p: &Point| p.p99),
+        ("admitted", "admitted (req/s)", |p: &Point| {
+            (p.sent - p.refused_prompt.min(p.sent)) as f64 / RUN_SECS
+        }),
+    ] {
+        let svg = svg_chart(points, title, f);
+        let path = dir.join(format!("three_modes_{metric}.svg"));
+        std::fs::write(&path, svg).expect("write svg");
+        eprintln!("overload figure: {}", path.display());
+    }
+}
+
+/// A small SVG line chart: one line per mode, `f` against offered load.
+fn svg_chart(points: &[Point], title: &str, f: fn(&Point) -> f64) -> String {
+    let (w, h, m) = (480.0, 320.0, 50.0);
+    let xmax = points.iter().map(|p| p.offered).fold(1.0, f64::max) * 1.05;
+    let ymax = points.iter().map(f).filter(|v| v.is_finite()).fold(1.0, f64::max) * 1.1;
+    let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
+    let sy = |y: f64| h - m - y / ymax * (h - 2.0 * m);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">{title} vs offered load (req/s)</text>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\">{xmax:.0}</text><text x=\"5\" y=\"{}\">{ymax:.0}</text>\n",
+        w / 2.0,
+        h - m,
+        w - m,
+        h - m,
+        h - m,
+        w - m - 20.0,
+        h - m + 15.0,
+        m + 4.0,
+    );
+    for (i, (mode, colour)) in [("off", "#d62728"), ("static", "#ff7f0e"), ("adaptive", "#2ca02c")]
+        .iter()
+        .enumerate()
+    {
+        let pts: Vec<String> = points
+            .iter()
+            .filter(|p| p.mode == *mode && f(p).is_finite())
+            .map(|p| format!("{:.1},{:.1}", sx(p.offered), sy(f(p))))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\
+             <text x=\"{}\" y=\"{}\" fill=\"{colour}\">{mode}</text>",
+            pts.join(" "),
+            w - m - 60.0,
+            m + 14.0 * i as f64,
+        );
+    }
+    s + "</svg>\n"
+}
+
+/// A flood of SYNs to the VIP from many source ports (a raw-socket sender in the client's
+/// namespace, bounded in count and time) beyond what the controller serves: the switch
+/// stays connected, an established keep-alive connection keeps being served, and the
+/// controller's PACKET_IN handling rate holds instead of collapsing.
+#[test]
+fn ovs_overload_packet_in_flood() {
+    let Some(p) = setup("ovs_overload_packet_in_flood") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..2].iter().map(|h| h.ip()).collect();
+    let ctl = Ctl::start(
+        "overload-flood",
+        &overload_config(&backends, "adaptive", 200.0, "adaptive"),
+    );
+    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _s = httpd(&t.hosts[1], "b2", &["--delay-ms", "20"]);
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let attacker = &t.hosts[0];
+    let user = &t.hosts[2];
+    // Both know the VIP's MAC before the flood.
+    for h in [attacker, user] {
+        let r = load(h, &format!("http://{VIP}/"), &["--requests", "2"]);
+        assert_eq!(r["ok"], 2, "{r}");
+    }
+
+    // An established keep-alive connection, served through the whole flood (~8 s).
+    let keepalive = user
+        .command(&[
+            FLOWGATE,
+            "load",
+            "--url",
+            &format!("http://{VIP}/"),
+            "--json",
+            "--concurrency",
+            "1",
+            "--requests",
+            "300",
+            "--new-connection-per-request",
+            "false",
+            "--timeout-ms",
+            "3000",
+            "--duration-secs",
+            "12",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("keep-alive client");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Two raw SYN senders, each at most 400 000 SYNs or 8 s.
+    let script = format!(
+        "import socket,struct,time,random\n\
+s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_TCP)\n\
+src='{src}';dst='{VIP}'\n\
+ph0=socket.inet_aton(src)+socket.inet_aton(dst)\n\
+def csum(b):\n  s=sum(struct.unpack('!%dH'%(len(b)//2),b));s=(s>>16)+(s&0xffff);s+=s>>16;return ~s&0xffff\n\
+t0=time.time();n=0;base=random.randint(0,30000)\n\
+while n<400000 and time.time()-t0<8:\n  sp=1024+(base+n)%64000\n  tcp=struct.pack('!HHIIBBHHH',sp,80,n,0,5<<4,0x02,65535,0,0)\n  c=csum(ph0+struct.pack('!BBH',0,6,20)+tcp)\n  s.sendto(tcp[:16]+struct.pack('!H',c)+tcp[18:],(dst,0));n+=1\n\
+print(n)\n",
+        src = attacker.ip()
+    );
+    let senders: Vec<_> = (0..2)
+        .map(|_| {
+            attacker
+                .command(&["python3", "-c", &script])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("flood sender")
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut samples = Vec::new();
+    let mut connected_throughout = true;
+    while t0.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, m) = ctl.get("/metrics");
+        let rate = metric(&m, "flowgate_controller_packet_in_rate").unwrap_or(0.0);
+        let util = metric(&m, "flowgate_controller_packet_in_utilization").unwrap_or(0.0);
+        let lim = metric(&m, "flowgate_controller_overload_admitted_rate_limit").unwrap_or(0.0);
+        let pin = metric(&m, "flowgate_packet_in_total").unwrap_or(0.0);
+        samples.push((t0.elapsed().as_secs_f64(), rate, util, lim, pin));
+        connected_throughout &= t.bridges[0].is_connected().unwrap_or(false);
+    }
+    let mut sent = 0u64;
+    for s in senders {
+        let out = s.wait_with_output().expect("sender");
+        sent += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0);
+    }
+    let ka = keepalive.wait_with_output().expect("keep-alive client");
+    let ka: serde_json::Value =
+        serde_json::from_slice(&ka.stdout).unwrap_or(serde_json::Value::Null);
+    let (_, m) = ctl.get("/metrics");
+    let max_rate = metric(&m, "flowgate_controller_packet_in_max_rate").unwrap_or(0.0);
+    let ov = ctl.get_json("/api/v1/overload");
+    let mut csv = String::from("t_s,packet_in_rate,utilization,admitted_limit,packet_in_total\n");
+    for (t, r, u, l, p) in &samples {
+        let _ = writeln!(csv, "{t:.2},{r:.0},{u:.3},{l:.0},{p:.0}");
+    }
+    let path = out_dir().join("packet_in_flood.csv");
+    std::fs::write(&path, &csv).expect("csv");
+    eprintln!(
+        "flood: {sent} SYNs sent; max handled {max_rate:.0}/s; samples at {}:\n{csv}\n{ov}\nkeep-alive: {ka}",
+        path.display()
+    );
+
+    assert!(sent > 10_000, "the flood was sent: {sent}");
+    assert!(connected_throughout, "the switch stayed connected");
+    assert!(t.bridges[0].is_connected().unwrap_or(false));
+    assert!(
+        ka["ok"].as_u64().unwrap_or(0) >= 100 && ka["failed"].as_u64() == Some(0),
+        "the established connection was served throughout: {ka}"
+    );
+    // The handling rate holds: in the second half of the flood, no sample falls below half
+    // of the highest rate seen (no collapse).
+    let peak = samples.iter().map(|s| s.1).fold(0.0, f64::max);
+    let late: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.0 > 4.0 && s.0 < 7.5)
+        .map(|s| s.1)
+        .collect();
+    assert!(peak > 0.0);
+    assert!(
+        late.iter().all(|&r| r >= 0.5 * peak),
+        "PACKET_IN handling collapsed: peak {peak:.0}/s, late {late:?}"
+    );
+    // After the flood, new connections are served again.
+    std::thread::sleep(Duration::from_secs(2));
+    let r = load(user, &format!("http://{VIP}/"), &["--requests", "20", "--timeout-ms", "3000"]);
+    assert_eq!(r["ok"], 20, "served after the flood: {r}");
+    ctl.assert_no_openflow_errors();
+}

@@ -1,0 +1,198 @@
+//! The controller: the real `flowgate controller` process, its config, and its API.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use flowgate_testbed::ProcGuard;
+
+use crate::net::SERVERS;
+use crate::scenario::Params;
+
+/// Two free loopback ports (OpenFlow, API), chosen once so restarts keep them.
+pub fn free_ports() -> Result<(u16, u16)> {
+    let a = TcpListener::bind("127.0.0.1:0")?;
+    let b = TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
+/// The controller config for one arm. Services have no VIP: clients address a backend
+/// (server 2) and the controller intercepts each new connection to any backend (the
+/// paper's Cases A and B; Case D uses the same semantics for every algorithm).
+pub fn config(of_port: u16, api_port: u16, algorithm: &str, p: &Params, seed: u64) -> String {
+    let mut c = format!(
+        "[openflow]\nlisten = \"127.0.0.1:{of_port}\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\n\n\
+[controller]\nidle_timeout_secs = 10\nseed = {seed}\n\n\
+[[service]]\nname = \"web\"\nport = 80\nalgorithm = \"{algorithm}\"\n"
+    );
+    if algorithm == "isslm" {
+        c += &format!("threshold_rps = {:.1}\n", p.threshold_rps());
+    }
+    // Probes through the controller's root leg: an ordinary GET / that waits for a
+    // concurrency slot like any request, so its time is the server's response time under
+    // load (SRT, MRBS, AMLOB and ISSLM's third search use it).
+    c += "\n[service.health]\nkind = \"http\"\npath = \"/\"\ninterval_ms = 100\ntimeout_ms = 1000\nrise = 1\nfall = 3\n";
+    for s in SERVERS {
+        c += &format!("\n[[service.backend]]\naddress = \"{s}\"\n");
+    }
+    c
+}
+
+/// A running controller. Killed (SIGTERM, then SIGKILL) on drop.
+#[derive(Debug)]
+pub struct Controller {
+    proc: ProcGuard,
+    /// The API address.
+    pub api: SocketAddr,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl Controller {
+    /// Writes `config` to `dir/NAME.toml` and starts `flowgate controller` with it.
+    pub fn start(flowgate: &Path, dir: &Path, name: &str, config: &str) -> Result<Controller> {
+        std::fs::create_dir_all(dir)?;
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, config)?;
+        let ready = dir.join(format!("{name}.ready.json"));
+        let _ = std::fs::remove_file(&ready);
+        let mut cmd = Command::new(flowgate);
+        cmd.args(["--log", "info", "controller", "--config"])
+            .arg(&cfg)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null());
+        let mut proc = ProcGuard::spawn(cmd, &format!("lab-controller-{name}"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let api = loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let v: serde_json::Value = serde_json::from_str(&text)?;
+                break v["api"]
+                    .as_str()
+                    .ok_or_else(|| anyhow!("ready file without api"))?
+                    .parse()?;
+            }
+            if let Some(st) = proc.try_wait()? {
+                bail!("controller exited ({st}):\n{}", proc.output());
+            }
+            if Instant::now() > deadline {
+                bail!("controller not ready in 20 s:\n{}", proc.output());
+            }
+            crate::signal::sleep(Duration::from_millis(50))?;
+        };
+        let log = proc.log_path().to_path_buf();
+        Ok(Controller { proc, api, log })
+    }
+
+    /// Everything the controller logged.
+    pub fn output(&self) -> String {
+        self.proc.output()
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL).
+    pub fn stop(&mut self) {
+        self.proc.kill();
+    }
+
+    /// `GET /api/v1/services` as JSON.
+    pub fn services(&self) -> Result<serde_json::Value> {
+        let body = http_get(self.api, "/api/v1/services")?;
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// Waits until every backend is located and healthy.
+    pub fn wait_backends_ready(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.services();
+            if let Ok(v) = &v {
+                let ready = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
+                    .all(|b| b["located"] == true && b["healthy"] == true);
+                if ready {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "backends not located and healthy within {timeout:?}: {v:?}\n{}",
+                    self.output()
+                );
+            }
+            crate::signal::sleep(Duration::from_millis(100))?;
+        }
+    }
+
+    /// Per-backend `connections_total` (in server order) and the service counters.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let v = self.services()?;
+        let s = &v[0];
+        let mut conns = [0u64; 4];
+        let mut rt = [None; 4];
+        for b in s["backends"].as_array().into_iter().flatten() {
+            let addr: std::net::Ipv4Addr = b["address"].as_str().unwrap_or("").parse()?;
+            if let Some(i) = SERVERS.iter().position(|s| *s == addr) {
+                conns[i] = b["connections_total"].as_u64().unwrap_or(0);
+                rt[i] = b["response_time_ms"].as_f64();
+            }
+        }
+        Ok(Snapshot {
+            conns,
+            response_time_ms: rt,
+            no_optimal_server: s["counters"]["no_optimal_server"].as_u64().unwrap_or(0),
+            refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
+        })
+    }
+}
+
+/// The controller's counters at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Snapshot {
+    /// New connections assigned to each server so far.
+    pub conns: [u64; 4],
+    /// Each server's response-time average (ms) from the probes.
+    pub response_time_ms: [Option<f64>; 4],
+    /// ISSLM searches that found no optimal server.
+    pub no_optimal_server: u64,
+    /// Connections refused for want of a backend.
+    pub refused: u64,
+}
+
+/// A minimal HTTP/1.1 GET over loopback.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).context("API")?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("bad HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {head}");
+    }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((len, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out += &after[..n];
+            rest = after[n..].trim_start_matches("\r\n");
+        }
+        return Ok(out);
+    }
+    Ok(body.to_owned())
+}

@@ -1,0 +1,517 @@
+//! `flowgate lab`: the ISSLM paper's experiments on real Open vSwitch (userspace datapath)
+//! and network namespaces. It builds the network of the paper's Fig. 9, starts the HTTP
+//! servers, the controller (the real `flowgate` binary) and the clients, runs a normal and
+//! a heavy load phase per arm, measures, and writes tables (terminal, Markdown, CSV) and
+//! SVG plots. Everything it made is removed on success, on failure and on Ctrl-C.
+//!
+//! See `docs/lab.md` for the scenario design, the capacity model and the measurements.
+
+pub mod ctl;
+pub mod measure;
+pub mod net;
+pub mod plot;
+pub mod report;
+pub mod scenario;
+pub mod signal;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::ctl::Controller;
+use crate::measure::{PhaseExtra, Row};
+use crate::net::{LabNet, REQUESTED};
+use crate::scenario::{Params, Scenario};
+
+/// How to run a scenario.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Scenario name (`flowgate lab list`).
+    pub scenario: String,
+    /// The quick variant (under two minutes).
+    pub quick: bool,
+    /// Output directory.
+    pub out: PathBuf,
+    /// The `flowgate` binary (controller, httpd and load are its subcommands).
+    pub flowgate: PathBuf,
+    /// Name prefix of every bridge, namespace and interface (at most 6 characters); by
+    /// default a fixed one, so a re-run removes what a crashed run left.
+    pub prefix: Option<String>,
+    /// Seed of the client draws and of the controller.
+    pub seed: u64,
+    /// Show a progress bar (indicatif hides it when stderr is not a terminal).
+    pub progress: bool,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Whether it was the quick variant.
+    pub quick: bool,
+    /// The parameters used.
+    pub params: Params,
+    /// One row per arm and phase.
+    pub rows: Vec<Row>,
+    /// Files written.
+    pub files: Vec<PathBuf>,
+    /// Where and on what it ran.
+    pub machine: Machine,
+}
+
+/// The machine a run used.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Machine {
+    pub uname: String,
+    pub cpu: String,
+    pub cpus: usize,
+    pub mem_gb: f64,
+    pub ovs: String,
+    pub iperf3: String,
+}
+
+impl Machine {
+    fn detect() -> Machine {
+        let sh = |c: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", c])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        Machine {
+            uname: sh("uname -srm"),
+            cpu: sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            mem_gb: sh("awk '/MemTotal/ {print $2}' /proc/meminfo")
+                .parse::<f64>()
+                .map(|kb| (kb / 1048576.0 * 10.0).round() / 10.0)
+                .unwrap_or(0.0),
+            ovs: sh("ovs-vswitchd --version | head -1"),
+            iperf3: sh("iperf3 --version | head -1"),
+        }
+    }
+}
+
+/// `flowgate lab list`.
+pub fn list() -> String {
+    let mut s = String::new();
+    for sc in scenario::all() {
+        s += &format!("{:<8} {}\n", sc.name, sc.about);
+    }
+    s += "\nRun one with `flowgate lab run NAME [--quick] --out DIR` (needs root and Open vSwitch).\n";
+    s
+}
+
+/// `flowgate lab run`: runs, prints the tables and where the files are.
+pub fn cli_run(opts: &RunOptions) -> Result<()> {
+    let summary = run(opts)?;
+    println!();
+    println!(
+        "{}",
+        report::markdown(&summary.scenario, &summary.rows)
+    );
+    println!("Wrote:");
+    for f in &summary.files {
+        println!("  {}", f.display());
+    }
+    Ok(())
+}
+
+#[allow(clippy::incompatible_msrv)]
+fn lock() -> Result<std::fs::File> {
+    // The lab owns 100.0.0.0/24 in the root namespace (the controller's leg): one run at
+    // a time on a machine.
+    let f = std::fs::File::create(std::env::temp_dir().join("flowgate-lab.lock"))?;
+    f.lock()?;
+    Ok(f)
+}
+
+/// Runs a scenario. Needs root, Open vSwitch, iperf3, ping and curl.
+pub fn run(opts: &RunOptions) -> Result<RunSummary> {
+    signal::install();
+    let sc = scenario::find(&opts.scenario).ok_or_else(|| {
+        anyhow!(
+            "no scenario `{}`; `flowgate lab list` names them",
+            opts.scenario
+        )
+    })?;
+    let p = Params::new(opts.quick);
+    p.check().map_err(|e| anyhow!("capacity model: {e}"))?;
+    if let Some(why) = flowgate_testbed::root_ovs_unavailable() {
+        bail!("the lab needs root and Open vSwitch: {why} (scripts/setup-debian.sh installs it)");
+    }
+    for prog in ["iperf3", "ping", "curl"] {
+        if !flowgate_testbed::cmd::have(prog) {
+            bail!("`{prog}` is not installed (scripts/setup-debian.sh installs it)");
+        }
+    }
+    let prefix = opts.prefix.clone().unwrap_or_else(|| "fglab".to_owned());
+    if prefix.len() < 4 || prefix.len() > 6 {
+        bail!("prefix `{prefix}` must have 4 to 6 characters");
+    }
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    let out = opts.out.canonicalize()?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+
+    let pb = if opts.progress {
+        ProgressBar::new((2 + sc.arms.len() * 3) as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb.set_message("waiting for the lab lock");
+    let _lock = lock()?;
+    signal::check()?;
+    flowgate_testbed::cleanup_stale(&prefix)?;
+
+    let result = run_arms(opts, &sc, &p, &prefix, &out, &logs, &pb);
+    pb.finish_and_clear();
+    // Whatever happened, the network is gone by now (dropped inside run_arms); sweep
+    // anything a half-built step left.
+    let _ = flowgate_testbed::cleanup_stale(&prefix);
+    let rows = result?;
+
+    let mut files = Vec::new();
+    let name = sc.name;
+    let csv_path = out.join(format!("{name}.csv"));
+    std::fs::write(&csv_path, report::csv(&rows))?;
+    files.push(csv_path);
+    let machine = Machine::detect();
+    let md_path = out.join(format!("{name}.md"));
+    let md = format!(
+        "### {name}{}\n\nCommand: `flowgate lab run {name}{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}, {}.\n\nParameters: {} clients; normal {} requests in {} s; heavy {} requests in {} s (R = {:.0} req/s); servers: {} ms service time × {} slots = μ = {:.0} req/s each, queue {}; ISSLM threshold {:.0} req/s (0.75 μ).\n\n{}",
+        if opts.quick { " (quick)" } else { "" },
+        if opts.quick { " --quick" } else { "" },
+        opts.out.display(),
+        machine.cpu,
+        machine.cpus,
+        machine.mem_gb,
+        machine.uname,
+        machine.ovs,
+        machine.iperf3,
+        p.clients,
+        p.normal_requests,
+        p.normal_secs,
+        p.heavy_requests,
+        p.heavy_secs,
+        p.heavy_rate(),
+        p.server_delay_ms,
+        p.server_concurrency,
+        p.capacity_rps(),
+        p.server_queue,
+        p.threshold_rps(),
+        report::markdown(name, &rows)
+    );
+    std::fs::write(&md_path, md)?;
+    files.push(md_path);
+    files.extend(write_plots(&out, name, &rows)?);
+    let summary = RunSummary {
+        scenario: name.to_owned(),
+        quick: opts.quick,
+        params: p,
+        rows,
+        files,
+        machine,
+    };
+    let json_path = out.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)?)?;
+    let mut summary = summary;
+    summary.files.push(json_path);
+    Ok(summary)
+}
+
+fn run_arms(
+    opts: &RunOptions,
+    sc: &Scenario,
+    p: &Params,
+    prefix: &str,
+    out: &Path,
+    logs: &Path,
+    pb: &ProgressBar,
+) -> Result<Vec<Row>> {
+    let (of_port, api_port) = ctl::free_ports()?;
+    let target = format!("tcp:127.0.0.1:{of_port}");
+    let first = &sc.arms[0];
+    pb.set_message(format!("controller ({})", first.label));
+    let mut controller = Controller::start(
+        &opts.flowgate,
+        logs,
+        &format!("{}-{}", sc.name, first.label),
+        &ctl::config(of_port, api_port, first.algorithm, p, opts.seed),
+    )?;
+    pb.set_message("building the network (Fig. 9)");
+    let net = LabNet::build(prefix, &target, p, &opts.flowgate, |what| {
+        pb.set_message(format!("building the network: {what}"));
+    })?;
+    pb.inc(1);
+    let mut rows = Vec::new();
+    let mut iperf_series: Vec<(String, PhaseExtra)> = Vec::new();
+    for (ai, arm) in sc.arms.iter().enumerate() {
+        signal::check()?;
+        pb.set_message(format!("arm {}: controller ({})", arm.label, arm.algorithm));
+        if ai > 0 {
+            save_log(&controller, logs, sc.name, sc.arms[ai - 1].label);
+            controller.stop();
+            controller = Controller::start(
+                &opts.flowgate,
+                logs,
+                &format!("{}-{}", sc.name, arm.label),
+                &ctl::config(of_port, api_port, arm.algorithm, p, opts.seed),
+            )?;
+        }
+        for b in &net.bridges {
+            b.wait_connected(Duration::from_secs(20))?;
+        }
+        net.reinstall_bypass()?;
+        controller.wait_backends_ready(Duration::from_secs(30))?;
+        warm_up(&net)?;
+        pb.inc(1);
+        let mut normal: Option<Row> = None;
+        for (phase, requests, secs) in [
+            ("normal", p.normal_requests, p.normal_secs),
+            ("heavy", p.heavy_requests, p.heavy_secs),
+        ] {
+            signal::check()?;
+            pb.set_message(format!(
+                "arm {}: {phase} phase, {requests} requests in {secs} s from {} clients",
+                arm.label, p.clients
+            ));
+            let mut row = Row {
+                scenario: sc.name.to_owned(),
+                arm: arm.label.to_owned(),
+                case: arm.case.to_owned(),
+                algorithm: arm.algorithm.to_owned(),
+                phase: phase.to_owned(),
+                offered: requests,
+                duration_s: secs,
+                ..Row::default()
+            };
+            let before = controller.snapshot()?;
+            // Same client draws for every arm: the seed depends on the phase only.
+            let seed = opts.seed.wrapping_mul(31).wrapping_add(requests);
+            measure::run_phase(
+                &net,
+                &opts.flowgate,
+                requests,
+                secs,
+                p.request_timeout_ms,
+                seed,
+                measure::Probe::Ping,
+                &mut row,
+            )?;
+            let after = controller.snapshot()?;
+            // Pass 2: the same load again (same draws), with iperf3 beside it.
+            signal::sleep(Duration::from_secs_f64(p.settle_secs))?;
+            pb.set_message(format!(
+                "arm {}: {phase} phase again with iperf3 (B_d(max), D_Transfer)",
+                arm.label
+            ));
+            let mut qos = Row::default();
+            let extra = measure::run_phase(
+                &net,
+                &opts.flowgate,
+                requests,
+                secs,
+                p.request_timeout_ms,
+                seed,
+                measure::Probe::Iperf,
+                &mut qos,
+            )?;
+            row.iperf_bytes = qos.iperf_bytes;
+            row.iperf_secs = qos.iperf_secs;
+            row.iperf_max_bps = qos.iperf_max_bps;
+            row.qos_pass_ok = qos.ok;
+            row.ctl_srv1 = after.conns[0] - before.conns[0].min(after.conns[0]);
+            row.ctl_srv2 = after.conns[1] - before.conns[1].min(after.conns[1]);
+            row.ctl_srv3 = after.conns[2] - before.conns[2].min(after.conns[2]);
+            row.ctl_srv4 = after.conns[3] - before.conns[3].min(after.conns[3]);
+            row.no_optimal_server = after.no_optimal_server.saturating_sub(before.no_optimal_server);
+            row.derive(normal.as_ref());
+            pb.println(format!(
+                "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
+                arm.label,
+                phase,
+                row.ok,
+                row.offered,
+                row.ok_rps,
+                row.shares(),
+                row.bdmax_gbps,
+                row.ping_rtt_avg_ms
+            ));
+            iperf_series.push((format!("{} {phase}", arm.label), extra));
+            if phase == "normal" {
+                normal = Some(row.clone());
+            }
+            rows.push(row);
+            pb.inc(1);
+            signal::sleep(Duration::from_secs_f64(p.settle_secs))?;
+        }
+    }
+    save_log(&controller, logs, sc.name, sc.arms[sc.arms.len() - 1].label);
+    if controller.output().contains("panicked") {
+        bail!("the controller panicked; see {}", controller.log.display());
+    }
+    pb.set_message("removing the network");
+    drop(controller);
+    drop(net);
+    // iperf3 intervals, for re-plotting.
+    let mut t = String::from("series,t_end_s,bits_per_second,bytes\n");
+    for (name, e) in &iperf_series {
+        for (te, bps, b) in &e.intervals {
+            t += &format!("{name},{te},{bps},{b}\n");
+        }
+    }
+    std::fs::write(out.join(format!("{}-iperf.csv", sc.name)), t)?;
+    pb.inc(1);
+    Ok(rows)
+}
+
+fn save_log(c: &Controller, logs: &Path, scenario: &str, arm: &str) {
+    let _ = std::fs::write(
+        logs.join(format!("controller-{scenario}-{arm}.log")),
+        c.output(),
+    );
+}
+
+/// Every client pings server 2 once, so ARP and the controller's L2 rules are in place
+/// before the measured phases (all at once; bounded by ping's own deadline).
+fn warm_up(net: &LabNet) -> Result<()> {
+    let dst = REQUESTED.to_string();
+    let mut pings = Vec::new();
+    for h in &net.clients {
+        pings.push(h.spawn(&["ping", "-n", "-c", "2", "-i", "0.2", "-w", "3", &dst])?);
+    }
+    for mut g in pings {
+        let _ = g.wait_timeout(Duration::from_secs(5))?;
+    }
+    Ok(())
+}
+
+fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    // Time series from the iperf CSV written by run_arms.
+    let text = std::fs::read_to_string(out.join(format!("{name}-iperf.csv"))).unwrap_or_default();
+    let mut bw: Vec<plot::Series> = Vec::new();
+    let mut tr: Vec<plot::Series> = Vec::new();
+    for l in text.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        if f.len() != 4 {
+            continue;
+        }
+        let (t, bps, b): (f64, f64, f64) = (
+            f[1].parse().unwrap_or(0.0),
+            f[2].parse().unwrap_or(0.0),
+            f[3].parse().unwrap_or(0.0),
+        );
+        if bw.last().map(|s| s.0.as_str()) != Some(f[0]) {
+            bw.push((f[0].to_owned(), Vec::new()));
+            tr.push((f[0].to_owned(), Vec::new()));
+        }
+        if let (Some(s), Some(r)) = (bw.last_mut(), tr.last_mut()) {
+            s.1.push((t, bps / 1e9));
+            let prev = r.1.last().map_or(0.0, |p| p.1);
+            r.1.push((t, prev + b / 1e9));
+        }
+    }
+    let f = out.join(format!("{name}-bandwidth.svg"));
+    plot::lines(
+        &f,
+        &format!("{name}: iperf3 bandwidth, server 2 → h1 (0.5 s intervals)"),
+        "time (s)",
+        "Gb/s",
+        &bw,
+    )?;
+    files.push(f);
+    let f = out.join(format!("{name}-transfer.svg"));
+    plot::lines(
+        &f,
+        &format!("{name}: iperf3 data transfer, server 2 → h1 (cumulative)"),
+        "time (s)",
+        "GB",
+        &tr,
+    )?;
+    files.push(f);
+    // Bars per arm: normal vs heavy.
+    let arms: Vec<String> = {
+        let mut v: Vec<String> = Vec::new();
+        for r in rows {
+            if !v.contains(&r.arm) {
+                v.push(r.arm.clone());
+            }
+        }
+        v
+    };
+    let pick = |phase: &str, f: &dyn Fn(&Row) -> f64| -> Vec<f64> {
+        arms.iter()
+            .map(|a| {
+                rows.iter()
+                    .find(|r| &r.arm == a && r.phase == phase)
+                    .map_or(0.0, f)
+            })
+            .collect()
+    };
+    let charts: [(&str, &str, &str, &dyn Fn(&Row) -> f64); 4] = [
+        ("bdmax", "B_d(max), normal vs heavy", "Gb/s", &|r: &Row| r.bdmax_gbps),
+        ("dtransfer", "D_Transfer, normal vs heavy", "GB", &|r: &Row| r.dtransfer_gb),
+        ("ok-rate", "HTTP requests answered 2xx per second", "req/s", &|r: &Row| r.ok_rps),
+        ("p99", "HTTP p99 latency", "ms", &|r: &Row| r.lat_p99_ms),
+    ];
+    for (tag, title, unit, f) in charts {
+        let path = out.join(format!("{name}-{tag}.svg"));
+        plot::bars(
+            &path,
+            &format!("{name}: {title}"),
+            unit,
+            &arms,
+            &[
+                ("normal".to_owned(), pick("normal", f)),
+                ("heavy".to_owned(), pick("heavy", f)),
+            ],
+        )?;
+        files.push(path);
+    }
+    let path = out.join(format!("{name}-delay.svg"));
+    plot::bars(
+        &path,
+        &format!("{name}: differential transmission delay (Eq. 6)"),
+        "ms",
+        &arms,
+        &[(
+            "heavy − normal".to_owned(),
+            pick("heavy", &|r: &Row| r.diff_delay_ms.unwrap_or(0.0)),
+        )],
+    )?;
+    files.push(path);
+    let path = out.join(format!("{name}-shares.svg"));
+    let share = |i: usize| -> Vec<f64> {
+        pick("heavy", &|r: &Row| {
+            let s = r.shares();
+            let t: u64 = s.iter().sum();
+            if t == 0 { 0.0 } else { s[i] as f64 / t as f64 }
+        })
+    };
+    plot::bars(
+        &path,
+        &format!("{name}: each server's share of the heavy phase's responses"),
+        "share",
+        &arms,
+        &(0..4)
+            .map(|i| (format!("srv{}", i + 1), share(i)))
+            .collect::<Vec<_>>(),
+    )?;
+    files.push(path);
+    Ok(files)
+}

@@ -1,0 +1,187 @@
+//! The network of the paper's Fig. 9 on Open vSwitch and network namespaces.
+//!
+//! Three switches: `s1` (clients h1..h15), `s2` (clients h16..h30) and `s3` (the four HTTP
+//! servers), wired s1–s3 and s2–s3 with OVS patch ports. Servers `sv1..sv4` have the
+//! paper's addresses 100.0.0.1..4; client `hN` has 100.0.0.(10+N); the controller's root
+//! leg on `s3` has 100.0.0.254, all in 100.0.0.0/24. With fewer clients (`--quick`) the
+//! first half goes on s1 and the rest on s2.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use flowgate_testbed::netns::HostOptions;
+use flowgate_testbed::rootleg::RootLeg;
+use flowgate_testbed::{Bridge, Host, Link, LinkKind, ProcGuard};
+
+use crate::scenario::Params;
+
+/// The servers' addresses (the paper's).
+pub const SERVERS: [Ipv4Addr; 4] = [
+    Ipv4Addr::new(100, 0, 0, 1),
+    Ipv4Addr::new(100, 0, 0, 2),
+    Ipv4Addr::new(100, 0, 0, 3),
+    Ipv4Addr::new(100, 0, 0, 4),
+];
+/// The server every client addresses (the paper's S_er-2).
+pub const REQUESTED: Ipv4Addr = SERVERS[1];
+/// The controller's leg into the network.
+pub const LEG_CIDR: &str = "100.0.0.254/24";
+/// The iperf3 port on server 2.
+pub const IPERF_PORT: u16 = 5201;
+
+/// Client address of client index `i` (0-based).
+pub fn client_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(100, 0, 0, 11 + i as u8)
+}
+
+/// The built network. Field order is drop order: processes, hosts, the leg, links,
+/// bridges.
+#[derive(Debug)]
+pub struct LabNet {
+    /// httpd on each server, iperf3 server on server 2.
+    pub procs: Vec<ProcGuard>,
+    /// Clients h1..hN.
+    pub clients: Vec<Host>,
+    /// Servers sv1..sv4.
+    pub servers: Vec<Host>,
+    /// The controller's root leg (on s3).
+    pub leg: Option<RootLeg>,
+    /// s1–s3 and s2–s3.
+    pub links: Vec<Link>,
+    /// s1, s2, s3.
+    pub bridges: Vec<Bridge>,
+}
+
+impl LabNet {
+    /// Builds the switches (connected to `controller`), the hosts and the leg, and starts
+    /// the servers (`flowgate httpd` with the capacity model of `p`) and iperf3.
+    pub fn build(
+        prefix: &str,
+        controller: &str,
+        p: &Params,
+        flowgate: &Path,
+        mut step: impl FnMut(&str),
+    ) -> Result<LabNet> {
+        let mut net = LabNet {
+            procs: Vec::new(),
+            clients: Vec::new(),
+            servers: Vec::new(),
+            leg: None,
+            links: Vec::new(),
+            bridges: Vec::new(),
+        };
+        let ctl = [controller.to_owned()];
+        for i in 1..=3u64 {
+            net.bridges
+                .push(Bridge::create(&format!("{prefix}s{i}"), i, &ctl).context("bridge")?);
+        }
+        crate::signal::check()?;
+        for (a, b) in [(0usize, 2usize), (1, 2)] {
+            let (an, bn) = (a + 1, b + 1);
+            net.links.push(
+                Link::create(
+                    LinkKind::Patch,
+                    &net.bridges[a],
+                    &format!("{prefix}p{an}x{bn}"),
+                    &net.bridges[b],
+                    &format!("{prefix}p{bn}x{an}"),
+                )
+                .context("link")?,
+            );
+        }
+        for (i, ip) in SERVERS.iter().enumerate() {
+            step(&format!("server sv{} {ip}", i + 1));
+            let opts = HostOptions {
+                mac: Some(format!("00:00:00:00:01:{:02x}", i + 1)),
+                ..HostOptions::default()
+            };
+            let h = Host::create_with(
+                prefix,
+                &format!("sv{}", i + 1),
+                &format!("{ip}/24"),
+                &net.bridges[2],
+                &opts,
+            )
+            .context("server host")?;
+            net.servers.push(h);
+            crate::signal::check()?;
+        }
+        let half = p.clients.div_ceil(2);
+        for i in 0..p.clients {
+            step(&format!("client h{} {}", i + 1, client_ip(i)));
+            let opts = HostOptions {
+                mac: Some(format!("00:00:00:00:02:{:02x}", i + 1)),
+                ..HostOptions::default()
+            };
+            let sw = if i < half { 0 } else { 1 };
+            let h = Host::create_with(
+                prefix,
+                &format!("h{}", i + 1),
+                &format!("{}/24", client_ip(i)),
+                &net.bridges[sw],
+                &opts,
+            )
+            .context("client host")?;
+            net.clients.push(h);
+            crate::signal::check()?;
+        }
+        step("controller leg");
+        let leg = RootLeg::create(prefix, "rl", LEG_CIDR, &net.bridges[2]).context("root leg")?;
+        for b in &net.bridges {
+            leg.install_bypass(b).context("leg bypass flows")?;
+        }
+        net.leg = Some(leg);
+        step("servers");
+        let fg = flowgate.to_string_lossy().into_owned();
+        for (i, h) in net.servers.iter().enumerate() {
+            let listen = format!("{}:80", h.ip());
+            let name = format!("srv{}", i + 1);
+            let delay = p.server_delay_ms.to_string();
+            let conc = p.server_concurrency.to_string();
+            let queue = p.server_queue.to_string();
+            let argv = [
+                fg.as_str(),
+                "--log",
+                "warn",
+                "httpd",
+                "--listen",
+                &listen,
+                "--name",
+                &name,
+                "--delay-ms",
+                &delay,
+                "--concurrency",
+                &conc,
+                "--queue",
+                &queue,
+                "--metrics",
+            ];
+            net.procs.push(h.spawn(&argv).context("httpd")?);
+        }
+        let port = IPERF_PORT.to_string();
+        net.procs.push(
+            net.servers[1]
+                .spawn(&["iperf3", "-s", "-p", &port])
+                .context("iperf3 server")?,
+        );
+        // The servers answer on their own addresses (checked from the server's namespace,
+        // so the controller is not involved).
+        for h in &net.servers {
+            h.wait_http(&format!("http://{}/health", h.ip()), Duration::from_secs(15))
+                .context("httpd up")?;
+        }
+        Ok(net)
+    }
+
+    /// Re-installs the leg's bypass rules (after a controller change, to be safe).
+    pub fn reinstall_bypass(&self) -> Result<()> {
+        if let Some(leg) = &self.leg {
+            for b in &self.bridges {
+                leg.install_bypass(b)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,188 @@
+//! The scenarios (the paper's Cases A, B and D) and their parameters.
+
+use serde::Serialize;
+
+/// One controller configuration measured within a scenario (an "arm").
+#[derive(Debug, Clone, Serialize)]
+pub struct Arm {
+    /// Short label used in tables and file names.
+    pub label: &'static str,
+    /// The `algorithm` key of the service.
+    pub algorithm: &'static str,
+    /// Which of the paper's cases this arm stands for.
+    pub case: &'static str,
+}
+
+/// A named scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    /// `case-a`, `case-b`, `case-d`.
+    pub name: &'static str,
+    /// One line for `flowgate lab list`.
+    pub about: &'static str,
+    /// The arms, run one after the other on the same network.
+    pub arms: Vec<Arm>,
+}
+
+const NONE: Arm = Arm {
+    label: "none",
+    algorithm: "none",
+    case: "A",
+};
+const ISSLM: Arm = Arm {
+    label: "isslm",
+    algorithm: "isslm",
+    case: "B",
+};
+
+/// Every scenario, in the order `flowgate lab list` shows them.
+pub fn all() -> Vec<Scenario> {
+    let d = |label, algorithm| Arm {
+        label,
+        algorithm,
+        case: "D",
+    };
+    vec![
+        Scenario {
+            name: "case-a",
+            about: "Case A: no server load management; every client addresses server 2 (100.0.0.2), normal then heavy load",
+            arms: vec![NONE],
+        },
+        Scenario {
+            name: "case-b",
+            about: "Case B: the same load under ISSLM, beside the Case A reference (algorithm none) on the same network",
+            arms: vec![NONE, ISSLM],
+        },
+        Scenario {
+            name: "case-d",
+            about: "Case D: ISSLM, DWRS, MRBS, AMLOB, SRT and round robin, each under normal and heavy load",
+            arms: vec![
+                d("isslm", "isslm"),
+                d("dwrs", "dwrs"),
+                d("mrbs", "mrbs"),
+                d("amlob", "amlob"),
+                d("srt", "srt"),
+                d("round-robin", "round-robin"),
+            ],
+        },
+    ]
+}
+
+/// Looks a scenario up by name.
+pub fn find(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}
+
+/// Sizes of a run: the full variant follows the paper, `--quick` is scaled down so a
+/// scenario takes under two minutes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// Client hosts (the paper: 30), split between switches s1 and s2.
+    pub clients: usize,
+    /// Requests of the normal phase (the paper: 200).
+    pub normal_requests: u64,
+    /// Length of the normal phase in seconds.
+    pub normal_secs: f64,
+    /// Requests of the heavy phase (the paper: 20,000 in 10 s).
+    pub heavy_requests: u64,
+    /// Length of the heavy phase in seconds.
+    pub heavy_secs: f64,
+    /// Server model: service time of every request (ms).
+    pub server_delay_ms: u64,
+    /// Server model: requests served at once.
+    pub server_concurrency: usize,
+    /// Server model: requests that may wait for a slot; beyond that 503.
+    pub server_queue: usize,
+    /// Client timeout per request (ms).
+    pub request_timeout_ms: u64,
+    /// Pause between phases (s), so queues drain and the controller's rate averages decay.
+    pub settle_secs: f64,
+}
+
+impl Params {
+    /// The paper's sizes (`quick = false`) or the quick ones.
+    pub fn new(quick: bool) -> Params {
+        if quick {
+            Params {
+                clients: 8,
+                normal_requests: 200,
+                normal_secs: 4.0,
+                heavy_requests: 2_000,
+                heavy_secs: 4.0,
+                server_delay_ms: 10,
+                server_concurrency: 2,
+                server_queue: 32,
+                request_timeout_ms: 2_000,
+                settle_secs: 2.0,
+            }
+        } else {
+            Params {
+                clients: 30,
+                normal_requests: 200,
+                normal_secs: 10.0,
+                heavy_requests: 20_000,
+                heavy_secs: 10.0,
+                server_delay_ms: 10,
+                server_concurrency: 8,
+                server_queue: 64,
+                request_timeout_ms: 2_000,
+                settle_secs: 3.0,
+            }
+        }
+    }
+
+    /// Capacity of one server, μ = concurrency / service time (requests per second).
+    pub fn capacity_rps(&self) -> f64 {
+        self.server_concurrency as f64 * 1000.0 / self.server_delay_ms.max(1) as f64
+    }
+
+    /// Offered rate of the heavy phase, R (requests per second).
+    pub fn heavy_rate(&self) -> f64 {
+        self.heavy_requests as f64 / self.heavy_secs
+    }
+
+    /// ISSLM's S_Load threshold: 0.75 μ. It must lie in (R/4, μ): below μ so a server is
+    /// relieved before it saturates, above R/4 so the four servers at the threshold can
+    /// absorb the whole heavy load (else every server is "over" and ISSLM finds no
+    /// optimal server). Checked by [`Params::check`].
+    pub fn threshold_rps(&self) -> f64 {
+        0.75 * self.capacity_rps()
+    }
+
+    /// The capacity model's premises: one server cannot carry the heavy load, four can.
+    pub fn check(&self) -> Result<(), String> {
+        let (mu, r, t) = (self.capacity_rps(), self.heavy_rate(), self.threshold_rps());
+        if r <= mu {
+            return Err(format!("heavy rate {r} must exceed one server's capacity {mu}"));
+        }
+        if 4.0 * mu <= r {
+            return Err(format!("four servers ({}) must exceed the heavy rate {r}", 4.0 * mu));
+        }
+        if t <= r / 4.0 || t >= mu {
+            return Err(format!("threshold {t} must lie in (R/4, μ) = ({}, {mu})", r / 4.0));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_model_holds_in_both_variants() {
+        for quick in [false, true] {
+            let p = Params::new(quick);
+            assert_eq!(p.check(), Ok(()), "quick={quick}");
+        }
+        assert_eq!(Params::new(false).heavy_rate(), 2000.0);
+        assert_eq!(Params::new(false).capacity_rps(), 800.0);
+    }
+
+    #[test]
+    fn scenarios_are_named() {
+        let names: Vec<_> = all().iter().map(|s| s.name).collect();
+        assert_eq!(names, ["case-a", "case-b", "case-d"]);
+        assert_eq!(find("case-d").map(|s| s.arms.len()), Some(6));
+    }
+}
