@@ -18,3 +18,5 @@ fi
 # prefix); the OVS tests are serialized by the `ovs` test group in .config/nextest.toml.
 cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" "$@"
 cargo test --workspace --doc
+# The codec's fuzz targets, for a short bounded time.
+scripts/fuzz.sh "${FLOWGATE_FUZZ_SECS:-20}"

@@ -69,6 +69,13 @@ pub mod conn {
     pub const ACCOUNTING: u64 = 1 << 48;
     /// Set on reverse-direction rules.
     pub const REVERSE: u64 = 1 << 47;
+    /// Set on the reverse rule at the client's edge switch: its FLOW_REMOVED packet count
+    /// tells whether the backend answered the connection (passive outlier detection).
+    pub const OUTCOME: u64 = 1 << 46;
+    /// The `(service, backend)` indexes a connection rule's cookie carries.
+    pub const fn indexes(cookie: u64) -> (u16, u16) {
+        (((cookie >> 16) & 0xffff) as u16, (cookie & 0xffff) as u16)
+    }
 }
 
 #[cfg(test)]

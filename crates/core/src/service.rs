@@ -14,22 +14,16 @@ use serde::Serialize;
 
 use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer};
 use crate::config::{BackendConfig, ServiceConfig};
-use crate::health::{ActiveHealth, SlowStart};
+use crate::health::{ActiveHealth, OutlierConfig, PoolOutliers, SlowStart};
 
 /// Time constant of the request-rate average. A 10 ms window alone is too noisy (one new
 /// connection in 10 ms reads as 100 per second); one second of memory is smooth and still
 /// follows a step in load within a few seconds.
 pub const RATE_TIME_CONSTANT: Duration = Duration::from_secs(1);
 
-/// An operator's wish for a backend, independent of its health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AdminState {
-    /// Takes new connections.
-    Active,
-    /// Takes no new connections; existing ones run to their end.
-    Draining,
-}
+/// An operator's wish for a backend, independent of its health (re-exported here, where
+/// backends live).
+pub use crate::health::AdminState;
 
 #[derive(Debug, Clone)]
 pub struct BackendState {
@@ -63,6 +57,9 @@ pub struct BackendState {
     pub since: Option<Instant>,
     /// Rise/fall state of the active checks.
     pub health: ActiveHealth,
+    /// Ejected by passive outlier detection (kept in step with the pool's outlier state
+    /// at each refresh).
+    pub ejected: bool,
 }
 
 impl BackendState {
@@ -87,12 +84,13 @@ impl BackendState {
             metrics_at: None,
             since: None,
             health: ActiveHealth::default(),
+            ejected: false,
         }
     }
 
     /// Can this backend take a new connection at all?
     pub fn eligible(&self) -> bool {
-        self.healthy && self.admin == AdminState::Active && self.mac.is_some()
+        self.healthy && !self.ejected && self.admin == AdminState::Active && self.mac.is_some()
     }
 }
 
@@ -116,6 +114,9 @@ pub struct ServiceState {
     /// The balancer's view, rebuilt at each refresh and patched on each pick.
     pub loads: Vec<BackendLoad>,
     pub counters: ServiceCounters,
+    /// Passive outlier detection over the pool: connections the backend never answered,
+    /// or answered only with a RST, as the switch reports them.
+    pub outliers: PoolOutliers,
     last_refresh: Option<Instant>,
 }
 
@@ -131,12 +132,14 @@ impl ServiceState {
             })
             .collect();
         let balancer = Balancer::new(cfg.algorithm, cfg.params.clone(), backends.len(), seed);
+        let n = backends.len();
         let mut s = ServiceState {
             cfg,
             balancer,
             backends,
             loads: Vec::new(),
             counters: ServiceCounters::default(),
+            outliers: PoolOutliers::new(OutlierConfig::default(), n),
             last_refresh: None,
         };
         s.rebuild_loads(None);
@@ -175,6 +178,27 @@ impl ServiceState {
         }
     }
 
+    /// The switch reported the end of a connection's reverse rule: `answered` is false when
+    /// the backend sent nothing back, or only a RST (at most one packet), which is how a
+    /// refused or timed-out connection looks from the switch.
+    pub fn record_outcome(&mut self, now: Instant, backend: usize, answered: bool) -> Option<Instant> {
+        if backend >= self.backends.len() {
+            return None;
+        }
+        if answered {
+            self.outliers.on_success(backend, now);
+            return None;
+        }
+        let until = self.outliers.on_failure(backend, now);
+        if until.is_some() {
+            if let Some(b) = self.backends.get_mut(backend) {
+                b.ejected = true;
+            }
+            self.sync_eligibility();
+        }
+        until
+    }
+
     /// A connection's accounting rule is gone.
     pub fn record_end(&mut self, backend: usize) {
         if let Some(b) = self.backends.get_mut(backend) {
@@ -202,6 +226,9 @@ impl ServiceState {
                 b.new_since_refresh = 0;
                 b.picks_since_refresh = 0;
             }
+        }
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            b.ejected = self.outliers.is_ejected(i, now);
         }
         self.rebuild_loads(Some((now, stale_after)));
         self.balancer.on_refresh(&self.loads, dt);
@@ -231,6 +258,7 @@ impl ServiceState {
     /// The balancer's view must track pool changes (add/remove backend).
     pub fn pool_changed(&mut self, now: Instant) {
         self.balancer.resize(self.backends.len());
+        self.outliers.resize(self.backends.len());
         self.rebuild_loads(Some((now, Duration::from_secs(3600))));
     }
 

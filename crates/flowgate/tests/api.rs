@@ -822,3 +822,128 @@ fn ctl_reads_and_changes() {
     let (ok, _, err) = ctl("127.0.0.1:1".parse().unwrap(), &["services"], None);
     assert!(!ok && err.contains("cannot connect"), "{err}");
 }
+
+// ----- end to end on real Open vSwitch -----------------------------------------------------------
+
+/// A long download through the VIP keeps going while its backend is drained, weights and the
+/// algorithm change, and the config is reloaded (a bad one refused, changing nothing); new
+/// connections follow each change.
+#[test]
+fn ovs_api_changes_keep_connections() {
+    use flowgate_testbed::topo::{self, TopoOptions};
+    use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+    use support::*;
+    const VIP: &str = "10.0.0.100";
+    if !require_root_ovs("ovs_api_changes_keep_connections") {
+        return;
+    }
+    let p = Prefix::for_test("ovs_api_changes_keep_connections");
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
+    let (b2, b3, b4) = (t.hosts[1].ip(), t.hosts[2].ip(), t.hosts[3].ip());
+    let with_token = |c: String| c.replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
+    let cfg = with_token(vip_config(VIP, "round-robin", &[b2, b3], ""));
+    let ctl = Ctl::start("api-changes", &cfg);
+    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
+    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
+    let _servers = [
+        httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]),
+        httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),
+        httpd(&t.hosts[3], "b4", &["--rate-bytes-per-sec", "1000000"]),
+    ];
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let client = &t.hosts[0];
+    let api = ctl.api;
+    let auth = [("Authorization", format!("Bearer {TOKEN}"))];
+    let call = |method: &str, path: &str, body: &str| -> (u16, Value) {
+        let headers: Vec<(&str, &str)> = vec![
+            (auth[0].0, auth[0].1.as_str()),
+            ("Content-Type", "application/json"),
+        ];
+        let (st, body) = http_request(api, method, path, &headers, body);
+        (st, serde_json::from_str(&body).unwrap_or(Value::Null))
+    };
+
+    // An 8 MB download at 1 MB/s: eight seconds on the wire.
+    let dl = client
+        .command(&["curl", "-s", "-o", "/dev/null", "-m", "40", "-w", "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/8000000")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let mut carrier = None;
+    wait_until("the download's connection is tracked", Duration::from_secs(5), || {
+        let v = ctl.get_json("/api/v1/connections?limit=10");
+        carrier = v["items"].as_array().and_then(|i| i.first()).and_then(|c| c["backend"].as_str()).map(str::to_string);
+        carrier.is_some()
+    });
+    let carrier = carrier.unwrap();
+    let other = if carrier == b2.to_string() { b3.to_string() } else { b2.to_string() };
+
+    // Drain the backend carrying the download.
+    let (st, v) = call("POST", &format!("/api/v1/services/web/backends/{carrier}/drain"), "");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["state"], "draining");
+    let r = load(client, &format!("http://{VIP}/"), &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(r["ok"], 20, "{r}");
+    assert_eq!(shares(&r).len(), 1, "new connections avoid the drained backend: {r}");
+
+    // Weights and algorithm.
+    let (st, v) = call("PUT", &format!("/api/v1/services/web/backends/{other}/weight"), "{\"weight\": 3}");
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = call("PUT", "/api/v1/services/web/algorithm", "{\"algorithm\": \"weighted-round-robin\"}");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["algorithm"], "weighted-round-robin");
+    let (st, v) = call("POST", &format!("/api/v1/services/web/backends/{carrier}/undrain"), "");
+    assert_eq!(st, 200, "{v}");
+    let r = load(client, &format!("http://{VIP}/"), &["--requests", "40", "--concurrency", "1"]);
+    assert_eq!(r["ok"], 40, "{r}");
+    let sh: BTreeMap<String, u64> = shares(&r).into_iter().collect();
+    assert_eq!(sh.values().sum::<u64>(), 40);
+    assert!(sh.values().any(|&n| n == 30) && sh.values().any(|&n| n == 10), "weights 3:1 under weighted round robin: {sh:?}");
+
+    // A bad config: refused with every error, nothing changes.
+    let before = ctl.get_json("/api/v1/services");
+    let cfg_path = ctl.dir.join("flowgate.toml");
+    let good_text = std::fs::read_to_string(&cfg_path).unwrap();
+    let bad = good_text.replace("algorithm = \"round-robin\"", "algorithm = \"nope\"\nport2 = 1");
+    std::fs::write(&cfg_path, &bad).unwrap();
+    let (st, v) = call("POST", "/api/v1/reload", "");
+    assert_eq!(st, 422, "{v}");
+    let paths: Vec<&str> = v["errors"].as_array().unwrap().iter().filter_map(|e| e["path"].as_str()).collect();
+    assert!(paths.contains(&"service[0].algorithm") && paths.contains(&"service[0].port2"), "every error listed: {v}");
+    let after = ctl.get_json("/api/v1/services");
+    assert_eq!(after[0]["algorithm"], before[0]["algorithm"]);
+    assert_eq!(after[0]["backends"].as_array().unwrap().len(), 2);
+
+    // A good config adding b4 and going back to round robin; drain the carrier again first.
+    call("POST", &format!("/api/v1/services/web/backends/{carrier}/drain"), "");
+    let text = with_token(vip_config(VIP, "round-robin", &[b2, b3, b4], ""));
+    let text = text
+        .lines()
+        .map(|l| if l.starts_with("listen") { "" } else { l })
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Keep the listen addresses the controller runs with.
+    let text = text
+        .replacen("[openflow]\n", &format!("[openflow]\nlisten = \"{}\"\n", ctl.openflow), 1)
+        .replacen("[api]\n", &format!("[api]\nlisten = \"{api}\"\n"), 1);
+    std::fs::write(&cfg_path, &text).unwrap();
+    let (st, v) = call("POST", "/api/v1/reload", "");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["restart_needed"], json!([]), "{v}");
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let svc = ctl.get_json("/api/v1/services/web");
+    assert_eq!(svc["algorithm"], "round-robin");
+    assert_eq!(svc["backends"].as_array().unwrap().len(), 3);
+    let r = load(client, &format!("http://{VIP}/"), &["--requests", "30", "--concurrency", "1"]);
+    assert_eq!(r["ok"], 30, "{r}");
+    let sh: BTreeMap<String, u64> = shares(&r).into_iter().collect();
+    assert_eq!(sh.len(), 2, "the two active backends (b4 new, the carrier still drained): {sh:?}");
+    assert!(sh.values().all(|&n| n == 15), "{sh:?}");
+
+    let out = dl.wait_with_output().expect("curl finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), "200 8000000", "the download survived every change (curl: {text})");
+    ctl.assert_no_openflow_errors();
+}

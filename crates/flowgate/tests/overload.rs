@@ -42,13 +42,36 @@ fn out_dir() -> PathBuf {
     d
 }
 
-fn overload_config(backends: &[std::net::Ipv4Addr], mode: &str, capacity: f64, ctl: &str) -> String {
-    let mut c = vip_config(VIP, "round-robin", backends, "");
-    c += &format!(
-        "\n[controller.overload]\nmode = \"{ctl}\"\n\n[service.overload]\nmode = \"{mode}\"\n"
+/// One VIP service over `backends`. With `metrics`, the backends' own Prometheus
+/// endpoints are scraped every 50 ms (through a root-namespace leg): their requests in
+/// flight plus queued are the pool's buffer occupancy, ACCM's feedback, against
+/// `max_active_connections` (the pool's slots plus two waiting).
+fn overload_config(
+    backends: &[std::net::Ipv4Addr],
+    mode: &str,
+    capacity: f64,
+    ctl: &str,
+    metrics: bool,
+) -> String {
+    let mut c = format!(
+        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n\
+         [controller.overload]\nmode = \"{ctl}\"\n\n\
+         [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n\
+         [service.health]\nkind = \"none\"\n[service.metrics]\ninterval_ms = 50\n\
+         [service.overload]\nmode = \"{mode}\"\n"
     );
     if mode != "off" {
         c += &format!("capacity_rps = {capacity:.1}\n");
+        if metrics {
+            let slots = backends.len() as u64 * CONCURRENCY + 2;
+            c += &format!("max_active_connections = {slots}\n");
+        }
+    }
+    for b in backends {
+        c += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
+        if metrics {
+            c += &format!("metrics = \"http://{b}:80/metrics\"\n");
+        }
     }
     c
 }
@@ -121,9 +144,12 @@ fn ovs_overload_three_modes() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let leg = flowgate_testbed::rootleg::RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0])
+        .expect("root leg");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let client = &t.hosts[0];
     let args = [
+        "--metrics",
         "--delay-ms",
         &DELAY_MS.to_string(),
         "--concurrency",
@@ -143,12 +169,18 @@ fn ovs_overload_three_modes() {
     let start = |mode: &str, capacity: f64| {
         let ctl = Ctl::start(
             &format!("overload-{mode}"),
-            &overload_config(&backends, mode, capacity, "off"),
+            &overload_config(&backends, mode, capacity, "off", true),
         );
         t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
         t.bridges[0]
             .wait_connected(Duration::from_secs(10))
             .expect("switch connects");
+        // The leg is a host like any other; make it known so scrapes flow at once.
+        for b in &backends {
+            let _ = std::process::Command::new("ping")
+                .args(["-c", "1", "-W", "1", "-I", leg.root_iface(), &b.to_string()])
+                .output();
+        }
         ctl.wait_backends_ready(Duration::from_secs(15));
         ctl
     };
@@ -333,7 +365,7 @@ fn ovs_overload_packet_in_flood() {
     let backends: Vec<_> = t.hosts[1..2].iter().map(|h| h.ip()).collect();
     let ctl = Ctl::start(
         "overload-flood",
-        &overload_config(&backends, "adaptive", 200.0, "adaptive"),
+        &overload_config(&backends, "adaptive", 200.0, "adaptive", false),
     );
     t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
     t.bridges[0]

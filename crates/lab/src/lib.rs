@@ -340,7 +340,7 @@ fn run_arms(
             row.ctl_srv4 = after.conns[3] - before.conns[3].min(after.conns[3]);
             row.no_optimal_server = after.no_optimal_server.saturating_sub(before.no_optimal_server);
             row.derive(normal.as_ref());
-            pb.println(format!(
+            let line = format!(
                 "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
                 arm.label,
                 phase,
@@ -350,7 +350,12 @@ fn run_arms(
                 row.shares(),
                 row.bdmax_gbps,
                 row.ping_rtt_avg_ms
-            ));
+            );
+            if pb.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                pb.println(line);
+            }
             iperf_series.push((format!("{} {phase}", arm.label), extra));
             if phase == "normal" {
                 normal = Some(row.clone());

@@ -99,6 +99,67 @@ pub struct Config {
     pub api: ApiConfig,
     pub controller: ControllerConfig,
     pub services: Vec<ServiceConfig>,
+    /// `[cluster]`: single controller (the default), or one instance of a domain or
+    /// global controller group (docs/distributed.md).
+    pub cluster: ClusterConfig,
+}
+
+/// A controller's place in a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterRole {
+    /// One controller, no coordination store: the default.
+    Single,
+    /// One instance of a domain's controllers: the elected one is master of the domain's
+    /// switches, the others hold SLAVE sessions.
+    Domain,
+    /// One instance of the global controllers (one active, the others standby): it sets
+    /// where overloaded domains spill.
+    Global,
+}
+
+/// The lease TTL of a cluster member: a dead master is replaced within about this.
+pub const DEFAULT_CLUSTER_LEASE_TTL_MS: u64 = 2_000;
+/// How long a call to the coordination store may take before it counts as unreachable.
+pub const DEFAULT_CLUSTER_STORE_TIMEOUT_MS: u64 = 1_000;
+/// How often a domain master publishes its summary and a global controller decides.
+pub const DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS: u64 = 500;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ClusterConfig {
+    pub role: ClusterRole,
+    /// The cluster's name: the root of its keys in the store.
+    pub name: String,
+    /// This instance's name, unique in the cluster.
+    pub instance: String,
+    /// For `role = "domain"`: the domain's id and its switches' datapath ids.
+    pub domain: Option<String>,
+    pub dpids: Vec<u64>,
+    /// etcd endpoints (`http://127.0.0.1:2379`).
+    pub etcd: Vec<String>,
+    pub lease_ttl: Duration,
+    pub store_timeout: Duration,
+    pub summary_interval: Duration,
+    /// A domain's services spill when every local backend's load is at or above this
+    /// fraction of its capacity (`threshold_rps`), or none is healthy.
+    pub spill_threshold: f64,
+}
+
+impl ClusterConfig {
+    pub fn single() -> ClusterConfig {
+        ClusterConfig {
+            role: ClusterRole::Single,
+            name: "flowgate".into(),
+            instance: String::new(),
+            domain: None,
+            dpids: Vec::new(),
+            etcd: Vec::new(),
+            lease_ttl: Duration::from_millis(DEFAULT_CLUSTER_LEASE_TTL_MS),
+            store_timeout: Duration::from_millis(DEFAULT_CLUSTER_STORE_TIMEOUT_MS),
+            summary_interval: Duration::from_millis(DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS),
+            spill_threshold: 1.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -422,6 +483,10 @@ fn validate(
             services.push(svc);
         }
     }
+    let cluster = root
+        .table("cluster", errs)
+        .map(|t| validate_cluster(t, errs))
+        .unwrap_or_else(ClusterConfig::single);
     root.finish(errs);
     check_services(&services, errs);
 
@@ -447,7 +512,88 @@ fn validate(
             overload: ctl_overload,
         },
         services,
+        cluster,
     })
+}
+
+fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfig {
+    let mut cfg = ClusterConfig::single();
+    cfg.role = match c.string("role", errs) {
+        None | Some("single") => ClusterRole::Single,
+        Some("domain") => ClusterRole::Domain,
+        Some("global") => ClusterRole::Global,
+        Some(other) => {
+            errs.push(ConfigError::new(
+                c.key_path("role"),
+                format!("{other:?} is not one of \"single\", \"domain\", \"global\""),
+            ));
+            ClusterRole::Single
+        }
+    };
+    let name_ok = |s: &str| {
+        !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if let Some(n) = c.string("name", errs) {
+        if !name_ok(n) {
+            errs.push(ConfigError::new(c.key_path("name"), format!("{n:?}: use letters, digits, '-' and '_'")));
+        }
+        cfg.name = n.to_string();
+    }
+    cfg.instance = c.string("instance", errs).unwrap_or_default().to_string();
+    cfg.domain = c.string("domain", errs).map(str::to_string);
+    if let Some(list) = c.strings("etcd", errs) {
+        cfg.etcd = list;
+    }
+    for (i, d) in c.strings("dpids", errs).unwrap_or_default().iter().enumerate() {
+        let t = d.trim_start_matches("0x").replace(':', "");
+        match u64::from_str_radix(&t, 16) {
+            Ok(v) => cfg.dpids.push(v),
+            Err(_) => errs.push(ConfigError::new(
+                format!("{}[{i}]", c.key_path("dpids")),
+                format!("{d:?} is not a datapath id (hex, e.g. \"0000000000000001\")"),
+            )),
+        }
+    }
+    cfg.lease_ttl = millis(&mut c, "lease_ttl_ms", DEFAULT_CLUSTER_LEASE_TTL_MS, 1_000, 600_000, errs);
+    cfg.store_timeout =
+        millis(&mut c, "store_timeout_ms", DEFAULT_CLUSTER_STORE_TIMEOUT_MS, 50, 60_000, errs);
+    cfg.summary_interval = millis(
+        &mut c,
+        "summary_interval_ms",
+        DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS,
+        50,
+        60_000,
+        errs,
+    );
+    if let Some(t) = c.float("spill_threshold", errs) {
+        if !(t > 0.0 && t <= 10.0) {
+            errs.push(ConfigError::new(c.key_path("spill_threshold"), "must be in (0, 10]"));
+        }
+        cfg.spill_threshold = t;
+    }
+    if cfg.role != ClusterRole::Single {
+        if cfg.etcd.is_empty() {
+            errs.push(ConfigError::new(c.key_path("etcd"), "required unless role = \"single\""));
+        }
+        if !name_ok(&cfg.instance) {
+            errs.push(ConfigError::new(
+                c.key_path("instance"),
+                "required unless role = \"single\" (letters, digits, '-' and '_')",
+            ));
+        }
+    }
+    if cfg.role == ClusterRole::Domain {
+        match &cfg.domain {
+            Some(d) if name_ok(d) => {}
+            Some(d) => errs.push(ConfigError::new(c.key_path("domain"), format!("{d:?}: use letters, digits, '-' and '_'"))),
+            None => errs.push(ConfigError::new(c.key_path("domain"), "required when role = \"domain\"")),
+        }
+        if cfg.dpids.is_empty() {
+            errs.push(ConfigError::new(c.key_path("dpids"), "a domain needs at least one switch"));
+        }
+    }
+    c.finish(errs);
+    cfg
 }
 
 fn ipv4(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<Ipv4Addr> {
@@ -757,3 +903,44 @@ fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        Config::from_toml(text, &|_| None)
+    }
+
+    #[test]
+    fn single_is_the_default_and_needs_no_store() {
+        let c = parse("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cluster.role, ClusterRole::Single);
+        assert!(c.cluster.etcd.is_empty());
+    }
+
+    #[test]
+    fn a_domain_instance() {
+        let c = parse(
+            "[cluster]\nrole = \"domain\"\ndomain = \"d1\"\ninstance = \"d1a\"\ndpids = [\"1\", \"0x00000000000000a2\"]\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_ms = 2000\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cluster.role, ClusterRole::Domain);
+        assert_eq!(c.cluster.domain.as_deref(), Some("d1"));
+        assert_eq!(c.cluster.dpids, vec![1, 0xa2]);
+        assert_eq!(c.cluster.lease_ttl, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn every_missing_piece_is_reported() {
+        let errs = parse("[cluster]\nrole = \"domain\"\ndpids = [\"zz\"]\nttl = 3\n")
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for p in ["cluster.dpids[0]", "cluster.etcd", "cluster.instance", "cluster.domain", "cluster.ttl"] {
+            assert!(paths.contains(&p), "{p} not reported: {errs:?}");
+        }
+        assert!(parse("[cluster]\nrole = \"boss\"\n").is_err());
+    }
+}

@@ -378,9 +378,14 @@ impl Controller {
 
     fn handle_flow_removed(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
         self.counters.flow_removed += 1;
-        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn)
-            || fr.cookie & cookie::conn::ACCOUNTING == 0
-        {
+        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn) {
+            return;
+        }
+        if fr.cookie & cookie::conn::OUTCOME != 0 {
+            self.record_outcome(now, fr);
+            return;
+        }
+        if fr.cookie & cookie::conn::ACCOUNTING == 0 {
             return;
         }
         if let Some(key) = vip::conn_key_of_forward_match(&fr.match_) {
@@ -390,7 +395,32 @@ impl Controller {
                 }
             }
         }
-        let _ = now;
+    }
+
+    /// A connection's reverse rule ended: did its backend ever answer? A backend that sent
+    /// nothing back, or only a RST, failed the connection; enough such failures in a row
+    /// eject it (passive outlier detection, Envoy-style).
+    fn record_outcome(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
+        let (si, bi) = cookie::conn::indexes(fr.cookie);
+        let Some(s) = self.services.get_mut(usize::from(si)) else { return };
+        // The indexes may be stale after a reload: trust them only if the rule's source
+        // address is still that backend's.
+        let src = fr.match_.iter().find_map(|o| match o {
+            ofp::Oxm::Ipv4Src { value, mask: None } => Some(*value),
+            _ => None,
+        });
+        let Some(b) = s.backends.get(usize::from(bi)) else { return };
+        if src != Some(b.address) {
+            return;
+        }
+        let answered = fr.packet_count >= 2;
+        let address = b.address;
+        let name = s.cfg.name.clone();
+        if let Some(until) = s.record_outcome(now, usize::from(bi), answered) {
+            let secs = until.saturating_duration_since(now).as_secs();
+            tracing::info!(service = %name, backend = %address, secs, "backend ejected: consecutive failed connections");
+            self.event(now, "ejected", format!("{name}/{address} for {secs}s"));
+        }
     }
 
     // ----- timers -----------------------------------------------------------------------
@@ -533,6 +563,9 @@ impl Controller {
         }
         s.backends.remove(backend);
         s.cfg.backends.remove(backend);
+        // The balancer drops that backend's state and keeps the others' (a resize would
+        // shift every later backend's state by one).
+        s.balancer.remove_backend(backend);
         s.pool_changed(now);
         let si = service as u16;
         let bi = backend as u16;

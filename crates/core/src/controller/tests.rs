@@ -611,3 +611,53 @@ fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
     assert_eq!(active, 1);
     let _ = SocketAddrV4::new(ip(1), 1);
 }
+
+/// Passive outlier detection: connections that a backend never answered (the switch
+/// reports their reverse rule gone with no packets) eject it after five in a row.
+#[test]
+fn unanswered_connections_eject_a_backend() {
+    let mut sim = single_switch("round-robin");
+    for port in 0..15u16 {
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 47000 + port), (VIP, 80), SYN));
+    }
+    let outcome_rules: Vec<(u64, ofp::Match)> = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| f.cookie & cookie::conn::OUTCOME != 0)
+        .filter(|f| f.match_.iter().any(|o| matches!(o, ofp::Oxm::Ipv4Src { value, .. } if *value == ip(2))))
+        .map(|f| (f.cookie, f.match_.clone()))
+        .collect();
+    assert_eq!(outcome_rules.len(), 5, "one outcome rule per connection to h2");
+    for (i, (cookie, m)) in outcome_rules.into_iter().enumerate() {
+        let fr = ofp::FlowRemoved {
+            cookie,
+            priority: rules::PRIO_CONN,
+            reason: ofp::FlowRemovedReason::IdleTimeout,
+            table_id: 0,
+            duration_sec: 30,
+            duration_nsec: 0,
+            idle_timeout: 30,
+            hard_timeout: 0,
+            packet_count: 0,
+            byte_count: 0,
+            match_: m,
+        };
+        assert!(!sim.c.services()[0].backends[0].ejected, "not ejected before the fifth failure ({i})");
+        sim.c.handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+    }
+    assert!(sim.c.services()[0].backends[0].ejected, "ejected after five unanswered connections");
+    for port in 100..120u16 {
+        let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 47000 + port), (VIP, 80), SYN));
+        assert_ne!(got[0].0, "h2", "an ejected backend takes no new connection");
+    }
+    assert!(sim.c.events().any(|e| e.kind == "ejected"));
+    // The ejection ends after its base time (30 s), and h2 takes connections again.
+    sim.tick(Duration::from_secs(31));
+    let mut seen = false;
+    for port in 200..206u16 {
+        seen |= sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 47000 + port), (VIP, 80), SYN))[0].0 == "h2";
+    }
+    assert!(seen, "h2 is back after its ejection time");
+}

@@ -355,7 +355,9 @@ impl Controller {
                 out.push(
                     d,
                     rules::ConnRule {
-                        cookie_low: low | cookie::conn::REVERSE,
+                        cookie_low: low
+                            | cookie::conn::REVERSE
+                            | if i == last { cookie::conn::OUTCOME } else { 0 },
                         idle_timeout: idle,
                         m,
                         actions,

@@ -489,7 +489,8 @@ impl SlowStart {
 
 /// The operator's switch for a backend (HAProxy agent `ready` / `drain`): a draining
 /// backend takes no new connections, while its pinned flows run until they end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AdminState {
     /// Takes new connections.
     #[default]

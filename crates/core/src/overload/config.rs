@@ -26,8 +26,10 @@ pub const DEFAULT_SETTLE_MS: u64 = 500;
 /// The switch meter lets 4× the admitted rate up to the controller: at up to 4× overload
 /// every refusal is a RST from the controller; beyond it the switch drops silently.
 pub const DEFAULT_BACKSTOP_FACTOR: f64 = 4.0;
-/// Meter bursts of 20 ms' worth of packets: small, so the meter gaps rather than batches.
-pub const DEFAULT_BURST_MS: u32 = 20;
+/// Meter bursts of 100 ms' worth of packets. The precise gap is the controller's gate;
+/// the meter is a backstop, and a burst much smaller than a client's scheduling jitter
+/// drops SYNs silently (the client then retries only after its 1 s SYN timeout).
+pub const DEFAULT_BURST_MS: u32 = 100;
 /// The controller-side gate holds two tokens: periodic arrivals get the full admitted
 /// rate, bursts at most two admissions back to back.
 pub const DEFAULT_GATE_BURST: f64 = 2.0;

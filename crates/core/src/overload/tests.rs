@@ -59,7 +59,7 @@ fn meter_rates_are_quantized_upwards_in_eighth_octaves() {
     assert_eq!(quantize_rate(f64::INFINITY), OPEN_METER_RATE);
     let b = meter_plan(Some(100.0), 4.0, None, 20);
     assert_eq!(b.rate, quantize_rate(400.0));
-    assert_eq!(b.burst, (f64::from(b.rate) * 0.02).ceil() as u32);
+    assert_eq!(b.burst, (f64::from(b.rate) * 0.02).ceil() as u32, "20 ms' worth");
     // The controller's share caps it.
     assert_eq!(meter_plan(Some(100.0), 4.0, Some(150.0), 20).rate, quantize_rate(150.0));
 }

@@ -105,7 +105,7 @@ fn haproxy_conf() -> String {
         .map(|(i, b)| format!("    server b{} {b}:80\n", i + 2))
         .collect();
     format!(
-        "global\n    maxconn 20000\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n    option http-server-close\nfrontend web\n    bind {PROXY}:80\n    default_backend pool\nbackend pool\n    balance leastconn\n{servers}"
+        "global\n    maxconn 8000\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n    option http-server-close\nfrontend web\n    bind {PROXY}:80\n    default_backend pool\nbackend pool\n    balance leastconn\n{servers}"
     )
 }
 
@@ -399,10 +399,13 @@ fn flowgate_testbed_unavailable() -> Option<String> {
 }
 
 pub fn table(results: &[CaseResult]) -> Table {
-    let direct = results
-        .iter()
-        .find(|r| r.case.starts_with("direct"))
-        .map(|r| r.requests_per_sec);
+    // Each path against direct with the same backends.
+    let direct = |backend: &str| {
+        results
+            .iter()
+            .find(|r| r.case.starts_with("direct") && r.backend == backend)
+            .map(|r| r.requests_per_sec)
+    };
     let mut t = Table::new(&[
         "path",
         "backends",
@@ -419,7 +422,9 @@ pub fn table(results: &[CaseResult]) -> Table {
             r.case.clone(),
             r.backend.clone(),
             super::fmt_rate(r.requests_per_sec),
-            direct.map_or("–".into(), |d| format!("{:.0}%", 100.0 * r.requests_per_sec / d)),
+            direct(&r.backend).map_or("–".into(), |d| {
+                format!("{:.0}%", 100.0 * r.requests_per_sec / d)
+            }),
             format!("{:.2}", r.p50_ms),
             format!("{:.2}", r.p99_ms),
             r.requests.to_string(),

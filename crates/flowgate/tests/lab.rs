@@ -1,0 +1,344 @@
+//! `flowgate lab` end to end: the real binary builds the paper's network on Open vSwitch,
+//! runs Case B's quick scenario (Case A's reference arm and ISSLM, each under normal and
+//! heavy load), and writes tables and plots; and it removes everything on Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flowgate_lab::measure::{Row, jain};
+use flowgate_lab::report::parse_csv;
+use flowgate_testbed::require_root_ovs;
+
+const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+fn out_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flowgate-lab-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("out dir");
+    d
+}
+
+/// Everything named with `prefix` that the lab may have made: namespaces, bridges,
+/// root-namespace interfaces.
+fn leftovers(prefix: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    let ns = Command::new("ip").args(["netns", "list"]).output().expect("ip");
+    for l in String::from_utf8_lossy(&ns.stdout).lines() {
+        if l.starts_with(prefix) {
+            v.push(format!("netns {l}"));
+        }
+    }
+    let br = Command::new("ovs-vsctl")
+        .args(["list-br"])
+        .output()
+        .expect("ovs-vsctl");
+    for l in String::from_utf8_lossy(&br.stdout).lines() {
+        if l.starts_with(prefix) {
+            v.push(format!("bridge {l}"));
+        }
+    }
+    for e in std::fs::read_dir("/sys/class/net").expect("sysfs").flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with(prefix) {
+            v.push(format!("link {n}"));
+        }
+    }
+    v
+}
+
+/// Runs the binary with a hard time limit; returns (success, output).
+fn run_bounded(args: &[&str], limit: Duration) -> (bool, String) {
+    let log = std::env::temp_dir().join(format!("flowgate-lab-run-{}.log", std::process::id()));
+    let f = std::fs::File::create(&log).expect("log");
+    let mut child = Command::new(FLOWGATE)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("log"))
+        .stderr(f)
+        .spawn()
+        .expect("spawn flowgate lab");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_secs(20));
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let out = std::fs::read_to_string(&log).unwrap_or_default();
+    (status.is_some_and(|s| s.success()), out)
+}
+
+fn close(a: f64, b: f64, what: &str, r: &Row) {
+    let tol = 1e-9 * a.abs().max(b.abs()).max(1.0);
+    assert!(
+        (a - b).abs() <= tol,
+        "{what}: CSV has {a}, recomputed {b} ({} {})",
+        r.arm,
+        r.phase
+    );
+}
+
+fn row<'a>(rows: &'a [Row], arm: &str, phase: &str) -> &'a Row {
+    rows.iter()
+        .find(|r| r.arm == arm && r.phase == phase)
+        .unwrap_or_else(|| panic!("no row {arm} {phase}: {rows:?}"))
+}
+
+/// `flowgate lab run case-b --quick` writes the tables and plots, and its figures are
+/// measured (they move with the load, the shares come from real responses and agree with
+/// the controller's decisions) and consistent (Eqs. 1-6 recomputed from the raw columns).
+#[test]
+fn ovs_lab_case_b_quick() {
+    if !require_root_ovs("ovs_lab_case_b_quick") {
+        return;
+    }
+    let out = out_dir("case-b");
+    let prefix = "fglbt";
+    let started = Instant::now();
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            "case-b",
+            "--quick",
+            "--prefix",
+            prefix,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        Duration::from_secs(420),
+    );
+    assert!(ok, "flowgate lab run failed:\n{log}");
+    eprintln!("case-b quick took {:?}\n{log}", started.elapsed());
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+
+    // Files.
+    for f in [
+        "case-b.csv",
+        "case-b.md",
+        "case-b.json",
+        "case-b-iperf.csv",
+        "case-b-bandwidth.svg",
+        "case-b-transfer.svg",
+        "case-b-bdmax.svg",
+        "case-b-dtransfer.svg",
+        "case-b-delay.svg",
+        "case-b-shares.svg",
+    ] {
+        let p = out.join(f);
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(text.len() > 100, "{f} is nearly empty");
+        if f.ends_with(".svg") {
+            assert!(text.contains("<svg"), "{f} is not an SVG");
+        }
+    }
+    let md = std::fs::read_to_string(out.join("case-b.md")).expect("md");
+    for paper in ["1.449", "5.561", "77.70", "14.44", "6.500"] {
+        assert!(md.contains(paper), "the paper's figure {paper} beside ours:\n{md}");
+    }
+    assert!(log.contains("| isslm | heavy |"), "the table is printed:\n{log}");
+
+    let rows = parse_csv(&std::fs::read_to_string(out.join("case-b.csv")).expect("csv"))
+        .expect("CSV parses");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    check_measured(&rows);
+    check_consistent(&rows);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+fn check_measured(rows: &[Row]) {
+    for r in rows {
+        // Every request was issued; every response names the server that sent it.
+        assert_eq!(r.sent, r.offered, "{} {}: all requests sent", r.arm, r.phase);
+        let responses: u64 = r.shares().iter().sum();
+        assert!(
+            responses >= r.ok && responses <= r.sent,
+            "{} {}: responses {responses} between ok {} and sent {}",
+            r.arm,
+            r.phase,
+            r.ok,
+            r.sent
+        );
+        // The controller's decisions and the servers' answers agree (each connection that
+        // got a response was decided once, to the server that answered).
+        for (i, (resp, picks)) in r
+            .shares()
+            .iter()
+            .zip([r.ctl_srv1, r.ctl_srv2, r.ctl_srv3, r.ctl_srv4])
+            .enumerate()
+        {
+            assert!(
+                *resp <= picks,
+                "{} {}: srv{} answered {resp} but was picked {picks} times",
+                r.arm,
+                r.phase,
+                i + 1
+            );
+        }
+        assert!(r.iperf_bytes > 0 && r.iperf_max_bps > 0.0, "iperf3 ran: {r:?}");
+        assert!(r.ping_rtt_avg_ms > 0.0, "ping ran: {r:?}");
+        assert!(r.wall_s >= r.duration_s * 0.9, "the phase lasted: {r:?}");
+    }
+    for arm in ["none", "isslm"] {
+        let (n, h) = (row(rows, arm, "normal"), row(rows, arm, "heavy"));
+        assert_eq!(h.offered, 10 * n.offered, "heavy is ten times normal");
+        assert!(n.ok >= n.offered * 95 / 100, "{arm}: normal load is served: {n:?}");
+        assert!(
+            h.ok_rps > 2.0 * n.ok_rps,
+            "{arm}: heavy throughput {} vs normal {}",
+            h.ok_rps,
+            n.ok_rps
+        );
+    }
+    // Case A: everything on server 2, which cannot carry the heavy load.
+    let a = row(rows, "none", "heavy");
+    assert_eq!(a.shares()[1], a.shares().iter().sum::<u64>(), "{a:?}");
+    assert!(a.failed > a.offered / 5, "server 2 overloads without ISSLM: {a:?}");
+    // Case B: ISSLM moves flows off server 2 and serves more.
+    let b = row(rows, "isslm", "heavy");
+    assert!(
+        b.srv1 > 0 && b.srv3 > 0 && b.srv4 > 0,
+        "ISSLM spreads the load: {b:?}"
+    );
+    assert!(b.ok > a.ok, "ISSLM serves more than no management: {} vs {}", b.ok, a.ok);
+    assert!(b.jain > a.jain, "and more fairly: {} vs {}", b.jain, a.jain);
+}
+
+fn check_consistent(rows: &[Row]) {
+    for r in rows {
+        let sh = r.shares().map(|v| v as f64);
+        close(r.jain, jain(&sh), "Jain", r);
+        close(r.ok_rps, r.ok as f64 / r.wall_s, "ok/s", r);
+        let b = r.iperf_max_bps / 1e9;
+        let d = r.iperf_bytes as f64 / 1e9;
+        close(r.bdmax_gbps, b, "B_d(max)", r);
+        close(r.dtransfer_gb, d, "D_Transfer", r);
+        close(r.th_gbps, 8.0 * d / r.iperf_secs, "Eq. 1 T_h", r);
+        close(r.de2e_ms, r.ping_rtt_avg_ms / 2.0, "Eq. 4 D_E-E", r);
+        close(r.tx_delay_ms, d * 8.0 / b * 1000.0, "Eq. 5 Delay_Transmission", r);
+        assert!(
+            r.th_gbps <= r.bdmax_gbps * 1.1,
+            "the mean rate is not above the best interval's: {r:?}"
+        );
+    }
+    for arm in ["none", "isslm"] {
+        let (n, h) = (row(rows, arm, "normal"), row(rows, arm, "heavy"));
+        assert!(n.isl_pct.is_none() && n.dtransfer_pct.is_none() && n.diff_delay_ms.is_none());
+        let isl = 100.0 - 100.0 * h.bdmax_gbps / n.bdmax_gbps;
+        let dtr = 100.0 - 100.0 * h.dtransfer_gb / n.dtransfer_gb;
+        close(h.isl_pct.expect("%I_SL"), isl, "Eq. 2 %I_SL", h);
+        close(h.dtransfer_pct.expect("%D_Transfer"), dtr, "Eq. 3 %D_Transfer", h);
+        close(
+            h.diff_delay_ms.expect("Δ delay"),
+            h.tx_delay_ms - n.tx_delay_ms,
+            "Eq. 6 differential delay",
+            h,
+        );
+    }
+}
+
+/// Ctrl-C in the middle of a run: the lab stops, and no namespace, bridge, interface or
+/// controller process of it is left.
+#[test]
+fn ovs_lab_ctrl_c_cleans_up() {
+    if !require_root_ovs("ovs_lab_ctrl_c_cleans_up") {
+        return;
+    }
+    let out = out_dir("ctrl-c");
+    let prefix = "fglbc";
+    let log = out.join("run.log");
+    let f = std::fs::File::create(&log).expect("log");
+    let mut child = Command::new(FLOWGATE)
+        .args(["lab", "run", "case-b", "--quick", "--prefix", prefix, "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("log"))
+        .stderr(f)
+        .spawn()
+        .expect("spawn");
+    // Wait (bounded: another lab run may hold the lab lock) until the network is being
+    // used: the controller is up and clients exist.
+    let deadline = Instant::now() + Duration::from_secs(400);
+    loop {
+        let n = leftovers(prefix)
+            .iter()
+            .filter(|l| l.starts_with("netns"))
+            .count();
+        if n >= 10 {
+            break;
+        }
+        if let Some(st) = child.try_wait().expect("wait") {
+            panic!(
+                "lab exited ({st}) before the network was built:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the network never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(6));
+    let pids = controller_pids(&out.join("logs"));
+    assert!(!pids.is_empty(), "a controller was started");
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the lab did not stop within 90 s of Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!status.success(), "an interrupted run fails:\n{text}");
+    assert!(text.contains("interrupted"), "says why:\n{text}");
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind after Ctrl-C: {:?}",
+        leftovers(prefix)
+    );
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "controller {pid} still runs"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+fn controller_pids(dir: &Path) -> Vec<u64> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.to_string_lossy().ends_with(".ready.json") {
+            if let Ok(t) = std::fs::read_to_string(&p) {
+                if let Ok(j) = serde_json::from_str::<serde_json::Value>(&t) {
+                    if let Some(pid) = j["pid"].as_u64() {
+                        v.push(pid);
+                    }
+                }
+            }
+        }
+    }
+    v
+}
