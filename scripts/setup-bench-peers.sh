@@ -15,14 +15,12 @@ REQ="$HERE/../bench/osken/requirements.txt"
 if ! command -v ovs-testcontroller >/dev/null 2>&1; then
   echo "setup-bench-peers: installing openvswitch-testcontroller"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y openvswitch-testcontroller
-  # The package starts a system service listening on 6653; the bench starts its own.
-  if command -v systemctl >/dev/null 2>&1; then
-    $SUDO systemctl stop openvswitch-testcontroller 2>/dev/null || true
-    $SUDO systemctl disable openvswitch-testcontroller 2>/dev/null || true
-  fi
-  if [ -x /etc/init.d/openvswitch-testcontroller ]; then
-    $SUDO /etc/init.d/openvswitch-testcontroller stop >/dev/null 2>&1 || true
-  fi
+fi
+# The package may start a system service listening on 6653; the bench starts its own.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet openvswitch-testcontroller 2>/dev/null; then
+  $SUDO systemctl stop openvswitch-testcontroller || true
+elif [ -x /etc/init.d/openvswitch-testcontroller ]; then
+  $SUDO /etc/init.d/openvswitch-testcontroller stop >/dev/null 2>&1 || true
 fi
 
 want="$(grep -E '^os-ken==' "$REQ" | head -1)"

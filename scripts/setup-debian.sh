@@ -12,6 +12,7 @@ PACKAGES=(
   openvswitch-switch openvswitch-common iproute2 ethtool iputils-ping util-linux procps
   curl wrk iperf3 tshark mininet nginx-light haproxy etcd-server etcd-client
   protobuf-compiler chromium chromium-driver python3 python3-venv
+  openvswitch-testcontroller
 )
 
 missing=()
@@ -37,6 +38,10 @@ for svc in etcd nginx haproxy; do
     $SUDO systemctl stop "$svc" || true
   fi
 done
+
+# The benchmark peers (os-ken venv pinned in bench/osken/requirements.txt, and
+# ovs-testcontroller's own service stopped): see docs/benchmarks.md.
+"$(dirname "${BASH_SOURCE[0]}")/setup-bench-peers.sh"
 
 # Open vSwitch: no kernel module here, bridges use the userspace (netdev) datapath.
 if ! $SUDO ovs-vsctl --timeout=5 show >/dev/null 2>&1; then

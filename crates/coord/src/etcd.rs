@@ -17,6 +17,8 @@ use crate::{BoxFuture, CoordError, Kv, LeaseId, Leadership, Result, Revision, St
 #[derive(Clone)]
 pub struct EtcdStore {
     client: Client,
+    /// Without a per-request timeout: a campaign waits as long as another candidate leads.
+    campaign_client: Client,
     timeout: Duration,
 }
 
@@ -37,15 +39,22 @@ fn kv_of(kv: &etcd_client::KeyValue) -> Kv {
 impl EtcdStore {
     /// Connect to `endpoints` (`http://127.0.0.1:2379`, ...). `timeout` bounds each call.
     pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<EtcdStore> {
-        let opts = ConnectOptions::new()
+        let base = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_timeout(timeout)
             .with_keep_alive(Duration::from_secs(1), timeout);
-        let client = tokio::time::timeout(timeout * 2, Client::connect(endpoints, Some(opts)))
-            .await
-            .map_err(|_| CoordError::Unavailable("connect timed out".into()))?
-            .map_err(unavailable)?;
-        Ok(EtcdStore { client, timeout })
+        let connect = |opts: ConnectOptions| async move {
+            tokio::time::timeout(timeout * 2, Client::connect(endpoints, Some(opts)))
+                .await
+                .map_err(|_| CoordError::Unavailable("connect timed out".into()))?
+                .map_err(unavailable)
+        };
+        let client = connect(base.clone().with_timeout(timeout)).await?;
+        let campaign_client = connect(base).await?;
+        Ok(EtcdStore {
+            client,
+            campaign_client,
+            timeout,
+        })
     }
 
     async fn deadline<T>(
@@ -141,7 +150,7 @@ impl Store for EtcdStore {
 
     fn campaign(&self, election: String, value: Vec<u8>, lease: LeaseId) -> BoxFuture<'_, Result<Leadership>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
+            let mut c = self.campaign_client.clone();
             // No deadline: a campaign waits for as long as another candidate leads. The
             // caller races it with its lease keep-alive.
             let r = c

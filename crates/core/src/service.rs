@@ -52,6 +52,8 @@ pub struct BackendState {
     pub reported_rps: Option<f64>,
     /// Requests in progress as the backend reports them, when configured.
     pub reported_active: Option<f64>,
+    /// The response time comes from the backend's own metrics, not the probes.
+    pub rt_from_metrics: bool,
     pub metrics_at: Option<Instant>,
     /// When the backend (re)joined, for slow start.
     pub since: Option<Instant>,
@@ -81,6 +83,7 @@ impl BackendState {
             cpu: None,
             reported_rps: None,
             reported_active: None,
+            rt_from_metrics: false,
             metrics_at: None,
             since: None,
             health: ActiveHealth::default(),

@@ -173,3 +173,42 @@ fn ovs_killed_backend_is_avoided() {
     assert!(r["per_backend"].get("b2").is_none(), "no new connection to the dead backend: {r}");
     ctl.assert_no_openflow_errors();
 }
+
+/// A backend that exports Prometheus metrics is scraped, and its figures appear per
+/// backend in `GET /api/v1/services`: the response time there is the backends' own (30 ms
+/// of service time), not the health probe's round trip (well under a millisecond).
+#[test]
+fn ovs_backend_metrics_are_scraped() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(p) = setup("ovs_backend_metrics_are_scraped") else { return };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let _leg = RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
+    let mut cfg = format!("[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"tcp\"\n[service.metrics]\ninterval_ms = 250\n");
+    for h in &t.hosts[1..] {
+        cfg += &format!("\n[[service.backend]]\naddress = \"{}\"\nmetrics = \"http://{}:80/metrics\"\n", h.ip(), h.ip());
+    }
+    let ctl = Ctl::start("scrape", &cfg);
+    t.bridges[0].set_controller(&[ctl.target()]).expect("controller");
+    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("connects");
+    let _servers = [httpd(&t.hosts[1], "b2", &["--delay-ms", "30", "--metrics"]), httpd(&t.hosts[2], "b3", &["--delay-ms", "30", "--metrics"])];
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    // Read the API while the load runs: a request rate is a rate over the last scrape.
+    let url = format!("http://{VIP}/");
+    let running = t.hosts[0]
+        .command(&[FLOWGATE, "load", "--url", &url, "--rate", "40", "--requests", "200", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("load");
+    std::thread::sleep(Duration::from_millis(3000));
+    let services = ctl.get_json("/api/v1/services");
+    let out = running.wait_with_output().expect("load finishes");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
+    assert_eq!(r["ok"], 200, "{r}");
+    for b in services[0]["backends"].as_array().expect("backends") {
+        let rt = b["response_time_ms"].as_f64().unwrap_or(0.0);
+        let rps = b["rps"].as_f64().unwrap_or(0.0);
+        assert!((25.0..200.0).contains(&rt), "response time from the backend's own histogram: {b}");
+        assert!(rps > 2.0, "request rate from the backend's own counter: {b}");
+    }
+    ctl.assert_no_openflow_errors();
+}

@@ -23,7 +23,10 @@ fn out_dir(name: &str) -> PathBuf {
 /// root-namespace interfaces.
 fn leftovers(prefix: &str) -> Vec<String> {
     let mut v = Vec::new();
-    let ns = Command::new("ip").args(["netns", "list"]).output().expect("ip");
+    let ns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
     for l in String::from_utf8_lossy(&ns.stdout).lines() {
         if l.starts_with(prefix) {
             v.push(format!("netns {l}"));
@@ -38,7 +41,10 @@ fn leftovers(prefix: &str) -> Vec<String> {
             v.push(format!("bridge {l}"));
         }
     }
-    for e in std::fs::read_dir("/sys/class/net").expect("sysfs").flatten() {
+    for e in std::fs::read_dir("/sys/class/net")
+        .expect("sysfs")
+        .flatten()
+    {
         let n = e.file_name().to_string_lossy().into_owned();
         if n.starts_with(prefix) {
             v.push(format!("link {n}"));
@@ -148,9 +154,15 @@ fn ovs_lab_case_b_quick() {
     }
     let md = std::fs::read_to_string(out.join("case-b.md")).expect("md");
     for paper in ["1.449", "5.561", "77.70", "14.44", "6.500"] {
-        assert!(md.contains(paper), "the paper's figure {paper} beside ours:\n{md}");
+        assert!(
+            md.contains(paper),
+            "the paper's figure {paper} beside ours:\n{md}"
+        );
     }
-    assert!(log.contains("| isslm | heavy |"), "the table is printed:\n{log}");
+    assert!(
+        log.contains("| isslm | heavy |"),
+        "the table is printed:\n{log}"
+    );
 
     let rows = parse_csv(&std::fs::read_to_string(out.join("case-b.csv")).expect("csv"))
         .expect("CSV parses");
@@ -163,7 +175,11 @@ fn ovs_lab_case_b_quick() {
 fn check_measured(rows: &[Row]) {
     for r in rows {
         // Every request was issued; every response names the server that sent it.
-        assert_eq!(r.sent, r.offered, "{} {}: all requests sent", r.arm, r.phase);
+        assert_eq!(
+            r.sent, r.offered,
+            "{} {}: all requests sent",
+            r.arm, r.phase
+        );
         let responses: u64 = r.shares().iter().sum();
         assert!(
             responses >= r.ok && responses <= r.sent,
@@ -189,14 +205,20 @@ fn check_measured(rows: &[Row]) {
                 i + 1
             );
         }
-        assert!(r.iperf_bytes > 0 && r.iperf_max_bps > 0.0, "iperf3 ran: {r:?}");
+        assert!(
+            r.iperf_bytes > 0 && r.iperf_max_bps > 0.0,
+            "iperf3 ran: {r:?}"
+        );
         assert!(r.ping_rtt_avg_ms > 0.0, "ping ran: {r:?}");
         assert!(r.wall_s >= r.duration_s * 0.9, "the phase lasted: {r:?}");
     }
     for arm in ["none", "isslm"] {
         let (n, h) = (row(rows, arm, "normal"), row(rows, arm, "heavy"));
         assert_eq!(h.offered, 10 * n.offered, "heavy is ten times normal");
-        assert!(n.ok >= n.offered * 95 / 100, "{arm}: normal load is served: {n:?}");
+        assert!(
+            n.ok >= n.offered * 95 / 100,
+            "{arm}: normal load is served: {n:?}"
+        );
         assert!(
             h.ok_rps > 2.0 * n.ok_rps,
             "{arm}: heavy throughput {} vs normal {}",
@@ -207,14 +229,22 @@ fn check_measured(rows: &[Row]) {
     // Case A: everything on server 2, which cannot carry the heavy load.
     let a = row(rows, "none", "heavy");
     assert_eq!(a.shares()[1], a.shares().iter().sum::<u64>(), "{a:?}");
-    assert!(a.failed > a.offered / 5, "server 2 overloads without ISSLM: {a:?}");
+    assert!(
+        a.failed > a.offered / 5,
+        "server 2 overloads without ISSLM: {a:?}"
+    );
     // Case B: ISSLM moves flows off server 2 and serves more.
     let b = row(rows, "isslm", "heavy");
     assert!(
         b.srv1 > 0 && b.srv3 > 0 && b.srv4 > 0,
         "ISSLM spreads the load: {b:?}"
     );
-    assert!(b.ok > a.ok, "ISSLM serves more than no management: {} vs {}", b.ok, a.ok);
+    assert!(
+        b.ok > a.ok,
+        "ISSLM serves more than no management: {} vs {}",
+        b.ok,
+        a.ok
+    );
     assert!(b.jain > a.jain, "and more fairly: {} vs {}", b.jain, a.jain);
 }
 
@@ -229,7 +259,12 @@ fn check_consistent(rows: &[Row]) {
         close(r.dtransfer_gb, d, "D_Transfer", r);
         close(r.th_gbps, 8.0 * d / r.iperf_secs, "Eq. 1 T_h", r);
         close(r.de2e_ms, r.ping_rtt_avg_ms / 2.0, "Eq. 4 D_E-E", r);
-        close(r.tx_delay_ms, d * 8.0 / b * 1000.0, "Eq. 5 Delay_Transmission", r);
+        close(
+            r.tx_delay_ms,
+            d * 8.0 / b * 1000.0,
+            "Eq. 5 Delay_Transmission",
+            r,
+        );
         assert!(
             r.th_gbps <= r.bdmax_gbps * 1.1,
             "the mean rate is not above the best interval's: {r:?}"
@@ -241,7 +276,12 @@ fn check_consistent(rows: &[Row]) {
         let isl = 100.0 - 100.0 * h.bdmax_gbps / n.bdmax_gbps;
         let dtr = 100.0 - 100.0 * h.dtransfer_gb / n.dtransfer_gb;
         close(h.isl_pct.expect("%I_SL"), isl, "Eq. 2 %I_SL", h);
-        close(h.dtransfer_pct.expect("%D_Transfer"), dtr, "Eq. 3 %D_Transfer", h);
+        close(
+            h.dtransfer_pct.expect("%D_Transfer"),
+            dtr,
+            "Eq. 3 %D_Transfer",
+            h,
+        );
         close(
             h.diff_delay_ms.expect("Δ delay"),
             h.tx_delay_ms - n.tx_delay_ms,
@@ -263,7 +303,9 @@ fn ovs_lab_ctrl_c_cleans_up() {
     let log = out.join("run.log");
     let f = std::fs::File::create(&log).expect("log");
     let mut child = Command::new(FLOWGATE)
-        .args(["lab", "run", "case-b", "--quick", "--prefix", prefix, "--out"])
+        .args([
+            "lab", "run", "case-b", "--quick", "--prefix", prefix, "--out",
+        ])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(f.try_clone().expect("log"))

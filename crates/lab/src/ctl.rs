@@ -181,7 +181,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     if !head.starts_with("HTTP/1.1 200") {
         bail!("GET {path}: {head}");
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut rest = body;
         while let Some((len, after)) = rest.split_once("\r\n") {

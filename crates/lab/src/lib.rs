@@ -111,10 +111,7 @@ pub fn list() -> String {
 pub fn cli_run(opts: &RunOptions) -> Result<()> {
     let summary = run(opts)?;
     println!();
-    println!(
-        "{}",
-        report::markdown(&summary.scenario, &summary.rows)
-    );
+    println!("{}", report::markdown(&summary.scenario, &summary.rows));
     println!("Wrote:");
     for f in &summary.files {
         println!("  {}", f.display());
@@ -338,7 +335,9 @@ fn run_arms(
             row.ctl_srv2 = after.conns[1] - before.conns[1].min(after.conns[1]);
             row.ctl_srv3 = after.conns[2] - before.conns[2].min(after.conns[2]);
             row.ctl_srv4 = after.conns[3] - before.conns[3].min(after.conns[3]);
-            row.no_optimal_server = after.no_optimal_server.saturating_sub(before.no_optimal_server);
+            row.no_optimal_server = after
+                .no_optimal_server
+                .saturating_sub(before.no_optimal_server);
             row.derive(normal.as_ref());
             let line = format!(
                 "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
@@ -468,10 +467,23 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
             })
             .collect()
     };
-    let charts: [(&str, &str, &str, &dyn Fn(&Row) -> f64); 4] = [
-        ("bdmax", "B_d(max), normal vs heavy", "Gb/s", &|r: &Row| r.bdmax_gbps),
-        ("dtransfer", "D_Transfer, normal vs heavy", "GB", &|r: &Row| r.dtransfer_gb),
-        ("ok-rate", "HTTP requests answered 2xx per second", "req/s", &|r: &Row| r.ok_rps),
+    type Chart<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Row) -> f64);
+    let charts: [Chart<'_>; 4] = [
+        ("bdmax", "B_d(max), normal vs heavy", "Gb/s", &|r: &Row| {
+            r.bdmax_gbps
+        }),
+        (
+            "dtransfer",
+            "D_Transfer, normal vs heavy",
+            "GB",
+            &|r: &Row| r.dtransfer_gb,
+        ),
+        (
+            "ok-rate",
+            "HTTP requests answered 2xx per second",
+            "req/s",
+            &|r: &Row| r.ok_rps,
+        ),
         ("p99", "HTTP p99 latency", "ms", &|r: &Row| r.lat_p99_ms),
     ];
     for (tag, title, unit, f) in charts {

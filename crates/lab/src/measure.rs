@@ -122,8 +122,8 @@ impl Row {
         };
         match normal {
             Some(n) => {
-                self.isl_pct = (n.bdmax_gbps > 0.0)
-                    .then(|| 100.0 - 100.0 * self.bdmax_gbps / n.bdmax_gbps);
+                self.isl_pct =
+                    (n.bdmax_gbps > 0.0).then(|| 100.0 - 100.0 * self.bdmax_gbps / n.bdmax_gbps);
                 self.dtransfer_pct = (n.dtransfer_gb > 0.0)
                     .then(|| 100.0 - 100.0 * self.dtransfer_gb / n.dtransfer_gb);
                 self.diff_delay_ms = Some(self.tx_delay_ms - n.tx_delay_ms);
@@ -190,6 +190,7 @@ pub fn assign(requests: u64, clients: usize, rng: &mut SmallRng) -> Vec<u64> {
 }
 
 /// Runs one phase. Fills the raw columns of a [`Row`].
+#[allow(clippy::too_many_arguments)]
 pub fn run_phase(
     net: &LabNet,
     flowgate: &Path,
@@ -230,7 +231,11 @@ pub fn run_phase(
     let mut iperf = iperf_client.spawn(if iperf_on { &iperf_argv } else { &sleeper })?;
     let pinger = net.clients.get(1).unwrap_or(&net.clients[0]);
     let ping_argv = ["ping", "-n", "-i", "0.2", "-w", &t, &dst];
-    let mut ping = pinger.spawn(if iperf_on { &sleeper[..] } else { &ping_argv[..] })?;
+    let mut ping = pinger.spawn(if iperf_on {
+        &sleeper[..]
+    } else {
+        &ping_argv[..]
+    })?;
 
     let url = format!("http://{dst}/");
     let started = Instant::now();
@@ -267,8 +272,7 @@ pub fn run_phase(
     }
     row.clients_used = loads.len() as u64;
     // Bounded wait: the phase, the client timeout, and slack for process start-up.
-    let deadline =
-        started + Duration::from_secs_f64(secs + timeout_ms as f64 / 1000.0 + 20.0);
+    let deadline = started + Duration::from_secs_f64(secs + timeout_ms as f64 / 1000.0 + 20.0);
     let mut reports = Vec::new();
     for g in &mut loads {
         loop {
@@ -409,7 +413,7 @@ pub fn parse_ping(out: &str) -> (f64, f64) {
         }
         if let Some(i) = l.find("% packet loss") {
             loss = l[..i]
-                .rsplit(|c: char| c == ' ' || c == ',')
+                .rsplit([' ', ','])
                 .next()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0.0);

@@ -169,8 +169,11 @@ impl LabNet {
         // The servers answer on their own addresses (checked from the server's namespace,
         // so the controller is not involved).
         for h in &net.servers {
-            h.wait_http(&format!("http://{}/health", h.ip()), Duration::from_secs(15))
-                .context("httpd up")?;
+            h.wait_http(
+                &format!("http://{}/health", h.ip()),
+                Duration::from_secs(15),
+            )
+            .context("httpd up")?;
         }
         Ok(net)
     }

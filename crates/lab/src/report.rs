@@ -210,7 +210,10 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
         s,
         "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for r in rows {
         let _ = writeln!(
             s,

@@ -153,13 +153,21 @@ impl Params {
     pub fn check(&self) -> Result<(), String> {
         let (mu, r, t) = (self.capacity_rps(), self.heavy_rate(), self.threshold_rps());
         if r <= mu {
-            return Err(format!("heavy rate {r} must exceed one server's capacity {mu}"));
+            return Err(format!(
+                "heavy rate {r} must exceed one server's capacity {mu}"
+            ));
         }
         if 4.0 * mu <= r {
-            return Err(format!("four servers ({}) must exceed the heavy rate {r}", 4.0 * mu));
+            return Err(format!(
+                "four servers ({}) must exceed the heavy rate {r}",
+                4.0 * mu
+            ));
         }
         if t <= r / 4.0 || t >= mu {
-            return Err(format!("threshold {t} must lie in (R/4, μ) = ({}, {mu})", r / 4.0));
+            return Err(format!(
+                "threshold {t} must lie in (R/4, μ) = ({}, {mu})",
+                r / 4.0
+            ));
         }
         Ok(())
     }

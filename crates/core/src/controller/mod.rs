@@ -755,12 +755,26 @@ impl Controller {
         }
         b.reported_active = load.active;
         if let Some(ms) = load.response_time_ms {
-            self.handle_response_time(service, backend, ms);
+            // The backend's own latency figure replaces the probes' round trip: the two
+            // measure different things and must not share one average.
+            if !b.rt_from_metrics {
+                b.response_time_ms = None;
+                b.rt_from_metrics = true;
+            }
+            self.record_response_time(service, backend, ms);
         }
     }
 
-    /// Record a measured response time (ms) for a backend, from a probe or its metrics.
+    /// A probe's round trip (ms) to a backend: its response time, unless the backend
+    /// reports its own.
     pub fn handle_response_time(&mut self, service: usize, backend: usize, ms: f64) {
+        if self.services.get(service).and_then(|s| s.backends.get(backend)).is_some_and(|b| b.rt_from_metrics) {
+            return;
+        }
+        self.record_response_time(service, backend, ms);
+    }
+
+    fn record_response_time(&mut self, service: usize, backend: usize, ms: f64) {
         if let Some(b) = self
             .services
             .get_mut(service)

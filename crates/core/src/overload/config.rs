@@ -122,7 +122,9 @@ impl OverloadConfig {
             reference_rate: self.capacity_rps,
             gaps_ms: self.gaps_ms.clone(),
             ceiling: match self.mode {
-                Mode::Adaptive => self.capacity_rps.map(|c| c * self.high_watermark),
+                Mode::Adaptive => self
+                    .capacity_rps
+                    .map(|c| c * 0.5 * (self.low_watermark + self.high_watermark)),
                 _ => None,
             },
         }
@@ -130,8 +132,7 @@ impl OverloadConfig {
 
     /// Read `[service.overload]` from `o` (the table itself).
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> OverloadConfig {
-        let mut c = OverloadConfig::default();
-        c.mode = match o.string("mode", errs) {
+        let mode = match o.string("mode", errs) {
             None | Some("off") => Mode::Off,
             Some("static") => Mode::Static,
             Some("adaptive") => Mode::Adaptive,
@@ -142,6 +143,10 @@ impl OverloadConfig {
                 ));
                 Mode::Off
             }
+        };
+        let mut c = OverloadConfig {
+            mode,
+            ..OverloadConfig::default()
         };
         read_law(&mut o, &mut c.interval, 10, 100, DEFAULT_INTERVAL_MS, errs);
         c.capacity_rps = positive(&mut o, "capacity_rps", errs);
@@ -290,8 +295,7 @@ impl ControllerOverloadConfig {
     }
 
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> ControllerOverloadConfig {
-        let mut c = ControllerOverloadConfig::default();
-        c.mode = match o.string("mode", errs) {
+        let mode = match o.string("mode", errs) {
             None | Some("off") => Mode::Off,
             Some("adaptive") => Mode::Adaptive,
             Some(other) => {
@@ -301,6 +305,10 @@ impl ControllerOverloadConfig {
                 ));
                 Mode::Off
             }
+        };
+        let mut c = ControllerOverloadConfig {
+            mode,
+            ..ControllerOverloadConfig::default()
         };
         read_law(
             &mut o,

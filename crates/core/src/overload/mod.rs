@@ -28,7 +28,7 @@
 //!   When the offered rate falls below `a/2` the gap is lifted entirely (`a = ∞`).
 //! - between the watermarks: hold. At steady load the rate then stays put (no sawtooth).
 //! - with `capacity_rps` configured, the gate never admits more than
-//!   `capacity_rps × high_watermark` even with no gap in force (the ceiling): a step from
+//!   `capacity_rps × (low+high)/2` even with no gap in force (the ceiling): a step from
 //!   idle to overload then meets a closed gate, not a measurement still catching up.
 //!
 //! `mode = "static"` keeps the same measurement and the same settle period but takes the
@@ -121,8 +121,8 @@ pub struct LawParams {
     /// `static` mode's gap table (ms; 0 = no gap).
     pub gaps_ms: Vec<u32>,
     /// `adaptive` with a known capacity: the gate never admits more than
-    /// `capacity × high_watermark`, even with no gap in force (the rate signal would call
-    /// anything above it overload). Saves the overshoot of a step from idle to overload.
+    /// `capacity × (low+high)/2`, the middle of the hold band, even with no gap in force.
+    /// Saves the overshoot of a step from idle to overload.
     pub ceiling: Option<f64>,
 }
 

@@ -419,6 +419,7 @@ pub fn router_with_stop(handle: Handle, stop: watch::Receiver<bool>) -> Router {
     }
     app.route("/metrics", get(metrics::metrics))
         .route("/api/v1/overload", get(overload))
+        .route("/api/v1/cluster", get(crate::runtime::cluster::api_cluster))
         .route("/", get(dashboard::index))
         .route("/dashboard", get(dashboard::index))
         .route("/assets/{file}", get(dashboard::asset))

@@ -41,8 +41,8 @@ pub enum CheckMode {
 pub enum Pace {
     /// Keep this many probes outstanding per switch (1 = cbench's latency mode).
     Window(usize),
-    /// Open loop: this many probes per second from this switch, on a fixed schedule;
-    /// latency counts from the scheduled time (no coordinated omission).
+    /// Open loop: this many probes per second from this switch, on a fixed schedule
+    /// (kept in 1 ms steps, whatever the answers do); latency counts from the send.
     Rate(f64),
 }
 
@@ -428,8 +428,10 @@ impl Sw {
                 let mut due = *self.next_due.get_or_insert(now);
                 // Never more than 100 ms of catch-up in one go.
                 let mut n = 0;
+                // Latency counts from the moment the probe goes to the socket: the schedule
+                // advances in tokio's 1 ms timer steps, and that lag is the bench's own.
                 while due <= now && n < 100_000 {
-                    self.send_probe(due);
+                    self.send_probe(now);
                     due += every;
                     n += 1;
                 }

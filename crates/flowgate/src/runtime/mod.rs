@@ -7,6 +7,7 @@
 //! blocking and nothing slow happens under the lock; sockets are written by each session's
 //! own writer task.
 
+pub mod cluster;
 mod probe;
 mod scrape;
 mod session;
@@ -47,6 +48,10 @@ struct SessionTx {
     buf: BytesMut,
     tx: mpsc::UnboundedSender<Bytes>,
     out: Arc<Outflow>,
+    /// May the core change this switch? Always in single mode; in a cluster only once the
+    /// switch confirmed us as MASTER (ROLE_REPLY) and until it demotes us
+    /// (`cluster::is_write` lists what a SLAVE may not send).
+    writable: bool,
 }
 
 /// Shared between the core (which queues) and a session's writer (which drains).
@@ -84,6 +89,9 @@ impl CoreCell {
             let Some(s) = self.sessions.get_mut(&dpid) else {
                 continue;
             };
+            if !s.writable && cluster::is_write(&msg) {
+                continue;
+            }
             s.xid = s.xid.wrapping_add(1);
             if let Err(e) = ofp::encode(s.xid, &msg, &mut s.buf) {
                 tracing::error!(dpid = format_args!("{dpid:016x}"), error = %e, "cannot encode a message for the switch");
@@ -109,7 +117,13 @@ impl CoreCell {
         }
     }
 
-    fn register(&mut self, dpid: Dpid, tx: mpsc::UnboundedSender<Bytes>, out: Arc<Outflow>) -> u64 {
+    fn register(
+        &mut self,
+        dpid: Dpid,
+        tx: mpsc::UnboundedSender<Bytes>,
+        out: Arc<Outflow>,
+        writable: bool,
+    ) -> u64 {
         let id = self.next_session_id;
         self.next_session_id += 1;
         // A second session for the same datapath replaces the first (the switch
@@ -122,6 +136,7 @@ impl CoreCell {
                 buf: BytesMut::with_capacity(64 * 1024),
                 tx,
                 out,
+                writable,
             },
         );
         id
@@ -151,6 +166,8 @@ pub struct Handle {
     pub decision_latency: Arc<crate::api::metrics::LatencyHistogram>,
     /// Flow count per switch, from the periodic aggregate stats request (§7.3.5.3).
     pub flow_counts: Arc<Mutex<HashMap<Dpid, FlowCount>>>,
+    /// This instance's place in the cluster (single mode: a fixed, empty view).
+    pub cluster: Arc<cluster::ClusterState>,
 }
 
 /// A switch's flow count as its last OFPMP_AGGREGATE reply said.
@@ -167,6 +184,7 @@ impl Handle {
     /// A handle over a controller with no switch sessions (yet): what [`run`] builds, and
     /// what in-process API tests use.
     pub fn new(controller: Controller, config: Config, config_path: Option<PathBuf>) -> Handle {
+        let cluster = Arc::new(cluster::ClusterState::new(&config.cluster));
         Handle {
             core: Arc::new(Mutex::new(CoreCell::new(controller))),
             started: Instant::now(),
@@ -175,6 +193,7 @@ impl Handle {
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
             decision_latency: Arc::new(crate::api::metrics::LatencyHistogram::new()),
             flow_counts: Arc::new(Mutex::new(HashMap::new())),
+            cluster,
         }
     }
 
@@ -245,6 +264,7 @@ pub async fn run_with_path(
     tasks.spawn(scrape::scrape_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(flow_stats_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(sighup_loop(handle.clone(), stop_rx.clone()));
+    cluster::spawn(&mut tasks, &handle, stop_rx.clone());
     if let Some(api) = listeners.api {
         tracing::info!(listen = %api.local_addr()?, "API listener up");
         tasks.spawn(crate::api::serve(api, handle.clone(), stop_rx.clone()));

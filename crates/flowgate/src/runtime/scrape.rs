@@ -93,6 +93,7 @@ async fn scrape_backend(handle: Handle, target: Target, cfg: MetricsConfig) {
         let totals = metrics_text::totals(&text, &cfg.names);
         if let Some(p) = prev {
             let sample = metrics_text::derive(p, (now, totals));
+            tracing::trace!(url = %target.url, ?sample, "scraped");
             let mut core = handle.lock();
             core.with(|c, _| {
                 let Some(si) = c.service_index(&target.service) else { return };

@@ -212,11 +212,18 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let n_tables = features.n_tables;
     tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), n_tables, "switch connected");
 
+    // In a cluster, claim our role before anything else (the switch starts every
+    // connection as EQUAL, which we never use): MASTER with our election's revision as
+    // generation_id, or SLAVE. Until the switch confirms MASTER, the core only reads.
+    let role_request = handle.cluster.role_request();
+    if let Some(m) = &role_request {
+        wr.write_all(&encode_one(3, m)).await?;
+    }
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let outflow = Arc::new(Outflow::default());
     let session_id = {
         let mut core = handle.lock();
-        let id = core.register(dpid, tx.clone(), outflow.clone());
+        let id = core.register(dpid, tx.clone(), outflow.clone(), role_request.is_none());
         let now = Instant::now();
         core.with(|c, out| c.handle_switch_up(now, features, out));
         id
@@ -234,7 +241,8 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         let _ = wr.shutdown().await;
     });
 
-    let result = read_loop(&mut rd, dpid, &handle, &tx, &outflow, limits, &mut stop).await;
+    let result = read_loop(&mut rd, &features, &handle, &tx, &outflow, limits, &mut stop).await;
+    handle.cluster.switch_gone(dpid);
 
     let now = Instant::now();
     {
@@ -251,7 +259,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
-    dpid: u64,
+    features: &ofp::SwitchFeatures,
     handle: &Handle,
     tx: &mpsc::UnboundedSender<Bytes>,
     outflow: &Outflow,
@@ -264,6 +272,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut budget = TokenBucket::new(limits.packet_in_rate);
     let mut dropped_packet_ins: u64 = 0;
     let mut batch: Vec<(u32, Message)> = Vec::with_capacity(64);
+    let dpid = features.datapath_id;
     loop {
         if outflow.overflowed.load(Ordering::Relaxed) {
             return Err(SessionError::Protocol(
@@ -283,6 +292,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     let _ = tx.send(reply);
                 }
                 Message::EchoReply(_) => {}
+                // Role replies, role-status and IS_SLAVE/STALE errors: the cluster layer.
+                ref m if super::cluster::on_switch_message(handle, features, m) => {}
                 Message::PacketIn(_) if !budget.take(Instant::now()) => {
                     dropped_packet_ins += 1;
                     handle.packet_in_dropped.fetch_add(1, Ordering::Relaxed);

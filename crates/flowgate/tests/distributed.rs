@@ -1,0 +1,421 @@
+//! The distributed modes end to end: real etcd (started here, on free loopback ports, with
+//! temporary data dirs; a three-member cluster for the failover tests), real `flowgate`
+//! processes as domain and global controllers, real Open vSwitch for the domain tests.
+//! docs/distributed.md describes the design these tests check.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use flowgate_coord::process::{EtcdCluster, etcd_available};
+use flowgate_coord::{Store, keys};
+use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+use support::*;
+
+const VIP: &str = "10.0.0.100";
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn need_etcd(test: &str) -> bool {
+    if etcd_available() {
+        return true;
+    }
+    eprintln!("SKIP {test}: no etcd binary (apt-get install etcd-server etcd-client)");
+    false
+}
+
+fn cluster_section(role: &str, cluster: &str, instance: &str, domain: Option<(&str, &[u64])>, etcd: &EtcdCluster) -> String {
+    let mut s = format!(
+        "\n[cluster]\nrole = \"{role}\"\nname = \"{cluster}\"\ninstance = \"{instance}\"\netcd = {}\nlease_ttl_ms = 2000\nsummary_interval_ms = 200\n",
+        etcd.toml_endpoints()
+    );
+    if let Some((d, dpids)) = domain {
+        let list: Vec<String> = dpids.iter().map(|d| format!("\"{d:016x}\"")).collect();
+        s += &format!("domain = \"{d}\"\ndpids = [{}]\n", list.join(", "));
+    }
+    s
+}
+
+fn cluster_view(ctl: &Ctl) -> serde_json::Value {
+    ctl.get_json("/api/v1/cluster")
+}
+
+fn wait_mastership(ctl: &Ctl, want: &str, timeout: Duration) {
+    wait_until(&format!("mastership {want}"), timeout, || {
+        cluster_view(ctl)["mastership"] == want
+    });
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn store(etcd: &EtcdCluster, rt: &tokio::runtime::Runtime) -> flowgate_coord::etcd::EtcdStore {
+    rt.block_on(flowgate_coord::etcd::EtcdStore::connect(&etcd.endpoints(), Duration::from_secs(2)))
+        .expect("connect to etcd")
+}
+
+fn summary(load: f64, capacity: f64, healthy: u64, backends: &[&str]) -> String {
+    serde_json::json!({
+        "services": { "web": {
+            "backends": healthy, "healthy": healthy, "load_rps": load,
+            "active_connections": 0, "capacity_rps": capacity, "local_backends": backends,
+        }}
+    })
+    .to_string()
+}
+
+/// Two global controllers: one active, one standby. The active one turns an overloaded
+/// domain's summary into a spill decision (weighted by the others' spare capacity), and
+/// when it is killed (SIGKILL) the standby takes over within 3 s and keeps deciding.
+#[test]
+fn global_active_standby_failover_and_spill() {
+    if !need_etcd("global_active_standby_failover_and_spill") {
+        return;
+    }
+    let etcd = EtcdCluster::start("global", 3).expect("etcd cluster");
+    let base = "[openflow]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
+    let mut g1 = Ctl::start("g1", &(base.to_string() + &cluster_section("global", "gt", "g1", None, &etcd)));
+    wait_mastership(&g1, "master", Duration::from_secs(10));
+    let g2 = Ctl::start("g2", &(base.to_string() + &cluster_section("global", "gt", "g2", None, &etcd)));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cluster_view(&g2)["mastership"], "standby", "{}", cluster_view(&g2));
+
+    // Domain summaries as domain masters write them: d1 is overloaded, d2 and d3 are not.
+    let rt = runtime();
+    let st = store(&etcd, &rt);
+    let put = |d: &str, v: String| {
+        rt.block_on(st.put(keys::domain_summary("gt", d), v.into_bytes(), None))
+            .expect("put summary");
+    };
+    put("d2", summary(20.0, 100.0, 1, &["10.0.0.12"]));
+    put("d3", summary(60.0, 100.0, 1, &["10.0.0.13"]));
+    let t0 = Instant::now();
+    put("d1", summary(200.0, 100.0, 1, &["10.0.0.11"]));
+    let spill_of = |d: &str| -> serde_json::Value {
+        rt.block_on(st.get(keys::spill("gt", d)))
+            .expect("get spill")
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    wait_until("d1's spill decision", Duration::from_secs(5), || {
+        !spill_of("d1")["services"]["web"].is_null()
+    });
+    let decided_in = t0.elapsed();
+    let d1 = spill_of("d1");
+    let web = &d1["services"]["web"];
+    assert_eq!(web["fraction"], 0.5, "{d1}");
+    assert_eq!(web["targets"]["d2"]["weight"], 0.667, "{d1}");
+    assert_eq!(web["targets"]["d3"]["weight"], 0.333, "{d1}");
+    assert!(spill_of("d2")["services"].as_object().is_some_and(|m| m.is_empty()));
+    eprintln!("MEASURE global spill decision written {decided_in:?} after the overloaded summary");
+
+    // Kill the active global controller; the standby takes over.
+    let killed_at = unix_ms();
+    let t = Instant::now();
+    g1.kill();
+    wait_mastership(&g2, "master", Duration::from_secs(10));
+    let takeover = t.elapsed();
+    let since = cluster_view(&g2)["leader_since_unix_ms"].as_u64().unwrap_or(0);
+    eprintln!(
+        "MEASURE global failover: standby active {} ms after SIGKILL (observed by polling in {takeover:?})",
+        since.saturating_sub(killed_at)
+    );
+    assert!(takeover < Duration::from_secs(3) || since.saturating_sub(killed_at) < 3000, "took {takeover:?}");
+
+    // The new active controller decides: d3 becomes overloaded too.
+    put("d3", summary(150.0, 100.0, 1, &["10.0.0.13"]));
+    wait_until("d3's spill decision by g2", Duration::from_secs(5), || {
+        !spill_of("d3")["services"]["web"].is_null()
+    });
+    let d1 = spill_of("d1");
+    assert!(d1["services"]["web"]["targets"].get("d3").is_none(), "d3 is full now: {d1}");
+    let view = cluster_view(&g2);
+    assert_eq!(view["cluster"]["global"]["active"], "g2", "{view}");
+}
+
+/// Fences a stale leader at the store: a fenced write with a deposed leadership fails,
+/// through the same etcd a domain would use (covered in detail by flowgate-coord's tests).
+#[test]
+fn etcd_fenced_write_of_a_stale_leader_fails() {
+    if !need_etcd("etcd_fenced_write_of_a_stale_leader_fails") {
+        return;
+    }
+    let etcd = EtcdCluster::start("fence", 1).expect("etcd");
+    let rt = runtime();
+    let st = store(&etcd, &rt);
+    rt.block_on(async {
+        flowgate_coord::conformance::run(&st, "/fence").await.unwrap_or_else(|e| panic!("{e}"));
+    });
+}
+
+struct Domain {
+    topo: flowgate_testbed::topo::Topology,
+    a: Ctl,
+    b: Ctl,
+    _servers: Vec<flowgate_testbed::ProcGuard>,
+}
+
+/// One domain of two switches (client h1 on s1, backends h2 and h3 on s2), two domain
+/// controller instances: `a` elected first (master), `b` standby.
+fn domain(test: &str, etcd: &EtcdCluster) -> Domain {
+    let p = Prefix::for_test(test);
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    let t = topo::linear(&TopoOptions::new(p.as_str()), 2, 1).expect("topology");
+    // A third host next to s2.
+    let h3 = flowgate_testbed::Host::create(p.as_str(), "h3", "10.0.0.3/24", &t.bridges[1], Some("00:00:00:00:00:03")).expect("h3");
+    let backends = [t.hosts[1].ip(), h3.ip()];
+    let dpids = [t.bridges[0].dpid(), t.bridges[1].dpid()];
+    let cfg = |inst: &str| {
+        vip_config(VIP, "round-robin", &backends, "") + &cluster_section("domain", "dt", inst, Some(("d1", &dpids)), etcd)
+    };
+    let a = Ctl::start(&format!("{test}-a"), &cfg("d1a"));
+    wait_mastership(&a, "master", Duration::from_secs(10));
+    let b = Ctl::start(&format!("{test}-b"), &cfg("d1b"));
+    for br in &t.bridges {
+        br.set_controller(&[a.target(), b.target()]).expect("set controllers");
+    }
+    let all_roles = |c: &Ctl, role: &str| {
+        let v = cluster_view(c);
+        dpids.iter().all(|d| v["switches"][format!("{d:016x}")]["role"] == role)
+    };
+    wait_until("a masters both switches", Duration::from_secs(15), || all_roles(&a, "master"));
+    wait_until("b is slave on both switches", Duration::from_secs(15), || all_roles(&b, "slave"));
+    let mut servers = vec![httpd(&t.hosts[1], "b2", &[])];
+    servers.push(httpd(&h3, "b3", &[]));
+    a.wait_backends_ready(Duration::from_secs(20));
+    let mut topo = t;
+    topo.hosts.push(h3);
+    Domain {
+        topo,
+        a,
+        b,
+        _servers: servers,
+    }
+}
+
+fn pid_of(ctl: &Ctl) -> u32 {
+    let text = std::fs::read_to_string(ctl.dir.join("ready.json")).expect("ready file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["pid"].as_u64().expect("pid") as u32
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// A domain's master is killed (SIGKILL): the standby masters both switches within 3 s,
+/// with a higher generation_id; established (keep-alive) connections carry on and new
+/// connections are served throughout.
+#[test]
+fn ovs_domain_master_failover() {
+    let test = "ovs_domain_master_failover";
+    if !require_root_ovs(test) || !need_etcd(test) {
+        return;
+    }
+    let etcd = EtcdCluster::start("domfail", 3).expect("etcd cluster");
+    let mut d = domain(test, &etcd);
+    let client = &d.topo.hosts[0];
+    let warm = load(client, &format!("http://{VIP}/"), &["--requests", "50", "--concurrency", "2"]);
+    assert_eq!(warm["ok"], 50, "{warm}");
+    let gen_a = cluster_view(&d.a)["generation_id"].as_u64().unwrap_or(0);
+    assert!(gen_a > 0);
+    // The standby keeps a warm view: it knows the switches and their connections.
+    let b_switches = d.b.get_json("/api/v1/switches");
+    assert_eq!(b_switches.as_array().map(Vec::len), Some(2), "{b_switches}");
+
+    let url = format!("http://{VIP}/");
+    let (kept, fresh, killed_at) = std::thread::scope(|s| {
+        // Established connections: two keep-alive connections opened before the kill.
+        let kept = s.spawn(|| {
+            load(client, &url, &[
+                "--new-connection-per-request", "false", "--concurrency", "2", "--rate", "20",
+                "--requests", "160", "--duration-secs", "8", "--timeout-ms", "8000",
+            ])
+        });
+        // New connections all along (a SYN lost in the failover window is retransmitted).
+        let fresh = s.spawn(|| {
+            load(client, &url, &[
+                "--concurrency", "2", "--rate", "10", "--requests", "80", "--duration-secs", "8",
+                "--timeout-ms", "9000",
+            ])
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let killed_at = unix_ms();
+        d.a.kill();
+        (kept.join().expect("kept"), fresh.join().expect("fresh"), killed_at)
+    });
+    let v = cluster_view(&d.b);
+    assert_eq!(v["mastership"], "master", "{v}");
+    let mut worst = 0;
+    for (dpid, s) in v["switches"].as_object().expect("switches") {
+        assert_eq!(s["role"], "master", "{dpid}: {v}");
+        let took = s["since_unix_ms"].as_u64().unwrap_or(u64::MAX).saturating_sub(killed_at);
+        worst = worst.max(took);
+    }
+    let gen_b = v["generation_id"].as_u64().unwrap_or(0);
+    eprintln!("MEASURE domain failover: standby MASTER on every switch {worst} ms after SIGKILL (generation {gen_a} -> {gen_b})");
+    assert!(worst < 3000, "failover took {worst} ms: {v}");
+    assert!(gen_b > gen_a, "generation must increase: {gen_a} -> {gen_b}");
+    assert_eq!(kept["ok"], kept["requests"], "established connections all served: {kept}");
+    assert_eq!(fresh["ok"], fresh["requests"], "new connections all served: {fresh}");
+    let after = load(client, &url, &["--requests", "50", "--concurrency", "2"]);
+    assert_eq!(after["ok"], 50, "{after}");
+    d.b.assert_no_openflow_errors();
+}
+
+/// The old master, frozen (SIGSTOP) while the standby takes over, is thawed still
+/// believing it leads: the switches refuse it (role-status / IS_SLAVE, the higher
+/// generation_id fences it), the store refuses its fenced writes, it changes no flow and
+/// rejoins as a standby.
+#[test]
+fn ovs_stale_master_is_fenced() {
+    let test = "ovs_stale_master_is_fenced";
+    if !require_root_ovs(test) || !need_etcd(test) {
+        return;
+    }
+    let etcd = EtcdCluster::start("stale", 3).expect("etcd cluster");
+    let d = domain(test, &etcd);
+    let client = &d.topo.hosts[0];
+    let url = format!("http://{VIP}/");
+    assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
+    let pid = pid_of(&d.a);
+    let stopped_at = unix_ms();
+    signal(pid, "STOP");
+    wait_until("b masters the domain", Duration::from_secs(8), || {
+        let v = cluster_view(&d.b);
+        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] == "master"))
+    });
+    eprintln!("MEASURE stale-master scenario: b MASTER {} ms after a froze", unix_ms() - stopped_at);
+    assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
+    let flows_before: Vec<String> = d.topo.bridges.iter().map(|b| b.dump_flows().expect("flows")).collect();
+    let cookies = |dump: &[String]| -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for f in dump.iter().flat_map(|d| d.lines()) {
+            if let Some(c) = f.split_whitespace().find(|w| w.starts_with("cookie=")) {
+                *m.entry(c.trim_end_matches(',').to_string()).or_default() += 1;
+            }
+        }
+        m
+    };
+    signal(pid, "CONT");
+    // a wakes up: its timers fire (LLDP packet-outs, ...) before it learns anything.
+    wait_until("a notices it is no longer master", Duration::from_secs(10), || {
+        let v = cluster_view(&d.a);
+        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] != "master"))
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let va = cluster_view(&d.a);
+    eprintln!("stale master after thaw: {va}");
+    assert!(
+        va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0 || va["counters"]["demotions"].as_u64().unwrap_or(0) > 0,
+        "the switches or the store told a it was deposed: {va}"
+    );
+    wait_mastership(&d.a, "standby", Duration::from_secs(10));
+    // Nothing of a's reached the switches: the flow set is b's (same kinds of rules).
+    let flows_after: Vec<String> = d.topo.bridges.iter().map(|b| b.dump_flows().expect("flows")).collect();
+    assert_eq!(
+        cookies(&flows_before).keys().collect::<Vec<_>>(),
+        cookies(&flows_after).keys().filter(|k| cookies(&flows_before).contains_key(*k)).collect::<Vec<_>>(),
+    );
+    let vb = cluster_view(&d.b);
+    assert_eq!(vb["mastership"], "master", "b still leads: {vb}");
+    assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
+    // a is a SLAVE again on both switches, with b's generation.
+    wait_until("a is slave again", Duration::from_secs(10), || {
+        let v = cluster_view(&d.a);
+        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] == "slave"))
+    });
+}
+
+/// The switch itself fences a stale generation: a controller that asks for MASTER with a
+/// generation_id below the current master's gets ROLE_REQUEST_FAILED/STALE, and a SLAVE's
+/// FLOW_MOD gets BAD_REQUEST/IS_SLAVE (OVS 3.1, §6.3.6). Raw OpenFlow from the test.
+#[test]
+fn ovs_switch_refuses_stale_generation() {
+    let test = "ovs_switch_refuses_stale_generation";
+    if !require_root_ovs(test) || !need_etcd(test) {
+        return;
+    }
+    let etcd = EtcdCluster::start("raw", 1).expect("etcd");
+    let d = domain(test, &etcd);
+    let gen_a = cluster_view(&d.a)["generation_id"].as_u64().expect("generation");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let raw = format!("tcp:{}", listener.local_addr().expect("addr"));
+    let br = &d.topo.bridges[0];
+    br.set_controller(&[d.a.target(), d.b.target(), raw]).expect("add the raw controller");
+    let (mut sock, _) = listener.accept().expect("the switch connects");
+    sock.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut rx = RawOf::new(sock);
+    rx.send(1, &ofp::Message::Hello(ofp::Hello::ours()));
+    rx.send(2, &ofp::Message::FeaturesRequest);
+    rx.until(|m| matches!(m, ofp::Message::FeaturesReply(_)));
+    // A stale MASTER request.
+    rx.send(3, &ofp::Message::RoleRequest(ofp::RoleMsg { role: ofp::ControllerRole::Master, generation_id: gen_a - 1 }));
+    let e = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::RoleReply(_)));
+    assert!(format!("{e:?}").contains("Stale"), "stale MASTER refused: {e:?}");
+    // As a SLAVE at the current generation, a FLOW_MOD is refused.
+    rx.send(4, &ofp::Message::RoleRequest(ofp::RoleMsg { role: ofp::ControllerRole::Slave, generation_id: gen_a }));
+    let r = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::RoleReply(_)));
+    assert!(matches!(r, ofp::Message::RoleReply(ref x) if x.role == ofp::ControllerRole::Slave), "{r:?}");
+    let fm = ofp::FlowMod::add(ofp::Match::new());
+    rx.send(5, &ofp::Message::FlowMod(fm));
+    rx.send(6, &ofp::Message::BarrierRequest);
+    let e = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::BarrierReply));
+    assert!(format!("{e:?}").contains("IsSlave"), "a SLAVE's FLOW_MOD is refused: {e:?}");
+    br.set_controller(&[d.a.target(), d.b.target()]).expect("restore");
+}
+
+struct RawOf {
+    sock: std::net::TcpStream,
+    buf: bytes::BytesMut,
+    framer: ofp::Framer,
+}
+
+impl RawOf {
+    fn new(sock: std::net::TcpStream) -> Self {
+        RawOf { sock, buf: bytes::BytesMut::new(), framer: ofp::Framer::new() }
+    }
+    fn send(&mut self, xid: u32, m: &ofp::Message) {
+        use std::io::Write;
+        let mut b = bytes::BytesMut::new();
+        ofp::encode(xid, m, &mut b).expect("encode");
+        self.sock.write_all(&b).expect("send");
+    }
+    /// Read messages (answering echoes) until one matches.
+    fn until(&mut self, f: impl Fn(&ofp::Message) -> bool) -> ofp::Message {
+        use std::io::Read;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            while let Some(frame) = self.framer.next_frame(&mut self.buf).expect("framing") {
+                let (xid, m) = ofp::decode(frame).expect("decode");
+                if let ofp::Message::EchoRequest(d) = &m {
+                    self.send(xid, &ofp::Message::EchoReply(d.clone()));
+                    continue;
+                }
+                if f(&m) {
+                    return m;
+                }
+            }
+            assert!(Instant::now() < deadline, "no matching message from the switch");
+            let mut tmp = [0u8; 4096];
+            let n = self.sock.read(&mut tmp).expect("read");
+            assert!(n > 0, "the switch closed the connection");
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+    }
+}
