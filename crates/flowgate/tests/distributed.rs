@@ -140,8 +140,9 @@ fn global_active_standby_failover_and_spill() {
     });
     let d1 = spill_of("d1");
     assert!(d1["services"]["web"]["targets"].get("d3").is_none(), "d3 is full now: {d1}");
-    let view = cluster_view(&g2);
-    assert_eq!(view["cluster"]["global"]["active"], "g2", "{view}");
+    wait_until("the API shows g2 active", Duration::from_secs(5), || {
+        cluster_view(&g2)["cluster"]["global"]["active"] == "g2"
+    });
 }
 
 /// Fences a stale leader at the store: a fenced write with a deposed leadership fails,
@@ -358,7 +359,7 @@ fn ovs_switch_refuses_stale_generation() {
     let raw = format!("tcp:{}", listener.local_addr().expect("addr"));
     let br = &d.topo.bridges[0];
     br.set_controller(&[d.a.target(), d.b.target(), raw]).expect("add the raw controller");
-    let (mut sock, _) = listener.accept().expect("the switch connects");
+    let (sock, _) = listener.accept().expect("the switch connects");
     sock.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let mut rx = RawOf::new(sock);
     rx.send(1, &ofp::Message::Hello(ofp::Hello::ours()));

@@ -8,6 +8,7 @@
 //! own writer task.
 
 pub mod cluster;
+mod per_backend;
 mod probe;
 mod scrape;
 mod session;

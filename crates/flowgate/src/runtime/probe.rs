@@ -5,16 +5,14 @@
 //! the response time of each successful probe feeds the backend's response-time average.
 //! A supervisor starts and stops probe tasks as the pools change.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use flowgate_core::config::{HealthConfig, HealthKind};
 use flowgate_core::controller::ProbeResult;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::Handle;
 
@@ -26,51 +24,20 @@ struct Target {
     port: u16,
 }
 
-pub(super) async fn probe_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
-    let mut running: HashMap<Target, (HealthConfig, JoinHandle<()>)> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => break,
-        }
-        let wanted: Vec<(Target, HealthConfig)> = {
-            let core = handle.lock();
-            core.controller
-                .services()
-                .iter()
-                .filter(|s| s.cfg.health.kind != HealthKind::None)
-                .flat_map(|s| {
-                    s.backends.iter().map(move |b| {
-                        (
-                            Target {
-                                service: s.cfg.name.clone(),
-                                address: b.address,
-                                port: s.cfg.port,
-                            },
-                            s.cfg.health.clone(),
-                        )
-                    })
+pub(super) async fn probe_loop(handle: Handle, stop: watch::Receiver<bool>) {
+    let wanted = |c: &flowgate_core::Controller| -> Vec<(Target, HealthConfig)> {
+        c.services()
+            .iter()
+            .filter(|s| s.cfg.health.kind != HealthKind::None)
+            .flat_map(|s| {
+                s.backends.iter().map(move |b| {
+                    let t = Target { service: s.cfg.name.clone(), address: b.address, port: s.cfg.port };
+                    (t, s.cfg.health.clone())
                 })
-                .collect()
-        };
-        running.retain(|t, (cfg, task)| {
-            let keep = wanted.iter().any(|(w, c)| w == t && c == cfg);
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        for (t, cfg) in wanted {
-            if !running.contains_key(&t) {
-                let task = tokio::spawn(probe_backend(handle.clone(), t.clone(), cfg.clone()));
-                running.insert(t, (cfg, task));
-            }
-        }
-    }
-    for (_, (_, task)) in running {
-        task.abort();
-    }
+            })
+            .collect()
+    };
+    super::per_backend::supervise(handle, stop, wanted, probe_backend).await;
 }
 
 async fn probe_backend(handle: Handle, target: Target, cfg: HealthConfig) {

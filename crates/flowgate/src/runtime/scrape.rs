@@ -5,7 +5,6 @@
 //! load sample (`flowgate_core::metrics_text`) handed to the core. A failed scrape leaves
 //! the last figures to age: the core marks them stale and the algorithms stop trusting them.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
@@ -14,7 +13,6 @@ use flowgate_core::metrics_text::{self, Totals};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::Handle;
 
@@ -28,44 +26,19 @@ struct Target {
     url: String,
 }
 
-pub(super) async fn scrape_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
-    let mut running: HashMap<Target, (MetricsConfig, JoinHandle<()>)> = HashMap::new();
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => break,
-        }
-        let wanted: Vec<(Target, MetricsConfig)> = {
-            let core = handle.lock();
-            core.controller
-                .services()
-                .iter()
-                .flat_map(|s| {
-                    s.backends.iter().filter_map(move |b| {
-                        let url = b.metrics_url.clone()?;
-                        Some((Target { service: s.cfg.name.clone(), backend: b.address, url }, s.cfg.metrics.clone()))
-                    })
+pub(super) async fn scrape_loop(handle: Handle, stop: watch::Receiver<bool>) {
+    let wanted = |c: &flowgate_core::Controller| -> Vec<(Target, MetricsConfig)> {
+        c.services()
+            .iter()
+            .flat_map(|s| {
+                s.backends.iter().filter_map(move |b| {
+                    let url = b.metrics_url.clone()?;
+                    Some((Target { service: s.cfg.name.clone(), backend: b.address, url }, s.cfg.metrics.clone()))
                 })
-                .collect()
-        };
-        running.retain(|t, (cfg, task)| {
-            let keep = wanted.iter().any(|(w, c)| w == t && c == cfg);
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        for (t, cfg) in wanted {
-            if !running.contains_key(&t) {
-                let task = tokio::spawn(scrape_backend(handle.clone(), t.clone(), cfg.clone()));
-                running.insert(t, (cfg, task));
-            }
-        }
-    }
-    for (_, (_, task)) in running {
-        task.abort();
-    }
+            })
+            .collect()
+    };
+    super::per_backend::supervise(handle, stop, wanted, scrape_backend).await;
 }
 
 async fn scrape_backend(handle: Handle, target: Target, cfg: MetricsConfig) {
