@@ -41,13 +41,48 @@ fn free_port() -> u16 {
 /// One WebDriver call; returns the `value`.
 fn wd(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let headers: &[(&str, &str)] = &[("Content-Type", "application/json")];
-    let (status, text) = http_request(addr, method, path, headers, &body);
+    let (status, text) = wd_http(addr, method, path, &body)?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{method} {path}: {e}: {text}"))?;
     if status != 200 {
         return Err(format!("{method} {path}: {status}: {v}"));
     }
     Ok(v["value"].clone())
+}
+
+/// HTTP/1.1 with a Content-Length-delimited answer (chromedriver may keep the socket open).
+fn wd_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).map_err(|e| e.to_string())?;
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut len = None;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse::<usize>().ok();
+            }
+        }
+    }
+    let mut buf = Vec::new();
+    match len {
+        Some(n) => {
+            buf.resize(n, 0);
+            r.read_exact(&mut buf).map_err(|e| e.to_string())?;
+        }
+        None => {
+            r.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok((status, String::from_utf8_lossy(&buf).into_owned()))
 }
 
 impl Driver {

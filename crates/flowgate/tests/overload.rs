@@ -2,7 +2,7 @@
 //! datapath), backends with a fixed concurrency limit, and open-loop clients.
 //!
 //! The pool's capacity is **configured**: `capacity_rps` = backends × concurrency × 1000 /
-//! delay (40 requests/s here), the figure an operator reads off the servers' settings. A
+//! delay (20 requests/s here), the figure an operator reads off the servers' settings. A
 //! closed-loop run with one worker per slot also measures it, for the record (it comes out
 //! lower: each closed-loop cycle also pays for connection set-up).
 //! Results are written as CSV and SVG to `target/overload/` (the path is printed), for
@@ -19,14 +19,14 @@ use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
-/// Backends: `--delay-ms 100 --concurrency 2`: 20 requests/s each, 40 for the pool (rates
+/// Backends: `--delay-ms 200 --concurrency 2`: 10 requests/s each, 20 for the pool (rates
 /// kept low so that a shared 2-core machine measures the pool, not its own CPU).
-const DELAY_MS: u64 = 100;
+const DELAY_MS: u64 = 200;
 const CONCURRENCY: u64 = 2;
 /// Up to 200 requests wait at each backend (5 s of work): without control, queues grow.
 const QUEUE: u64 = 200;
 const TIMEOUT_MS: u64 = 3000;
-const RUN_SECS: f64 = 6.0;
+const RUN_SECS: f64 = 8.0;
 
 fn setup(test: &str) -> Option<Prefix> {
     if !require_root_ovs(test) {

@@ -11,6 +11,10 @@ pub fn decode(files: &[PathBuf]) -> anyhow::Result<()> {
     for f in files {
         let data = std::fs::read(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
         match ofp::decode_file_bytes(&data) {
+            Ok(msgs) if msgs.is_empty() => {
+                eprintln!("{}: holds no OpenFlow message", f.display());
+                failed += 1;
+            }
             Ok(msgs) => {
                 for (xid, m) in msgs {
                     let json = serde_json::json!({ "file": f.display().to_string(), "xid": xid, "message": m });

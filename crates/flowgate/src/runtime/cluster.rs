@@ -49,7 +49,6 @@ pub(crate) fn is_write(msg: &Message) -> bool {
             | Message::MeterMod(_)
             | Message::PacketOut(_)
             | Message::SetConfig(_)
-            | Message::SetAsync(_)
     )
 }
 
@@ -183,6 +182,25 @@ impl ClusterState {
             role,
             generation_id: v.generation_id,
         }))
+    }
+
+    /// What a new session sends right after its handshake, in a cluster: SET_ASYNC so that
+    /// a SLAVE still receives PACKET_IN, FLOW_REMOVED and PORT_STATUS (a warm standby:
+    /// hosts, links and connections known before it takes over), then the role request.
+    /// Empty in single mode.
+    pub fn session_opening(&self) -> Vec<Message> {
+        let Some(role) = self.role_request() else {
+            return Vec::new();
+        };
+        let all = ofp::AsyncConfig {
+            // OFPR_NO_MATCH | OFPR_ACTION | OFPR_INVALID_TTL (§7.4.1), for master and slave.
+            packet_in_mask: [0b111, 0b111],
+            // OFPPR_ADD | OFPPR_DELETE | OFPPR_MODIFY.
+            port_status_mask: [0b111, 0b111],
+            // OFPRR_IDLE_TIMEOUT | HARD_TIMEOUT | DELETE | GROUP_DELETE.
+            flow_removed_mask: [0b1111, 0b1111],
+        };
+        vec![Message::SetAsync(all), role]
     }
 
     pub(crate) fn switch_gone(&self, dpid: Dpid) {
@@ -355,9 +373,8 @@ pub(crate) fn on_switch_message(handle: &Handle, features: &ofp::SwitchFeatures,
             }
             _ => false,
         },
-        // A session not confirmed MASTER takes no decisions (an EQUAL session would get
-        // PACKET_INs; its writes are dropped anyway).
-        Message::PacketIn(_) => !cs.roles().get(&dpid).copied().unwrap_or(false),
+        // PACKET_INs reach a standby too (SET_ASYNC below): its core learns hosts and links
+        // and tracks connections, and whatever it would send is dropped (not writable).
         _ => false,
     }
 }

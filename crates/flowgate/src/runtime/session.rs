@@ -215,15 +215,15 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // In a cluster, claim our role before anything else (the switch starts every
     // connection as EQUAL, which we never use): MASTER with our election's revision as
     // generation_id, or SLAVE. Until the switch confirms MASTER, the core only reads.
-    let role_request = handle.cluster.role_request();
-    if let Some(m) = &role_request {
+    let opening = handle.cluster.session_opening();
+    for m in &opening {
         wr.write_all(&encode_one(3, m)).await?;
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let outflow = Arc::new(Outflow::default());
     let session_id = {
         let mut core = handle.lock();
-        let id = core.register(dpid, tx.clone(), outflow.clone(), role_request.is_none());
+        let id = core.register(dpid, tx.clone(), outflow.clone(), opening.is_empty());
         let now = Instant::now();
         core.with(|c, out| c.handle_switch_up(now, features, out));
         id
