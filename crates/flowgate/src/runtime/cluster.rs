@@ -373,10 +373,21 @@ pub(crate) fn on_switch_message(handle: &Handle, features: &ofp::SwitchFeatures,
             }
             _ => false,
         },
-        // PACKET_INs reach a standby too (SET_ASYNC below): its core learns hosts and links
-        // and tracks connections, and whatever it would send is dropped (not writable).
+        // PACKET_INs reach a standby too (SET_ASYNC in `session_opening`): its core learns
+        // hosts (ARP) and links (the master's LLDP), and whatever it would send is dropped
+        // (not writable). TCP is the master's: a standby that decided a connection it
+        // cannot install would remember a connection that does not exist. The connections
+        // it knows come from the switches' flow stats (at connect and on promotion).
+        Message::PacketIn(pi) => {
+            !cs.roles().get(&dpid).copied().unwrap_or(false) && is_ipv4_tcp(&pi.data)
+        }
         _ => false,
     }
+}
+
+/// An untagged Ethernet frame carrying IPv4 TCP.
+fn is_ipv4_tcp(frame: &[u8]) -> bool {
+    frame.get(12..14) == Some(&[0x08, 0x00]) && frame.get(23) == Some(&6)
 }
 
 fn set_writable(handle: &Handle, dpid: Dpid, writable: bool) {
