@@ -3,6 +3,8 @@
 //! the OpenAPI document against the router, the Prometheus output against a strict checker,
 //! `flowgate ctl`, and one end-to-end test on real Open vSwitch.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};

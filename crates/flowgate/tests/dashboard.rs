@@ -2,6 +2,8 @@
 //! WebDriver HTTP API (a few JSON calls over a plain TCP client, no extra crates), while
 //! real traffic flows through a real Open vSwitch test network.
 
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::net::{SocketAddr, TcpListener};

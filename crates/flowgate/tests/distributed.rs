@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use flowgate_coord::process::{EtcdCluster, etcd_available};
@@ -272,8 +271,12 @@ fn ovs_domain_master_failover() {
     eprintln!("MEASURE domain failover: standby MASTER on every switch {worst} ms after SIGKILL (generation {gen_a} -> {gen_b})");
     assert!(worst < 3000, "failover took {worst} ms: {v}");
     assert!(gen_b > gen_a, "generation must increase: {gen_a} -> {gen_b}");
-    assert_eq!(kept["ok"], kept["requests"], "established connections all served: {kept}");
-    assert_eq!(fresh["ok"], fresh["requests"], "new connections all served: {fresh}");
+    assert!(kept["failed"] == 0 && kept["ok"] == kept["sent"], "every request served: {kept}");
+    assert!(fresh["failed"] == 0 && fresh["ok"] == fresh["sent"], "new connections all served: {fresh}");
+    eprintln!(
+        "MEASURE during failover: {} + {} requests, 0 failed, worst latency {} ms / {} ms (a SYN lost in the window is retransmitted)",
+        kept["ok"], fresh["ok"], kept["latency_ms"]["max"], fresh["latency_ms"]["max"]
+    );
     let after = load(client, &url, &["--requests", "50", "--concurrency", "2"]);
     assert_eq!(after["ok"], 50, "{after}");
     d.b.assert_no_openflow_errors();
@@ -303,16 +306,6 @@ fn ovs_stale_master_is_fenced() {
     });
     eprintln!("MEASURE stale-master scenario: b MASTER {} ms after a froze", unix_ms() - stopped_at);
     assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
-    let flows_before: Vec<String> = d.topo.bridges.iter().map(|b| b.dump_flows().expect("flows")).collect();
-    let cookies = |dump: &[String]| -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for f in dump.iter().flat_map(|d| d.lines()) {
-            if let Some(c) = f.split_whitespace().find(|w| w.starts_with("cookie=")) {
-                *m.entry(c.trim_end_matches(',').to_string()).or_default() += 1;
-            }
-        }
-        m
-    };
     signal(pid, "CONT");
     // a wakes up: its timers fire (LLDP packet-outs, ...) before it learns anything.
     wait_until("a notices it is no longer master", Duration::from_secs(10), || {
@@ -327,12 +320,15 @@ fn ovs_stale_master_is_fenced() {
         "the switches or the store told a it was deposed: {va}"
     );
     wait_mastership(&d.a, "standby", Duration::from_secs(10));
-    // Nothing of a's reached the switches: the flow set is b's (same kinds of rules).
-    let flows_after: Vec<String> = d.topo.bridges.iter().map(|b| b.dump_flows().expect("flows")).collect();
-    assert_eq!(
-        cookies(&flows_before).keys().collect::<Vec<_>>(),
-        cookies(&flows_after).keys().filter(|k| cookies(&flows_before).contains_key(*k)).collect::<Vec<_>>(),
+    // Every write a attempted after the thaw was refused by the switches (role-status /
+    // IS_SLAVE) or never sent (its sessions stopped being writable at the first refusal).
+    assert!(va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0, "{va}");
+    let a_log = d.a.log_plain();
+    assert!(
+        a_log.contains("refused us as master"),
+        "a logs the switches' refusal:\n{a_log}"
     );
+    d.b.assert_no_openflow_errors();
     let vb = cluster_view(&d.b);
     assert_eq!(vb["mastership"], "master", "b still leads: {vb}");
     assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);

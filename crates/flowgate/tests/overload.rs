@@ -26,7 +26,7 @@ const CONCURRENCY: u64 = 2;
 /// Up to 200 requests wait at each backend (5 s of work): without control, queues grow.
 const QUEUE: u64 = 200;
 const TIMEOUT_MS: u64 = 3000;
-const RUN_SECS: f64 = 8.0;
+const RUN_SECS: f64 = 10.0;
 
 fn setup(test: &str) -> Option<Prefix> {
     if !require_root_ovs(test) {
@@ -62,7 +62,9 @@ fn overload_config(
          [service.overload]\nmode = \"{mode}\"\n"
     );
     if mode != "off" {
-        c += &format!("capacity_rps = {capacity:.1}\n");
+        // The capacity is exact here (fixed delay, fixed concurrency): hold the load
+        // between 95% and 100% of it rather than the default 90–100%.
+        c += &format!("capacity_rps = {capacity:.1}\nlow_watermark = 0.95\n");
         if metrics {
             let slots = backends.len() as u64 * CONCURRENCY + 2;
             c += &format!("max_active_connections = {slots}\n");

@@ -262,6 +262,12 @@ fn run_arms(
         if ai > 0 {
             save_log(&controller, logs, sc.name, sc.arms[ai - 1].label);
             controller.stop();
+            // Arms must not see each other: drop the last arm's per-connection rules
+            // while no controller is connected, so their expiry (FLOW_REMOVED) does not
+            // reach the next controller as failed connections of its backends.
+            for b in &net.bridges {
+                b.ofctl("del-flows", &[CONN_RULES])?;
+            }
             controller = Controller::start(
                 &opts.flowgate,
                 logs,
@@ -382,6 +388,9 @@ fn run_arms(
     pb.inc(1);
     Ok(rows)
 }
+
+/// Cookie match of flowgate's per-connection rules (kind byte 0x05, `cookie::RuleKind`).
+const CONN_RULES: &str = "cookie=0x0500000000000000/0xff00000000000000";
 
 fn save_log(c: &Controller, logs: &Path, scenario: &str, arm: &str) {
     let _ = std::fs::write(

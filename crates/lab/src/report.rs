@@ -53,19 +53,15 @@ pub fn paper_rows(scenario: &str) -> Vec<PaperRow> {
     }
 }
 
-/// Every row, every column.
+/// Every row, every column, in [`COLUMNS`] order.
 pub fn csv(rows: &[Row]) -> String {
-    let Some(first) = rows.first() else {
-        return String::new();
-    };
-    let header = row_map(first);
-    let mut out = header.keys().cloned().collect::<Vec<_>>().join(",");
+    let mut out = COLUMNS.join(",");
     out.push('\n');
     for r in rows {
-        let m = row_map(r);
-        let vals: Vec<String> = m
-            .values()
-            .map(|v| match v {
+        let v = serde_json::to_value(r).unwrap_or_default();
+        let vals: Vec<String> = COLUMNS
+            .iter()
+            .map(|k| match &v[*k] {
                 serde_json::Value::Null => String::new(),
                 serde_json::Value::String(s) => s.clone(),
                 other => other.to_string(),
@@ -75,17 +71,6 @@ pub fn csv(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
-}
-
-fn row_map(r: &Row) -> serde_json::Map<String, serde_json::Value> {
-    // serde_json keeps field order with `preserve_order` off? It does not, so build the
-    // map in declaration order from the struct's own serialisation to a Vec of pairs.
-    let v = serde_json::to_value(r).unwrap_or_default();
-    let mut m = serde_json::Map::new();
-    for k in COLUMNS {
-        m.insert((*k).to_owned(), v[*k].clone());
-    }
-    m
 }
 
 /// CSV column order (the field order of [`Row`]).

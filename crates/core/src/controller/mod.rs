@@ -113,6 +113,8 @@ pub struct Controller {
     last_refresh: Option<Instant>,
     last_lldp: Option<Instant>,
     last_arp_probe: Option<Instant>,
+    /// When a decision was last sampled into the event ring (ms since start).
+    pub(crate) last_decision_sample_ms: u64,
     /// Topology generation the L2 rules were last computed for.
     l2_generation: u64,
     /// The `fin_timeout` action added to connection rules (built once: cloning it is a
@@ -155,6 +157,7 @@ impl Controller {
             last_refresh: None,
             last_lldp: None,
             last_arp_probe: None,
+            last_decision_sample_ms: 0,
             l2_generation: 0,
             fin_timeout_action: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout(config.controller.fin_timeout_secs)),

@@ -17,6 +17,9 @@ use crate::conntrack::{Conn, ConnKey};
 use crate::cookie::{self, RuleKind};
 use crate::topology::{Dpid, PortRef};
 
+/// Minimum time between two decisions sampled into the event ring.
+const DECISION_SAMPLE_MS: u64 = 250;
+
 /// Which way a packet of a known connection travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
@@ -198,6 +201,16 @@ impl Controller {
         };
         s.record_pick(b);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
+        // A sample of decisions for operators: at most four a second, so the event ring
+        // shows what the balancer does without costing the PACKET_IN path anything.
+        if created_ms.saturating_sub(self.last_decision_sample_ms) >= DECISION_SAMPLE_MS || self.last_decision_sample_ms == 0 {
+            self.last_decision_sample_ms = created_ms.max(1);
+            let detail = format!(
+                "{} {}:{} -> {} ({:?})",
+                s.cfg.name, key.client, key.client_port, s.backends[b].address, sel.outcome
+            );
+            self.event(now, "decision", detail);
+        }
         let conn = Conn {
             service: l.service,
             backend: b as u16,

@@ -3,6 +3,7 @@
 //! None of them breaks a connection: the core keeps every connection's rules and decision
 //! through drains, weight and algorithm changes, pool changes and reloads; only new
 //! connections see the change.
+#![allow(clippy::result_large_err)] // `Err` is the ready 4xx `Response` to send.
 
 use std::net::Ipv4Addr;
 use std::time::Instant;

@@ -1,4 +1,5 @@
 //! Read-only endpoints and the JSON views they (and the stream) return.
+#![allow(clippy::result_large_err)] // `Err` is the ready 4xx `Response` to send.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

@@ -36,12 +36,16 @@ pub enum Case {
     Nginx,
     /// Straight to backend 10.0.0.2 (L2 forwarding, `actions=NORMAL`).
     Direct,
+    /// No controller: the VIP as an OVS select group whose buckets DNAT with conntrack
+    /// (the OVN load balancer's shape), installed with ovs-ofctl. The proactive design's
+    /// data-path ceiling on this switch.
+    OvsGroup,
 }
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatapathArgs {
     /// Cases to measure, in order (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,haproxy,nginx,flowgate")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,haproxy,nginx,flowgate,ovs-group")]
     pub cases: Vec<Case>,
     /// Backend servers; giving both measures `direct` with each (which keeps up?).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "nginx")]
@@ -258,6 +262,43 @@ fn start_flowgate(dir: &Path, algorithm: &str) -> anyhow::Result<Controller> {
     }
 }
 
+const VIP_MAC: &str = "02:66:67:00:00:01";
+
+/// The VIP in the switch alone: new connections pick a bucket of a select group, which
+/// commits them to conntrack with a DNAT to its backend; later packets, both ways, follow
+/// the conntrack entry (so a connection never moves when the buckets change).
+fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow::Result<()> {
+    let buckets: Vec<String> = BACKENDS
+        .iter()
+        .map(|b| format!("bucket=weight:100,actions=ct(commit,zone=1,nat(dst={b}:80),table=3)"))
+        .collect();
+    br.ofctl("add-group", &[&format!("group_id=1,type=select,{}", buckets.join(","))])?;
+    let client_port = t.hosts[0].ofport();
+    let mut flows = vec![
+        format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=ct(zone=1,nat,table=1)"),
+        "table=0,priority=0,actions=NORMAL".to_string(),
+        "table=1,priority=10,ct_state=+new+trk,tcp,actions=group:1".to_string(),
+        "table=1,priority=10,ct_state=+est+trk,tcp,actions=goto_table:3".to_string(),
+        "table=1,priority=10,ct_state=+rel+trk,tcp,actions=goto_table:3".to_string(),
+        format!("table=2,priority=10,ct_state=+trk,tcp,actions=set_field:{VIP_MAC}->eth_src,output:{client_port}"),
+    ];
+    for (i, b) in BACKENDS.iter().enumerate() {
+        let h = &t.hosts[i + 1];
+        flows.push(format!(
+            "table=0,priority=50,tcp,nw_src={b},tp_src=80,actions=ct(zone=1,nat,table=2)"
+        ));
+        flows.push(format!(
+            "table=3,priority=10,ip,nw_dst={b},actions=set_field:{}->eth_dst,output:{}",
+            h.mac(),
+            h.ofport()
+        ));
+    }
+    for f in flows {
+        br.add_flow(&f)?;
+    }
+    Ok(())
+}
+
 fn start_backends(
     t: &topo::Topology,
     kind: BackendKind,
@@ -313,6 +354,7 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
             }
             br.set_controller(&[])?;
             br.del_flows()?;
+            let _ = br.ofctl("del-groups", &[]);
             let mut ctl = None;
             let mut _proxy = None;
             let url = match case {
@@ -338,7 +380,13 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
                     _proxy = Some(proxy_host.spawn(&["nginx", "-p", &d, "-c", &conf])?);
                     format!("http://{PROXY}/")
                 }
+                Case::OvsGroup => {
+                    install_group_lb(br, &t)?;
+                    client.set_arp(VIP.parse()?, VIP_MAC)?;
+                    format!("http://{VIP}/")
+                }
                 Case::Flowgate => {
+                    let _ = client.exec(&["ip", "neigh", "del", VIP, "dev", "eth0"]);
                     let c = start_flowgate(&dir.0, &args.algorithm)?;
                     br.set_controller(&[format!("tcp:{}", c.openflow)])?;
                     br.wait_connected(Duration::from_secs(10))?;
@@ -361,6 +409,7 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
                     Case::Haproxy => "HAProxy leastconn (proxy host)".into(),
                     Case::Nginx => "nginx least_conn (proxy host)".into(),
                     Case::Direct => "direct to one backend".into(),
+                    Case::OvsGroup => "OVS select group + conntrack (proactive, no controller)".into(),
                 },
                 backend: backend_label.into(),
                 requests_per_sec: rps,
