@@ -314,7 +314,8 @@ impl Store for MemStore {
             let mut st = self.lock()?;
             st.drop_lease(lease.0);
             drop(st);
-            Ok(self.done(()))
+            self.done(());
+            Ok(())
         })
     }
 
@@ -348,7 +349,8 @@ impl Store for MemStore {
                 st.revision += 1;
             }
             drop(st);
-            Ok(self.done(()))
+            self.done(());
+            Ok(())
         })
     }
 
@@ -422,7 +424,8 @@ impl Store for MemStore {
                 st.revision += 1;
             }
             drop(st);
-            Ok(self.done(()))
+            self.done(());
+            Ok(())
         })
     }
 }

@@ -29,6 +29,7 @@ fn free_port() -> std::io::Result<u16> {
 struct Member {
     name: String,
     client_url: String,
+    peer_url: String,
     child: Option<Child>,
 }
 
@@ -36,6 +37,8 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     dir: PathBuf,
+    initial: String,
+    token: String,
 }
 
 impl EtcdCluster {
@@ -55,33 +58,60 @@ impl EtcdCluster {
             .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
             .collect();
         let initial = initial.join(",");
-        let mut members = Vec::new();
-        for (i, (client, peer)) in ports.iter().enumerate() {
-            let name = format!("m{i}");
-            let data = dir.join(&name);
-            let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
-            let client_url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let child = Command::new(etcd_binary())
-                .args(["--name", &name, "--data-dir"])
-                .arg(&data)
-                .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &initial, "--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", &format!("flowgate-{tag}-{}", std::process::id())])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()?;
-            members.push(Member {
-                name,
-                client_url,
-                child: Some(child),
-            });
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| Member {
+                name: format!("m{i}"),
+                client_url: format!("http://127.0.0.1:{client}"),
+                peer_url: format!("http://127.0.0.1:{peer}"),
+                child: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster {
+            members,
+            dir,
+            initial,
+            token: format!("flowgate-{tag}-{}", std::process::id()),
+        };
+        for i in 0..n {
+            cluster.spawn(i)?;
         }
-        let cluster = EtcdCluster { members, dir };
         cluster.wait_writable(Duration::from_secs(20))?;
         Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> std::io::Result<()> {
+        let Some(m) = self.members.get(i) else {
+            return Ok(());
+        };
+        let data = self.dir.join(&m.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", m.name)))?;
+        // With an existing data dir (a restart) etcd ignores the initial-cluster flags.
+        let child = Command::new(etcd_binary())
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
+            .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
+            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.token])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        if let Some(m) = self.members.get_mut(i) {
+            m.child = Some(child);
+        }
+        Ok(())
+    }
+
+    /// Start a killed member again on its data dir and ports.
+    pub fn restart(&mut self, i: usize) -> std::io::Result<()> {
+        self.kill(i);
+        self.spawn(i)
     }
 
     /// Client URLs of every member, for `[cluster] etcd`.

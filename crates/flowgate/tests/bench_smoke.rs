@@ -235,7 +235,7 @@ fn bench_datapath_all_paths_answer() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "bench datapath failed:\n{stderr}");
     let t = std::fs::read_to_string(&out).expect("--out");
-    for case in ["direct to one backend", "HAProxy", "nginx least_conn", "flowgate VIP"] {
+    for case in ["direct to one backend", "HAProxy", "nginx least_conn", "flowgate VIP", "OVS select group"] {
         let row = t
             .lines()
             .find(|l| l.contains(case))

@@ -471,18 +471,17 @@ print(n)\n",
         ka["ok"].as_u64().unwrap_or(0) >= 100 && ka["failed"].as_u64() == Some(0),
         "the established connection was served throughout: {ka}"
     );
-    // The handling rate holds: in the second half of the flood, no sample falls below half
-    // of the highest rate seen (no collapse).
-    let peak = samples.iter().map(|s| s.1).fold(0.0, f64::max);
-    let late: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.0 > 4.0 && s.0 < 7.5)
-        .map(|s| s.1)
-        .collect();
-    assert!(peak > 0.0);
+    // The handling rate holds: over the second half of the flood it averages at least
+    // half of the first half's (no collapse), and PACKET_INs keep being handled.
+    let mean = |lo: f64, hi: f64| {
+        let v: Vec<f64> = samples.iter().filter(|s| s.0 > lo && s.0 <= hi).map(|s| s.1).collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    let (early, late) = (mean(0.0, 4.0), mean(4.0, 7.8));
+    assert!(early > 0.0);
     assert!(
-        late.iter().all(|&r| r >= 0.5 * peak),
-        "PACKET_IN handling collapsed: peak {peak:.0}/s, late {late:?}"
+        late >= 0.5 * early,
+        "PACKET_IN handling collapsed: {early:.0}/s then {late:.0}/s"
     );
     // After the flood, new connections are served again.
     std::thread::sleep(Duration::from_secs(2));

@@ -135,6 +135,9 @@ pub struct ClusterConfig {
     /// For `role = "domain"`: the domain's id and its switches' datapath ids.
     pub domain: Option<String>,
     pub dpids: Vec<u64>,
+    /// For `role = "domain"`: the switch port (`dpid`, `port`) that leads to the other
+    /// domains. Backends of other domains are reached through it when the domain spills.
+    pub uplink: Option<(u64, u32)>,
     /// etcd endpoints (`http://127.0.0.1:2379`).
     pub etcd: Vec<String>,
     pub lease_ttl: Duration,
@@ -153,6 +156,7 @@ impl ClusterConfig {
             instance: String::new(),
             domain: None,
             dpids: Vec::new(),
+            uplink: None,
             etcd: Vec::new(),
             lease_ttl: Duration::from_millis(DEFAULT_CLUSTER_LEASE_TTL_MS),
             store_timeout: Duration::from_millis(DEFAULT_CLUSTER_STORE_TIMEOUT_MS),
@@ -554,6 +558,18 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
             )),
         }
     }
+    if let Some(u) = c.string("uplink", errs) {
+        let parsed = u.split_once(':').and_then(|(d, p)| {
+            Some((u64::from_str_radix(d.trim_start_matches("0x"), 16).ok()?, p.parse::<u32>().ok()?))
+        });
+        match parsed {
+            Some(x) => cfg.uplink = Some(x),
+            None => errs.push(ConfigError::new(
+                c.key_path("uplink"),
+                format!("{u:?} is not \"DPID:PORT\" (DPID in hex)"),
+            )),
+        }
+    }
     cfg.lease_ttl = millis(&mut c, "lease_ttl_ms", DEFAULT_CLUSTER_LEASE_TTL_MS, 1_000, 600_000, errs);
     cfg.store_timeout =
         millis(&mut c, "store_timeout_ms", DEFAULT_CLUSTER_STORE_TIMEOUT_MS, 50, 60_000, errs);
@@ -922,12 +938,13 @@ mod cluster_tests {
     #[test]
     fn a_domain_instance() {
         let c = parse(
-            "[cluster]\nrole = \"domain\"\ndomain = \"d1\"\ninstance = \"d1a\"\ndpids = [\"1\", \"0x00000000000000a2\"]\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_ms = 2000\n",
+            "[cluster]\nrole = \"domain\"\ndomain = \"d1\"\ninstance = \"d1a\"\ndpids = [\"1\", \"0x00000000000000a2\"]\nuplink = \"a2:3\"\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_ms = 2000\n",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.cluster.role, ClusterRole::Domain);
         assert_eq!(c.cluster.domain.as_deref(), Some("d1"));
         assert_eq!(c.cluster.dpids, vec![1, 0xa2]);
+        assert_eq!(c.cluster.uplink, Some((0xa2, 3)));
         assert_eq!(c.cluster.lease_ttl, Duration::from_secs(2));
     }
 

@@ -694,6 +694,27 @@ impl Controller {
         }
     }
 
+    /// Cluster mode: a backend of another domain, reached through `at` (this domain's
+    /// uplink), with the MAC its own domain reported. Its weight decides whether it takes
+    /// new connections (the global controller's spill weights). False for an address that
+    /// is no backend here.
+    pub fn place_remote_backend(
+        &mut self,
+        now: Instant,
+        ip: Ipv4Addr,
+        mac: flowgate_packet::MacAddr,
+        at: crate::topology::PortRef,
+    ) -> bool {
+        if !self.backend_index.contains_key(&ip) {
+            return false;
+        }
+        if self.topo.locate_ip(ip) != Some((mac, at)) {
+            self.topo.learn_host(now, mac, at, Some(ip));
+            self.sync_backend_locations(now);
+        }
+        true
+    }
+
     /// Feed one active probe result; the backend's rise/fall state decides its health.
     pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, result: ProbeResult) {
         let Some(b) = self

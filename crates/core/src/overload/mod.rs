@@ -558,7 +558,11 @@ impl ControllerGap {
         self.busy += s.busy;
         self.busy_since += s.busy;
         self.handled_since += s.packet_ins;
-        self.queueing_max = self.queueing_max.max(s.queueing);
+        // A batch that left nothing behind kept up: its wait was the scheduler's, not a
+        // queue's. Only a batch with a backlog behind it measures queueing.
+        if s.backlog > 0 {
+            self.queueing_max = self.queueing_max.max(s.queueing);
+        }
         self.backlog_max = self.backlog_max.max(s.backlog);
         self.law.record_bulk(s.packet_ins, s.packet_ins);
     }

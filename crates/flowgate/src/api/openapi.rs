@@ -193,13 +193,14 @@ fn schemas() -> Value {
                 "response_time_ms": num_or_null,
                 "cpu": num_or_null,
                 "metrics_fresh": { "type": "boolean" },
-                "gap": { "description": "Overload (gap) state; null until the core has the feature." }
+                "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total (mode \"off\" when the service has no overload control)." }
             }
         },
         "BackendList": { "type": "array", "items": schema_ref("Backend") },
         "Service": {
             "type": "object",
             "properties": {
+                "gap": { "description": "Overload (gap) control of the service's new connections; see the backend field of the same name." },
                 "name": { "type": "string" },
                 "vip": { "type": ["string", "null"] },
                 "virtual_mac": { "type": "string" },

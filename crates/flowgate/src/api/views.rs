@@ -30,6 +30,8 @@ pub struct ServiceView {
     /// Sum of the backends' request rates (new connections per second).
     pub rps: f64,
     pub active_connections: u64,
+    /// Overload (gap) control: mode, admitted rate or gap, refused count.
+    pub gap: Option<flowgate_core::overload::GapView>,
     pub backends: Vec<BackendView>,
 }
 
@@ -61,11 +63,12 @@ pub struct BackendView {
     pub cpu: Option<f64>,
     /// Whether the backend's metrics (if it has an endpoint) are recent.
     pub metrics_fresh: bool,
-    /// Overload (gap) control state: `null` until that feature exists in the core.
-    pub gap: Option<serde_json::Value>,
+    /// The pool's overload (gap) control state: the gap applies to the service's new
+    /// connections, so every backend of the service shows the same one.
+    pub gap: Option<flowgate_core::overload::GapView>,
 }
 
-fn backend_view(s: &ServiceState, i: usize, b: &BackendState) -> BackendView {
+fn backend_view(s: &ServiceState, i: usize, b: &BackendState, gap: Option<&flowgate_core::overload::GapView>) -> BackendView {
     let load = s.loads.get(i);
     BackendView {
         address: b.address,
@@ -86,16 +89,16 @@ fn backend_view(s: &ServiceState, i: usize, b: &BackendState) -> BackendView {
         response_time_ms: b.response_time_ms,
         cpu: b.cpu,
         metrics_fresh: load.map(|l| l.metrics_fresh).unwrap_or(true),
-        gap: None,
+        gap: gap.cloned(),
     }
 }
 
-fn service_view(s: &ServiceState) -> ServiceView {
+fn service_view(s: &ServiceState, gap: Option<flowgate_core::overload::GapView>) -> ServiceView {
     let backends: Vec<BackendView> = s
         .backends
         .iter()
         .enumerate()
-        .map(|(i, b)| backend_view(s, i, b))
+        .map(|(i, b)| backend_view(s, i, b, gap.as_ref()))
         .collect();
     ServiceView {
         name: s.cfg.name.clone(),
@@ -112,12 +115,13 @@ fn service_view(s: &ServiceState) -> ServiceView {
             .iter()
             .map(|b| u64::from(b.active_connections))
             .sum(),
+        gap,
         backends,
     }
 }
 
 pub(crate) fn service_views(c: &Controller) -> Vec<ServiceView> {
-    c.services().iter().map(service_view).collect()
+    c.services().iter().enumerate().map(|(i, s)| service_view(s, c.gap_view(i))).collect()
 }
 
 /// Find a service by name, or the 404 to answer with.
@@ -151,7 +155,7 @@ pub(crate) fn find_backend(
 pub(crate) fn backend_json(c: &Controller, si: usize, bi: usize) -> Response {
     let s = &c.services()[si];
     match s.backends.get(bi) {
-        Some(b) => Json(backend_view(s, bi, b)).into_response(),
+        Some(b) => Json(backend_view(s, bi, b, c.gap_view(si).as_ref())).into_response(),
         None => error(StatusCode::NOT_FOUND, "no such backend"),
     }
 }
@@ -262,7 +266,7 @@ pub(crate) async fn service(State(st): State<ApiState>, Path(name): Path<String>
     let core = st.handle.lock();
     let c = &core.controller;
     match find_service(c, &name) {
-        Ok(si) => Json(service_view(&c.services()[si])).into_response(),
+        Ok(si) => Json(service_view(&c.services()[si], c.gap_view(si))).into_response(),
         Err(r) => r,
     }
 }
@@ -271,7 +275,7 @@ pub(crate) async fn backends(State(st): State<ApiState>, Path(name): Path<String
     let core = st.handle.lock();
     let c = &core.controller;
     match find_service(c, &name) {
-        Ok(si) => Json(service_view(&c.services()[si]).backends).into_response(),
+        Ok(si) => Json(service_view(&c.services()[si], c.gap_view(si)).backends).into_response(),
         Err(r) => r,
     }
 }

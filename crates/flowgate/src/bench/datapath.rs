@@ -86,7 +86,7 @@ const PROXY: &str = "10.0.0.5";
 
 fn nginx_backend_conf(dir: &Path, ip: &str, name: &str) -> String {
     format!(
-        "worker_processes 1;\ndaemon off;\npid {d}/nginx-{name}.pid;\nerror_log {d}/nginx-{name}.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-{name};\n  proxy_temp_path {d}/tmp-{name};\n  fastcgi_temp_path {d}/tmp-{name};\n  uwsgi_temp_path {d}/tmp-{name};\n  scgi_temp_path {d}/tmp-{name};\n  server {{ listen {ip}:80 backlog=4096; location / {{ return 200 \"{name}\\n\"; }} }}\n}}\n",
+        "worker_processes auto;\ndaemon off;\npid {d}/nginx-{name}.pid;\nerror_log {d}/nginx-{name}.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-{name};\n  proxy_temp_path {d}/tmp-{name};\n  fastcgi_temp_path {d}/tmp-{name};\n  uwsgi_temp_path {d}/tmp-{name};\n  scgi_temp_path {d}/tmp-{name};\n  server {{ listen {ip}:80 backlog=4096; location / {{ return 200 \"{name}\\n\"; }} }}\n}}\n",
         d = dir.display()
     )
 }
@@ -340,6 +340,14 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let proxy_host = &t.hosts[4];
+    // Every request is a new connection from the same client (and, through a proxy, from
+    // the proxy): at thousands per second the default 28k ephemeral ports, each held 60 s
+    // in TIME_WAIT, run out within seconds and connect() stalls. Widen the range and let
+    // TIME_WAIT ports be reused (RFC 7323 timestamps), in these namespaces only.
+    for h in [client, proxy_host] {
+        h.exec_checked(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535"])?;
+        h.exec_checked(&["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    }
     let mut results = Vec::new();
     for (bi, &kind) in args.backends.iter().enumerate() {
         let backend_label = match kind {

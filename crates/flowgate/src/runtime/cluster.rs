@@ -98,6 +98,8 @@ struct View {
     switches: BTreeMap<String, SwitchRole>,
     /// The spill decision the global controller last wrote for this domain.
     spill: Value,
+    /// Since when this domain sends new connections to other domains (Unix ms).
+    spill_applied_unix_ms: Option<u64>,
     /// The cluster as the store last showed it (domains, masters, standbys, global).
     cluster: Value,
 }
@@ -140,6 +142,7 @@ impl ClusterState {
                 store_unreachable_since_unix_ms: None,
                 switches: BTreeMap::new(),
                 spill: Value::Null,
+                spill_applied_unix_ms: None,
                 cluster: Value::Null,
             }),
             roles: Mutex::new(HashMap::new()),
@@ -272,6 +275,8 @@ impl ClusterState {
             },
             "switches": v.switches,
             "spill": v.spill,
+            "spill_applied_unix_ms": v.spill_applied_unix_ms,
+            "uplink": self.cfg.uplink.map(|(d, p)| format!("{d:016x}:{p}")),
             "cluster": v.cluster,
             "counters": {
                 "elections_won": c.elections_won.load(Ordering::Relaxed),
@@ -624,6 +629,7 @@ async fn run_lease(handle: &Handle, store: &dyn Store, lease: LeaseId, stop: &mu
     work.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_view = Instant::now() - Duration::from_secs(10);
     let mut global = GlobalState::default();
+    let mut shared = SharedServices::default();
     loop {
         tokio::select! {
             r = &mut campaign, if leadership.is_none() => match r {
@@ -669,7 +675,9 @@ async fn run_lease(handle: &Handle, store: &dyn Store, lease: LeaseId, stop: &mu
                     }
                 }
                 if cfg.role == ClusterRole::Domain {
+                    shared.sync(handle, store).await;
                     read_spill(handle, store).await;
+                    apply_spill(handle);
                 }
                 rerequest_pending(handle);
                 if last_view.elapsed() >= Duration::from_secs(1) {
@@ -711,15 +719,18 @@ async fn observe_leader(handle: &Handle, store: &dyn Store, election: &str, ours
 
 /// A domain's aggregated state, per service: what the global controller decides from.
 fn domain_summary(handle: &Handle) -> Value {
+    let uplink = handle.cluster.cfg.uplink;
     let core = handle.lock();
     let c = &core.controller;
     let services: BTreeMap<String, Value> = c
         .services()
         .iter()
         .map(|s| {
-            let local: Vec<_> = s.backends.iter().filter(|b| b.mac.is_some()).collect();
+            let local: Vec<_> = s.backends.iter().filter(|b| is_local(c, uplink, b)).collect();
             let healthy: Vec<_> = local.iter().filter(|b| b.eligible()).collect();
-            let load: f64 = healthy.iter().map(|b| b.reported_rps.unwrap_or(b.rps)).sum();
+            // The domain's demand: every new connection its clients opened, wherever it
+            // went (spilled ones included, so a spill does not undo itself).
+            let load: f64 = s.backends.iter().map(|b| b.rps).sum();
             let active: u64 = local.iter().map(|b| u64::from(b.active_connections)).sum();
             let capacity = s.cfg.params.threshold_rps.map(|t| t * healthy.len() as f64);
             (
@@ -730,12 +741,162 @@ fn domain_summary(handle: &Handle) -> Value {
                     "load_rps": load,
                     "active_connections": active,
                     "capacity_rps": capacity,
-                    "local_backends": healthy.iter().map(|b| b.address.to_string()).collect::<Vec<_>>(),
+                    "local_backends": healthy
+                        .iter()
+                        .map(|b| json!({ "address": b.address.to_string(), "mac": b.mac.map(|m| m.to_string()) }))
+                        .collect::<Vec<_>>(),
                 }),
             )
         })
         .collect();
     json!({ "instance": handle.cluster.cfg.instance, "at_unix_ms": unix_ms(), "services": services })
+}
+
+/// A backend of this domain: located on one of its switches, not behind the uplink.
+fn is_local(
+    c: &flowgate_core::Controller,
+    uplink: Option<(u64, u32)>,
+    b: &flowgate_core::service::BackendState,
+) -> bool {
+    b.mac.is_some()
+        && !c
+            .topology()
+            .locate_ip(b.address)
+            .is_some_and(|(_, at)| Some((at.dpid, at.port)) == uplink)
+}
+
+/// Apply this domain's spill decision to the core's weights: the domain's own backends
+/// keep their configured weights (scaled by 100 while spilling), the other domains'
+/// backends (placed behind the uplink, with the MAC their domain reported) get weight 0,
+/// or while spilling a share such that `fraction` of new connections go to them, split
+/// by the targets' weights. Local decisions stay local: this only sets weights.
+fn apply_spill(handle: &Handle) {
+    let cs = &handle.cluster;
+    let Some(uplink) = cs.cfg.uplink else { return };
+    let spill = cs.view().spill.clone();
+    let now = Instant::now();
+    let at = flowgate_core::topology::PortRef::new(uplink.0, uplink.1);
+    let mut spilling = false;
+    {
+        let mut core = handle.lock();
+        let c = &mut core.controller;
+        let names: Vec<String> = c.services().iter().map(|s| s.cfg.name.clone()).collect();
+        for (si, name) in names.iter().enumerate() {
+            let d = &spill["services"][name.as_str()];
+            let fraction = d["fraction"].as_f64().unwrap_or(0.0).clamp(0.0, 1.0);
+            // Remote backends named by the decision: address -> share of the spill.
+            let mut remote_share: HashMap<std::net::Ipv4Addr, f64> = HashMap::new();
+            if let Some(targets) = d["targets"].as_object() {
+                for t in targets.values() {
+                    let w = t["weight"].as_f64().unwrap_or(0.0);
+                    let list = t["backends"].as_array().cloned().unwrap_or_default();
+                    let n = list.len().max(1) as f64;
+                    for b in list {
+                        let (Some(ip), Some(mac)) = (
+                            b["address"].as_str().and_then(|a| a.parse().ok()),
+                            b["mac"].as_str().and_then(|m| m.parse::<flowgate_packet::MacAddr>().ok()),
+                        ) else {
+                            continue;
+                        };
+                        if c.place_remote_backend(now, ip, mac, at) {
+                            *remote_share.entry(ip).or_default() += w / n;
+                        }
+                    }
+                }
+            }
+            let Some(s) = c.services().get(si) else { continue };
+            let local_total: u64 = s
+                .backends
+                .iter()
+                .zip(&s.cfg.backends)
+                .filter(|(b, _)| is_local(c, Some(uplink), b))
+                .map(|(_, cfg)| u64::from(cfg.weight) * 100)
+                .sum();
+            let active = fraction > 0.0 && !remote_share.is_empty();
+            // Σremote / (Σlocal + Σremote) = fraction.
+            let remote_total = if fraction >= 0.999 || local_total == 0 {
+                100_000.0
+            } else {
+                fraction / (1.0 - fraction) * local_total as f64
+            };
+            let plan: Vec<(usize, u32)> = s
+                .backends
+                .iter()
+                .zip(&s.cfg.backends)
+                .enumerate()
+                .map(|(bi, (b, cfg))| {
+                    let w = if is_local(c, Some(uplink), b) {
+                        if active { cfg.weight.saturating_mul(100) } else { cfg.weight }
+                    } else if active {
+                        let share = remote_share.get(&b.address).copied().unwrap_or(0.0);
+                        (share * remote_total).round().clamp(0.0, 1_000_000.0) as u32
+                    } else {
+                        0
+                    };
+                    (bi, w)
+                })
+                .collect();
+            spilling |= active;
+            for (bi, w) in plan {
+                if c.services().get(si).and_then(|s| s.backends.get(bi)).is_some_and(|b| b.weight != w) {
+                    c.set_weight(si, bi, w);
+                }
+            }
+        }
+    }
+    let mut v = cs.view();
+    if spilling && v.spill_applied_unix_ms.is_none() {
+        v.spill_applied_unix_ms = Some(unix_ms());
+        tracing::info!("spilling: new connections go partly to other domains' backends");
+    } else if !spilling && v.spill_applied_unix_ms.is_some() {
+        v.spill_applied_unix_ms = None;
+        tracing::info!("spill over: new connections stay in the domain");
+    }
+}
+
+/// The services every domain shares, from the store (`/flowgate/<cluster>/services`: the
+/// `[[service]]` tables of a config file, in TOML). An operator changes a pool once
+/// (`etcdctl put /flowgate/<cluster>/services "$(cat services.toml)"`) and every domain
+/// instance applies it as a reload: live connections and learned state are kept.
+#[derive(Default)]
+struct SharedServices {
+    revision: i64,
+    services: Option<Vec<flowgate_core::config::ServiceConfig>>,
+}
+
+impl SharedServices {
+    async fn sync(&mut self, handle: &Handle, store: &dyn Store) {
+        let cs = &handle.cluster;
+        let kv = match store.get(keys::services(&cs.cfg.name)).await {
+            Ok(Some(kv)) => kv,
+            Ok(None) => return,
+            Err(e) => {
+                cs.store_failed(&e);
+                return;
+            }
+        };
+        if kv.mod_revision != self.revision {
+            self.revision = kv.mod_revision;
+            match flowgate_core::Config::from_toml(&kv.value_str(), &|_| None) {
+                Ok(c) => self.services = Some(c.services),
+                Err(e) => {
+                    tracing::error!(revision = kv.mod_revision, error = %e, "shared services in the store are invalid: keeping the current ones");
+                    self.services = None;
+                }
+            }
+        }
+        let Some(services) = &self.services else { return };
+        let now = Instant::now();
+        let mut core = handle.lock();
+        let mut config = handle.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if &config.services == services {
+            return;
+        }
+        config.services = services.clone();
+        core.with(|c, out| c.reload(now, &config, out));
+        *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        tracing::info!(services = services.len(), revision = self.revision, "services from the store applied");
+    }
 }
 
 async fn publish_summary(handle: &Handle, store: &dyn Store, l: &Leadership, lease: LeaseId) -> bool {
@@ -815,10 +976,10 @@ async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
                 domains.entry((*d).to_string()).or_insert_with(|| json!({}))["spill"] = v;
             }
             ["global", "members", inst] => global_members.push(json!(inst)),
-            ["global", "leader", _] => {
-                if global_leader.as_ref().is_none_or(|(r, _)| kv.create_revision < *r) {
-                    global_leader = Some((kv.create_revision, kv.value_str()));
-                }
+            ["global", "leader", _]
+                if global_leader.as_ref().is_none_or(|(r, _)| kv.create_revision < *r) =>
+            {
+                global_leader = Some((kv.create_revision, kv.value_str()));
             }
             _ => {}
         }
