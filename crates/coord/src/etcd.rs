@@ -11,7 +11,7 @@ use etcd_client::{
     Txn, TxnOp,
 };
 
-use crate::{BoxFuture, CoordError, Kv, LeaseId, Leadership, Result, Revision, Store, ttl_secs};
+use crate::{BoxFuture, CoordError, Kv, Leadership, LeaseId, Result, Revision, Store, ttl_secs};
 
 /// A [`Store`] on an etcd v3 cluster.
 #[derive(Clone)]
@@ -107,7 +107,12 @@ impl Store for EtcdStore {
         })
     }
 
-    fn put(&self, key: String, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'_, Result<Revision>> {
+    fn put(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'_, Result<Revision>> {
         Box::pin(async move {
             let mut c = self.client.clone();
             let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
@@ -148,7 +153,12 @@ impl Store for EtcdStore {
         })
     }
 
-    fn campaign(&self, election: String, value: Vec<u8>, lease: LeaseId) -> BoxFuture<'_, Result<Leadership>> {
+    fn campaign(
+        &self,
+        election: String,
+        value: Vec<u8>,
+        lease: LeaseId,
+    ) -> BoxFuture<'_, Result<Leadership>> {
         Box::pin(async move {
             let mut c = self.campaign_client.clone();
             // No deadline: a campaign waits for as long as another candidate leads. The
@@ -157,9 +167,9 @@ impl Store for EtcdStore {
                 .campaign(election.clone(), value, lease.0)
                 .await
                 .map_err(unavailable)?;
-            let l = r
-                .leader()
-                .ok_or_else(|| CoordError::Other("campaign answered without a leader key".into()))?;
+            let l = r.leader().ok_or_else(|| {
+                CoordError::Other("campaign answered without a leader key".into())
+            })?;
             Ok(Leadership {
                 election,
                 key: String::from_utf8_lossy(l.key()).into_owned(),

@@ -99,13 +99,23 @@ pub trait Store: Send + Sync + 'static {
     fn keep_alive(&self, lease: LeaseId) -> BoxFuture<'_, Result<()>>;
     /// End a lease now: its keys (and any leadership held with it) go at once.
     fn revoke(&self, lease: LeaseId) -> BoxFuture<'_, Result<()>>;
-    fn put(&self, key: String, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'_, Result<Revision>>;
+    fn put(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'_, Result<Revision>>;
     fn get(&self, key: String) -> BoxFuture<'_, Result<Option<Kv>>>;
     /// Every key under `prefix`, in key order.
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Vec<Kv>>>;
     fn delete(&self, key: String) -> BoxFuture<'_, Result<()>>;
     /// Join `election` with `value` under `lease` and wait until this candidate leads.
-    fn campaign(&self, election: String, value: Vec<u8>, lease: LeaseId) -> BoxFuture<'_, Result<Leadership>>;
+    fn campaign(
+        &self,
+        election: String,
+        value: Vec<u8>,
+        lease: LeaseId,
+    ) -> BoxFuture<'_, Result<Leadership>>;
     /// The current leader's key, if any.
     fn leader(&self, election: String) -> BoxFuture<'_, Result<Option<Kv>>>;
     /// Put `key` only while `leadership` holds. `Ok(false)`: the writer is no longer the
@@ -230,7 +240,11 @@ impl MemState {
         }
         self.revision += 1;
         let rev = self.revision;
-        let create = self.kvs.get(&key).map(|kv| kv.create_revision).unwrap_or(rev);
+        let create = self
+            .kvs
+            .get(&key)
+            .map(|kv| kv.create_revision)
+            .unwrap_or(rev);
         self.kvs.insert(
             key.clone(),
             Kv {
@@ -269,7 +283,9 @@ impl MemStore {
 
     fn lock(&self) -> Result<MutexGuard<'_, MemState>> {
         if self.inner.unavailable.load(Ordering::SeqCst) {
-            return Err(CoordError::Unavailable("in-memory store set unavailable".into()));
+            return Err(CoordError::Unavailable(
+                "in-memory store set unavailable".into(),
+            ));
         }
         let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.expire(Instant::now()) {
@@ -319,7 +335,12 @@ impl Store for MemStore {
         })
     }
 
-    fn put(&self, key: String, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'_, Result<Revision>> {
+    fn put(
+        &self,
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'_, Result<Revision>> {
         Box::pin(async move {
             let r = self.lock()?.put(key, value, lease);
             self.done(r)
@@ -354,7 +375,12 @@ impl Store for MemStore {
         })
     }
 
-    fn campaign(&self, election: String, value: Vec<u8>, lease: LeaseId) -> BoxFuture<'_, Result<Leadership>> {
+    fn campaign(
+        &self,
+        election: String,
+        value: Vec<u8>,
+        lease: LeaseId,
+    ) -> BoxFuture<'_, Result<Leadership>> {
         Box::pin(async move {
             let key = format!("{election}/{:x}", lease.0);
             {
@@ -441,13 +467,22 @@ pub mod conformance {
     pub async fn run(store: &dyn Store, prefix: &str) -> std::result::Result<(), String> {
         let e = |what: &str, err: CoordError| format!("{what}: {err}");
         let k = |s: &str| format!("{prefix}/{s}");
-        store.put(k("a"), b"1".to_vec(), None).await.map_err(|x| e("put", x))?;
+        store
+            .put(k("a"), b"1".to_vec(), None)
+            .await
+            .map_err(|x| e("put", x))?;
         let got = store.get(k("a")).await.map_err(|x| e("get", x))?;
         if got.as_ref().map(|kv| kv.value.as_slice()) != Some(b"1") {
             return Err(format!("get returned {got:?}"));
         }
-        store.put(k("b"), b"2".to_vec(), None).await.map_err(|x| e("put", x))?;
-        let listed = store.list(format!("{prefix}/")).await.map_err(|x| e("list", x))?;
+        store
+            .put(k("b"), b"2".to_vec(), None)
+            .await
+            .map_err(|x| e("put", x))?;
+        let listed = store
+            .list(format!("{prefix}/"))
+            .await
+            .map_err(|x| e("list", x))?;
         if listed.len() != 2 {
             return Err(format!("list returned {listed:?}"));
         }
@@ -455,14 +490,26 @@ pub mod conformance {
 
         // Election: A leads, B waits; A's fenced write works.
         let election = k("election");
-        let la = store.grant(Duration::from_secs(2)).await.map_err(|x| e("grant", x))?;
-        let lb = store.grant(Duration::from_secs(2)).await.map_err(|x| e("grant", x))?;
-        store.put(k("leased"), b"x".to_vec(), Some(la)).await.map_err(|x| e("leased put", x))?;
+        let la = store
+            .grant(Duration::from_secs(2))
+            .await
+            .map_err(|x| e("grant", x))?;
+        let lb = store
+            .grant(Duration::from_secs(2))
+            .await
+            .map_err(|x| e("grant", x))?;
+        store
+            .put(k("leased"), b"x".to_vec(), Some(la))
+            .await
+            .map_err(|x| e("leased put", x))?;
         let a = store
             .campaign(election.clone(), b"A".to_vec(), la)
             .await
             .map_err(|x| e("campaign A", x))?;
-        let leader = store.leader(election.clone()).await.map_err(|x| e("leader", x))?;
+        let leader = store
+            .leader(election.clone())
+            .await
+            .map_err(|x| e("leader", x))?;
         if leader.as_ref().map(|kv| kv.value.as_slice()) != Some(b"A") {
             return Err(format!("leader is {leader:?}, not A"));
         }
@@ -495,9 +542,17 @@ pub mod conformance {
             return Err(format!("B took {took:?} to win"));
         }
         if b.revision <= a.revision {
-            return Err(format!("generation did not increase: {} then {}", a.revision, b.revision));
+            return Err(format!(
+                "generation did not increase: {} then {}",
+                a.revision, b.revision
+            ));
         }
-        if store.get(k("leased")).await.map_err(|x| e("get", x))?.is_some() {
+        if store
+            .get(k("leased"))
+            .await
+            .map_err(|x| e("get", x))?
+            .is_some()
+        {
             return Err("a key under the expired lease survived".into());
         }
         if store
@@ -512,7 +567,12 @@ pub mod conformance {
             return Err("the decision changed".into());
         }
         store.resign(b).await.map_err(|x| e("resign", x))?;
-        if store.leader(election).await.map_err(|x| e("leader", x))?.is_some() {
+        if store
+            .leader(election)
+            .await
+            .map_err(|x| e("leader", x))?
+            .is_some()
+        {
             return Err("a leader remains after resign".into());
         }
         store.revoke(lb).await.map_err(|x| e("revoke", x))?;
@@ -527,17 +587,29 @@ mod tests {
     #[tokio::test]
     async fn mem_store_conformance() {
         let s = MemStore::new();
-        conformance::run(&s, "/t").await.unwrap_or_else(|e| panic!("{e}"));
+        conformance::run(&s, "/t")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[tokio::test]
     async fn unavailable_store_fails_fast_and_recovers() {
         let s = MemStore::new();
-        s.put("/k".into(), b"v".to_vec(), None).await.unwrap_or_else(|e| panic!("{e}"));
+        s.put("/k".into(), b"v".to_vec(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         s.set_available(false);
-        assert!(matches!(s.get("/k".into()).await, Err(CoordError::Unavailable(_))));
+        assert!(matches!(
+            s.get("/k".into()).await,
+            Err(CoordError::Unavailable(_))
+        ));
         s.set_available(true);
-        assert!(s.get("/k".into()).await.unwrap_or_else(|e| panic!("{e}")).is_some());
+        assert!(
+            s.get("/k".into())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_some()
+        );
     }
 
     #[test]

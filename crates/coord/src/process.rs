@@ -94,9 +94,24 @@ impl EtcdCluster {
         let child = Command::new(etcd_binary())
             .args(["--name", &m.name, "--data-dir"])
             .arg(&data)
-            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
-            .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
-            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
+            .args([
+                "--listen-client-urls",
+                &m.client_url,
+                "--advertise-client-urls",
+                &m.client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &m.peer_url,
+                "--initial-advertise-peer-urls",
+                &m.peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &self.initial,
+                "--initial-cluster-state",
+                "new",
+            ])
             .args(["--initial-cluster-token", &self.token])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -121,7 +136,11 @@ impl EtcdCluster {
 
     /// `etcd = [...]` as a TOML array.
     pub fn toml_endpoints(&self) -> String {
-        let v: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
+        let v: Vec<String> = self
+            .endpoints()
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect();
         format!("[{}]", v.join(", "))
     }
 
@@ -132,7 +151,14 @@ impl EtcdCluster {
         loop {
             let ok = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &endpoints, "--command-timeout=1s", "put", "/flowgate-probe", "1"])
+                .args([
+                    "--endpoints",
+                    &endpoints,
+                    "--command-timeout=1s",
+                    "put",
+                    "/flowgate-probe",
+                    "1",
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
@@ -163,9 +189,14 @@ impl EtcdCluster {
         self.members
             .iter()
             .map(|m| {
-                let log = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name))).unwrap_or_default();
+                let log = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name)))
+                    .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                format!("--- etcd {} ---\n{}\n", m.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                format!(
+                    "--- etcd {} ---\n{}\n",
+                    m.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
             })
             .collect()
     }

@@ -33,10 +33,17 @@ async fn etcd_down_is_unavailable_not_a_hang() {
     let store = EtcdStore::connect(&etcd.endpoints(), Duration::from_millis(500))
         .await
         .expect("connect");
-    store.put("/k".into(), b"v".to_vec(), None).await.expect("put");
+    store
+        .put("/k".into(), b"v".to_vec(), None)
+        .await
+        .expect("put");
     etcd.kill(0);
     let t = std::time::Instant::now();
     let r = store.get("/k".into()).await;
     assert!(matches!(r, Err(CoordError::Unavailable(_))), "{r:?}");
-    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
 }

@@ -25,8 +25,8 @@ pub mod conntrack;
 pub mod controller;
 pub mod cookie;
 pub mod health;
-pub mod overload;
 pub mod metrics_text;
+pub mod overload;
 pub mod service;
 pub mod topology;
 

@@ -28,7 +28,10 @@ impl Default for MetricNames {
     fn default() -> Self {
         MetricNames {
             requests: Some("http_requests_total".into()),
-            active: vec!["http_requests_in_flight".into(), "http_requests_queued".into()],
+            active: vec![
+                "http_requests_in_flight".into(),
+                "http_requests_queued".into(),
+            ],
             response_time: Some("http_request_duration_seconds".into()),
             cpu: Some("node_cpu_seconds_total".into()),
         }
@@ -111,7 +114,11 @@ fn sum_of(text: &str, name: &str) -> Option<f64> {
 pub fn totals(text: &str, names: &MetricNames) -> Totals {
     let mut t = Totals {
         requests: names.requests.as_deref().and_then(|n| sum_of(text, n)),
-        active: names.active.iter().filter_map(|n| sum_of(text, n)).reduce(|a, b| a + b),
+        active: names
+            .active
+            .iter()
+            .filter_map(|n| sum_of(text, n))
+            .reduce(|a, b| a + b),
         ..Totals::default()
     };
     if let Some(h) = names.response_time.as_deref() {
@@ -146,16 +153,31 @@ pub fn derive(prev: (Instant, Totals), now: (Instant, Totals)) -> LoadSample {
         (Some(x), Some(y)) if y >= x => Some(y - x),
         _ => None,
     };
-    let rps = if dt > 0.0 { delta(a.requests, b.requests).map(|d| d / dt) } else { None };
-    let response_time_ms = match (delta(a.duration_sum, b.duration_sum), delta(a.duration_count, b.duration_count)) {
+    let rps = if dt > 0.0 {
+        delta(a.requests, b.requests).map(|d| d / dt)
+    } else {
+        None
+    };
+    let response_time_ms = match (
+        delta(a.duration_sum, b.duration_sum),
+        delta(a.duration_count, b.duration_count),
+    ) {
         (Some(s), Some(c)) if c > 0.0 => Some(s / c * 1000.0),
         _ => None,
     };
-    let cpu = match (delta(a.cpu_total, b.cpu_total), delta(a.cpu_idle, b.cpu_idle)) {
+    let cpu = match (
+        delta(a.cpu_total, b.cpu_total),
+        delta(a.cpu_idle, b.cpu_idle),
+    ) {
         (Some(t), Some(i)) if t > 0.0 => Some((1.0 - i / t).clamp(0.0, 1.0)),
         _ => None,
     };
-    LoadSample { rps, active: b.active, response_time_ms, cpu }
+    LoadSample {
+        rps,
+        active: b.active,
+        response_time_ms,
+        cpu,
+    }
 }
 
 #[cfg(test)]
@@ -185,8 +207,14 @@ mod tests {
     fn node_exporter_cpu_is_one_minus_the_idle_share() {
         let t0 = Instant::now();
         let names = MetricNames::nginx();
-        let a = totals("node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 100\nnode_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 50\nnginx_http_requests_total 10\nnginx_connections_active 2\n", &names);
-        let b = totals("node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 101\nnode_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 53\nnginx_http_requests_total 30\nnginx_connections_active 5\n", &names);
+        let a = totals(
+            "node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 100\nnode_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 50\nnginx_http_requests_total 10\nnginx_connections_active 2\n",
+            &names,
+        );
+        let b = totals(
+            "node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 101\nnode_cpu_seconds_total{cpu=\"0\",mode=\"user\"} 53\nnginx_http_requests_total 30\nnginx_connections_active 5\n",
+            &names,
+        );
         let s = derive((t0, a), (t0 + Duration::from_secs(4), b));
         assert!((s.cpu.unwrap() - 0.75).abs() < 1e-9);
         assert_eq!(s.rps, Some(5.0));
@@ -200,7 +228,10 @@ mod tests {
         let a = totals("http_requests_total 500\n", &MetricNames::default());
         let b = totals("http_requests_total 3\n", &MetricNames::default());
         assert_eq!(derive((t0, a), (t0 + Duration::from_secs(1), b)).rps, None);
-        let g = totals("}{ garbage\nhttp_requests_total{ 1\nhttp_requests_total NaNx\n\u{0}", &MetricNames::default());
+        let g = totals(
+            "}{ garbage\nhttp_requests_total{ 1\nhttp_requests_total NaNx\n\u{0}",
+            &MetricNames::default(),
+        );
         assert_eq!(g, Totals::default());
     }
 }

@@ -184,7 +184,12 @@ impl ServiceState {
     /// The switch reported the end of a connection's reverse rule: `answered` is false when
     /// the backend sent nothing back, or only a RST (at most one packet), which is how a
     /// refused or timed-out connection looks from the switch.
-    pub fn record_outcome(&mut self, now: Instant, backend: usize, answered: bool) -> Option<Instant> {
+    pub fn record_outcome(
+        &mut self,
+        now: Instant,
+        backend: usize,
+        answered: bool,
+    ) -> Option<Instant> {
         if backend >= self.backends.len() {
             return None;
         }

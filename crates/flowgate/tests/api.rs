@@ -101,7 +101,10 @@ fn raw(addr: SocketAddr, req: &[u8]) -> Resp {
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
@@ -169,7 +172,9 @@ fn assert_json_error(r: &Resp, status: u16) -> String {
         r.head
     );
     let v = r.json();
-    let msg = v["error"].as_str().unwrap_or_else(|| panic!("an error field: {v}"));
+    let msg = v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an error field: {v}"));
     assert!(!msg.is_empty());
     msg.to_string()
 }
@@ -209,7 +214,10 @@ fn reads_services_backends_switches_events_status() {
     assert_eq!(b["address"], "10.0.0.3");
     assert_eq!(b["weight"], 2);
     assert_eq!(b["state"], "active");
-    assert_eq!(b["gap"]["mode"], "off", "no overload control configured: {b}");
+    assert_eq!(
+        b["gap"]["mode"], "off",
+        "no overload control configured: {b}"
+    );
 
     assert_eq!(get(s.addr, "/api/v1/services/web").json()["name"], "web");
     assert_eq!(
@@ -262,7 +270,12 @@ fn connections_page_and_counts() {
 fn drain_undrain_weight_algorithm_add_remove() {
     let s = server("changes", Some(TOKEN));
     let a = s.addr;
-    let r = post_json(a, "POST", "/api/v1/services/web/backends/10.0.0.2/drain", &json!(null));
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v1/services/web/backends/10.0.0.2/drain",
+        &json!(null),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["state"], "draining");
     assert_eq!(r.json()["draining"], true);
@@ -271,54 +284,197 @@ fn drain_undrain_weight_algorithm_add_remove() {
         "draining"
     );
     // No body at all is fine for drain/undrain.
-    let r = req(a, "POST", "/api/v1/services/web/backends/10.0.0.2/undrain", Some(TOKEN), None, "");
+    let r = req(
+        a,
+        "POST",
+        "/api/v1/services/web/backends/10.0.0.2/undrain",
+        Some(TOKEN),
+        None,
+        "",
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["state"], "active");
 
-    let r = post_json(a, "PUT", "/api/v1/services/web/backends/10.0.0.3/weight", &json!({"weight": 7}));
+    let r = post_json(
+        a,
+        "PUT",
+        "/api/v1/services/web/backends/10.0.0.3/weight",
+        &json!({"weight": 7}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["weight"], 7);
     assert_json_error(
-        &post_json(a, "PUT", "/api/v1/services/web/backends/10.0.0.3/weight", &json!({"weight": 2_000_000})),
+        &post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/backends/10.0.0.3/weight",
+            &json!({"weight": 2_000_000}),
+        ),
         400,
     );
     assert_json_error(
-        &post_json(a, "PUT", "/api/v1/services/web/backends/10.0.0.3/weight", &json!({"weight": -1})),
+        &post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/backends/10.0.0.3/weight",
+            &json!({"weight": -1}),
+        ),
         422,
     );
 
-    let r = post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"algorithm": "least-connections"}));
+    let r = post_json(
+        a,
+        "PUT",
+        "/api/v1/services/web/algorithm",
+        &json!({"algorithm": "least-connections"}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["algorithm"], "least-connections");
     // ISSLM needs a threshold: refused without, accepted with; then only the threshold.
-    assert_json_error(&post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"algorithm": "isslm"})), 400);
-    let r = post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"algorithm": "isslm", "threshold_rps": 50.0}));
+    assert_json_error(
+        &post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/algorithm",
+            &json!({"algorithm": "isslm"}),
+        ),
+        400,
+    );
+    let r = post_json(
+        a,
+        "PUT",
+        "/api/v1/services/web/algorithm",
+        &json!({"algorithm": "isslm", "threshold_rps": 50.0}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["threshold_rps"], 50.0);
-    let r = post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"threshold_rps": 80.0}));
+    let r = post_json(
+        a,
+        "PUT",
+        "/api/v1/services/web/algorithm",
+        &json!({"threshold_rps": 80.0}),
+    );
     assert_eq!(r.json()["algorithm"], "isslm");
     assert_eq!(r.json()["threshold_rps"], 80.0);
-    let msg = assert_json_error(&post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"algorithm": "fastest"})), 400);
-    assert!(msg.contains("round-robin"), "lists the known algorithms: {msg}");
-    assert_json_error(&post_json(a, "PUT", "/api/v1/services/web/algorithm", &json!({"threshold_rps": -3})), 400);
-    assert_json_error(&post_json(a, "PUT", "/api/v1/services/nope/algorithm", &json!({})), 404);
+    let msg = assert_json_error(
+        &post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/algorithm",
+            &json!({"algorithm": "fastest"}),
+        ),
+        400,
+    );
+    assert!(
+        msg.contains("round-robin"),
+        "lists the known algorithms: {msg}"
+    );
+    assert_json_error(
+        &post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/algorithm",
+            &json!({"threshold_rps": -3}),
+        ),
+        400,
+    );
+    assert_json_error(
+        &post_json(a, "PUT", "/api/v1/services/nope/algorithm", &json!({})),
+        404,
+    );
 
-    let r = post_json(a, "POST", "/api/v1/services/web/backends", &json!({"address": "10.0.0.7", "weight": 3}));
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v1/services/web/backends",
+        &json!({"address": "10.0.0.7", "weight": 3}),
+    );
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.json()["address"], "10.0.0.7");
-    assert_json_error(&post_json(a, "POST", "/api/v1/services/web/backends", &json!({"address": "10.0.0.7"})), 409);
-    assert_json_error(&post_json(a, "POST", "/api/v1/services/web/backends", &json!({"address": "10.0.0.100"})), 409);
-    assert_json_error(&post_json(a, "POST", "/api/v1/services/web/backends", &json!({"address": "nope"})), 400);
-    assert_json_error(&post_json(a, "POST", "/api/v1/services/web/backends", &json!({"address": "224.0.0.1"})), 400);
-    assert_eq!(get(a, "/api/v1/services/web/backends").json().as_array().unwrap().len(), 3);
-    let r = req(a, "DELETE", "/api/v1/services/web/backends/10.0.0.7", Some(TOKEN), None, "");
+    assert_json_error(
+        &post_json(
+            a,
+            "POST",
+            "/api/v1/services/web/backends",
+            &json!({"address": "10.0.0.7"}),
+        ),
+        409,
+    );
+    assert_json_error(
+        &post_json(
+            a,
+            "POST",
+            "/api/v1/services/web/backends",
+            &json!({"address": "10.0.0.100"}),
+        ),
+        409,
+    );
+    assert_json_error(
+        &post_json(
+            a,
+            "POST",
+            "/api/v1/services/web/backends",
+            &json!({"address": "nope"}),
+        ),
+        400,
+    );
+    assert_json_error(
+        &post_json(
+            a,
+            "POST",
+            "/api/v1/services/web/backends",
+            &json!({"address": "224.0.0.1"}),
+        ),
+        400,
+    );
+    assert_eq!(
+        get(a, "/api/v1/services/web/backends")
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    let r = req(
+        a,
+        "DELETE",
+        "/api/v1/services/web/backends/10.0.0.7",
+        Some(TOKEN),
+        None,
+        "",
+    );
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(get(a, "/api/v1/services/web/backends").json().as_array().unwrap().len(), 2);
-    assert_json_error(&req(a, "DELETE", "/api/v1/services/web/backends/10.0.0.7", Some(TOKEN), None, ""), 404);
+    assert_eq!(
+        get(a, "/api/v1/services/web/backends")
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_json_error(
+        &req(
+            a,
+            "DELETE",
+            "/api/v1/services/web/backends/10.0.0.7",
+            Some(TOKEN),
+            None,
+            "",
+        ),
+        404,
+    );
 
-    let kinds: Vec<String> = get(a, "/api/v1/events").json().as_array().unwrap().iter()
-        .map(|e| e["kind"].as_str().unwrap().to_string()).collect();
-    assert!(kinds.contains(&"admin".to_string()) && kinds.contains(&"algorithm".to_string()), "{kinds:?}");
+    let kinds: Vec<String> = get(a, "/api/v1/events")
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        kinds.contains(&"admin".to_string()) && kinds.contains(&"algorithm".to_string()),
+        "{kinds:?}"
+    );
 }
 
 #[test]
@@ -330,24 +486,49 @@ fn reload_validates_first_and_lists_every_error() {
     let r = post_json(a, "POST", "/api/v1/reload", &json!(null));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["ok"], true);
-    assert_eq!(get(a, "/api/v1/services/web/backends").json().as_array().unwrap().len(), 3);
+    assert_eq!(
+        get(a, "/api/v1/services/web/backends")
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
 
     // A bad file: three errors, all listed with their paths; nothing changes.
     let before = get(a, "/api/v1/services").json();
     let bad = config_text(Some(TOKEN), true)
-        .replace("algorithm = \"round-robin\"", "algorithm = \"fastest\"\nbogus_key = 1")
+        .replace(
+            "algorithm = \"round-robin\"",
+            "algorithm = \"fastest\"\nbogus_key = 1",
+        )
         .replace("address = \"10.0.0.9\"", "address = \"10.0.0.300\"");
     std::fs::write(&s.path, bad).unwrap();
     let r = post_json(a, "POST", "/api/v1/reload", &json!(null));
     assert_eq!(r.status, 422, "{}", r.body);
     let v = r.json();
-    assert!(v["error"].as_str().unwrap().contains("nothing was changed"), "{v}");
-    let paths: BTreeSet<String> = v["errors"].as_array().unwrap().iter()
-        .map(|e| e["path"].as_str().unwrap().to_string()).collect();
-    for p in ["service[0].algorithm", "service[0].bogus_key", "service[0].backend[2].address"] {
+    assert!(
+        v["error"].as_str().unwrap().contains("nothing was changed"),
+        "{v}"
+    );
+    let paths: BTreeSet<String> = v["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap().to_string())
+        .collect();
+    for p in [
+        "service[0].algorithm",
+        "service[0].bogus_key",
+        "service[0].backend[2].address",
+    ] {
         assert!(paths.contains(p), "{p} listed: {v}");
     }
-    assert_eq!(get(a, "/api/v1/services").json(), before, "a bad file changes nothing");
+    assert_eq!(
+        get(a, "/api/v1/services").json(),
+        before,
+        "a bad file changes nothing"
+    );
 
     // Unreadable: a 5xx with the reason; nothing changes either.
     std::fs::remove_file(&s.path).unwrap();
@@ -366,22 +547,44 @@ fn mutations_need_the_token() {
     let msg = assert_json_error(&r, 401);
     assert!(msg.contains("Bearer"), "{msg}");
     assert!(r.header("www-authenticate").is_some());
-    assert_json_error(&req(a, "POST", path, Some("test-token-0123456780"), None, ""), 401);
+    assert_json_error(
+        &req(a, "POST", path, Some("test-token-0123456780"), None, ""),
+        401,
+    );
     assert_json_error(&req(a, "POST", path, Some("short"), None, ""), 401);
     let r = raw(a, format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Basic {TOKEN}\r\nContent-Length: 0\r\n\r\n").as_bytes());
     assert_json_error(&r, 401);
-    assert_eq!(get(a, "/api/v1/services/web/backends/10.0.0.2").json()["state"], "active");
+    assert_eq!(
+        get(a, "/api/v1/services/web/backends/10.0.0.2").json()["state"],
+        "active"
+    );
     // Every mutating route refuses without the token, and reads need none.
     for r in flowgate::api::ROUTES {
         if r.op == flowgate::api::Op::Stream {
             continue; // never ends; covered by stream_sends_snapshots
         }
-        let path = r.path.replace("{service}", "web").replace("{backend}", "10.0.0.2");
-        let resp = req(a, r.verb.as_str(), &path, None, Some("application/json"), "{}");
+        let path = r
+            .path
+            .replace("{service}", "web")
+            .replace("{backend}", "10.0.0.2");
+        let resp = req(
+            a,
+            r.verb.as_str(),
+            &path,
+            None,
+            Some("application/json"),
+            "{}",
+        );
         if r.mutating {
             assert_json_error(&resp, 401);
         } else {
-            assert_eq!(resp.status, 200, "{} {path}: {}", r.verb.as_str(), resp.body);
+            assert_eq!(
+                resp.status,
+                200,
+                "{} {path}: {}",
+                r.verb.as_str(),
+                resp.body
+            );
         }
     }
     assert_eq!(req(a, "POST", path, Some(TOKEN), None, "").status, 200);
@@ -390,11 +593,21 @@ fn mutations_need_the_token() {
 #[test]
 fn without_a_configured_token_mutations_are_forbidden() {
     let s = server("notoken", None);
-    let r = req(s.addr, "POST", "/api/v1/services/web/backends/10.0.0.2/drain", Some(TOKEN), None, "");
+    let r = req(
+        s.addr,
+        "POST",
+        "/api/v1/services/web/backends/10.0.0.2/drain",
+        Some(TOKEN),
+        None,
+        "",
+    );
     let msg = assert_json_error(&r, 403);
     assert!(msg.contains("no API token"), "{msg}");
     assert_json_error(&req(s.addr, "POST", "/api/v1/reload", None, None, ""), 403);
-    assert_eq!(get(s.addr, "/api/v1/status").json()["mutations_enabled"], false);
+    assert_eq!(
+        get(s.addr, "/api/v1/status").json()["mutations_enabled"],
+        false
+    );
 }
 
 #[test]
@@ -403,12 +616,55 @@ fn malformed_and_oversized_input_get_json_4xx() {
     let a = s.addr;
     let w = "/api/v1/services/web/backends/10.0.0.3/weight";
     // Bad JSON, wrong content type, missing content type, wrong shape, unknown field.
-    assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("application/json"), "{\"weight\": "), 400);
-    assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("text/plain"), "{\"weight\": 3}"), 415);
+    assert_json_error(
+        &req(
+            a,
+            "PUT",
+            w,
+            Some(TOKEN),
+            Some("application/json"),
+            "{\"weight\": ",
+        ),
+        400,
+    );
+    assert_json_error(
+        &req(
+            a,
+            "PUT",
+            w,
+            Some(TOKEN),
+            Some("text/plain"),
+            "{\"weight\": 3}",
+        ),
+        415,
+    );
     assert_json_error(&req(a, "PUT", w, Some(TOKEN), None, "{\"weight\": 3}"), 415);
-    assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("application/json"), "{\"weight\": \"3\"}"), 422);
-    assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("application/json"), "{\"weight\": 3, \"x\": 1}"), 422);
-    assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("application/json"), "[]"), 422);
+    assert_json_error(
+        &req(
+            a,
+            "PUT",
+            w,
+            Some(TOKEN),
+            Some("application/json"),
+            "{\"weight\": \"3\"}",
+        ),
+        422,
+    );
+    assert_json_error(
+        &req(
+            a,
+            "PUT",
+            w,
+            Some(TOKEN),
+            Some("application/json"),
+            "{\"weight\": 3, \"x\": 1}",
+        ),
+        422,
+    );
+    assert_json_error(
+        &req(a, "PUT", w, Some(TOKEN), Some("application/json"), "[]"),
+        422,
+    );
     // Unknown path and method.
     let msg = assert_json_error(&get(a, "/api/v1/nope"), 404);
     assert!(msg.contains("no such endpoint"));
@@ -419,14 +675,32 @@ fn malformed_and_oversized_input_get_json_4xx() {
     assert_json_error(&req(a, "GET", "/api/v1/reload", None, None, ""), 405);
     // Oversized: declared, and chunked (no Content-Length).
     let big = format!("{{\"weight\": 3, \"pad\": \"{}\"}}", "x".repeat(70 * 1024));
-    let msg = assert_json_error(&req(a, "PUT", w, Some(TOKEN), Some("application/json"), &big), 413);
+    let msg = assert_json_error(
+        &req(a, "PUT", w, Some(TOKEN), Some("application/json"), &big),
+        413,
+    );
     assert!(msg.contains("65536"), "{msg}");
-    let mut chunked = format!("PUT {w} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let mut chunked = format!(
+        "PUT {w} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
     chunked += &format!("{:x}\r\n{big}\r\n0\r\n\r\n", big.len());
     assert_json_error(&raw(a, chunked.as_bytes()), 413);
     // Even unauthenticated, an oversized body is refused before anything reads it.
-    assert_json_error(&req(a, "POST", "/api/v1/reload", None, Some("application/json"), &big), 413);
-    assert_eq!(get(a, "/api/v1/services/web/backends/10.0.0.3").json()["weight"], 2);
+    assert_json_error(
+        &req(
+            a,
+            "POST",
+            "/api/v1/reload",
+            None,
+            Some("application/json"),
+            &big,
+        ),
+        413,
+    );
+    assert_eq!(
+        get(a, "/api/v1/services/web/backends/10.0.0.3").json()["weight"],
+        2
+    );
 }
 
 // ----- OpenAPI ---------------------------------------------------------------------------------
@@ -436,7 +710,11 @@ fn openapi_document_matches_the_router() {
     let s = server("openapi", Some(TOKEN));
     let a = s.addr;
     let doc = get(a, "/api/v1/openapi.json").json();
-    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3."),
+        "{}",
+        doc["openapi"]
+    );
     assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
     let paths = doc["paths"].as_object().expect("paths");
     let mut documented = BTreeSet::new();
@@ -449,17 +727,31 @@ fn openapi_document_matches_the_router() {
             // Every $ref resolves.
             for r in refs(op) {
                 let name = r.trim_start_matches("#/components/schemas/");
-                assert!(doc["components"]["schemas"][name].is_object(), "{r} resolves");
+                assert!(
+                    doc["components"]["schemas"][name].is_object(),
+                    "{r} resolves"
+                );
             }
             // Path parameters are declared.
             for seg in path.split('/').filter(|s| s.starts_with('{')) {
                 let n = seg.trim_matches(|c| c == '{' || c == '}');
-                assert!(op["parameters"].as_array().unwrap().iter().any(|p| p["name"] == n && p["in"] == "path"), "{method} {path} declares {n}");
+                assert!(
+                    op["parameters"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["name"] == n && p["in"] == "path"),
+                    "{method} {path} declares {n}"
+                );
             }
             // Routed: a request to it does not 404/405 (a fresh server: some calls change state).
             let fresh = server(&format!("openapi-{}", documented.len()), Some(TOKEN));
-            let concrete = path.replace("{service}", "web").replace("{backend}", "10.0.0.2");
-            let body = match op["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str() {
+            let concrete = path
+                .replace("{service}", "web")
+                .replace("{backend}", "10.0.0.2");
+            let body = match op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+                .as_str()
+            {
                 Some(r) if r.ends_with("WeightChange") => json!({"weight": 1}).to_string(),
                 Some(r) if r.ends_with("NewBackend") => json!({"address": "10.0.0.8"}).to_string(),
                 Some(_) => json!({}).to_string(),
@@ -468,7 +760,14 @@ fn openapi_document_matches_the_router() {
             let resp = if op["operationId"] == "stream" {
                 sse_head(fresh.addr, &concrete)
             } else {
-                req(fresh.addr, &method.to_uppercase(), &concrete, Some(TOKEN), Some("application/json"), &body)
+                req(
+                    fresh.addr,
+                    &method.to_uppercase(),
+                    &concrete,
+                    Some(TOKEN),
+                    Some("application/json"),
+                    &body,
+                )
             };
             assert!(
                 resp.status != 404 && resp.status != 405 && resp.status != 0,
@@ -476,7 +775,12 @@ fn openapi_document_matches_the_router() {
                 resp.status,
                 resp.body
             );
-            assert!(resp.status < 400, "{method} {concrete} works as documented: {} {}", resp.status, resp.body);
+            assert!(
+                resp.status < 400,
+                "{method} {concrete} works as documented: {} {}",
+                resp.status,
+                resp.body
+            );
         }
     }
     // Every routed /api/v1 path+method is documented (the router is built from ROUTES).
@@ -487,7 +791,9 @@ fn openapi_document_matches_the_router() {
     assert_eq!(routed, documented);
     // And methods not in the document are not routed.
     for (path, item) in paths {
-        let concrete = path.replace("{service}", "web").replace("{backend}", "10.0.0.2");
+        let concrete = path
+            .replace("{service}", "web")
+            .replace("{backend}", "10.0.0.2");
         for m in ["GET", "POST", "PUT", "DELETE"] {
             if item.get(m.to_lowercase()).is_none() {
                 let r = req(a, m, &concrete, Some(TOKEN), Some("application/json"), "{}");
@@ -521,8 +827,10 @@ fn refs(v: &Value) -> Vec<String> {
 fn sse_head(addr: SocketAddr, path: &str) -> Resp {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n").as_bytes())
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
     let mut buf = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut chunk = [0u8; 4096];
@@ -532,7 +840,9 @@ fn sse_head(addr: SocketAddr, path: &str) -> Resp {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
         let t = String::from_utf8_lossy(&buf);
-        if t.contains("\r\n\r\n") && (t.contains("data:") && t.contains("\n\n") || !t.contains("200 OK")) {
+        if t.contains("\r\n\r\n")
+            && (t.contains("data:") && t.contains("\n\n") || !t.contains("200 OK"))
+        {
             let after = t.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
             if after.contains("}\n") || !t.contains("200 OK") {
                 break;
@@ -542,7 +852,11 @@ fn sse_head(addr: SocketAddr, path: &str) -> Resp {
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Resp { status, head: head.to_string(), body: body.to_string() }
+    Resp {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    }
 }
 
 #[test]
@@ -550,8 +864,15 @@ fn stream_sends_snapshots() {
     let s = server("stream", None);
     let r = sse_head(s.addr, "/api/v1/stream?interval_ms=200");
     assert_eq!(r.status, 200);
-    assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
-    let data = r.body.lines().find_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let data = r
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
         .unwrap_or_else(|| panic!("an event: {}", r.body));
     let v: Value = serde_json::from_str(data).expect("snapshot JSON");
     assert_eq!(v["services"][0]["name"], "web");
@@ -570,9 +891,16 @@ fn dashboard_and_assets_are_served_from_the_binary() {
         assert_eq!(r.status, 200);
         assert!(r.header("content-type").unwrap().starts_with("text/html"));
         assert!(r.body.contains("/assets/app.js") && r.body.contains("/assets/app.css"));
-        assert!(!r.body.contains("http://") && !r.body.contains("https://"), "no CDN");
+        assert!(
+            !r.body.contains("http://") && !r.body.contains("https://"),
+            "no CDN"
+        );
     }
-    for (p, ct) in [("/assets/app.js", "text/javascript"), ("/assets/app.css", "text/css"), ("/assets/favicon.svg", "image/svg+xml")] {
+    for (p, ct) in [
+        ("/assets/app.js", "text/javascript"),
+        ("/assets/app.css", "text/css"),
+        ("/assets/favicon.svg", "image/svg+xml"),
+    ] {
         let r = get(s.addr, p);
         assert_eq!(r.status, 200, "{p}");
         assert!(r.header("content-type").unwrap().starts_with(ct), "{p}");
@@ -586,7 +914,9 @@ fn dashboard_and_assets_are_served_from_the_binary() {
 fn check_prometheus(text: &str) -> BTreeMap<String, String> {
     let name_ok = |n: &str| {
         !n.is_empty()
-            && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()))
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
     };
     let mut types: BTreeMap<String, String> = BTreeMap::new();
     let mut finished: BTreeSet<String> = BTreeSet::new();
@@ -603,7 +933,10 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
             assert!(name_ok(&name), "name {name}");
             match kw {
                 "HELP" => {
-                    assert!(it.next().is_some_and(|h| !h.is_empty()), "help text: {line}");
+                    assert!(
+                        it.next().is_some_and(|h| !h.is_empty()),
+                        "help text: {line}"
+                    );
                     if current.as_deref() != Some(&name) {
                         if let Some(c) = current.take() {
                             finished.insert(c);
@@ -614,8 +947,15 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
                 }
                 "TYPE" => {
                     let kind = it.next().unwrap().to_string();
-                    assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind.as_str()), "{line}");
-                    assert!(types.insert(name.clone(), kind.clone()).is_none(), "one TYPE for {name}");
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"]
+                            .contains(&kind.as_str()),
+                        "{line}"
+                    );
+                    assert!(
+                        types.insert(name.clone(), kind.clone()).is_none(),
+                        "one TYPE for {name}"
+                    );
                     if kind == "counter" {
                         assert!(name.ends_with("_total"), "counter {name} ends in _total");
                     }
@@ -631,7 +971,9 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
             continue;
         }
         assert!(!line.trim().is_empty(), "no blank lines");
-        let (id, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample: {line}"));
+        let (id, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("sample: {line}"));
         let v: f64 = match value {
             "+Inf" => f64::INFINITY,
             "-Inf" => f64::NEG_INFINITY,
@@ -646,10 +988,19 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
             None => (id, ""),
         };
         assert!(name_ok(name), "{line}");
-        let family = current.clone().unwrap_or_else(|| panic!("{line} before any TYPE"));
-        let kind = types.get(&family).unwrap_or_else(|| panic!("TYPE of {family} before {line}"));
+        let family = current
+            .clone()
+            .unwrap_or_else(|| panic!("{line} before any TYPE"));
+        let kind = types
+            .get(&family)
+            .unwrap_or_else(|| panic!("TYPE of {family} before {line}"));
         let ok = match kind.as_str() {
-            "histogram" => [format!("{family}_bucket"), format!("{family}_sum"), format!("{family}_count")].contains(&name.to_string()),
+            "histogram" => [
+                format!("{family}_bucket"),
+                format!("{family}_sum"),
+                format!("{family}_count"),
+            ]
+            .contains(&name.to_string()),
             _ => name == family,
         };
         assert!(ok, "{line} belongs to the declared family {family}");
@@ -658,14 +1009,24 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
             for pair in split_labels(labels) {
                 let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
                 assert!(name_ok(k) && !k.starts_with("__"), "label {k}");
-                assert!(v.starts_with('"') && v.ends_with('"') && v.len() >= 2, "{line}");
-                assert!(seen_labels.insert(k.to_string()), "label {k} twice in {line}");
+                assert!(
+                    v.starts_with('"') && v.ends_with('"') && v.len() >= 2,
+                    "{line}"
+                );
+                assert!(
+                    seen_labels.insert(k.to_string()),
+                    "label {k} twice in {line}"
+                );
             }
         }
         assert!(series.insert(id.to_string()), "duplicate series {id}");
         if name.ends_with("_bucket") {
             let le = labels.split("le=\"").nth(1).unwrap().trim_end_matches('"');
-            let le: f64 = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
             buckets.entry(family.clone()).or_default().push((le, v));
         } else if kind == "histogram" && name.ends_with("_count") {
             counts.insert(family.clone(), v);
@@ -677,9 +1038,16 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
         }
     }
     for (fam, b) in &buckets {
-        assert!(b.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{fam} cumulative");
+        assert!(
+            b.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            "{fam} cumulative"
+        );
         assert_eq!(b.last().unwrap().0, f64::INFINITY, "{fam} has +Inf");
-        assert_eq!(Some(&b.last().unwrap().1), counts.get(fam), "{fam}: +Inf bucket = count");
+        assert_eq!(
+            Some(&b.last().unwrap().1),
+            counts.get(fam),
+            "{fam}: +Inf bucket = count"
+        );
     }
     types
 }
@@ -722,7 +1090,11 @@ fn metrics_are_valid_prometheus_text() {
     }
     let r = get(s.addr, "/metrics");
     assert_eq!(r.status, 200);
-    assert!(r.header("content-type").unwrap().starts_with("text/plain; version=0.0.4"));
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
     let types = check_prometheus(&r.body);
     for (f, k) in [
         ("flowgate_decision_latency_seconds", "histogram"),
@@ -736,10 +1108,24 @@ fn metrics_are_valid_prometheus_text() {
     ] {
         assert_eq!(types.get(f).map(String::as_str), Some(k), "{f}");
     }
-    assert!(r.body.contains("flowgate_decision_latency_seconds_bucket{le=\"0.000001\"} 1\n"), "{}", r.body);
-    assert!(r.body.contains("flowgate_decision_latency_seconds_bucket{le=\"0.1\"} 4\n"));
-    assert!(r.body.contains("flowgate_decision_latency_seconds_count 5\n"));
-    assert!(r.body.contains("flowgate_backend_healthy{service=\"web\",backend=\"10.0.0.2\"} 1\n"));
+    assert!(
+        r.body
+            .contains("flowgate_decision_latency_seconds_bucket{le=\"0.000001\"} 1\n"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body
+            .contains("flowgate_decision_latency_seconds_bucket{le=\"0.1\"} 4\n")
+    );
+    assert!(
+        r.body
+            .contains("flowgate_decision_latency_seconds_count 5\n")
+    );
+    assert!(
+        r.body
+            .contains("flowgate_backend_healthy{service=\"web\",backend=\"10.0.0.2\"} 1\n")
+    );
 }
 
 #[test]
@@ -753,7 +1139,10 @@ fn prometheus_checker_catches_mistakes() {
         "# HELP a_total A.\n# TYPE a_total counter\nb_total 1\n",
         "# HELP g G.\n# TYPE g gauge\ng{x=\"1\",x=\"2\"} 1\n",
     ] {
-        assert!(std::panic::catch_unwind(|| check_prometheus(bad)).is_err(), "rejects {bad:?}");
+        assert!(
+            std::panic::catch_unwind(|| check_prometheus(bad)).is_err(),
+            "rejects {bad:?}"
+        );
     }
 }
 
@@ -761,7 +1150,10 @@ fn prometheus_checker_catches_mistakes() {
 
 fn ctl(addr: SocketAddr, args: &[&str], token: Option<&str>) -> (bool, String, String) {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flowgate"));
-    c.arg("ctl").arg("--api").arg(format!("http://{addr}")).args(args);
+    c.arg("ctl")
+        .arg("--api")
+        .arg(format!("http://{addr}"))
+        .args(args);
     c.env_remove("FLOWGATE_API_TOKEN");
     if let Some(t) = token {
         c.env("FLOWGATE_API_TOKEN", t);
@@ -780,10 +1172,16 @@ fn ctl_reads_and_changes() {
     let a = s.addr;
     let (ok, out, err) = ctl(a, &["services"], None);
     assert!(ok, "{err}");
-    assert!(out.contains("web") && out.contains("10.0.0.3") && out.contains("round-robin"), "{out}");
+    assert!(
+        out.contains("web") && out.contains("10.0.0.3") && out.contains("round-robin"),
+        "{out}"
+    );
     let (ok, out, _) = ctl(a, &["--json", "services"], None);
     assert!(ok);
-    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()[0]["name"], "web");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()[0]["name"],
+        "web"
+    );
     for cmd in ["switches", "connections", "events"] {
         let (ok, _, err) = ctl(a, &[cmd], None);
         assert!(ok, "{cmd}: {err}");
@@ -793,7 +1191,17 @@ fn ctl_reads_and_changes() {
     let (ok, _, err) = ctl(a, &["drain", "web", "10.0.0.2"], None);
     assert!(!ok);
     assert!(err.contains("401") && err.contains("Bearer"), "{err}");
-    let (ok, _, err) = ctl(a, &["--token", "wrong-token-xxxxxxxx", "drain", "web", "10.0.0.2"], None);
+    let (ok, _, err) = ctl(
+        a,
+        &[
+            "--token",
+            "wrong-token-xxxxxxxx",
+            "drain",
+            "web",
+            "10.0.0.2",
+        ],
+        None,
+    );
     assert!(!ok && err.contains("not valid"), "{err}");
 
     let (ok, out, err) = ctl(a, &["drain", "web", "10.0.0.2"], Some(TOKEN));
@@ -803,21 +1211,41 @@ fn ctl_reads_and_changes() {
     assert!(ok, "{err}");
     let (ok, out, _) = ctl(a, &["weight", "web", "10.0.0.2", "5"], Some(TOKEN));
     assert!(ok && out.contains("\"weight\": 5"), "{out}");
-    let (ok, out, err) = ctl(a, &["algorithm", "web", "isslm", "--threshold-rps", "40"], Some(TOKEN));
+    let (ok, out, err) = ctl(
+        a,
+        &["algorithm", "web", "isslm", "--threshold-rps", "40"],
+        Some(TOKEN),
+    );
     assert!(ok && out.contains("isslm"), "{out}{err}");
-    let (ok, _, err) = ctl(a, &["add-backend", "web", "10.0.0.8", "--weight", "3"], Some(TOKEN));
+    let (ok, _, err) = ctl(
+        a,
+        &["add-backend", "web", "10.0.0.8", "--weight", "3"],
+        Some(TOKEN),
+    );
     assert!(ok, "{err}");
     let (ok, _, err) = ctl(a, &["remove-backend", "web", "10.0.0.8"], Some(TOKEN));
     assert!(ok, "{err}");
     let (ok, _, err) = ctl(a, &["drain", "web", "10.9.9.9"], Some(TOKEN));
-    assert!(!ok && err.contains("404") && err.contains("not a backend"), "{err}");
+    assert!(
+        !ok && err.contains("404") && err.contains("not a backend"),
+        "{err}"
+    );
     let (ok, _, err) = ctl(a, &["algorithm", "web", "fastest"], Some(TOKEN));
     assert!(!ok && err.contains("400"), "{err}");
 
     // Reload: a bad file lists every error, exits non-zero.
-    std::fs::write(&s.path, config_text(Some(TOKEN), false).replace("port = 80", "port = 0\nnope = 1")).unwrap();
+    std::fs::write(
+        &s.path,
+        config_text(Some(TOKEN), false).replace("port = 80", "port = 0\nnope = 1"),
+    )
+    .unwrap();
     let (ok, _, err) = ctl(a, &["reload"], Some(TOKEN));
-    assert!(!ok && err.contains("422") && err.contains("service[0].port") && err.contains("service[0].nope"), "{err}");
+    assert!(
+        !ok && err.contains("422")
+            && err.contains("service[0].port")
+            && err.contains("service[0].nope"),
+        "{err}"
+    );
     std::fs::write(&s.path, config_text(Some(TOKEN), false)).unwrap();
     let (ok, _, err) = ctl(a, &["reload"], Some(TOKEN));
     assert!(ok, "{err}");
@@ -848,8 +1276,12 @@ fn ovs_api_changes_keep_connections() {
     let with_token = |c: String| c.replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
     let cfg = with_token(vip_config(VIP, "round-robin", &[b2, b3], ""));
     let ctl = Ctl::start("api-changes", &cfg);
-    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
-    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
     let _servers = [
         httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]),
         httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),
@@ -870,59 +1302,129 @@ fn ovs_api_changes_keep_connections() {
 
     // An 8 MB download at 1 MB/s: eight seconds on the wire.
     let dl = client
-        .command(&["curl", "-s", "-o", "/dev/null", "-m", "40", "-w", "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/8000000")])
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "40",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/8000000"),
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("curl");
     let mut carrier = None;
-    wait_until("the download's connection is tracked", Duration::from_secs(5), || {
-        let v = ctl.get_json("/api/v1/connections?limit=10");
-        carrier = v["items"].as_array().and_then(|i| i.first()).and_then(|c| c["backend"].as_str()).map(str::to_string);
-        carrier.is_some()
-    });
+    wait_until(
+        "the download's connection is tracked",
+        Duration::from_secs(5),
+        || {
+            let v = ctl.get_json("/api/v1/connections?limit=10");
+            carrier = v["items"]
+                .as_array()
+                .and_then(|i| i.first())
+                .and_then(|c| c["backend"].as_str())
+                .map(str::to_string);
+            carrier.is_some()
+        },
+    );
     let carrier = carrier.unwrap();
-    let other = if carrier == b2.to_string() { b3.to_string() } else { b2.to_string() };
+    let other = if carrier == b2.to_string() {
+        b3.to_string()
+    } else {
+        b2.to_string()
+    };
 
     // Drain the backend carrying the download.
-    let (st, v) = call("POST", &format!("/api/v1/services/web/backends/{carrier}/drain"), "");
+    let (st, v) = call(
+        "POST",
+        &format!("/api/v1/services/web/backends/{carrier}/drain"),
+        "",
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["state"], "draining");
-    let r = load(client, &format!("http://{VIP}/"), &["--requests", "20", "--concurrency", "2"]);
+    let r = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "20", "--concurrency", "2"],
+    );
     assert_eq!(r["ok"], 20, "{r}");
-    assert_eq!(shares(&r).len(), 1, "new connections avoid the drained backend: {r}");
+    assert_eq!(
+        shares(&r).len(),
+        1,
+        "new connections avoid the drained backend: {r}"
+    );
 
     // Weights and algorithm.
-    let (st, v) = call("PUT", &format!("/api/v1/services/web/backends/{other}/weight"), "{\"weight\": 3}");
+    let (st, v) = call(
+        "PUT",
+        &format!("/api/v1/services/web/backends/{other}/weight"),
+        "{\"weight\": 3}",
+    );
     assert_eq!(st, 200, "{v}");
-    let (st, v) = call("PUT", "/api/v1/services/web/algorithm", "{\"algorithm\": \"weighted-round-robin\"}");
+    let (st, v) = call(
+        "PUT",
+        "/api/v1/services/web/algorithm",
+        "{\"algorithm\": \"weighted-round-robin\"}",
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["algorithm"], "weighted-round-robin");
-    let (st, v) = call("POST", &format!("/api/v1/services/web/backends/{carrier}/undrain"), "");
+    let (st, v) = call(
+        "POST",
+        &format!("/api/v1/services/web/backends/{carrier}/undrain"),
+        "",
+    );
     assert_eq!(st, 200, "{v}");
-    let r = load(client, &format!("http://{VIP}/"), &["--requests", "40", "--concurrency", "1"]);
+    let r = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "40", "--concurrency", "1"],
+    );
     assert_eq!(r["ok"], 40, "{r}");
     let sh: BTreeMap<String, u64> = shares(&r).into_iter().collect();
     assert_eq!(sh.values().sum::<u64>(), 40);
-    let heavy = sh.get(if other == b2.to_string() { "b2" } else { "b3" }).copied().unwrap_or(0);
-    assert!((27..=33).contains(&heavy), "weights 3:1 under weighted round robin: {sh:?}");
+    let heavy = sh
+        .get(if other == b2.to_string() { "b2" } else { "b3" })
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        (27..=33).contains(&heavy),
+        "weights 3:1 under weighted round robin: {sh:?}"
+    );
 
     // A bad config: refused with every error, nothing changes.
     let before = ctl.get_json("/api/v1/services");
     let cfg_path = ctl.dir.join("flowgate.toml");
     let good_text = std::fs::read_to_string(&cfg_path).unwrap();
-    let bad = good_text.replace("algorithm = \"round-robin\"", "algorithm = \"nope\"\nport2 = 1");
+    let bad = good_text.replace(
+        "algorithm = \"round-robin\"",
+        "algorithm = \"nope\"\nport2 = 1",
+    );
     std::fs::write(&cfg_path, &bad).unwrap();
     let (st, v) = call("POST", "/api/v1/reload", "");
     assert_eq!(st, 422, "{v}");
-    let paths: Vec<&str> = v["errors"].as_array().unwrap().iter().filter_map(|e| e["path"].as_str()).collect();
-    assert!(paths.contains(&"service[0].algorithm") && paths.contains(&"service[0].port2"), "every error listed: {v}");
+    let paths: Vec<&str> = v["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(
+        paths.contains(&"service[0].algorithm") && paths.contains(&"service[0].port2"),
+        "every error listed: {v}"
+    );
     let after = ctl.get_json("/api/v1/services");
     assert_eq!(after[0]["algorithm"], before[0]["algorithm"]);
     assert_eq!(after[0]["backends"].as_array().unwrap().len(), 2);
 
     // A good config adding b4 and going back to round robin; drain the carrier again first.
-    call("POST", &format!("/api/v1/services/web/backends/{carrier}/drain"), "");
+    call(
+        "POST",
+        &format!("/api/v1/services/web/backends/{carrier}/drain"),
+        "",
+    );
     let text = with_token(vip_config(VIP, "round-robin", &[b2, b3, b4], ""));
     let text = text
         .lines()
@@ -931,26 +1433,49 @@ fn ovs_api_changes_keep_connections() {
         .join("\n");
     // Keep the listen addresses the controller runs with.
     let text = text
-        .replacen("[openflow]\n", &format!("[openflow]\nlisten = \"{}\"\n", ctl.openflow), 1)
+        .replacen(
+            "[openflow]\n",
+            &format!("[openflow]\nlisten = \"{}\"\n", ctl.openflow),
+            1,
+        )
         .replacen("[api]\n", &format!("[api]\nlisten = \"{api}\"\n"), 1);
     std::fs::write(&cfg_path, &text).unwrap();
     let (st, v) = call("POST", "/api/v1/reload", "");
     assert_eq!(st, 200, "{v}");
     // The controller started with port 0 and the file now names the bound ports: only the
     // listen addresses differ, and they are reported as needing a restart.
-    assert!(v["restart_needed"].as_array().unwrap().iter().all(|k| k.as_str().unwrap().ends_with(".listen")), "{v}");
+    assert!(
+        v["restart_needed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k.as_str().unwrap().ends_with(".listen")),
+        "{v}"
+    );
     ctl.wait_backends_ready(Duration::from_secs(15));
     let svc = ctl.get_json("/api/v1/services/web");
     assert_eq!(svc["algorithm"], "round-robin");
     assert_eq!(svc["backends"].as_array().unwrap().len(), 3);
-    let r = load(client, &format!("http://{VIP}/"), &["--requests", "30", "--concurrency", "1"]);
+    let r = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "30", "--concurrency", "1"],
+    );
     assert_eq!(r["ok"], 30, "{r}");
     let sh: BTreeMap<String, u64> = shares(&r).into_iter().collect();
-    assert_eq!(sh.len(), 2, "the two active backends (b4 new, the carrier still drained): {sh:?}");
+    assert_eq!(
+        sh.len(),
+        2,
+        "the two active backends (b4 new, the carrier still drained): {sh:?}"
+    );
     assert!(sh.values().all(|&n| n == 15), "{sh:?}");
 
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.trim(), "200 8000000", "the download survived every change (curl: {text})");
+    assert_eq!(
+        text.trim(),
+        "200 8000000",
+        "the download survived every change (curl: {text})"
+    );
     ctl.assert_no_openflow_errors();
 }

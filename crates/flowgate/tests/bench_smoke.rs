@@ -35,9 +35,27 @@ fn flowgate_bin() -> PathBuf {
 fn run_bench_controller(extra: &[&str]) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("flowgate-bench-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let out = dir.join(format!("controller-{}.md", extra.join("_").replace(['/', ' '], "")));
+    let out = dir.join(format!(
+        "controller-{}.md",
+        extra.join("_").replace(['/', ' '], "")
+    ));
     let o = std::process::Command::new(flowgate_bin())
-        .args(["--log", "warn", "bench", "controller", "-s", "2", "-l", "1", "-m", "400", "-w", "0", "-q", "--out"])
+        .args([
+            "--log",
+            "warn",
+            "bench",
+            "controller",
+            "-s",
+            "2",
+            "-l",
+            "1",
+            "-m",
+            "400",
+            "-w",
+            "0",
+            "-q",
+            "--out",
+        ])
         .arg(&out)
         .args(extra)
         .output()
@@ -70,17 +88,31 @@ fn counts(table: &str, controller: &str) -> Vec<(u64, u64, u64)> {
 #[test]
 fn bench_controller_flowgate_throughput_latency_and_rate() {
     for extra in [
-        &["--peers", "flowgate", "--expire-after", "100", "--also-rate-fraction", "0.5"][..],
+        &[
+            "--peers",
+            "flowgate",
+            "--expire-after",
+            "100",
+            "--also-rate-fraction",
+            "0.5",
+        ][..],
         &["--peers", "flowgate", "--latency"][..],
         &["--peers", "flowgate", "--rate", "2000"][..],
     ] {
         let (stdout, table) = run_bench_controller(extra);
         assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
         let rows = counts(&table, "flowgate");
-        let expected = if extra.contains(&"--also-rate-fraction") { 2 } else { 1 };
+        let expected = if extra.contains(&"--also-rate-fraction") {
+            2
+        } else {
+            1
+        };
         assert_eq!(rows.len(), expected, "{table}");
         for (valid, invalid, lost) in rows {
-            assert!(valid > 0, "flowgate answered no probe ({extra:?}):\n{table}");
+            assert!(
+                valid > 0,
+                "flowgate answered no probe ({extra:?}):\n{table}"
+            );
             assert_eq!(invalid, 0, "wrong answers ({extra:?}):\n{table}");
             assert_eq!(lost, 0, "lost probes ({extra:?}):\n{table}");
         }
@@ -92,7 +124,18 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
 fn bench_controller_library_checks_every_answer() {
     // The same through the library, against an already running controller.
     let mut args: ControllerArgs = parse(&[
-        "--peers", "flowgate", "-s", "2", "-l", "1", "-m", "300", "-w", "0", "--delay-ms", "200",
+        "--peers",
+        "flowgate",
+        "-s",
+        "2",
+        "-l",
+        "1",
+        "-m",
+        "300",
+        "-w",
+        "0",
+        "--delay-ms",
+        "200",
         "-q",
     ]);
     args.peers = vec![Peer::Flowgate];
@@ -103,8 +146,14 @@ fn bench_controller_library_checks_every_answer() {
     let r = &report.runs[0];
     assert_eq!(r.mode, CheckMode::Vip);
     assert!(r.valid > 0 && r.invalid == 0, "{r:?}");
-    assert!(r.vip_arp_answered, "the VIP's MAC was learned by ARP: {r:?}");
-    assert!(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.p999_us, "{r:?}");
+    assert!(
+        r.vip_arp_answered,
+        "the VIP's MAC was learned by ARP: {r:?}"
+    );
+    assert!(
+        r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.p999_us,
+        "{r:?}"
+    );
 }
 
 /// A flowgate controller started by hand (the library's spawner needs FLOWGATE_BIN).
@@ -131,9 +180,16 @@ impl Spawned {
         let addr = loop {
             if let Ok(s) = std::fs::read_to_string(&ready) {
                 let v: serde_json::Value = serde_json::from_str(&s).expect("json");
-                break v["openflow"].as_str().expect("openflow").parse().expect("addr");
+                break v["openflow"]
+                    .as_str()
+                    .expect("openflow")
+                    .parse()
+                    .expect("addr");
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "flowgate did not start");
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "flowgate did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         Spawned {
@@ -153,8 +209,12 @@ impl Drop for Spawned {
 
 #[test]
 fn bench_controller_osken_peer() {
-    let venv = std::env::var("FLOWGATE_OSKEN_VENV").unwrap_or_else(|_| "/opt/flowgate/osken-venv".into());
-    if !std::path::Path::new(&venv).join("bin/osken-manager").exists() {
+    let venv =
+        std::env::var("FLOWGATE_OSKEN_VENV").unwrap_or_else(|_| "/opt/flowgate/osken-venv".into());
+    if !std::path::Path::new(&venv)
+        .join("bin/osken-manager")
+        .exists()
+    {
         assert!(
             !in_ci(),
             "CI is set but {venv}/bin/osken-manager is missing: scripts/setup-bench-peers.sh makes it"
@@ -162,14 +222,21 @@ fn bench_controller_osken_peer() {
         eprintln!("skipping: no os-ken venv at {venv} (scripts/setup-bench-peers.sh)");
         return;
     }
-    let (stdout, table) = run_bench_controller(&["--peers", "osken", "--window", "4", "--delay-ms", "1500"]);
+    let (stdout, table) =
+        run_bench_controller(&["--peers", "osken", "--window", "4", "--delay-ms", "1500"]);
     assert!(stdout.contains("RESULT:"), "{stdout}");
     let rows = counts(&table, "os-ken vip_lb.py");
     assert_eq!(rows.len(), 1, "{table}");
     let (valid, invalid, _lost) = rows[0];
     assert!(valid > 0, "os-ken answered no probe:\n{table}");
-    assert_eq!(invalid, 0, "os-ken's answers are checked like flowgate's:\n{table}");
-    assert!(table.contains("os-ken 3.1.0"), "the version is reported:\n{table}");
+    assert_eq!(
+        invalid, 0,
+        "os-ken's answers are checked like flowgate's:\n{table}"
+    );
+    assert!(
+        table.contains("os-ken 3.1.0"),
+        "the version is reported:\n{table}"
+    );
 }
 
 #[test]
@@ -187,7 +254,10 @@ fn bench_controller_ovs_testcontroller_l2() {
     assert!(stdout.contains("RESULT:"), "{stdout}");
     let rows = counts(&table, "ovs-testcontroller");
     assert_eq!(rows.len(), 1, "{table}");
-    assert!(rows[0].0 > 0, "ovs-testcontroller answered nothing:\n{table}");
+    assert!(
+        rows[0].0 > 0,
+        "ovs-testcontroller answered nothing:\n{table}"
+    );
     assert!(table.contains("L2 (any FLOW_MOD/PACKET_OUT"), "{table}");
 }
 
@@ -228,14 +298,30 @@ fn bench_datapath_all_paths_answer() {
     }
     let out = std::env::temp_dir().join(format!("flowgate-bench-dp-{}.md", std::process::id()));
     let o = std::process::Command::new(flowgate_bin())
-        .args(["--log", "warn", "bench", "datapath", "--duration", "2", "--connections", "4", "--out"])
+        .args([
+            "--log",
+            "warn",
+            "bench",
+            "datapath",
+            "--duration",
+            "2",
+            "--connections",
+            "4",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .expect("run flowgate bench datapath");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "bench datapath failed:\n{stderr}");
     let t = std::fs::read_to_string(&out).expect("--out");
-    for case in ["direct to one backend", "HAProxy", "nginx least_conn", "flowgate VIP", "OVS select group"] {
+    for case in [
+        "direct to one backend",
+        "HAProxy",
+        "nginx least_conn",
+        "flowgate VIP",
+        "OVS select group",
+    ] {
         let row = t
             .lines()
             .find(|l| l.contains(case))

@@ -10,12 +10,21 @@ fn repo() -> PathBuf {
 }
 
 fn conformance_dir() -> PathBuf {
-    std::env::var_os("FLOWGATE_CONFORMANCE_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("../shared/conformance/ryu-of13"))
+    std::env::var_os("FLOWGATE_CONFORMANCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared/conformance/ryu-of13"))
 }
 
 fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(FLOWGATE).args(args).output().expect("run flowgate");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(FLOWGATE)
+        .args(args)
+        .output()
+        .expect("run flowgate");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -33,11 +42,20 @@ fn a_bad_config_reports_every_error_and_starts_nothing() {
     let dir = std::env::temp_dir().join(format!("flowgate-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bad.toml");
-    std::fs::write(&path, "[openflow]\nlisten = \"x\"\nfoo = 1\n[[service]]\nname = \"a b\"\nport = 0\n").unwrap();
+    std::fs::write(
+        &path,
+        "[openflow]\nlisten = \"x\"\nfoo = 1\n[[service]]\nname = \"a b\"\nport = 0\n",
+    )
+    .unwrap();
     // Without --check too: a bad config must not start the controller.
     let (ok, _, err) = run(&["controller", "--config", path.to_str().unwrap()]);
     assert!(!ok);
-    for want in ["openflow.listen", "openflow.foo: unknown key", "service[0].name", "service[0].port"] {
+    for want in [
+        "openflow.listen",
+        "openflow.foo: unknown key",
+        "service[0].name",
+        "service[0].port",
+    ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
 }
@@ -62,10 +80,17 @@ fn ofp_roundtrip_accepts_every_conformance_message() {
     args.extend(files.iter().map(String::as_str));
     let (ok, out, err) = run(&args);
     assert!(ok, "{err}");
-    assert_eq!(out.lines().count(), files.len(), "one JSON line per message");
+    assert_eq!(
+        out.lines().count(),
+        files.len(),
+        "one JSON line per message"
+    );
     for line in out.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
-        assert!(v["message"].is_object() || v["message"].is_string(), "{line}");
+        assert!(
+            v["message"].is_object() || v["message"].is_string(),
+            "{line}"
+        );
     }
 }
 

@@ -37,14 +37,19 @@ impl Drop for Driver {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One WebDriver call; returns the `value`.
 fn wd(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let (status, text) = wd_http(addr, method, path, &body)?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{method} {path}: {e}: {text}"))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{method} {path}: {e}: {text}"))?;
     if status != 200 {
         return Err(format!("{method} {path}: {status}: {v}"));
     }
@@ -52,16 +57,28 @@ fn wd(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Result
 }
 
 /// HTTP/1.1 with a Content-Length-delimited answer (chromedriver may keep the socket open).
-fn wd_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
+fn wd_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     use std::io::{BufRead, BufReader, Read, Write};
     let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line).map_err(|e| e.to_string())?;
-    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let mut len = None;
     loop {
         line.clear();
@@ -98,7 +115,11 @@ impl Driver {
             .spawn()
             .expect("chromedriver");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut d = Driver { child, addr, session: None };
+        let mut d = Driver {
+            child,
+            addr,
+            session: None,
+        };
         wait_until("chromedriver", Duration::from_secs(15), || {
             std::net::TcpStream::connect(addr).is_ok()
                 && wd(addr, "GET", "/status", None).is_ok_and(|v| v["ready"] == true)
@@ -121,7 +142,8 @@ impl Driver {
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let s = self.session.as_deref().unwrap();
-        wd(self.addr, method, &format!("/session/{s}{path}"), body).unwrap_or_else(|e| panic!("{e}"))
+        wd(self.addr, method, &format!("/session/{s}{path}"), body)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn goto(&self, url: &str) {
@@ -129,11 +151,19 @@ impl Driver {
     }
 
     fn js(&self, script: &str) -> Value {
-        self.call("POST", "/execute/sync", Some(json!({ "script": script, "args": [] })))
+        self.call(
+            "POST",
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
     }
 
     fn find(&self, css: &str) -> String {
-        let v = self.call("POST", "/element", Some(json!({ "using": "css selector", "value": css })));
+        let v = self.call(
+            "POST",
+            "/element",
+            Some(json!({ "using": "css selector", "value": css })),
+        );
         v.as_object()
             .and_then(|o| o.values().next())
             .and_then(Value::as_str)
@@ -148,7 +178,11 @@ impl Driver {
 
     fn type_into(&self, css: &str, text: &str) {
         let e = self.find(css);
-        self.call("POST", &format!("/element/{e}/value"), Some(json!({ "text": text })));
+        self.call(
+            "POST",
+            &format!("/element/{e}/value"),
+            Some(json!({ "text": text })),
+        );
     }
 
     fn screenshot(&self, path: &std::path::Path) {
@@ -204,7 +238,12 @@ fn dom_totals(d: &Driver) -> (i64, Vec<(String, u64)>) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap_or(0)))
+        .map(|r| {
+            (
+                r[0].as_str().unwrap().to_string(),
+                r[1].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
     (v["seq"].as_i64().unwrap_or(-1), rows)
 }
@@ -215,7 +254,11 @@ fn api_totals(ctl: &Ctl) -> Vec<(String, u64)> {
     for s in v.as_array().unwrap() {
         for b in s["backends"].as_array().unwrap() {
             out.push((
-                format!("{}/{}", s["name"].as_str().unwrap(), b["address"].as_str().unwrap()),
+                format!(
+                    "{}/{}",
+                    s["name"].as_str().unwrap(),
+                    b["address"].as_str().unwrap()
+                ),
                 b["connections_total"].as_u64().unwrap(),
             ));
         }
@@ -232,11 +275,18 @@ fn ovs_dashboard_in_chromium() {
     cleanup_stale(p.as_str()).expect("clean leftovers");
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
     let (b2, b3) = (t.hosts[1].ip(), t.hosts[2].ip());
-    let cfg = vip_config(VIP, "round-robin", &[b2, b3], "")
-        .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
+    let cfg = vip_config(VIP, "round-robin", &[b2, b3], "").replacen(
+        "[api]\n",
+        &format!("[api]\ntoken = \"{TOKEN}\"\n"),
+        1,
+    );
     let ctl = Ctl::start("dashboard", &cfg);
-    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
-    t.bridges[0].wait_connected(Duration::from_secs(10)).expect("switch connects");
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
     let _servers = [httpd(&t.hosts[1], "b2", &[]), httpd(&t.hosts[2], "b3", &[])];
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];
@@ -244,13 +294,30 @@ fn ovs_dashboard_in_chromium() {
     let art = artifacts();
     let driver = Driver::start(&ctl.dir);
     driver.goto(&format!("http://{}/", ctl.api));
-    wait_until("the page renders a snapshot", Duration::from_secs(10), || dom_totals(&driver).0 >= 1);
+    wait_until(
+        "the page renders a snapshot",
+        Duration::from_secs(10),
+        || dom_totals(&driver).0 >= 1,
+    );
 
     // Rate-bounded traffic for ~12 s.
     let url = format!("http://{VIP}/");
     let mut traffic = client
-        .command(&[FLOWGATE, "load", "--url", &url, "--requests", "240", "--rate", "20",
-            "--concurrency", "4", "--duration-secs", "30", "--json"])
+        .command(&[
+            FLOWGATE,
+            "load",
+            "--url",
+            &url,
+            "--requests",
+            "240",
+            "--rate",
+            "20",
+            "--concurrency",
+            "4",
+            "--duration-secs",
+            "30",
+            "--json",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -262,31 +329,56 @@ fn ovs_dashboard_in_chromium() {
     for ((k, dom), (k2, api)) in first.iter().zip(api_now.iter()) {
         assert_eq!(k, k2);
         // The page is at most one update (1 s at 20 req/s, split over two) behind the API.
-        assert!(*dom <= *api && api - dom <= 25, "{k}: page {dom}, API {api}");
+        assert!(
+            *dom <= *api && api - dom <= 25,
+            "{k}: page {dom}, API {api}"
+        );
         assert!(*dom > 0, "{k}: traffic shows on the page");
     }
     std::thread::sleep(Duration::from_secs(3));
     let (seq2, second) = dom_totals(&driver);
     assert!(seq2 >= seq1 + 2, "updates every second: {seq1} -> {seq2}");
-    assert!(second.iter().zip(first.iter()).all(|(a, b)| a.1 > b.1), "figures follow the traffic: {first:?} -> {second:?}");
+    assert!(
+        second.iter().zip(first.iter()).all(|(a, b)| a.1 > b.1),
+        "figures follow the traffic: {first:?} -> {second:?}"
+    );
     driver.screenshot(&art.join("dashboard-live.png"));
     let _ = traffic.wait();
 
     // Quiet: the page settles on exactly the API's figures.
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(dom_totals(&driver).1, api_totals(&ctl), "page equals API once traffic stops");
+    assert_eq!(
+        dom_totals(&driver).1,
+        api_totals(&ctl),
+        "page equals API once traffic stops"
+    );
 
     // Drain b2 from the page, after entering the token.
     let target = format!("web/{b2}");
     driver.click(&format!("button[data-target=\"{target}\"]"));
     wait_until("the refusal shows", Duration::from_secs(5), || {
-        driver.js("return document.getElementById('flash').textContent").as_str().unwrap_or("").contains("401")
-            || driver.js("return document.getElementById('flash').textContent").as_str().unwrap_or("").contains("Bearer")
+        driver
+            .js("return document.getElementById('flash').textContent")
+            .as_str()
+            .unwrap_or("")
+            .contains("401")
+            || driver
+                .js("return document.getElementById('flash').textContent")
+                .as_str()
+                .unwrap_or("")
+                .contains("Bearer")
     });
-    assert_eq!(ctl.get_json(&format!("/api/v1/services/web/backends/{b2}"))["state"], "active", "refused without the token");
+    assert_eq!(
+        ctl.get_json(&format!("/api/v1/services/web/backends/{b2}"))["state"],
+        "active",
+        "refused without the token"
+    );
     driver.type_into("#token", TOKEN);
     driver.click("#token-save");
-    assert_eq!(driver.js("return sessionStorage.getItem('flowgate.token')"), json!(TOKEN));
+    assert_eq!(
+        driver.js("return sessionStorage.getItem('flowgate.token')"),
+        json!(TOKEN)
+    );
     driver.click(&format!("button[data-target=\"{target}\"]"));
     wait_until("the API shows the drain", Duration::from_secs(5), || {
         ctl.get_json(&format!("/api/v1/services/web/backends/{b2}"))["state"] == "draining"
@@ -300,7 +392,11 @@ fn ovs_dashboard_in_chromium() {
     driver.screenshot(&art.join("dashboard-drained.png"));
     let r = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     assert_eq!(r["ok"], 20, "{r}");
-    assert_eq!(shares(&r), vec![("b3".to_string(), 20)], "new connections avoid the drained backend");
+    assert_eq!(
+        shares(&r),
+        vec![("b3".to_string(), 20)],
+        "new connections avoid the drained backend"
+    );
     ctl.assert_no_openflow_errors();
     let _ = Instant::now();
 }

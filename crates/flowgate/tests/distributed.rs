@@ -30,7 +30,13 @@ fn need_etcd(test: &str) -> bool {
     false
 }
 
-fn cluster_section(role: &str, cluster: &str, instance: &str, domain: Option<(&str, &[u64])>, etcd: &EtcdCluster) -> String {
+fn cluster_section(
+    role: &str,
+    cluster: &str,
+    instance: &str,
+    domain: Option<(&str, &[u64])>,
+    etcd: &EtcdCluster,
+) -> String {
     let mut s = format!(
         "\n[cluster]\nrole = \"{role}\"\nname = \"{cluster}\"\ninstance = \"{instance}\"\netcd = {}\nlease_ttl_ms = 2000\nsummary_interval_ms = 200\n",
         etcd.toml_endpoints()
@@ -60,8 +66,11 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn store(etcd: &EtcdCluster, rt: &tokio::runtime::Runtime) -> flowgate_coord::etcd::EtcdStore {
-    rt.block_on(flowgate_coord::etcd::EtcdStore::connect(&etcd.endpoints(), Duration::from_secs(2)))
-        .expect("connect to etcd")
+    rt.block_on(flowgate_coord::etcd::EtcdStore::connect(
+        &etcd.endpoints(),
+        Duration::from_secs(2),
+    ))
+    .expect("connect to etcd")
 }
 
 fn summary(load: f64, capacity: f64, healthy: u64, backends: &[&str]) -> String {
@@ -84,11 +93,22 @@ fn global_active_standby_failover_and_spill() {
     }
     let etcd = EtcdCluster::start("global", 3).expect("etcd cluster");
     let base = "[openflow]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
-    let mut g1 = Ctl::start("g1", &(base.to_string() + &cluster_section("global", "gt", "g1", None, &etcd)));
+    let mut g1 = Ctl::start(
+        "g1",
+        &(base.to_string() + &cluster_section("global", "gt", "g1", None, &etcd)),
+    );
     wait_mastership(&g1, "master", Duration::from_secs(10));
-    let g2 = Ctl::start("g2", &(base.to_string() + &cluster_section("global", "gt", "g2", None, &etcd)));
+    let g2 = Ctl::start(
+        "g2",
+        &(base.to_string() + &cluster_section("global", "gt", "g2", None, &etcd)),
+    );
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(cluster_view(&g2)["mastership"], "standby", "{}", cluster_view(&g2));
+    assert_eq!(
+        cluster_view(&g2)["mastership"],
+        "standby",
+        "{}",
+        cluster_view(&g2)
+    );
 
     // Domain summaries as domain masters write them: d1 is overloaded, d2 and d3 are not.
     let rt = runtime();
@@ -116,7 +136,11 @@ fn global_active_standby_failover_and_spill() {
     assert_eq!(web["fraction"], 0.5, "{d1}");
     assert_eq!(web["targets"]["d2"]["weight"], 0.667, "{d1}");
     assert_eq!(web["targets"]["d3"]["weight"], 0.333, "{d1}");
-    assert!(spill_of("d2")["services"].as_object().is_some_and(|m| m.is_empty()));
+    assert!(
+        spill_of("d2")["services"]
+            .as_object()
+            .is_some_and(|m| m.is_empty())
+    );
     eprintln!("MEASURE global spill decision written {decided_in:?} after the overloaded summary");
 
     // Kill the active global controller; the standby takes over.
@@ -125,12 +149,17 @@ fn global_active_standby_failover_and_spill() {
     g1.kill();
     wait_mastership(&g2, "master", Duration::from_secs(10));
     let takeover = t.elapsed();
-    let since = cluster_view(&g2)["leader_since_unix_ms"].as_u64().unwrap_or(0);
+    let since = cluster_view(&g2)["leader_since_unix_ms"]
+        .as_u64()
+        .unwrap_or(0);
     eprintln!(
         "MEASURE global failover: standby active {} ms after SIGKILL (observed by polling in {takeover:?})",
         since.saturating_sub(killed_at)
     );
-    assert!(takeover < Duration::from_secs(3) || since.saturating_sub(killed_at) < 3000, "took {takeover:?}");
+    assert!(
+        takeover < Duration::from_secs(3) || since.saturating_sub(killed_at) < 3000,
+        "took {takeover:?}"
+    );
 
     // The new active controller decides: d3 becomes overloaded too.
     put("d3", summary(150.0, 100.0, 1, &["10.0.0.13"]));
@@ -138,7 +167,10 @@ fn global_active_standby_failover_and_spill() {
         !spill_of("d3")["services"]["web"].is_null()
     });
     let d1 = spill_of("d1");
-    assert!(d1["services"]["web"]["targets"].get("d3").is_none(), "d3 is full now: {d1}");
+    assert!(
+        d1["services"]["web"]["targets"].get("d3").is_none(),
+        "d3 is full now: {d1}"
+    );
     wait_until("the API shows g2 active", Duration::from_secs(5), || {
         cluster_view(&g2)["cluster"]["global"]["active"] == "g2"
     });
@@ -155,7 +187,9 @@ fn etcd_fenced_write_of_a_stale_leader_fails() {
     let rt = runtime();
     let st = store(&etcd, &rt);
     rt.block_on(async {
-        flowgate_coord::conformance::run(&st, "/fence").await.unwrap_or_else(|e| panic!("{e}"));
+        flowgate_coord::conformance::run(&st, "/fence")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     });
 }
 
@@ -173,24 +207,41 @@ fn domain(test: &str, etcd: &EtcdCluster) -> Domain {
     cleanup_stale(p.as_str()).expect("clean leftovers");
     let t = topo::linear(&TopoOptions::new(p.as_str()), 2, 1).expect("topology");
     // A third host next to s2.
-    let h3 = flowgate_testbed::Host::create(p.as_str(), "h3", "10.0.0.3/24", &t.bridges[1], Some("00:00:00:00:00:03")).expect("h3");
+    let h3 = flowgate_testbed::Host::create(
+        p.as_str(),
+        "h3",
+        "10.0.0.3/24",
+        &t.bridges[1],
+        Some("00:00:00:00:00:03"),
+    )
+    .expect("h3");
     let backends = [t.hosts[1].ip(), h3.ip()];
     let dpids = [t.bridges[0].dpid(), t.bridges[1].dpid()];
     let cfg = |inst: &str| {
-        vip_config(VIP, "round-robin", &backends, "") + &cluster_section("domain", "dt", inst, Some(("d1", &dpids)), etcd)
+        vip_config(VIP, "round-robin", &backends, "")
+            + &cluster_section("domain", "dt", inst, Some(("d1", &dpids)), etcd)
     };
     let a = Ctl::start(&format!("{test}-a"), &cfg("d1a"));
     wait_mastership(&a, "master", Duration::from_secs(10));
     let b = Ctl::start(&format!("{test}-b"), &cfg("d1b"));
     for br in &t.bridges {
-        br.set_controller(&[a.target(), b.target()]).expect("set controllers");
+        br.set_controller(&[a.target(), b.target()])
+            .expect("set controllers");
     }
     let all_roles = |c: &Ctl, role: &str| {
         let v = cluster_view(c);
-        dpids.iter().all(|d| v["switches"][format!("{d:016x}")]["role"] == role)
+        dpids
+            .iter()
+            .all(|d| v["switches"][format!("{d:016x}")]["role"] == role)
     };
-    wait_until("a masters both switches", Duration::from_secs(15), || all_roles(&a, "master"));
-    wait_until("b is slave on both switches", Duration::from_secs(15), || all_roles(&b, "slave"));
+    wait_until("a masters both switches", Duration::from_secs(15), || {
+        all_roles(&a, "master")
+    });
+    wait_until(
+        "b is slave on both switches",
+        Duration::from_secs(15),
+        || all_roles(&b, "slave"),
+    );
     let mut servers = vec![httpd(&t.hosts[1], "b2", &[])];
     servers.push(httpd(&h3, "b3", &[]));
     a.wait_backends_ready(Duration::from_secs(20));
@@ -230,7 +281,11 @@ fn ovs_domain_master_failover() {
     let etcd = EtcdCluster::start("domfail", 3).expect("etcd cluster");
     let mut d = domain(test, &etcd);
     let client = &d.topo.hosts[0];
-    let warm = load(client, &format!("http://{VIP}/"), &["--requests", "50", "--concurrency", "2"]);
+    let warm = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "50", "--concurrency", "2"],
+    );
     assert_eq!(warm["ok"], 50, "{warm}");
     let gen_a = cluster_view(&d.a)["generation_id"].as_u64().unwrap_or(0);
     assert!(gen_a > 0);
@@ -242,44 +297,102 @@ fn ovs_domain_master_failover() {
     let (kept, fresh, killed_at) = std::thread::scope(|s| {
         // Established connections: two keep-alive connections opened before the kill.
         let kept = s.spawn(|| {
-            load(client, &url, &[
-                "--new-connection-per-request", "false", "--concurrency", "2", "--rate", "20",
-                "--requests", "160", "--duration-secs", "8", "--timeout-ms", "8000",
-            ])
+            load(
+                client,
+                &url,
+                &[
+                    "--new-connection-per-request",
+                    "false",
+                    "--concurrency",
+                    "2",
+                    "--rate",
+                    "20",
+                    "--requests",
+                    "160",
+                    "--duration-secs",
+                    "8",
+                    "--timeout-ms",
+                    "8000",
+                ],
+            )
         });
         // New connections all along (a SYN lost in the failover window is retransmitted).
         let fresh = s.spawn(|| {
-            load(client, &url, &[
-                "--concurrency", "2", "--rate", "10", "--requests", "80", "--duration-secs", "8",
-                "--timeout-ms", "9000",
-            ])
+            load(
+                client,
+                &url,
+                &[
+                    "--concurrency",
+                    "2",
+                    "--rate",
+                    "10",
+                    "--requests",
+                    "80",
+                    "--duration-secs",
+                    "8",
+                    "--timeout-ms",
+                    "9000",
+                ],
+            )
         });
         std::thread::sleep(Duration::from_millis(1500));
         let killed_at = unix_ms();
         d.a.kill();
-        (kept.join().expect("kept"), fresh.join().expect("fresh"), killed_at)
+        (
+            kept.join().expect("kept"),
+            fresh.join().expect("fresh"),
+            killed_at,
+        )
     });
     let v = cluster_view(&d.b);
     assert_eq!(v["mastership"], "master", "{v}");
     let mut worst = 0;
     for (dpid, s) in v["switches"].as_object().expect("switches") {
         assert_eq!(s["role"], "master", "{dpid}: {v}");
-        let took = s["since_unix_ms"].as_u64().unwrap_or(u64::MAX).saturating_sub(killed_at);
+        let took = s["since_unix_ms"]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+            .saturating_sub(killed_at);
         worst = worst.max(took);
     }
     let gen_b = v["generation_id"].as_u64().unwrap_or(0);
-    eprintln!("MEASURE domain failover: standby MASTER on every switch {worst} ms after SIGKILL (generation {gen_a} -> {gen_b})");
+    eprintln!(
+        "MEASURE domain failover: standby MASTER on every switch {worst} ms after SIGKILL (generation {gen_a} -> {gen_b})"
+    );
     assert!(worst < 3000, "failover took {worst} ms: {v}");
-    assert!(gen_b > gen_a, "generation must increase: {gen_a} -> {gen_b}");
-    assert!(kept["failed"] == 0 && kept["ok"] == kept["sent"], "every request served: {kept}");
-    assert!(fresh["failed"] == 0 && fresh["ok"] == fresh["sent"], "new connections all served: {fresh}");
+    assert!(
+        gen_b > gen_a,
+        "generation must increase: {gen_a} -> {gen_b}"
+    );
+    assert!(
+        kept["failed"] == 0 && kept["ok"] == kept["sent"],
+        "every request served: {kept}"
+    );
+    assert!(
+        fresh["failed"] == 0 && fresh["ok"] == fresh["sent"],
+        "new connections all served: {fresh}"
+    );
     eprintln!(
         "MEASURE during failover: {} + {} requests, 0 failed, worst latency {} ms / {} ms (a SYN lost in the window is retransmitted)",
         kept["ok"], fresh["ok"], kept["latency_ms"]["max"], fresh["latency_ms"]["max"]
     );
     let after = load(client, &url, &["--requests", "50", "--concurrency", "2"]);
     assert_eq!(after["ok"], 50, "{after}");
+    // The old master comes back (a new process, same ports): without the leadership it
+    // is a standby, SLAVE at b's generation on both switches, and b stays master.
+    d.a.restart();
+    wait_until("the old master rejoins as SLAVE", Duration::from_secs(15), || {
+        let v = cluster_view(&d.a);
+        v["mastership"] == "standby"
+            && v["switches"]
+                .as_object()
+                .is_some_and(|m| m.len() == 2 && m.values().all(|s| s["role"] == "slave"))
+    });
+    assert_eq!(cluster_view(&d.b)["mastership"], "master");
+    let again = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(again["ok"], 20, "{again}");
     d.b.assert_no_openflow_errors();
+    d.a.assert_no_openflow_errors();
 }
 
 /// The old master, frozen (SIGSTOP) while the standby takes over, is thawed still
@@ -302,27 +415,42 @@ fn ovs_stale_master_is_fenced() {
     signal(pid, "STOP");
     wait_until("b masters the domain", Duration::from_secs(8), || {
         let v = cluster_view(&d.b);
-        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] == "master"))
+        v["switches"]
+            .as_object()
+            .is_some_and(|m| m.values().all(|s| s["role"] == "master"))
     });
-    eprintln!("MEASURE stale-master scenario: b MASTER {} ms after a froze", unix_ms() - stopped_at);
+    eprintln!(
+        "MEASURE stale-master scenario: b MASTER {} ms after a froze",
+        unix_ms() - stopped_at
+    );
     assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
     signal(pid, "CONT");
     // a wakes up: its timers fire (LLDP packet-outs, ...) before it learns anything.
-    wait_until("a notices it is no longer master", Duration::from_secs(10), || {
-        let v = cluster_view(&d.a);
-        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] != "master"))
-    });
+    wait_until(
+        "a notices it is no longer master",
+        Duration::from_secs(10),
+        || {
+            let v = cluster_view(&d.a);
+            v["switches"]
+                .as_object()
+                .is_some_and(|m| m.values().all(|s| s["role"] != "master"))
+        },
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let va = cluster_view(&d.a);
     eprintln!("stale master after thaw: {va}");
     assert!(
-        va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0 || va["counters"]["demotions"].as_u64().unwrap_or(0) > 0,
+        va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0
+            || va["counters"]["demotions"].as_u64().unwrap_or(0) > 0,
         "the switches or the store told a it was deposed: {va}"
     );
     wait_mastership(&d.a, "standby", Duration::from_secs(10));
     // Every write a attempted after the thaw was refused by the switches (role-status /
     // IS_SLAVE) or never sent (its sessions stopped being writable at the first refusal).
-    assert!(va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0, "{va}");
+    assert!(
+        va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0,
+        "{va}"
+    );
     let a_log = d.a.log_plain();
     assert!(
         a_log.contains("refused us as master"),
@@ -335,7 +463,9 @@ fn ovs_stale_master_is_fenced() {
     // a is a SLAVE again on both switches, with b's generation.
     wait_until("a is slave again", Duration::from_secs(10), || {
         let v = cluster_view(&d.a);
-        v["switches"].as_object().is_some_and(|m| m.values().all(|s| s["role"] == "slave"))
+        v["switches"]
+            .as_object()
+            .is_some_and(|m| m.values().all(|s| s["role"] == "slave"))
     });
 }
 
@@ -350,11 +480,14 @@ fn ovs_switch_refuses_stale_generation() {
     }
     let etcd = EtcdCluster::start("raw", 1).expect("etcd");
     let d = domain(test, &etcd);
-    let gen_a = cluster_view(&d.a)["generation_id"].as_u64().expect("generation");
+    let gen_a = cluster_view(&d.a)["generation_id"]
+        .as_u64()
+        .expect("generation");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let raw = format!("tcp:{}", listener.local_addr().expect("addr"));
     let br = &d.topo.bridges[0];
-    br.set_controller(&[d.a.target(), d.b.target(), raw]).expect("add the raw controller");
+    br.set_controller(&[d.a.target(), d.b.target(), raw])
+        .expect("add the raw controller");
     let (sock, _) = listener.accept().expect("the switch connects");
     sock.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let mut rx = RawOf::new(sock);
@@ -362,19 +495,41 @@ fn ovs_switch_refuses_stale_generation() {
     rx.send(2, &ofp::Message::FeaturesRequest);
     rx.until(|m| matches!(m, ofp::Message::FeaturesReply(_)));
     // A stale MASTER request.
-    rx.send(3, &ofp::Message::RoleRequest(ofp::RoleMsg { role: ofp::ControllerRole::Master, generation_id: gen_a - 1 }));
+    rx.send(
+        3,
+        &ofp::Message::RoleRequest(ofp::RoleMsg {
+            role: ofp::ControllerRole::Master,
+            generation_id: gen_a - 1,
+        }),
+    );
     let e = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::RoleReply(_)));
-    assert!(format!("{e:?}").contains("Stale"), "stale MASTER refused: {e:?}");
+    assert!(
+        format!("{e:?}").contains("Stale"),
+        "stale MASTER refused: {e:?}"
+    );
     // As a SLAVE at the current generation, a FLOW_MOD is refused.
-    rx.send(4, &ofp::Message::RoleRequest(ofp::RoleMsg { role: ofp::ControllerRole::Slave, generation_id: gen_a }));
+    rx.send(
+        4,
+        &ofp::Message::RoleRequest(ofp::RoleMsg {
+            role: ofp::ControllerRole::Slave,
+            generation_id: gen_a,
+        }),
+    );
     let r = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::RoleReply(_)));
-    assert!(matches!(r, ofp::Message::RoleReply(ref x) if x.role == ofp::ControllerRole::Slave), "{r:?}");
+    assert!(
+        matches!(r, ofp::Message::RoleReply(ref x) if x.role == ofp::ControllerRole::Slave),
+        "{r:?}"
+    );
     let fm = ofp::FlowMod::add(ofp::Match::new());
     rx.send(5, &ofp::Message::FlowMod(fm));
     rx.send(6, &ofp::Message::BarrierRequest);
     let e = rx.until(|m| matches!(m, ofp::Message::Error(_) | ofp::Message::BarrierReply));
-    assert!(format!("{e:?}").contains("IsSlave"), "a SLAVE's FLOW_MOD is refused: {e:?}");
-    br.set_controller(&[d.a.target(), d.b.target()]).expect("restore");
+    assert!(
+        format!("{e:?}").contains("IsSlave"),
+        "a SLAVE's FLOW_MOD is refused: {e:?}"
+    );
+    br.set_controller(&[d.a.target(), d.b.target()])
+        .expect("restore");
 }
 
 struct RawOf {
@@ -385,7 +540,11 @@ struct RawOf {
 
 impl RawOf {
     fn new(sock: std::net::TcpStream) -> Self {
-        RawOf { sock, buf: bytes::BytesMut::new(), framer: ofp::Framer::new() }
+        RawOf {
+            sock,
+            buf: bytes::BytesMut::new(),
+            framer: ofp::Framer::new(),
+        }
     }
     fn send(&mut self, xid: u32, m: &ofp::Message) {
         use std::io::Write;
@@ -408,7 +567,10 @@ impl RawOf {
                     return m;
                 }
             }
-            assert!(Instant::now() < deadline, "no matching message from the switch");
+            assert!(
+                Instant::now() < deadline,
+                "no matching message from the switch"
+            );
             let mut tmp = [0u8; 4096];
             let n = self.sock.read(&mut tmp).expect("read");
             assert!(n > 0, "the switch closed the connection");
@@ -431,7 +593,14 @@ fn ovs_flow_setup_domain_vs_single() {
     let mut d = domain(test, &etcd);
     let client = &d.topo.hosts[0];
     let url = format!("http://{VIP}/");
-    let args = ["--requests", "1000", "--concurrency", "8", "--timeout-ms", "5000"];
+    let args = [
+        "--requests",
+        "1000",
+        "--concurrency",
+        "8",
+        "--timeout-ms",
+        "5000",
+    ];
     let _ = load(client, &url, &["--requests", "50", "--concurrency", "4"]);
     let dom = load(client, &url, &args);
     // A loaded machine (2 cores shared with builds) makes the controller's own overload
@@ -440,14 +609,19 @@ fn ovs_flow_setup_domain_vs_single() {
     assert!(few(&dom), "{dom}");
     // The same network under one single-mode controller.
     let backends = [d.topo.hosts[1].ip(), d.topo.hosts[2].ip()];
-    let single = Ctl::start(&format!("{test}-single"), &vip_config(VIP, "round-robin", &backends, ""));
+    let single = Ctl::start(
+        &format!("{test}-single"),
+        &vip_config(VIP, "round-robin", &backends, ""),
+    );
     d.a.kill();
     d.b.kill();
     for br in &d.topo.bridges {
-        br.set_controller(&[single.target()]).expect("set controller");
+        br.set_controller(&[single.target()])
+            .expect("set controller");
     }
     for br in &d.topo.bridges {
-        br.wait_connected(Duration::from_secs(10)).expect("connects");
+        br.wait_connected(Duration::from_secs(10))
+            .expect("connects");
     }
     single.wait_backends_ready(Duration::from_secs(20));
     let _ = load(client, &url, &["--requests", "50", "--concurrency", "4"]);
@@ -456,10 +630,19 @@ fn ovs_flow_setup_domain_vs_single() {
     let rate = |r: &serde_json::Value| r["achieved_rate"].as_f64().unwrap_or(0.0);
     eprintln!(
         "MEASURE flow setup (1000 new connections, 8 concurrent): domain master {:.0}/s p50 {} ms p99 {} ms ({} failed); single {:.0}/s p50 {} ms p99 {} ms ({} failed)",
-        rate(&dom), dom["latency_ms"]["p50"], dom["latency_ms"]["p99"], dom["failed"],
-        rate(&one), one["latency_ms"]["p50"], one["latency_ms"]["p99"], one["failed"]
+        rate(&dom),
+        dom["latency_ms"]["p50"],
+        dom["latency_ms"]["p99"],
+        dom["failed"],
+        rate(&one),
+        one["latency_ms"]["p50"],
+        one["latency_ms"]["p99"],
+        one["failed"]
     );
-    assert!(rate(&dom) > 0.5 * rate(&one), "domain mode far slower: {dom} vs {one}");
+    assert!(
+        rate(&dom) > 0.5 * rate(&one),
+        "domain mode far slower: {dom} vs {one}"
+    );
 }
 
 struct FourDomains {
@@ -479,17 +662,49 @@ fn four_domains(p: &Prefix) -> FourDomains {
     let px = p.as_str();
     let fabric = Bridge::create(&format!("{px}f0"), 0xf0, &[]).expect("fabric");
     fabric.add_flow("actions=NORMAL").expect("fabric NORMAL");
-    let (mut hosts, mut links, mut bridges, mut uplinks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut hosts, mut links, mut bridges, mut uplinks) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 1..=4u64 {
         let br = Bridge::create(&format!("{px}s{i}"), i, &[]).expect("switch");
-        hosts.push(Host::create(px, &format!("c{i}"), &format!("10.0.0.{i}/24"), &br, Some(&format!("00:00:00:00:01:{i:02x}"))).expect("client"));
-        hosts.push(Host::create(px, &format!("b{i}"), &format!("10.0.0.{}/24", 10 + i), &br, Some(&format!("00:00:00:00:02:{i:02x}"))).expect("backend"));
-        let link = Link::create(LinkKind::Patch, &br, &format!("{px}u{i}"), &fabric, &format!("{px}f{i}")).expect("uplink");
+        hosts.push(
+            Host::create(
+                px,
+                &format!("c{i}"),
+                &format!("10.0.0.{i}/24"),
+                &br,
+                Some(&format!("00:00:00:00:01:{i:02x}")),
+            )
+            .expect("client"),
+        );
+        hosts.push(
+            Host::create(
+                px,
+                &format!("b{i}"),
+                &format!("10.0.0.{}/24", 10 + i),
+                &br,
+                Some(&format!("00:00:00:00:02:{i:02x}")),
+            )
+            .expect("backend"),
+        );
+        let link = Link::create(
+            LinkKind::Patch,
+            &br,
+            &format!("{px}u{i}"),
+            &fabric,
+            &format!("{px}f{i}"),
+        )
+        .expect("uplink");
         uplinks.push((i, link.a.ofport));
         links.push(link);
         bridges.push(br);
     }
-    FourDomains { hosts, _links: links, bridges, _fabric: fabric, uplinks }
+    FourDomains {
+        hosts,
+        _links: links,
+        bridges,
+        _fabric: fabric,
+        uplinks,
+    }
 }
 
 fn located(ctl: &Ctl, addr: &str) -> bool {
@@ -521,56 +736,106 @@ fn ovs_four_domains_spill_through_global() {
     cleanup_stale(p.as_str()).expect("clean leftovers");
     let etcd = EtcdCluster::start("four", 1).expect("etcd");
     let net = four_domains(&p);
-    let backends: Vec<std::net::Ipv4Addr> = (1..=4).map(|i| format!("10.0.0.{}", 10 + i).parse().expect("ip")).collect();
+    let backends: Vec<std::net::Ipv4Addr> = (1..=4)
+        .map(|i| format!("10.0.0.{}", 10 + i).parse().expect("ip"))
+        .collect();
     let mut domains = Vec::new();
     for i in 1..=4u64 {
         let (dpid, port) = net.uplinks[(i - 1) as usize];
-        let cfg = vip_config(VIP, "weighted-round-robin", &backends, "threshold_rps = 5.0\n")
-            + &cluster_section("domain", "ft", &format!("d{i}"), Some((&format!("d{i}"), &[i])), &etcd)
-            + &format!("uplink = \"{dpid:016x}:{port}\"\n");
+        let cfg = vip_config(
+            VIP,
+            "weighted-round-robin",
+            &backends,
+            "threshold_rps = 5.0\n",
+        ) + &cluster_section(
+            "domain",
+            "ft",
+            &format!("d{i}"),
+            Some((&format!("d{i}"), &[i])),
+            &etcd,
+        ) + &format!("uplink = \"{dpid:016x}:{port}\"\n");
         let ctl = Ctl::start(&format!("{test}-d{i}"), &cfg);
-        net.bridges[(i - 1) as usize].set_controller(&[ctl.target()]).expect("set controller");
+        net.bridges[(i - 1) as usize]
+            .set_controller(&[ctl.target()])
+            .expect("set controller");
         domains.push(ctl);
     }
     for (i, d) in domains.iter().enumerate() {
-        wait_until(&format!("d{} masters its switch", i + 1), Duration::from_secs(15), || {
-            cluster_view(d)["switches"][format!("{:016x}", i + 1)]["role"] == "master"
-        });
+        wait_until(
+            &format!("d{} masters its switch", i + 1),
+            Duration::from_secs(15),
+            || cluster_view(d)["switches"][format!("{:016x}", i + 1)]["role"] == "master",
+        );
     }
     let mut servers = Vec::new();
     for i in 1..=4usize {
         let b = &net.hosts[2 * i - 1];
-        let extra: &[&str] = if i == 1 { &["--delay-ms", "50", "--concurrency", "1"] } else { &[] };
+        let extra: &[&str] = if i == 1 {
+            &["--delay-ms", "50", "--concurrency", "1"]
+        } else {
+            &[]
+        };
         servers.push(httpd(b, &format!("b{i}"), extra));
     }
     for (i, d) in domains.iter().enumerate() {
         let addr = format!("10.0.0.{}", 11 + i);
-        wait_until(&format!("d{} locates its backend", i + 1), Duration::from_secs(20), || located(d, &addr));
+        wait_until(
+            &format!("d{} locates its backend", i + 1),
+            Duration::from_secs(20),
+            || located(d, &addr),
+        );
     }
     let url = format!("http://{VIP}/");
     // Every domain serves its own clients, locally.
     for i in 1..=4usize {
-        let r = load(&net.hosts[2 * i - 2], &url, &["--requests", "20", "--concurrency", "2"]);
+        let r = load(
+            &net.hosts[2 * i - 2],
+            &url,
+            &["--requests", "20", "--concurrency", "2"],
+        );
         assert_eq!(r["ok"], 20, "d{i}: {r}");
-        assert_eq!(shares(&r), vec![(format!("b{i}"), 20)], "d{i} stays local: {r}");
+        assert_eq!(
+            shares(&r),
+            vec![(format!("b{i}"), 20)],
+            "d{i} stays local: {r}"
+        );
     }
     let c1 = &net.hosts[0];
-    let overload = ["--rate", "16", "--concurrency", "16", "--timeout-ms", "10000"];
+    let overload = [
+        "--rate",
+        "16",
+        "--concurrency",
+        "16",
+        "--timeout-ms",
+        "10000",
+    ];
     // Overloaded, no global controller yet: everything queues at b1.
     let mut args = vec!["--requests", "64"];
     args.extend_from_slice(&overload);
     let before = load(c1, &url, &args);
     assert_eq!(before["failed"], 0, "{before}");
-    assert_eq!(shares(&before).len(), 1, "no spill without a global controller: {before}");
+    assert_eq!(
+        shares(&before).len(),
+        1,
+        "no spill without a global controller: {before}"
+    );
 
     // The global controllers (active and standby). Let domain 1's demand decay first.
     let gbase = "[openflow]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
-    let g1 = Ctl::start("four-g1", &(gbase.to_string() + &cluster_section("global", "ft", "g1", None, &etcd)));
+    let g1 = Ctl::start(
+        "four-g1",
+        &(gbase.to_string() + &cluster_section("global", "ft", "g1", None, &etcd)),
+    );
     wait_mastership(&g1, "master", Duration::from_secs(10));
-    let _g2 = Ctl::start("four-g2", &(gbase.to_string() + &cluster_section("global", "ft", "g2", None, &etcd)));
-    wait_until("no spill while domain 1 is idle", Duration::from_secs(15), || {
-        cluster_view(&domains[0])["spill_applied_unix_ms"].is_null()
-    });
+    let _g2 = Ctl::start(
+        "four-g2",
+        &(gbase.to_string() + &cluster_section("global", "ft", "g2", None, &etcd)),
+    );
+    wait_until(
+        "no spill while domain 1 is idle",
+        Duration::from_secs(15),
+        || cluster_view(&domains[0])["spill_applied_unix_ms"].is_null(),
+    );
     std::thread::sleep(Duration::from_secs(2));
 
     let started = unix_ms();
@@ -579,13 +844,19 @@ fn ovs_four_domains_spill_through_global() {
     let ramp = load(c1, &url, &args);
     assert_eq!(ramp["failed"], 0, "{ramp}");
     let v1 = cluster_view(&domains[0]);
-    let applied = v1["spill_applied_unix_ms"].as_u64().unwrap_or_else(|| panic!("domain 1 never spilled: {v1}"));
+    let applied = v1["spill_applied_unix_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("domain 1 never spilled: {v1}"));
     let mut args = vec!["--requests", "96"];
     args.extend_from_slice(&overload);
     let after = load(c1, &url, &args);
     assert_eq!(after["failed"], 0, "{after}");
     let served = shares(&after);
-    let remote: u64 = served.iter().filter(|(b, _)| b != "b1").map(|(_, n)| *n).sum();
+    let remote: u64 = served
+        .iter()
+        .filter(|(b, _)| b != "b1")
+        .map(|(_, n)| *n)
+        .sum();
     eprintln!(
         "MEASURE spill: overload began at +0 ms, domain 1 applied the spill weights at +{} ms; \
          mean latency of domain 1's clients {:.1} ms before (no global) vs {:.1} ms spilling (p50 {} vs {} ms); \
@@ -597,17 +868,28 @@ fn ovs_four_domains_spill_through_global() {
         after["latency_ms"]["p50"],
         v1["spill"]
     );
-    assert!(remote >= 30, "a good part of domain 1's connections went to other domains: {served:?}");
-    assert!(mean_ms(&after) < 0.7 * mean_ms(&before), "clients see the spill: {before} vs {after}");
+    assert!(
+        remote >= 30,
+        "a good part of domain 1's connections went to other domains: {served:?}"
+    );
+    assert!(
+        mean_ms(&after) < 0.7 * mean_ms(&before),
+        "clients see the spill: {before} vs {after}"
+    );
     // The other domains still serve their own clients (all succeed).
     for i in 2..=4usize {
-        let r = load(&net.hosts[2 * i - 2], &url, &["--requests", "20", "--concurrency", "2"]);
+        let r = load(
+            &net.hosts[2 * i - 2],
+            &url,
+            &["--requests", "20", "--concurrency", "2"],
+        );
         assert_eq!(r["ok"], 20, "d{i}: {r}");
     }
     // The API shows the whole cluster.
     wait_until("the cluster view", Duration::from_secs(5), || {
         let c = &cluster_view(&domains[1])["cluster"];
-        c["global"]["active"] == "g1" && (1..=4).all(|i| c["domains"][format!("d{i}")]["master"] == format!("d{i}"))
+        c["global"]["active"] == "g1"
+            && (1..=4).all(|i| c["domains"][format!("d{i}")]["master"] == format!("d{i}"))
     });
     for d in &domains {
         d.assert_no_openflow_errors();
@@ -616,7 +898,10 @@ fn ovs_four_domains_spill_through_global() {
 }
 
 fn backend_count(ctl: &Ctl) -> usize {
-    ctl.get_json("/api/v1/services")[0]["backends"].as_array().map(Vec::len).unwrap_or(0)
+    ctl.get_json("/api/v1/services")[0]["backends"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or(0)
 }
 
 /// An operator changes a pool once, in the store, and every domain applies it. When etcd
@@ -633,7 +918,13 @@ fn shared_services_and_store_outage() {
         Ctl::start(
             &format!("shared-d{i}"),
             &(vip_config(VIP, "round-robin", &one, "")
-                + &cluster_section("domain", "sh", &format!("d{i}"), Some((&format!("d{i}"), &[i])), &etcd)),
+                + &cluster_section(
+                    "domain",
+                    "sh",
+                    &format!("d{i}"),
+                    Some((&format!("d{i}"), &[i])),
+                    &etcd,
+                )),
         )
     };
     let (d1, d2) = (ctl(1), ctl(2));
@@ -643,40 +934,64 @@ fn shared_services_and_store_outage() {
     let rt = runtime();
     let st = store(&etcd, &rt);
     let pool = |n: usize| {
-        let b: Vec<std::net::Ipv4Addr> = (0..n).map(|i| format!("10.0.0.{}", 2 + i).parse().expect("ip")).collect();
+        let b: Vec<std::net::Ipv4Addr> = (0..n)
+            .map(|i| format!("10.0.0.{}", 2 + i).parse().expect("ip"))
+            .collect();
         vip_config(VIP, "round-robin", &b, "")
     };
     let t = Instant::now();
-    rt.block_on(st.put(keys::services("sh"), pool(2).into_bytes(), None)).expect("put services");
-    wait_until("both domains apply the new pool", Duration::from_secs(5), || {
-        backend_count(&d1) == 2 && backend_count(&d2) == 2
-    });
-    eprintln!("MEASURE shared pool change applied by every domain within {:?}", t.elapsed());
+    rt.block_on(st.put(keys::services("sh"), pool(2).into_bytes(), None))
+        .expect("put services");
+    wait_until(
+        "both domains apply the new pool",
+        Duration::from_secs(5),
+        || backend_count(&d1) == 2 && backend_count(&d2) == 2,
+    );
+    eprintln!(
+        "MEASURE shared pool change applied by every domain within {:?}",
+        t.elapsed()
+    );
 
     // etcd goes away: the masters keep their role and serve; the API says the store is gone.
     etcd.kill(0);
-    wait_until("d1 reports the store unreachable", Duration::from_secs(10), || {
-        cluster_view(&d1)["store"]["reachable"] == false
-    });
+    wait_until(
+        "d1 reports the store unreachable",
+        Duration::from_secs(10),
+        || cluster_view(&d1)["store"]["reachable"] == false,
+    );
     let v = cluster_view(&d1);
     assert_eq!(v["mastership"], "master", "{v}");
     assert!(v["store"]["error"].is_string(), "{v}");
-    assert!(d1.log_plain().contains("coordination store unreachable"), "logged");
+    assert!(
+        d1.log_plain().contains("coordination store unreachable"),
+        "logged"
+    );
     assert_eq!(backend_count(&d1), 2, "the last known pool stays");
     std::thread::sleep(Duration::from_secs(1));
 
     etcd.restart(0).expect("restart etcd");
-    etcd.wait_writable(Duration::from_secs(20)).expect("etcd back");
+    etcd.wait_writable(Duration::from_secs(20))
+        .expect("etcd back");
     wait_until("d1 sees the store again", Duration::from_secs(15), || {
         let v = cluster_view(&d1);
         v["store"]["reachable"] == true && v["mastership"] == "master"
     });
     let st = store(&etcd, &rt);
-    rt.block_on(st.put(keys::services("sh"), pool(3).into_bytes(), None)).expect("put services");
-    wait_until("both domains apply the change made after the outage", Duration::from_secs(10), || {
-        backend_count(&d1) == 3 && backend_count(&d2) == 3
-    });
-    wait_until("d1's summary is published again", Duration::from_secs(10), || {
-        rt.block_on(st.get(keys::domain_summary("sh", "d1"))).ok().flatten().is_some()
-    });
+    rt.block_on(st.put(keys::services("sh"), pool(3).into_bytes(), None))
+        .expect("put services");
+    wait_until(
+        "both domains apply the change made after the outage",
+        Duration::from_secs(10),
+        || backend_count(&d1) == 3 && backend_count(&d2) == 3,
+    );
+    wait_until(
+        "d1's summary is published again",
+        Duration::from_secs(10),
+        || {
+            rt.block_on(st.get(keys::domain_summary("sh", "d1")))
+                .ok()
+                .flatten()
+                .is_some()
+        },
+    );
 }

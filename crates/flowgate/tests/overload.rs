@@ -147,8 +147,13 @@ fn ovs_overload_three_modes() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let leg = flowgate_testbed::rootleg::RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0])
-        .expect("root leg");
+    let leg = flowgate_testbed::rootleg::RootLeg::create(
+        p.as_str(),
+        "leg",
+        "10.0.0.250/24",
+        &t.bridges[0],
+    )
+    .expect("root leg");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let client = &t.hosts[0];
     let args = [
@@ -174,7 +179,9 @@ fn ovs_overload_three_modes() {
             &format!("overload-{mode}"),
             &overload_config(&backends, mode, capacity, "off", true),
         );
-        t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
+        t.bridges[0]
+            .set_controller(&[ctl.target()])
+            .expect("set controller");
         t.bridges[0]
             .wait_connected(Duration::from_secs(10))
             .expect("switch connects");
@@ -201,10 +208,19 @@ fn ovs_overload_three_modes() {
     let sat = load(
         client,
         &format!("http://{VIP}/"),
-        &["--concurrency", &slots, "--requests", "300", "--timeout-ms", "3000"],
+        &[
+            "--concurrency",
+            &slots,
+            "--requests",
+            "300",
+            "--timeout-ms",
+            "3000",
+        ],
     );
     let measured = sat["ok"].as_f64().unwrap_or(0.0) / sat["elapsed_secs"].as_f64().unwrap_or(1.0);
-    eprintln!("pool: configured {nominal:.1}/s, closed-loop measured {measured:.1}/s; unloaded p99 {unloaded_p99:.1} ms");
+    eprintln!(
+        "pool: configured {nominal:.1}/s, closed-loop measured {measured:.1}/s; unloaded p99 {unloaded_p99:.1} ms"
+    );
     assert!(measured > 0.6 * nominal, "measured capacity {measured}");
     let capacity = nominal;
     drop(ctl);
@@ -229,14 +245,19 @@ fn ovs_overload_three_modes() {
             assert!(m.contains("flowgate_service_overload_refused_total{service=\"web\"}"));
             let flows = t.bridges[0].dump_flows().expect("dump-flows");
             assert!(
-                flows.lines().any(|l| l.contains("priority=200") && l.contains("meter:16")),
+                flows
+                    .lines()
+                    .any(|l| l.contains("priority=200") && l.contains("meter:16")),
                 "the intercept rule carries the meter:\n{flows}"
             );
             let meters = t.bridges[0]
                 .ofctl("dump-meters", &["-O", "OpenFlow13"])
                 .unwrap_or_default();
             eprintln!("{meters}");
-            assert!(meters.contains("meter=16") && meters.contains("pktps"), "{meters}");
+            assert!(
+                meters.contains("meter=16") && meters.contains("pktps"),
+                "{meters}"
+            );
         }
         ctl.assert_no_openflow_errors();
     }
@@ -261,7 +282,10 @@ fn ovs_overload_three_modes() {
         ad.p99
     );
     for other in [&off, &st] {
-        assert!(ad.goodput > other.goodput, "goodput: adaptive {ad:?} vs {other:?}");
+        assert!(
+            ad.goodput > other.goodput,
+            "goodput: adaptive {ad:?} vs {other:?}"
+        );
         assert!(ad.p99 < other.p99, "p99: adaptive {ad:?} vs {other:?}");
     }
     // Every refused client was told at once: no timeouts; refusals are RSTs or 503s.
@@ -290,7 +314,8 @@ fn write_results(points: &[Point], capacity: f64, unloaded_p99: f64) {
             p.p99,
             p.refused_prompt,
             p.timeouts,
-            p.admitted_limit.map_or(String::new(), |a| format!("{a:.1}")),
+            p.admitted_limit
+                .map_or(String::new(), |a| format!("{a:.1}")),
             p.gap_refused
         );
     }
@@ -298,8 +323,16 @@ fn write_results(points: &[Point], capacity: f64, unloaded_p99: f64) {
     std::fs::write(&path, &csv).expect("write csv");
     eprintln!("overload results: {}", path.display());
     for (metric, title, f) in [
-        ("goodput", "goodput (req/s)", (|p: &Point| p.goodput) as fn(&Point) -> f64),
-        ("p99", "p99 latency of admitted requests (ms)", |p: &Point| p.p99),
+        (
+            "goodput",
+            "goodput (req/s)",
+            (|p: &Point| p.goodput) as fn(&Point) -> f64,
+        ),
+        (
+            "p99",
+            "p99 latency of admitted requests (ms)",
+            |p: &Point| p.p99,
+        ),
         ("admitted", "admitted (req/s)", |p: &Point| {
             (p.sent - p.refused_prompt.min(p.sent)) as f64 / RUN_SECS
         }),
@@ -315,7 +348,12 @@ fn write_results(points: &[Point], capacity: f64, unloaded_p99: f64) {
 fn svg_chart(points: &[Point], title: &str, f: fn(&Point) -> f64) -> String {
     let (w, h, m) = (480.0, 320.0, 50.0);
     let xmax = points.iter().map(|p| p.offered).fold(1.0, f64::max) * 1.05;
-    let ymax = points.iter().map(f).filter(|v| v.is_finite()).fold(1.0, f64::max) * 1.1;
+    let ymax = points
+        .iter()
+        .map(f)
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.1;
     let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
     let sy = |y: f64| h - m - y / ymax * (h - 2.0 * m);
     let mut s = format!(
@@ -334,9 +372,13 @@ fn svg_chart(points: &[Point], title: &str, f: fn(&Point) -> f64) -> String {
         h - m + 15.0,
         m + 4.0,
     );
-    for (i, (mode, colour)) in [("off", "#d62728"), ("static", "#ff7f0e"), ("adaptive", "#2ca02c")]
-        .iter()
-        .enumerate()
+    for (i, (mode, colour)) in [
+        ("off", "#d62728"),
+        ("static", "#ff7f0e"),
+        ("adaptive", "#2ca02c"),
+    ]
+    .iter()
+    .enumerate()
     {
         let pts: Vec<String> = points
             .iter()
@@ -370,7 +412,9 @@ fn ovs_overload_packet_in_flood() {
         "overload-flood",
         &overload_config(&backends, "adaptive", 200.0, "adaptive", false),
     );
-    t.bridges[0].set_controller(&[ctl.target()]).expect("set controller");
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
     t.bridges[0]
         .wait_connected(Duration::from_secs(10))
         .expect("switch connects");
@@ -445,7 +489,10 @@ print(n)\n",
     let mut sent = 0u64;
     for s in senders {
         let out = s.wait_with_output().expect("sender");
-        sent += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0);
+        sent += String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0);
     }
     let ka = keepalive.wait_with_output().expect("keep-alive client");
     let ka: serde_json::Value =
@@ -474,7 +521,11 @@ print(n)\n",
     // The handling rate holds: over the second half of the flood it averages at least
     // half of the first half's (no collapse), and PACKET_INs keep being handled.
     let mean = |lo: f64, hi: f64| {
-        let v: Vec<f64> = samples.iter().filter(|s| s.0 > lo && s.0 <= hi).map(|s| s.1).collect();
+        let v: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.0 > lo && s.0 <= hi)
+            .map(|s| s.1)
+            .collect();
         v.iter().sum::<f64>() / v.len().max(1) as f64
     };
     let (early, late) = (mean(0.0, 4.0), mean(4.0, 7.8));
@@ -485,7 +536,11 @@ print(n)\n",
     );
     // After the flood, new connections are served again.
     std::thread::sleep(Duration::from_secs(2));
-    let r = load(user, &format!("http://{VIP}/"), &["--requests", "20", "--timeout-ms", "3000"]);
+    let r = load(
+        user,
+        &format!("http://{VIP}/"),
+        &["--requests", "20", "--timeout-ms", "3000"],
+    );
     assert_eq!(r["ok"], 20, "served after the flood: {r}");
     ctl.assert_no_openflow_errors();
 }

@@ -535,11 +535,16 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
         }
     };
     let name_ok = |s: &str| {
-        !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     };
     if let Some(n) = c.string("name", errs) {
         if !name_ok(n) {
-            errs.push(ConfigError::new(c.key_path("name"), format!("{n:?}: use letters, digits, '-' and '_'")));
+            errs.push(ConfigError::new(
+                c.key_path("name"),
+                format!("{n:?}: use letters, digits, '-' and '_'"),
+            ));
         }
         cfg.name = n.to_string();
     }
@@ -548,7 +553,12 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     if let Some(list) = c.strings("etcd", errs) {
         cfg.etcd = list;
     }
-    for (i, d) in c.strings("dpids", errs).unwrap_or_default().iter().enumerate() {
+    for (i, d) in c
+        .strings("dpids", errs)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
         let t = d.trim_start_matches("0x").replace(':', "");
         match u64::from_str_radix(&t, 16) {
             Ok(v) => cfg.dpids.push(v),
@@ -560,7 +570,10 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     }
     if let Some(u) = c.string("uplink", errs) {
         let parsed = u.split_once(':').and_then(|(d, p)| {
-            Some((u64::from_str_radix(d.trim_start_matches("0x"), 16).ok()?, p.parse::<u32>().ok()?))
+            Some((
+                u64::from_str_radix(d.trim_start_matches("0x"), 16).ok()?,
+                p.parse::<u32>().ok()?,
+            ))
         });
         match parsed {
             Some(x) => cfg.uplink = Some(x),
@@ -570,9 +583,22 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
             )),
         }
     }
-    cfg.lease_ttl = millis(&mut c, "lease_ttl_ms", DEFAULT_CLUSTER_LEASE_TTL_MS, 1_000, 600_000, errs);
-    cfg.store_timeout =
-        millis(&mut c, "store_timeout_ms", DEFAULT_CLUSTER_STORE_TIMEOUT_MS, 50, 60_000, errs);
+    cfg.lease_ttl = millis(
+        &mut c,
+        "lease_ttl_ms",
+        DEFAULT_CLUSTER_LEASE_TTL_MS,
+        1_000,
+        600_000,
+        errs,
+    );
+    cfg.store_timeout = millis(
+        &mut c,
+        "store_timeout_ms",
+        DEFAULT_CLUSTER_STORE_TIMEOUT_MS,
+        50,
+        60_000,
+        errs,
+    );
     cfg.summary_interval = millis(
         &mut c,
         "summary_interval_ms",
@@ -583,13 +609,19 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     );
     if let Some(t) = c.float("spill_threshold", errs) {
         if !(t > 0.0 && t <= 10.0) {
-            errs.push(ConfigError::new(c.key_path("spill_threshold"), "must be in (0, 10]"));
+            errs.push(ConfigError::new(
+                c.key_path("spill_threshold"),
+                "must be in (0, 10]",
+            ));
         }
         cfg.spill_threshold = t;
     }
     if cfg.role != ClusterRole::Single {
         if cfg.etcd.is_empty() {
-            errs.push(ConfigError::new(c.key_path("etcd"), "required unless role = \"single\""));
+            errs.push(ConfigError::new(
+                c.key_path("etcd"),
+                "required unless role = \"single\"",
+            ));
         }
         if !name_ok(&cfg.instance) {
             errs.push(ConfigError::new(
@@ -601,11 +633,20 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     if cfg.role == ClusterRole::Domain {
         match &cfg.domain {
             Some(d) if name_ok(d) => {}
-            Some(d) => errs.push(ConfigError::new(c.key_path("domain"), format!("{d:?}: use letters, digits, '-' and '_'"))),
-            None => errs.push(ConfigError::new(c.key_path("domain"), "required when role = \"domain\"")),
+            Some(d) => errs.push(ConfigError::new(
+                c.key_path("domain"),
+                format!("{d:?}: use letters, digits, '-' and '_'"),
+            )),
+            None => errs.push(ConfigError::new(
+                c.key_path("domain"),
+                "required when role = \"domain\"",
+            )),
         }
         if cfg.dpids.is_empty() {
-            errs.push(ConfigError::new(c.key_path("dpids"), "a domain needs at least one switch"));
+            errs.push(ConfigError::new(
+                c.key_path("dpids"),
+                "a domain needs at least one switch",
+            ));
         }
     }
     c.finish(errs);
@@ -775,12 +816,17 @@ fn validate_service(
         .map(|t| crate::overload::OverloadConfig::read(t, errs))
         .unwrap_or_default();
 
-    let mut m = s.table("metrics", errs).unwrap_or_else(|| Obj::new(s.key_path("metrics"), &empty));
+    let mut m = s
+        .table("metrics", errs)
+        .unwrap_or_else(|| Obj::new(s.key_path("metrics"), &empty));
     let mut names = match m.string("preset", errs) {
         None | Some("flowgate") => crate::metrics_text::MetricNames::default(),
         Some("nginx") => crate::metrics_text::MetricNames::nginx(),
         Some(other) => {
-            errs.push(ConfigError::new(m.key_path("preset"), format!("{other:?} is not one of \"flowgate\", \"nginx\"")));
+            errs.push(ConfigError::new(
+                m.key_path("preset"),
+                format!("{other:?} is not one of \"flowgate\", \"nginx\""),
+            ));
             crate::metrics_text::MetricNames::default()
         }
     };
@@ -796,8 +842,22 @@ fn validate_service(
             *slot = (!v.is_empty()).then(|| v.to_string());
         }
     }
-    let metrics_interval = millis(&mut m, "interval_ms", DEFAULT_METRICS_INTERVAL_MS, 10, 3_600_000, errs);
-    let metrics_timeout = millis(&mut m, "timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
+    let metrics_interval = millis(
+        &mut m,
+        "interval_ms",
+        DEFAULT_METRICS_INTERVAL_MS,
+        10,
+        3_600_000,
+        errs,
+    );
+    let metrics_timeout = millis(
+        &mut m,
+        "timeout_ms",
+        DEFAULT_HEALTH_TIMEOUT_MS,
+        1,
+        600_000,
+        errs,
+    );
     m.finish(errs);
 
     let mut backends = Vec::new();
@@ -873,7 +933,11 @@ fn validate_service(
             rise,
             fall,
         },
-        metrics: MetricsConfig { interval: metrics_interval, timeout: metrics_timeout, names },
+        metrics: MetricsConfig {
+            interval: metrics_interval,
+            timeout: metrics_timeout,
+            names,
+        },
         backends,
         overload,
     })
@@ -955,7 +1019,13 @@ mod cluster_tests {
             .map(|e| e.0)
             .unwrap_or_default();
         let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
-        for p in ["cluster.dpids[0]", "cluster.etcd", "cluster.instance", "cluster.domain", "cluster.ttl"] {
+        for p in [
+            "cluster.dpids[0]",
+            "cluster.etcd",
+            "cluster.instance",
+            "cluster.domain",
+            "cluster.ttl",
+        ] {
             assert!(paths.contains(&p), "{p} not reported: {errs:?}");
         }
         assert!(parse("[cluster]\nrole = \"boss\"\n").is_err());

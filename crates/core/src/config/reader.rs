@@ -61,7 +61,11 @@ impl<'a> Obj<'a> {
     }
 
     /// A string, or an array of strings.
-    pub(crate) fn strings(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Option<Vec<String>> {
+    pub(crate) fn strings(
+        &mut self,
+        key: &str,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<Vec<String>> {
         let path = self.key_path(key);
         match self.get(key)? {
             Value::String(s) => Some(vec![s.clone()]),
@@ -79,7 +83,13 @@ impl<'a> Obj<'a> {
                 Some(out)
             }
             other => {
-                errs.push(ConfigError::new(path, format!("expected a string or an array of strings, found {}", other.type_str())));
+                errs.push(ConfigError::new(
+                    path,
+                    format!(
+                        "expected a string or an array of strings, found {}",
+                        other.type_str()
+                    ),
+                ));
                 None
             }
         }

@@ -55,11 +55,7 @@ impl Controller {
         }
         self.learn(now, dpid, in_port, &frame, out);
         match &frame.l3 {
-            L3::Arp(arp) => {
-                if self.handle_arp(now, dpid, in_port, &frame, arp, pi, out) {
-                    return;
-                }
-            }
+            L3::Arp(arp) if self.handle_arp(now, dpid, in_port, &frame, arp, pi, out) => return,
             L3::Ipv4(ip) => {
                 if let Some(tcp) = frame.tcp() {
                     if self.handle_tcp(now, dpid, in_port, &frame, ip.src, ip.dst, tcp, pi, out) {

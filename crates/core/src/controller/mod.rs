@@ -166,8 +166,10 @@ impl Controller {
             scratch_ports: Vec::with_capacity(64),
         };
         for (i, s) in config.services.iter().enumerate() {
-            c.services
-                .push(ServiceState::new(rate_window(s.clone()), seed.wrapping_add(i as u64)));
+            c.services.push(ServiceState::new(
+                rate_window(s.clone()),
+                seed.wrapping_add(i as u64),
+            ));
         }
         c.reindex();
         c
@@ -405,14 +407,18 @@ impl Controller {
     /// eject it (passive outlier detection, Envoy-style).
     fn record_outcome(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
         let (si, bi) = cookie::conn::indexes(fr.cookie);
-        let Some(s) = self.services.get_mut(usize::from(si)) else { return };
+        let Some(s) = self.services.get_mut(usize::from(si)) else {
+            return;
+        };
         // The indexes may be stale after a reload: trust them only if the rule's source
         // address is still that backend's.
         let src = fr.match_.iter().find_map(|o| match o {
             ofp::Oxm::Ipv4Src { value, mask: None } => Some(*value),
             _ => None,
         });
-        let Some(b) = s.backends.get(usize::from(bi)) else { return };
+        let Some(b) = s.backends.get(usize::from(bi)) else {
+            return;
+        };
         if src != Some(b.address) {
             return;
         }
@@ -513,7 +519,9 @@ impl Controller {
         let seed = self.seed;
         let s = self.services.get_mut(service).ok_or("no such service")?;
         let mut params = params;
-        params.rps_window.get_or_insert(crate::service::RATE_TIME_CONSTANT);
+        params
+            .rps_window
+            .get_or_insert(crate::service::RATE_TIME_CONSTANT);
         s.set_algorithm(kind, params, seed.wrapping_add(service as u64));
         let detail = format!("{} -> {kind}", s.cfg.name);
         self.event(now, "algorithm", detail);
@@ -716,7 +724,13 @@ impl Controller {
     }
 
     /// Feed one active probe result; the backend's rise/fall state decides its health.
-    pub fn handle_probe(&mut self, now: Instant, service: usize, backend: usize, result: ProbeResult) {
+    pub fn handle_probe(
+        &mut self,
+        now: Instant,
+        service: usize,
+        backend: usize,
+        result: ProbeResult,
+    ) {
         let Some(b) = self
             .services
             .get_mut(service)
@@ -767,8 +781,20 @@ impl Controller {
     }
 
     /// Load figures read from a backend's own metrics endpoint.
-    pub fn handle_backend_load(&mut self, now: Instant, service: usize, backend: usize, load: crate::metrics_text::LoadSample) {
-        let Some(b) = self.services.get_mut(service).and_then(|s| s.backends.get_mut(backend)) else { return };
+    pub fn handle_backend_load(
+        &mut self,
+        now: Instant,
+        service: usize,
+        backend: usize,
+        load: crate::metrics_text::LoadSample,
+    ) {
+        let Some(b) = self
+            .services
+            .get_mut(service)
+            .and_then(|s| s.backends.get_mut(backend))
+        else {
+            return;
+        };
         b.metrics_at = Some(now);
         b.picks_since_metrics = 0;
         if load.rps.is_some() {
@@ -792,7 +818,12 @@ impl Controller {
     /// A probe's round trip (ms) to a backend: its response time, unless the backend
     /// reports its own.
     pub fn handle_response_time(&mut self, service: usize, backend: usize, ms: f64) {
-        if self.services.get(service).and_then(|s| s.backends.get(backend)).is_some_and(|b| b.rt_from_metrics) {
+        if self
+            .services
+            .get(service)
+            .and_then(|s| s.backends.get(backend))
+            .is_some_and(|b| b.rt_from_metrics)
+        {
             return;
         }
         self.record_response_time(service, backend, ms);

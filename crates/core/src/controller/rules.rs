@@ -247,7 +247,10 @@ const NXAST_FIN_TIMEOUT: u16 = 19;
 pub(crate) fn fin_timeout(idle: u16) -> Action {
     let [a, b] = NXAST_FIN_TIMEOUT.to_be_bytes();
     let [i, j] = idle.to_be_bytes();
-    Action::Experimenter { experimenter: NX_VENDOR_ID, data: Bytes::copy_from_slice(&[a, b, i, j, 0, 0, 0, 0]) }
+    Action::Experimenter {
+        experimenter: NX_VENDOR_ID,
+        data: Bytes::copy_from_slice(&[a, b, i, j, 0, 0, 0, 0]),
+    }
 }
 
 /// Send `data` out with `actions`, as if it had entered at `in_port`.

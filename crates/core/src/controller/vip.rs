@@ -203,7 +203,9 @@ impl Controller {
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
         // A sample of decisions for operators: at most four a second, so the event ring
         // shows what the balancer does without costing the PACKET_IN path anything.
-        if created_ms.saturating_sub(self.last_decision_sample_ms) >= DECISION_SAMPLE_MS || self.last_decision_sample_ms == 0 {
+        if created_ms.saturating_sub(self.last_decision_sample_ms) >= DECISION_SAMPLE_MS
+            || self.last_decision_sample_ms == 0
+        {
             self.last_decision_sample_ms = created_ms.max(1);
             let detail = format!(
                 "{} {}:{} -> {} ({:?})",

@@ -181,11 +181,21 @@ impl OverloadConfig {
             .unwrap_or(DEFAULT_BURST_MS);
         if let Some(v) = o.float("gate_burst", errs) {
             if !(1.0..=1000.0).contains(&v) {
-                errs.push(ConfigError::new(o.key_path("gate_burst"), "must be in [1, 1000]"));
+                errs.push(ConfigError::new(
+                    o.key_path("gate_burst"),
+                    "must be in [1, 1000]",
+                ));
             }
             c.gate_burst = v;
         }
-        c.meter_hold = ms(&mut o, "meter_hold_ms", DEFAULT_METER_HOLD_MS, 0, 60_000, errs);
+        c.meter_hold = ms(
+            &mut o,
+            "meter_hold_ms",
+            DEFAULT_METER_HOLD_MS,
+            0,
+            60_000,
+            errs,
+        );
         c.off_rule_min_gap = ms(
             &mut o,
             "off_rule_min_gap_ms",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ofp::{Instruction, Message, MeterFlags, MeterMod, MeterModCommand};
 
 use super::{
-    ControllerGap, ControllerGapView, Gate, GapController, GapView, MeterBand, Mode,
+    ControllerGap, ControllerGapView, GapController, GapView, Gate, MeterBand, Mode,
     OverloadConfig, Refusal, SERVICE_METER_BASE, TABLE_MISS_METER, WorkSample, meter_plan,
 };
 use crate::config::Config;
@@ -82,7 +82,11 @@ impl Overload {
 
     /// Whether service `i`'s intercept rule carries a meter.
     fn service_metered(&self, i: usize) -> bool {
-        self.controller_on() || self.services.get(i).is_some_and(|s| s.cfg.mode != Mode::Off)
+        self.controller_on()
+            || self
+                .services
+                .get(i)
+                .is_some_and(|s| s.cfg.mode != Mode::Off)
     }
 
     fn any_meter(&self) -> bool {
@@ -100,9 +104,9 @@ impl Overload {
     fn wanted(&self, meter: u32, n_switches: usize) -> Option<MeterBand> {
         let share = self.controller_share(n_switches);
         if meter == TABLE_MISS_METER {
-            return self.controller_on().then(|| {
-                meter_plan(None, 1.0, share, self.controller.cfg.burst_ms)
-            });
+            return self
+                .controller_on()
+                .then(|| meter_plan(None, 1.0, share, self.controller.cfg.burst_ms));
         }
         let i = meter.checked_sub(SERVICE_METER_BASE)? as usize;
         if !self.service_metered(i) {

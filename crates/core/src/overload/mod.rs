@@ -214,7 +214,8 @@ impl GapController {
 
     /// The gap `g = 1/a`, if any.
     pub fn gap(&self) -> Option<Duration> {
-        self.rate().map(|a| Duration::from_secs_f64(1.0 / a.max(1e-3)))
+        self.rate()
+            .map(|a| Duration::from_secs_f64(1.0 / a.max(1e-3)))
     }
 
     /// The rate the gate enforces: the gap's, else the ceiling (adaptive only).
@@ -444,7 +445,9 @@ impl Gate {
         self.tokens = match self.last {
             // A gap starts with a full bucket: the first arrival passes.
             None => depth,
-            Some(t) => (self.tokens + now.saturating_duration_since(t).as_secs_f64() / g).min(depth),
+            Some(t) => {
+                (self.tokens + now.saturating_duration_since(t).as_secs_f64() / g).min(depth)
+            }
         };
         self.last = Some(now);
         if self.tokens >= 1.0 - 1e-9 {
@@ -585,9 +588,8 @@ impl ControllerGap {
             self.decision_latency_us =
                 self.busy_since.as_secs_f64() * 1e6 / self.handled_since as f64;
         }
-        let load = (self.utilization / self.cfg.target_utilization).max(
-            self.queueing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6),
-        );
+        let load = (self.utilization / self.cfg.target_utilization)
+            .max(self.queueing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6));
         if load >= 1.0 {
             self.max_handled_rate = self.max_handled_rate.max(self.handled_rate);
         }

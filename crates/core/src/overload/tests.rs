@@ -17,7 +17,13 @@ fn exp(rng: &mut SmallRng, rate: f64) -> f64 {
 #[test]
 fn crawford_gate_admits_lambda_over_one_plus_lambda_g() {
     let t0 = Instant::now();
-    for (lambda, g_ms) in [(50.0, 10.0), (100.0, 10.0), (300.0, 10.0), (1000.0, 10.0), (20.0, 100.0)] {
+    for (lambda, g_ms) in [
+        (50.0, 10.0),
+        (100.0, 10.0),
+        (300.0, 10.0),
+        (1000.0, 10.0),
+        (20.0, 100.0),
+    ] {
         let mut rng = SmallRng::seed_from_u64(7);
         let g = Duration::from_secs_f64(g_ms / 1000.0);
         let mut gate = Gate::default();
@@ -40,7 +46,10 @@ fn crawford_gate_admits_lambda_over_one_plus_lambda_g() {
         assert!(measured <= 1.0 / g.as_secs_f64() + 1e-9);
         // Rejected fraction λg/(1+λg).
         let rejected = 1.0 - admitted as f64 / n as f64;
-        assert!((rejected - lg / (1.0 + lg)).abs() < 0.01, "rejected {rejected}");
+        assert!(
+            (rejected - lg / (1.0 + lg)).abs() < 0.01,
+            "rejected {rejected}"
+        );
     }
 }
 
@@ -59,9 +68,16 @@ fn meter_rates_are_quantized_upwards_in_eighth_octaves() {
     assert_eq!(quantize_rate(f64::INFINITY), OPEN_METER_RATE);
     let b = meter_plan(Some(100.0), 4.0, None, 20);
     assert_eq!(b.rate, quantize_rate(400.0));
-    assert_eq!(b.burst, (f64::from(b.rate) * 0.02).ceil() as u32, "20 ms' worth");
+    assert_eq!(
+        b.burst,
+        (f64::from(b.rate) * 0.02).ceil() as u32,
+        "20 ms' worth"
+    );
     // The controller's share caps it.
-    assert_eq!(meter_plan(Some(100.0), 4.0, Some(150.0), 20).rate, quantize_rate(150.0));
+    assert_eq!(
+        meter_plan(Some(100.0), 4.0, Some(150.0), 20).rate,
+        quantize_rate(150.0)
+    );
 }
 
 /// A pool of capacity `cap` behind a gate driven by `mode`, with Poisson offered load
@@ -159,7 +175,10 @@ fn adaptive_gap_converges_after_a_step_and_does_not_oscillate() {
     );
     // Before the step: no gap at all.
     assert!(
-        run.limits.iter().filter(|(t, _)| *t > 1.0 && *t < 10.0).all(|(_, a)| a.is_none()),
+        run.limits
+            .iter()
+            .filter(|(t, _)| *t > 1.0 && *t < 10.0)
+            .all(|(_, a)| a.is_none()),
         "no gap below the low watermark"
     );
     let w = &run.admitted_per_s;
@@ -172,9 +191,16 @@ fn adaptive_gap_converges_after_a_step_and_does_not_oscillate() {
     }
     // Steady: small variation of the admitted rate, and of the limit.
     let tail = &w[20..30];
-    assert!(mean(tail) >= 0.8 * cap, "steady admitted rate {}", mean(tail));
+    assert!(
+        mean(tail) >= 0.8 * cap,
+        "steady admitted rate {}",
+        mean(tail)
+    );
     let c = cv(tail);
-    assert!(c < 0.08, "admitted rate CV {c:.3} over the last 10 s: {tail:?}");
+    assert!(
+        c < 0.08,
+        "admitted rate CV {c:.3} over the last 10 s: {tail:?}"
+    );
     let lims: Vec<f64> = run
         .limits
         .iter()
@@ -184,7 +210,10 @@ fn adaptive_gap_converges_after_a_step_and_does_not_oscillate() {
     let (lo, hi) = lims
         .iter()
         .fold((f64::MAX, 0.0f64), |(lo, hi), &a| (lo.min(a), hi.max(a)));
-    assert!(hi / lo < 1.25, "the limit oscillates between {lo:.1} and {hi:.1}");
+    assert!(
+        hi / lo < 1.25,
+        "the limit oscillates between {lo:.1} and {hi:.1}"
+    );
     // And when the load falls again, the gap relaxes and lifts.
     let run = simulate(
         Mode::Adaptive,
@@ -195,7 +224,10 @@ fn adaptive_gap_converges_after_a_step_and_does_not_oscillate() {
     );
     assert_eq!(run.limits.last().map(|l| l.1), Some(None), "gap lifted");
     let w = &run.admitted_per_s;
-    assert!(mean(&w[14..20]) > 35.0, "all of the lighter load admitted: {w:?}");
+    assert!(
+        mean(&w[14..20]) > 35.0,
+        "all of the lighter load admitted: {w:?}"
+    );
 }
 
 /// ACCM's qualitative claim (research note §7.11) against the AIN static table: under the
@@ -209,7 +241,10 @@ fn adaptive_beats_the_static_ain_table_under_the_same_overload() {
     let s = simulate(Mode::Static, cap, 30.0, lam, 5);
     let p99 = |r: &Run| r.sojourn[r.sojourn.len() * 99 / 100];
     let (ga, gs) = (a.good, s.good);
-    assert!(ga >= gs, "adaptive {ga} vs static {gs} flows served within the deadline");
+    assert!(
+        ga >= gs,
+        "adaptive {ga} vs static {gs} flows served within the deadline"
+    );
     assert!(ga as f64 > 0.8 * cap * 25.0, "adaptive goodput {ga}");
     assert!(
         p99(&a) <= p99(&s),
@@ -221,7 +256,9 @@ fn adaptive_beats_the_static_ain_table_under_the_same_overload() {
     // The static table only knows its own gaps.
     let s_limits: Vec<Option<f64>> = s.limits.iter().map(|l| l.1).collect();
     assert!(s_limits.iter().flatten().all(|r| {
-        AIN_ACG_GAPS_MS.iter().any(|&g| g > 0 && (1000.0 / f64::from(g) - r).abs() < 1e-9)
+        AIN_ACG_GAPS_MS
+            .iter()
+            .any(|&g| g > 0 && (1000.0 / f64::from(g) - r).abs() < 1e-9)
     }));
     let _ = a.rejected + s.rejected;
 }
@@ -274,7 +311,10 @@ fn controller_gap_holds_the_packet_in_rate_near_its_maximum() {
         m > 0.75 * service_rate && m <= service_rate,
         "handled {m:.0}/s of a {service_rate}/s maximum"
     );
-    assert!(backlog < service_rate * 0.05, "the backlog stays bounded: {backlog}");
+    assert!(
+        backlog < service_rate * 0.05,
+        "the backlog stays bounded: {backlog}"
+    );
     assert!(g.max_handled_rate >= 0.9 * service_rate);
 }
 
@@ -295,7 +335,10 @@ fn config_keys_are_read_strictly_with_paths() {
     assert_eq!(o.interval, Duration::from_millis(20));
     assert_eq!(o.gaps_ms, vec![0, 100, 250]);
     assert_eq!(ok.controller.overload.mode, Mode::Adaptive);
-    assert_eq!(ok.controller.overload.target_delay, Duration::from_millis(10));
+    assert_eq!(
+        ok.controller.overload.target_delay,
+        Duration::from_millis(10)
+    );
 
     let bad = crate::Config::from_toml(
         "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\

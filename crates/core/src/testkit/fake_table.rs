@@ -990,7 +990,10 @@ impl FakeTable {
                 | Action::CopyTtlOut => {}
                 // Open vSwitch's fin_timeout (Nicira NXAST_FIN_TIMEOUT = 19, 16 bytes): it
                 // only shortens the rule's timeouts on FIN/RST, forwarding is unchanged.
-                Action::Experimenter { experimenter: 0x2320, data } if data.len() == 8 && data[..2] == [0, 19] => {}
+                Action::Experimenter {
+                    experimenter: 0x2320,
+                    data,
+                } if data.len() == 8 && data[..2] == [0, 19] => {}
                 other => return Err(FakeTableError::UnsupportedAction(format!("{other:?}"))),
             }
         }

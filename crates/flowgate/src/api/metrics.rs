@@ -91,11 +91,22 @@ fn num(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else {
         format!("{v}")
     }
 }
+
+/// A gap-state gauge: its name, help text and how to read it from a service's gap view.
+type GapGauge = (
+    &'static str,
+    &'static str,
+    fn(&flowgate_core::overload::GapView) -> Option<f64>,
+);
 
 pub(crate) fn render(handle: &Handle) -> String {
     let flow_counts = handle
@@ -342,9 +353,13 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
         "Overload control mode of the service (1 for the mode in the label).",
     );
     for (name, v) in &views {
-        let _ = writeln!(o, "flowgate_service_overload_mode{{service=\"{name}\",mode=\"{}\"}} 1", v.mode);
+        let _ = writeln!(
+            o,
+            "flowgate_service_overload_mode{{service=\"{name}\",mode=\"{}\"}} 1",
+            v.mode
+        );
     }
-    let gauges: [(&str, &str, fn(&flowgate_core::overload::GapView) -> Option<f64>); 4] = [
+    let gauges: [GapGauge; 4] = [
         (
             "flowgate_service_overload_admitted_rate_limit",
             "Admitted new-connection rate the gap amounts to (per second); absent when no gap.",
@@ -381,16 +396,50 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
         "New connections refused by the gap (RST from the controller, or dropped).",
     );
     for (name, v) in &views {
-        let _ = writeln!(o, "flowgate_service_overload_refused_total{{service=\"{name}\"}} {}", v.refused_total);
+        let _ = writeln!(
+            o,
+            "flowgate_service_overload_refused_total{{service=\"{name}\"}} {}",
+            v.refused_total
+        );
     }
     let cv = c.controller_gap_view();
     for (metric, kind, help, x) in [
-        ("flowgate_controller_overload_gapping", "gauge", "1 while the controller meters its own PACKET_INs.", f64::from(u8::from(cv.gap.gapping))),
-        ("flowgate_controller_overload_admitted_rate_limit", "gauge", "Admitted PACKET_IN rate (all switches; 0 = no limit).", cv.gap.admitted_rate_limit.unwrap_or(0.0)),
-        ("flowgate_controller_packet_in_utilization", "gauge", "Fraction of the last window spent on PACKET_INs.", cv.utilization),
-        ("flowgate_controller_packet_in_queueing_seconds", "gauge", "Longest PACKET_IN queueing delay in the last window.", cv.queueing_delay_ms / 1000.0),
-        ("flowgate_controller_packet_in_rate", "gauge", "PACKET_INs handled per second (last window).", cv.handled_rate),
-        ("flowgate_controller_packet_in_max_rate", "gauge", "Highest PACKET_IN rate handled while saturated.", cv.max_handled_rate),
+        (
+            "flowgate_controller_overload_gapping",
+            "gauge",
+            "1 while the controller meters its own PACKET_INs.",
+            f64::from(u8::from(cv.gap.gapping)),
+        ),
+        (
+            "flowgate_controller_overload_admitted_rate_limit",
+            "gauge",
+            "Admitted PACKET_IN rate (all switches; 0 = no limit).",
+            cv.gap.admitted_rate_limit.unwrap_or(0.0),
+        ),
+        (
+            "flowgate_controller_packet_in_utilization",
+            "gauge",
+            "Fraction of the last window spent on PACKET_INs.",
+            cv.utilization,
+        ),
+        (
+            "flowgate_controller_packet_in_queueing_seconds",
+            "gauge",
+            "Longest PACKET_IN queueing delay in the last window.",
+            cv.queueing_delay_ms / 1000.0,
+        ),
+        (
+            "flowgate_controller_packet_in_rate",
+            "gauge",
+            "PACKET_INs handled per second (last window).",
+            cv.handled_rate,
+        ),
+        (
+            "flowgate_controller_packet_in_max_rate",
+            "gauge",
+            "Highest PACKET_IN rate handled while saturated.",
+            cv.max_handled_rate,
+        ),
     ] {
         family(o, metric, kind, help);
         let _ = writeln!(o, "{metric} {x}");
@@ -399,7 +448,10 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
 
 pub(crate) async fn metrics(State(st): State<ApiState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         render(&st.handle),
     )
         .into_response()

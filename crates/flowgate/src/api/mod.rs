@@ -15,8 +15,8 @@
 
 mod dashboard;
 pub mod metrics;
-mod ops;
 mod openapi;
+mod ops;
 mod stream;
 mod views;
 
@@ -306,8 +306,16 @@ pub static ROUTES: &[RouteSpec] = &[
     },
     RouteSpec {
         query: &[
-            ("since_ms", "integer", "Only events after this time (ms since start)."),
-            ("limit", "integer", "At most this many, the latest (default all, max 256)."),
+            (
+                "since_ms",
+                "integer",
+                "Only events after this time (ms since start).",
+            ),
+            (
+                "limit",
+                "integer",
+                "At most this many, the latest (default all, max 256).",
+            ),
         ],
         response: "EventList",
         ..r(

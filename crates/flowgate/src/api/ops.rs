@@ -260,15 +260,18 @@ impl std::error::Error for ReloadError {}
 pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
     let path = handle.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let file = path.display().to_string();
-    let text =
-        std::fs::read_to_string(path.as_path()).map_err(|e| ReloadError::Read(format!("{file}: {e}")))?;
+    let text = std::fs::read_to_string(path.as_path())
+        .map_err(|e| ReloadError::Read(format!("{file}: {e}")))?;
     let config = Config::from_toml(&text, &|k| std::env::var(k).ok())
         .map_err(|errs| ReloadError::Invalid(file.clone(), errs))?;
     let mut restart_needed = Vec::new();
     {
         let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
         let checks: [(&'static str, bool); 6] = [
-            ("openflow.listen", old.openflow.listen != config.openflow.listen),
+            (
+                "openflow.listen",
+                old.openflow.listen != config.openflow.listen,
+            ),
             ("openflow.tls", old.openflow.tls != config.openflow.tls),
             (
                 "openflow.echo_interval_ms",

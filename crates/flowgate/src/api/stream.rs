@@ -69,7 +69,10 @@ pub(crate) async fn stream(State(st): State<ApiState>, Query(q): Query<StreamQue
                 _ = stop.changed() => return None,
             }
             let data = snapshot(&st, seq);
-            let ev = Event::default().event("snapshot").id(seq.to_string()).data(data);
+            let ev = Event::default()
+                .event("snapshot")
+                .id(seq.to_string())
+                .data(data);
             Some((Ok::<Event, Infallible>(ev), (st, interval, stop, seq + 1)))
         },
     );

@@ -8,9 +8,9 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use flowgate_core::Controller;
 use flowgate_core::conntrack::ConnKey;
 use flowgate_core::service::{BackendState, ServiceState};
-use flowgate_core::Controller;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiState, MAX_PAGE, error};
@@ -68,7 +68,12 @@ pub struct BackendView {
     pub gap: Option<flowgate_core::overload::GapView>,
 }
 
-fn backend_view(s: &ServiceState, i: usize, b: &BackendState, gap: Option<&flowgate_core::overload::GapView>) -> BackendView {
+fn backend_view(
+    s: &ServiceState,
+    i: usize,
+    b: &BackendState,
+    gap: Option<&flowgate_core::overload::GapView>,
+) -> BackendView {
     let load = s.loads.get(i);
     BackendView {
         address: b.address,
@@ -121,7 +126,11 @@ fn service_view(s: &ServiceState, gap: Option<flowgate_core::overload::GapView>)
 }
 
 pub(crate) fn service_views(c: &Controller) -> Vec<ServiceView> {
-    c.services().iter().enumerate().map(|(i, s)| service_view(s, c.gap_view(i))).collect()
+    c.services()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| service_view(s, c.gap_view(i)))
+        .collect()
 }
 
 /// Find a service by name, or the 404 to answer with.
@@ -416,11 +425,14 @@ pub(crate) async fn connections(
         .enumerate()
         .flat_map(|(si, s)| {
             let counts = &counts;
-            s.backends.iter().enumerate().map(move |(bi, b)| BackendCount {
-                service: s.cfg.name.clone(),
-                backend: b.address,
-                connections: counts.get(&(si as u16, bi as u16)).copied().unwrap_or(0),
-            })
+            s.backends
+                .iter()
+                .enumerate()
+                .map(move |(bi, b)| BackendCount {
+                    service: s.cfg.name.clone(),
+                    backend: b.address,
+                    connections: counts.get(&(si as u16, bi as u16)).copied().unwrap_or(0),
+                })
         })
         .collect();
     let next = if remaining > items.len() {

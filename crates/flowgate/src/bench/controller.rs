@@ -91,7 +91,11 @@ pub struct ControllerArgs {
     #[arg(long, default_value = "10.0.0.100")]
     pub vip: Ipv4Addr,
     /// Backends of switch 0, on ports 2, 3, ... (switch i: second octet + i).
-    #[arg(long, value_delimiter = ',', default_value = "10.0.0.2,10.0.0.3,10.0.0.4")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10.0.0.2,10.0.0.3,10.0.0.4"
+    )]
     pub backends: Vec<Ipv4Addr>,
     /// The service port.
     #[arg(long, default_value_t = 80)]
@@ -100,7 +104,11 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 1000)]
     pub delay_ms: u64,
     /// The os-ken venv (with `osken-manager`).
-    #[arg(long, env = "FLOWGATE_OSKEN_VENV", default_value = "/opt/flowgate/osken-venv")]
+    #[arg(
+        long,
+        env = "FLOWGATE_OSKEN_VENV",
+        default_value = "/opt/flowgate/osken-venv"
+    )]
     pub osken_venv: PathBuf,
     /// Write the results table here (Markdown).
     #[arg(long)]
@@ -195,8 +203,9 @@ async fn measure_async(
     let plans = plans(args)?;
     let n = plans.len();
     let flags = Arc::new(RunFlags::default());
-    let counters: Vec<Arc<SwitchCounters>> =
-        (0..n).map(|_| Arc::new(SwitchCounters::default())).collect();
+    let counters: Vec<Arc<SwitchCounters>> = (0..n)
+        .map(|_| Arc::new(SwitchCounters::default()))
+        .collect();
     let per_switch = match pace {
         Pace::Window(w) => Pace::Window(w),
         Pace::Rate(r) => Pace::Rate(r / n as f64),
@@ -215,7 +224,18 @@ async fn measure_async(
     let handles: Vec<_> = plans
         .into_iter()
         .zip(&counters)
-        .map(|(p, c)| tokio::spawn(run_switch(addr, p, mode, per_switch, Duration::from_millis(args.timeout_ms), args.expire_after, c.clone(), flags.clone())))
+        .map(|(p, c)| {
+            tokio::spawn(run_switch(
+                addr,
+                p,
+                mode,
+                per_switch,
+                Duration::from_millis(args.timeout_ms),
+                args.expire_after,
+                c.clone(),
+                flags.clone(),
+            ))
+        })
         .collect();
 
     // Handshake and learning, then cbench's -D delay.
@@ -237,7 +257,10 @@ async fn measure_async(
 
     let total = |f: fn(&SwitchCounters) -> u64| counters.iter().map(|c| f(c)).sum::<u64>();
     let mut loops = Vec::new();
-    let mut last: Vec<u64> = counters.iter().map(|c| c.valid.load(Ordering::Relaxed)).collect();
+    let mut last: Vec<u64> = counters
+        .iter()
+        .map(|c| c.valid.load(Ordering::Relaxed))
+        .collect();
     let mut at = Instant::now();
     for l in 0..(args.warmup + args.loops) {
         if l == args.warmup {
@@ -248,14 +271,20 @@ async fn measure_async(
         let now = Instant::now();
         let secs = now.duration_since(at).as_secs_f64();
         at = now;
-        let cur: Vec<u64> = counters.iter().map(|c| c.valid.load(Ordering::Relaxed)).collect();
+        let cur: Vec<u64> = counters
+            .iter()
+            .map(|c| c.valid.load(Ordering::Relaxed))
+            .collect();
         let per: Vec<u64> = cur.iter().zip(&last).map(|(a, b)| a - b).collect();
         last = cur;
         let sum: u64 = per.iter().sum();
         let rate = sum as f64 / secs;
         if !args.quiet {
             let ms = secs * 1000.0;
-            let each: Vec<String> = per.iter().map(|x| format!("{:.2}", *x as f64 / ms)).collect();
+            let each: Vec<String> = per
+                .iter()
+                .map(|x| format!("{:.2}", *x as f64 / ms))
+                .collect();
             eprintln!(
                 "{n:>3} switches: flows/ms: {}  total = {:.2} per ms{}",
                 each.join(" "),
@@ -618,7 +647,10 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 (s.name.clone(), s.addr)
             }
             None => (
-                format!("controller at {}", args.controller.unwrap_or(([127, 0, 0, 1], 6653).into())),
+                format!(
+                    "controller at {}",
+                    args.controller.unwrap_or(([127, 0, 0, 1], 6653).into())
+                ),
                 args.controller.unwrap_or(([127, 0, 0, 1], 6653).into()),
             ),
         };
@@ -661,7 +693,11 @@ pub fn table(report: &Report) -> Table {
     ]);
     for r in &report.runs {
         let ratio = match reference {
-            Some(f) if r.avg > 0.0 && r.pace.starts_with("throughput") && r.controller != "flowgate" => {
+            Some(f)
+                if r.avg > 0.0
+                    && r.pace.starts_with("throughput")
+                    && r.controller != "flowgate" =>
+            {
                 format!("{:.1}×", f / r.avg)
             }
             _ => "–".into(),

@@ -45,7 +45,12 @@ pub enum Case {
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatapathArgs {
     /// Cases to measure, in order (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,haproxy,nginx,flowgate,ovs-group")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,haproxy,nginx,flowgate,ovs-group"
+    )]
     pub cases: Vec<Case>,
     /// Backend servers; giving both measures `direct` with each (which keeps up?).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "nginx")]
@@ -150,7 +155,11 @@ pub fn parse_wrk(out: &str) -> anyhow::Result<(f64, f64, f64, u64, String)> {
         } else if let Some(v) = t.strip_prefix("99%") {
             p99 = to_ms(v);
         } else if t.contains("requests in") {
-            requests = t.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            requests = t
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
         } else if t.starts_with("Socket errors") || t.starts_with("Non-2xx") {
             errors.push(t.to_string());
         }
@@ -160,7 +169,11 @@ pub fn parse_wrk(out: &str) -> anyhow::Result<(f64, f64, f64, u64, String)> {
         p50.unwrap_or(f64::NAN),
         p99.unwrap_or(f64::NAN),
         requests,
-        if errors.is_empty() { "none".into() } else { errors.join("; ") },
+        if errors.is_empty() {
+            "none".into()
+        } else {
+            errors.join("; ")
+        },
     ))
 }
 
@@ -170,7 +183,19 @@ fn wrk(client: &Host, args: &DatapathArgs, url: &str, lua: &Path) -> anyhow::Res
     let t = args.threads.to_string();
     let lua = lua.to_string_lossy().to_string();
     let o = client
-        .exec(&["wrk", "-t", &t, "-c", &c, "-d", &d, "--latency", "-s", &lua, url])
+        .exec(&[
+            "wrk",
+            "-t",
+            &t,
+            "-c",
+            &c,
+            "-d",
+            &d,
+            "--latency",
+            "-s",
+            &lua,
+            url,
+        ])
         .context("wrk")?;
     let s = String::from_utf8_lossy(&o.stdout).to_string();
     if !o.status.success() {
@@ -182,7 +207,17 @@ fn wrk(client: &Host, args: &DatapathArgs, url: &str, lua: &Path) -> anyhow::Res
 fn wait_http(client: &Host, url: &str, timeout: Duration) -> anyhow::Result<()> {
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
-        if let Ok(o) = client.exec(&["curl", "-s", "-m", "1", "-o", "/dev/null", "-w", "%{http_code}", url]) {
+        if let Ok(o) = client.exec(&[
+            "curl",
+            "-s",
+            "-m",
+            "1",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            url,
+        ]) {
             if String::from_utf8_lossy(&o.stdout).trim() == "200" {
                 return Ok(());
             }
@@ -213,7 +248,11 @@ impl Controller {
             .ok()?;
         String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
             let rest = l.strip_prefix("flowgate_packet_in_total")?;
-            rest.split_whitespace().last()?.parse::<f64>().ok().map(|v| v as u64)
+            rest.split_whitespace()
+                .last()?
+                .parse::<f64>()
+                .ok()
+                .map(|v| v as u64)
         })
     }
 }
@@ -272,7 +311,10 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
         .iter()
         .map(|b| format!("bucket=weight:100,actions=ct(commit,zone=1,nat(dst={b}:80),table=3)"))
         .collect();
-    br.ofctl("add-group", &[&format!("group_id=1,type=select,{}", buckets.join(","))])?;
+    br.ofctl(
+        "add-group",
+        &[&format!("group_id=1,type=select,{}", buckets.join(","))],
+    )?;
     let client_port = t.hosts[0].ofport();
     let mut flows = vec![
         format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=ct(zone=1,nat,table=1)"),
@@ -280,7 +322,9 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
         "table=1,priority=10,ct_state=+new+trk,tcp,actions=group:1".to_string(),
         "table=1,priority=10,ct_state=+est+trk,tcp,actions=goto_table:3".to_string(),
         "table=1,priority=10,ct_state=+rel+trk,tcp,actions=goto_table:3".to_string(),
-        format!("table=2,priority=10,ct_state=+trk,tcp,actions=set_field:{VIP_MAC}->eth_src,output:{client_port}"),
+        format!(
+            "table=2,priority=10,ct_state=+trk,tcp,actions=set_field:{VIP_MAC}->eth_src,output:{client_port}"
+        ),
     ];
     for (i, b) in BACKENDS.iter().enumerate() {
         let h = &t.hosts[i + 1];
@@ -320,7 +364,9 @@ fn start_backends(
             BackendKind::FlowgateHttpd => {
                 let exe = flowgate_exe()?.to_string_lossy().to_string();
                 let listen = format!("{ip}:80");
-                v.push(h.spawn(&[&exe, "--log", "warn", "httpd", "--listen", &listen, "--name", &name])?);
+                v.push(h.spawn(&[
+                    &exe, "--log", "warn", "httpd", "--listen", &listen, "--name", &name,
+                ])?);
             }
         }
     }
@@ -407,7 +453,10 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
                 bail!("{case:?} with {backend_label} backends: {e}\n{proxy_log}");
             }
             let pi_before = ctl.as_ref().and_then(|c| c.packet_ins());
-            eprintln!("bench datapath: {case:?} ({backend_label} backends) for {} s", args.duration);
+            eprintln!(
+                "bench datapath: {case:?} ({backend_label} backends) for {} s",
+                args.duration
+            );
             let out = wrk(client, args, &url, &lua)?;
             let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
             let (rps, p50, p99, requests, errors) = parse_wrk(&out)?;
@@ -417,7 +466,9 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
                     Case::Haproxy => "HAProxy leastconn (proxy host)".into(),
                     Case::Nginx => "nginx least_conn (proxy host)".into(),
                     Case::Direct => "direct to one backend".into(),
-                    Case::OvsGroup => "OVS select group + conntrack (proactive, no controller)".into(),
+                    Case::OvsGroup => {
+                        "OVS select group + conntrack (proactive, no controller)".into()
+                    }
                 },
                 backend: backend_label.into(),
                 requests_per_sec: rps,
@@ -439,11 +490,13 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
 
 fn flowgate_testbed_unavailable() -> Option<String> {
     // Same checks as the tests' `require_root_ovs`, without skipping.
-    let uid = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|v| v.split_whitespace().next().map(str::to_string))
-    });
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().next().map(str::to_string))
+        });
     if uid.as_deref() != Some("0") {
         return Some("not root".into());
     }
@@ -486,8 +539,9 @@ pub fn table(results: &[CaseResult]) -> Table {
             format!("{:.2}", r.p99_ms),
             r.requests.to_string(),
             r.errors.clone(),
-            r.packet_ins
-                .map_or("–".into(), |p| format!("{:.1}", p as f64 / r.requests.max(1) as f64)),
+            r.packet_ins.map_or("–".into(), |p| {
+                format!("{:.1}", p as f64 / r.requests.max(1) as f64)
+            }),
         ]);
     }
     t

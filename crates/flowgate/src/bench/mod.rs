@@ -53,7 +53,11 @@ impl Table {
         let _ = writeln!(
             s,
             "|{}|",
-            self.header.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
+            self.header
+                .iter()
+                .map(|_| " --- ")
+                .collect::<Vec<_>>()
+                .join("|")
         );
         for r in &self.rows {
             let _ = writeln!(s, "| {} |", r.join(" | "));
@@ -132,7 +136,10 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             }
             for r in &report.runs {
                 if !r.invalid_samples.is_empty() {
-                    body += &format!("\nInvalid answers from {}: {:?}\n", r.controller, r.invalid_samples);
+                    body += &format!(
+                        "\nInvalid answers from {}: {:?}\n",
+                        r.controller, r.invalid_samples
+                    );
                 }
                 if !r.errors.is_empty() {
                     body += &format!("\nSwitch errors with {}: {:?}\n", r.controller, r.errors);

@@ -148,7 +148,6 @@ struct Sw {
     live: VecDeque<Vec<ofp::FlowRemoved>>,
 }
 
-
 /// Run one emulated switch until `flags.stop`.
 pub async fn run_switch(
     controller: SocketAddr,
@@ -318,15 +317,13 @@ impl Sw {
             Message::GetAsyncRequest => {}
             Message::MultipartRequest(req) => {
                 let body = match req.body {
-                    MultipartRequestBody::Desc => {
-                        MultipartReplyBody::Desc(Box::new(ofp::Desc {
-                            mfr_desc: ofp::FixedStr::new("flowgate"),
-                            hw_desc: ofp::FixedStr::new("emulated switch"),
-                            sw_desc: ofp::FixedStr::new("flowgate bench controller"),
-                            serial_num: ofp::FixedStr::new("0"),
-                            dp_desc: ofp::FixedStr::new("bench"),
-                        }))
-                    }
+                    MultipartRequestBody::Desc => MultipartReplyBody::Desc(Box::new(ofp::Desc {
+                        mfr_desc: ofp::FixedStr::new("flowgate"),
+                        hw_desc: ofp::FixedStr::new("emulated switch"),
+                        sw_desc: ofp::FixedStr::new("flowgate bench controller"),
+                        serial_num: ofp::FixedStr::new("0"),
+                        dp_desc: ofp::FixedStr::new("bench"),
+                    })),
                     MultipartRequestBody::PortDesc => MultipartReplyBody::PortDesc(self.ports()),
                     MultipartRequestBody::Flow(_) => MultipartReplyBody::Flow(Vec::new()),
                     _ => return,
@@ -369,7 +366,14 @@ impl Sw {
             // A learning switch learns a new MAC per probe (cbench's -M).
             CheckMode::L2 => {
                 let h = k % 100_000;
-                MacAddr([0x02, 0xcc, self.plan.dpid as u8, (h >> 16) as u8, (h >> 8) as u8, h as u8])
+                MacAddr([
+                    0x02,
+                    0xcc,
+                    self.plan.dpid as u8,
+                    (h >> 16) as u8,
+                    (h >> 8) as u8,
+                    h as u8,
+                ])
             }
         };
         let dst_mac = match self.check {
@@ -489,7 +493,10 @@ impl Sw {
     }
 
     fn on_flow_mod(&mut self, now: Instant, fm: &ofp::FlowMod) {
-        if !matches!(fm.command, FlowModCommand::Add | FlowModCommand::ModifyStrict) {
+        if !matches!(
+            fm.command,
+            FlowModCommand::Add | FlowModCommand::ModifyStrict
+        ) {
             return;
         }
         if self.check == CheckMode::L2 {
@@ -570,7 +577,9 @@ impl Sw {
                 _ => true,
             };
             if !ok {
-                return Err(format!("forward rule for {key:?}: match field {oxm:?} does not fit the SYN"));
+                return Err(format!(
+                    "forward rule for {key:?}: match field {oxm:?} does not fit the SYN"
+                ));
             }
         }
         let dst = actions.iter().find_map(|a| match a {
@@ -578,7 +587,9 @@ impl Sw {
             _ => None,
         });
         let Some(b) = dst.and_then(|d| self.plan.backend_by_ip(d)) else {
-            return Err(format!("forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"));
+            return Err(format!(
+                "forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"
+            ));
         };
         self.check_backend_actions(actions, b)
             .map_err(|e| format!("forward rule for {key:?}: {e}"))?;
@@ -613,7 +624,9 @@ impl Sw {
                 }
                 if arp.op == packet::ARP_OP_REPLY && arp.spa == self.plan.vip {
                     self.vip_mac = arp.sha;
-                    self.counters.vip_arp_answered.store(true, Ordering::Relaxed);
+                    self.counters
+                        .vip_arp_answered
+                        .store(true, Ordering::Relaxed);
                 } else if arp.op == packet::ARP_OP_REQUEST {
                     // Answer for a backend, as the host itself would.
                     if let Some(&(ip, mac, port)) =
@@ -644,7 +657,10 @@ impl Sw {
                         _ => None,
                     });
                     let Some(b) = dst.and_then(|d| self.plan.backend_by_ip(d)) else {
-                        self.invalid(Some(key), format!("PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"));
+                        self.invalid(
+                            Some(key),
+                            format!("PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"),
+                        );
                         return;
                     };
                     if let Err(e) = self.check_backend_actions(&actions, b) {

@@ -19,7 +19,12 @@ pub struct CtlArgs {
     #[arg(long, global = true, default_value = "http://127.0.0.1:8080")]
     pub api: String,
     /// Bearer token for changes.
-    #[arg(long, global = true, env = "FLOWGATE_API_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "FLOWGATE_API_TOKEN",
+        hide_env_values = true
+    )]
     pub token: Option<String>,
     /// Print the API's JSON as is.
     #[arg(long, global = true)]
@@ -264,13 +269,13 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             }
             ("POST", format!("{}/backends", svc_path(service)), Some(b))
         }
-        CtlCmd::RemoveBackend { service, address } => {
-            ("DELETE", be_path(service, address), None)
-        }
+        CtlCmd::RemoveBackend { service, address } => ("DELETE", be_path(service, address), None),
         CtlCmd::Reload => ("POST", "/api/v1/reload".into(), None),
     };
     if method != "GET" && token.is_none() {
-        eprintln!("flowgate ctl: warning: no token (--token or FLOWGATE_API_TOKEN); the API will refuse this change");
+        eprintln!(
+            "flowgate ctl: warning: no token (--token or FLOWGATE_API_TOKEN); the API will refuse this change"
+        );
     }
     let resp = request(&args.api, method, &path, token, body.as_ref())?;
     let value: Option<Value> = serde_json::from_str(&resp.body).ok();

@@ -12,6 +12,10 @@
 //!   global election. The active one reads the domains' summaries and writes, fenced by
 //!   its leadership, where each overloaded domain spills and with what weights.
 //!
+//! - **Shared services**: domain instances apply the `[[service]]` tables an operator puts
+//!   in the store (one change, every domain), and apply their domain's spill decision as
+//!   weights (other domains' backends behind the `uplink`).
+//!
 //! The store is only called from these tasks: nothing here sits on the PACKET_IN path. If
 //! the store is unreachable, a master keeps serving with its last state (the switch, not
 //! the store, fences it if another instance takes over) and says so in logs, the API
@@ -22,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flowgate_coord::{CoordError, Kv, LeaseId, Leadership, Store, keys};
+use flowgate_coord::{CoordError, Kv, Leadership, LeaseId, Store, keys};
 use flowgate_core::config::{ClusterConfig, ClusterRole};
 use flowgate_core::topology::Dpid;
 use ofp::{ControllerRole, Message, RoleMsg};
@@ -214,15 +218,24 @@ impl ClusterState {
         self.view().switches.remove(&format!("{dpid:016x}"));
     }
 
-    fn set_switch(&self, dpid: Dpid, role: &'static str, generation_id: u64, refusal: Option<String>) {
+    fn set_switch(
+        &self,
+        dpid: Dpid,
+        role: &'static str,
+        generation_id: u64,
+        refusal: Option<String>,
+    ) {
         self.roles().insert(dpid, role == "master");
         let mut v = self.view();
-        let e = v.switches.entry(format!("{dpid:016x}")).or_insert(SwitchRole {
-            role,
-            generation_id,
-            since_unix_ms: unix_ms(),
-            last_refusal: None,
-        });
+        let e = v
+            .switches
+            .entry(format!("{dpid:016x}"))
+            .or_insert(SwitchRole {
+                role,
+                generation_id,
+                since_unix_ms: unix_ms(),
+                last_refusal: None,
+            });
         if e.role != role {
             e.since_unix_ms = unix_ms();
         }
@@ -318,7 +331,11 @@ impl ClusterState {
 
 /// A message from a switch that concerns roles. Returns true when it is consumed here
 /// (the core does not see it).
-pub(crate) fn on_switch_message(handle: &Handle, features: &ofp::SwitchFeatures, msg: &Message) -> bool {
+pub(crate) fn on_switch_message(
+    handle: &Handle,
+    features: &ofp::SwitchFeatures,
+    msg: &Message,
+) -> bool {
     let cs = &handle.cluster;
     if cs.is_single() {
         return false;
@@ -331,7 +348,11 @@ pub(crate) fn on_switch_message(handle: &Handle, features: &ofp::SwitchFeatures,
                     let newly = !cs.roles().get(&dpid).copied().unwrap_or(false);
                     cs.set_switch(dpid, "master", r.generation_id, None);
                     if newly {
-                        tracing::info!(dpid = format_args!("{dpid:016x}"), generation_id = r.generation_id, "switch confirmed us as MASTER: resyncing it");
+                        tracing::info!(
+                            dpid = format_args!("{dpid:016x}"),
+                            generation_id = r.generation_id,
+                            "switch confirmed us as MASTER: resyncing it"
+                        );
                         let now = Instant::now();
                         let mut core = handle.lock();
                         if let Some(s) = core.sessions.get_mut(&dpid) {
@@ -344,31 +365,61 @@ pub(crate) fn on_switch_message(handle: &Handle, features: &ofp::SwitchFeatures,
                 }
                 other => {
                     set_writable(handle, dpid, false);
-                    let name = if other == ControllerRole::Slave { "slave" } else { "pending" };
+                    let name = if other == ControllerRole::Slave {
+                        "slave"
+                    } else {
+                        "pending"
+                    };
                     if other == ControllerRole::Equal {
-                        tracing::error!(dpid = format_args!("{dpid:016x}"), "switch reports the EQUAL role, which flowgate never requests");
+                        tracing::error!(
+                            dpid = format_args!("{dpid:016x}"),
+                            "switch reports the EQUAL role, which flowgate never requests"
+                        );
                     }
                     cs.set_switch(dpid, name, r.generation_id, None);
                 }
             }
             true
         }
-        Message::Experimenter(e) if e.experimenter == ONF_EXPERIMENTER && e.exp_type == ONF_ROLE_STATUS => {
+        Message::Experimenter(e)
+            if e.experimenter == ONF_EXPERIMENTER && e.exp_type == ONF_ROLE_STATUS =>
+        {
             // ofp_role_status: role (u32), reason (u8), pad, generation_id (u64).
-            let role = e.data.get(0..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
-            let generation_id = e.data.get(8..16).map(|b| {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                u64::from_be_bytes(a)
-            }).unwrap_or(0);
+            let role = e
+                .data
+                .get(0..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                .unwrap_or(0);
+            let generation_id = e
+                .data
+                .get(8..16)
+                .map(|b| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    u64::from_be_bytes(a)
+                })
+                .unwrap_or(0);
             if ControllerRole::from_raw(role) != ControllerRole::Master {
-                demoted_by_switch(handle, dpid, generation_id, "role-status: another controller is MASTER");
+                demoted_by_switch(
+                    handle,
+                    dpid,
+                    generation_id,
+                    "role-status: another controller is MASTER",
+                );
             }
             true
         }
         Message::Error(e) => match e.kind {
             ofp::ErrorKind::RoleRequestFailed(code) => {
-                demoted_by_switch(handle, dpid, 0, &format!("ROLE_REQUEST refused: {}", code.name().unwrap_or("unknown code")));
+                demoted_by_switch(
+                    handle,
+                    dpid,
+                    0,
+                    &format!(
+                        "ROLE_REQUEST refused: {}",
+                        code.name().unwrap_or("unknown code")
+                    ),
+                );
                 true
             }
             ofp::ErrorKind::BadRequest(ofp::errmsg::BadRequestCode::IsSlave) => {
@@ -411,7 +462,12 @@ fn demoted_by_switch(handle: &Handle, dpid: Dpid, generation_id: u64, why: &str)
     if was {
         cs.counters.demotions.fetch_add(1, Ordering::Relaxed);
     }
-    tracing::warn!(dpid = format_args!("{dpid:016x}"), generation_id, why, "the switch refused us as master: not writing to it");
+    tracing::warn!(
+        dpid = format_args!("{dpid:016x}"),
+        generation_id,
+        why,
+        "the switch refused us as master: not writing to it"
+    );
 }
 
 /// Ask every switch for `role` (MASTER or SLAVE, never EQUAL).
@@ -424,7 +480,13 @@ fn request_role_all(handle: &Handle, role: ControllerRole, generation_id: u64) {
                 s.writable = false;
             }
         }
-        core.outbox.push(dpid, Message::RoleRequest(RoleMsg { role, generation_id }));
+        core.outbox.push(
+            dpid,
+            Message::RoleRequest(RoleMsg {
+                role,
+                generation_id,
+            }),
+        );
     }
     core.flush();
     drop(core);
@@ -442,7 +504,11 @@ fn rerequest_pending(handle: &Handle) {
     let Some(Message::RoleRequest(req)) = cs.role_request() else {
         return;
     };
-    let want = if req.role == ControllerRole::Master { "master" } else { "slave" };
+    let want = if req.role == ControllerRole::Master {
+        "master"
+    } else {
+        "slave"
+    };
     let stale: Vec<Dpid> = {
         let v = cs.view();
         v.switches
@@ -517,7 +583,9 @@ static MEMORY: std::sync::OnceLock<flowgate_coord::MemStore> = std::sync::OnceLo
 /// else etcd endpoints.
 async fn connect(cfg: &ClusterConfig) -> Result<Arc<dyn Store>, CoordError> {
     if cfg.etcd.first().is_some_and(|e| e.starts_with("memory:")) {
-        return Ok(Arc::new(MEMORY.get_or_init(flowgate_coord::MemStore::new).clone()));
+        return Ok(Arc::new(
+            MEMORY.get_or_init(flowgate_coord::MemStore::new).clone(),
+        ));
     }
     #[cfg(feature = "etcd")]
     {
@@ -538,7 +606,11 @@ pub fn memory_store() -> flowgate_coord::MemStore {
 }
 
 /// Start the cluster task for this instance's role (nothing in single mode).
-pub(crate) fn spawn(tasks: &mut tokio::task::JoinSet<()>, handle: &Handle, stop: watch::Receiver<bool>) {
+pub(crate) fn spawn(
+    tasks: &mut tokio::task::JoinSet<()>,
+    handle: &Handle,
+    stop: watch::Receiver<bool>,
+) {
     match handle.cluster.cfg.role {
         ClusterRole::Single => {}
         ClusterRole::Domain | ClusterRole::Global => {
@@ -609,12 +681,20 @@ fn member_key(cfg: &ClusterConfig) -> String {
     }
 }
 
-async fn run_lease(handle: &Handle, store: &dyn Store, lease: LeaseId, stop: &mut watch::Receiver<bool>) -> Outcome {
+async fn run_lease(
+    handle: &Handle,
+    store: &dyn Store,
+    lease: LeaseId,
+    stop: &mut watch::Receiver<bool>,
+) -> Outcome {
     let cs = handle.cluster.clone();
     let cfg = cs.cfg.clone();
     let election = election_of(&cfg);
     let member = json!({ "instance": cfg.instance, "since_unix_ms": unix_ms() }).to_string();
-    if let Err(e) = store.put(member_key(&cfg), member.into_bytes(), Some(lease)).await {
+    if let Err(e) = store
+        .put(member_key(&cfg), member.into_bytes(), Some(lease))
+        .await
+    {
         cs.store_failed(&e);
     }
     // Know the current generation before campaigning, so SLAVE requests are not stale.
@@ -696,7 +776,12 @@ async fn run_lease(handle: &Handle, store: &dyn Store, lease: LeaseId, stop: &mu
     }
 }
 
-async fn observe_leader(handle: &Handle, store: &dyn Store, election: &str, ours: Option<&Leadership>) {
+async fn observe_leader(
+    handle: &Handle,
+    store: &dyn Store,
+    election: &str,
+    ours: Option<&Leadership>,
+) {
     let cs = &handle.cluster;
     match store.leader(election.to_string()).await {
         Ok(kv) => {
@@ -759,10 +844,9 @@ fn is_local(
     b: &flowgate_core::service::BackendState,
 ) -> bool {
     b.mac.is_some()
-        && !c
-            .topology()
+        && c.topology()
             .locate_ip(b.address)
-            .is_some_and(|(_, at)| Some((at.dpid, at.port)) == uplink)
+            .is_none_or(|(_, at)| Some((at.dpid, at.port)) != uplink)
 }
 
 /// Apply this domain's spill decision to the core's weights: the domain's own backends
@@ -794,7 +878,9 @@ fn apply_spill(handle: &Handle) {
                     for b in list {
                         let (Some(ip), Some(mac)) = (
                             b["address"].as_str().and_then(|a| a.parse().ok()),
-                            b["mac"].as_str().and_then(|m| m.parse::<flowgate_packet::MacAddr>().ok()),
+                            b["mac"]
+                                .as_str()
+                                .and_then(|m| m.parse::<flowgate_packet::MacAddr>().ok()),
                         ) else {
                             continue;
                         };
@@ -804,7 +890,9 @@ fn apply_spill(handle: &Handle) {
                     }
                 }
             }
-            let Some(s) = c.services().get(si) else { continue };
+            let Some(s) = c.services().get(si) else {
+                continue;
+            };
             let local_total: u64 = s
                 .backends
                 .iter()
@@ -826,7 +914,11 @@ fn apply_spill(handle: &Handle) {
                 .enumerate()
                 .map(|(bi, (b, cfg))| {
                     let w = if is_local(c, Some(uplink), b) {
-                        if active { cfg.weight.saturating_mul(100) } else { cfg.weight }
+                        if active {
+                            cfg.weight.saturating_mul(100)
+                        } else {
+                            cfg.weight
+                        }
                     } else if active {
                         let share = remote_share.get(&b.address).copied().unwrap_or(0.0);
                         (share * remote_total).round().clamp(0.0, 1_000_000.0) as u32
@@ -838,7 +930,11 @@ fn apply_spill(handle: &Handle) {
                 .collect();
             spilling |= active;
             for (bi, w) in plan {
-                if c.services().get(si).and_then(|s| s.backends.get(bi)).is_some_and(|b| b.weight != w) {
+                if c.services()
+                    .get(si)
+                    .and_then(|s| s.backends.get(bi))
+                    .is_some_and(|b| b.weight != w)
+                {
                     c.set_weight(si, bi, w);
                 }
             }
@@ -885,31 +981,55 @@ impl SharedServices {
                 }
             }
         }
-        let Some(services) = &self.services else { return };
+        let Some(services) = &self.services else {
+            return;
+        };
         let now = Instant::now();
         let mut core = handle.lock();
-        let mut config = handle.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut config = handle
+            .config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if &config.services == services {
             return;
         }
         config.services = services.clone();
         core.with(|c, out| c.reload(now, &config, out));
         *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
-        tracing::info!(services = services.len(), revision = self.revision, "services from the store applied");
+        tracing::info!(
+            services = services.len(),
+            revision = self.revision,
+            "services from the store applied"
+        );
     }
 }
 
-async fn publish_summary(handle: &Handle, store: &dyn Store, l: &Leadership, lease: LeaseId) -> bool {
+async fn publish_summary(
+    handle: &Handle,
+    store: &dyn Store,
+    l: &Leadership,
+    lease: LeaseId,
+) -> bool {
     let cs = &handle.cluster;
-    let Some(domain) = cs.cfg.domain.clone() else { return true };
+    let Some(domain) = cs.cfg.domain.clone() else {
+        return true;
+    };
     let summary = domain_summary(handle).to_string();
     match store
-        .fenced_put(l.clone(), keys::domain_summary(&cs.cfg.name, &domain), summary.into_bytes(), Some(lease))
+        .fenced_put(
+            l.clone(),
+            keys::domain_summary(&cs.cfg.name, &domain),
+            summary.into_bytes(),
+            Some(lease),
+        )
         .await
     {
         Ok(true) => true,
         Ok(false) => {
-            cs.counters.fenced_writes_refused.fetch_add(1, Ordering::Relaxed);
+            cs.counters
+                .fenced_writes_refused
+                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!("fenced write refused by the store: no longer the leader");
             false
         }
@@ -923,7 +1043,9 @@ async fn publish_summary(handle: &Handle, store: &dyn Store, l: &Leadership, lea
 
 async fn read_spill(handle: &Handle, store: &dyn Store) {
     let cs = &handle.cluster;
-    let Some(domain) = cs.cfg.domain.clone() else { return };
+    let Some(domain) = cs.cfg.domain.clone() else {
+        return;
+    };
     match store.get(keys::spill(&cs.cfg.name, &domain)).await {
         Ok(kv) => {
             let spill: Value = kv
@@ -944,7 +1066,9 @@ async fn read_spill(handle: &Handle, store: &dyn Store) {
 async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
     let cs = &handle.cluster;
     let root = format!("{}/", keys::root(&cs.cfg.name));
-    let Ok(all) = store.list(root.clone()).await else { return };
+    let Ok(all) = store.list(root.clone()).await else {
+        return;
+    };
     let mut domains: BTreeMap<String, Value> = BTreeMap::new();
     let mut global_members = Vec::new();
     let mut global_leader: Option<(i64, String)> = None;
@@ -955,14 +1079,19 @@ async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
         match parts.as_slice() {
             ["domain", d, "members", inst] => {
                 let e = domains.entry((*d).to_string()).or_insert_with(|| json!({}));
-                if let Some(arr) = e.as_object_mut().map(|o| o.entry("instances").or_insert_with(|| json!([]))) {
+                if let Some(arr) = e
+                    .as_object_mut()
+                    .map(|o| o.entry("instances").or_insert_with(|| json!([])))
+                {
                     if let Some(a) = arr.as_array_mut() {
                         a.push(json!(inst));
                     }
                 }
             }
             ["domain", d, "leader", _] => {
-                let cur = domain_leaders.entry((*d).to_string()).or_insert((i64::MAX, String::new()));
+                let cur = domain_leaders
+                    .entry((*d).to_string())
+                    .or_insert((i64::MAX, String::new()));
                 if kv.create_revision < cur.0 {
                     *cur = (kv.create_revision, kv.value_str());
                 }
@@ -977,7 +1106,9 @@ async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
             }
             ["global", "members", inst] => global_members.push(json!(inst)),
             ["global", "leader", _]
-                if global_leader.as_ref().is_none_or(|(r, _)| kv.create_revision < *r) =>
+                if global_leader
+                    .as_ref()
+                    .is_none_or(|(r, _)| kv.create_revision < *r) =>
             {
                 global_leader = Some((kv.create_revision, kv.value_str()));
             }
@@ -1044,7 +1175,12 @@ impl GlobalState {
                 continue;
             }
             match store
-                .fenced_put(l.clone(), keys::spill(&cs.cfg.name, &domain), text.clone().into_bytes(), None)
+                .fenced_put(
+                    l.clone(),
+                    keys::spill(&cs.cfg.name, &domain),
+                    text.clone().into_bytes(),
+                    None,
+                )
                 .await
             {
                 Ok(true) => {
@@ -1052,7 +1188,9 @@ impl GlobalState {
                     self.written.insert(domain, text);
                 }
                 Ok(false) => {
-                    cs.counters.fenced_writes_refused.fetch_add(1, Ordering::Relaxed);
+                    cs.counters
+                        .fenced_writes_refused
+                        .fetch_add(1, Ordering::Relaxed);
                     return false;
                 }
                 Err(e) => {
@@ -1070,7 +1208,10 @@ impl GlobalState {
 /// above `threshold` × capacity, or none healthy, sends a share of its new connections to
 /// the other domains with spare capacity, weighted by that spare capacity. The share is
 /// the load beyond its own capacity (at least 10 %, at most all).
-pub fn spill_decisions(summaries: &BTreeMap<String, Value>, threshold: f64) -> BTreeMap<String, Value> {
+pub fn spill_decisions(
+    summaries: &BTreeMap<String, Value>,
+    threshold: f64,
+) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     for (domain, s) in summaries {
         let mut services = serde_json::Map::new();
@@ -1082,8 +1223,7 @@ pub fn spill_decisions(summaries: &BTreeMap<String, Value>, threshold: f64) -> B
             let healthy = st["healthy"].as_u64().unwrap_or(0);
             let load = st["load_rps"].as_f64().unwrap_or(0.0);
             let cap = st["capacity_rps"].as_f64();
-            let overloaded = healthy == 0
-                || cap.is_some_and(|c| c > 0.0 && load >= threshold * c);
+            let overloaded = healthy == 0 || cap.is_some_and(|c| c > 0.0 && load >= threshold * c);
             if !overloaded {
                 continue;
             }
@@ -1103,13 +1243,19 @@ pub fn spill_decisions(summaries: &BTreeMap<String, Value>, threshold: f64) -> B
                     None => oh as f64,
                 };
                 if spare > 0.0 {
-                    targets.insert(other.clone(), json!({
-                        "spare_rps": spare,
-                        "backends": o["local_backends"].clone(),
-                    }));
+                    targets.insert(
+                        other.clone(),
+                        json!({
+                            "spare_rps": spare,
+                            "backends": o["local_backends"].clone(),
+                        }),
+                    );
                 }
             }
-            let total: f64 = targets.values().map(|t| t["spare_rps"].as_f64().unwrap_or(0.0)).sum();
+            let total: f64 = targets
+                .values()
+                .map(|t| t["spare_rps"].as_f64().unwrap_or(0.0))
+                .sum();
             if total <= 0.0 {
                 continue;
             }
@@ -1122,10 +1268,13 @@ pub fn spill_decisions(summaries: &BTreeMap<String, Value>, threshold: f64) -> B
                 Some(c) if load > 0.0 => ((load - c * threshold) / load).clamp(0.1, 1.0),
                 _ => 0.1,
             };
-            services.insert(name.clone(), json!({
-                "fraction": (fraction * 1000.0_f64).round() / 1000.0,
-                "targets": targets,
-            }));
+            services.insert(
+                name.clone(),
+                json!({
+                    "fraction": (fraction * 1000.0_f64).round() / 1000.0,
+                    "targets": targets,
+                }),
+            );
         }
         out.insert(domain.clone(), json!({ "services": services }));
     }
@@ -1148,9 +1297,7 @@ mod tests {
     #[test]
     fn an_overloaded_domain_spills_by_spare_capacity() {
         let mut s = BTreeMap::new();
-        let svc = |healthy: u64, load: f64, cap: f64| {
-            json!({ "services": { "web": { "healthy": healthy, "load_rps": load, "capacity_rps": cap, "local_backends": [] } } })
-        };
+        let svc = |healthy: u64, load: f64, cap: f64| json!({ "services": { "web": { "healthy": healthy, "load_rps": load, "capacity_rps": cap, "local_backends": [] } } });
         s.insert("d1".to_string(), svc(1, 200.0, 100.0));
         s.insert("d2".to_string(), svc(1, 20.0, 100.0));
         s.insert("d3".to_string(), svc(1, 60.0, 100.0));
@@ -1161,7 +1308,11 @@ mod tests {
         assert_eq!(web["targets"]["d2"]["weight"], json!(0.667));
         assert_eq!(web["targets"]["d3"]["weight"], json!(0.333));
         assert!(web["targets"].get("d4").is_none());
-        assert!(d["d2"]["services"].as_object().is_some_and(|m| m.is_empty()));
+        assert!(
+            d["d2"]["services"]
+                .as_object()
+                .is_some_and(|m| m.is_empty())
+        );
         // A domain with no healthy backend spills everything.
         assert_eq!(d["d4"]["services"]["web"]["fraction"], json!(1.0));
     }
@@ -1175,6 +1326,9 @@ mod tests {
             data: bytes::Bytes::new(),
         })));
         assert!(!is_write(&Message::BarrierRequest));
-        assert!(!is_write(&Message::RoleRequest(RoleMsg { role: ControllerRole::Slave, generation_id: 1 })));
+        assert!(!is_write(&Message::RoleRequest(RoleMsg {
+            role: ControllerRole::Slave,
+            generation_id: 1
+        })));
     }
 }

@@ -45,9 +45,9 @@ pub(super) async fn supervise<K, C, Fut>(
             keep
         });
         for (k, cfg) in now_wanted {
-            if !running.contains_key(&k) {
-                let t = tokio::spawn(task(handle.clone(), k.clone(), cfg.clone()));
-                running.insert(k, (cfg, t));
+            if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(k.clone()) {
+                let t = tokio::spawn(task(handle.clone(), k, cfg.clone()));
+                slot.insert((cfg, t));
             }
         }
     }

@@ -31,7 +31,11 @@ pub(super) async fn probe_loop(handle: Handle, stop: watch::Receiver<bool>) {
             .filter(|s| s.cfg.health.kind != HealthKind::None)
             .flat_map(|s| {
                 s.backends.iter().map(move |b| {
-                    let t = Target { service: s.cfg.name.clone(), address: b.address, port: s.cfg.port };
+                    let t = Target {
+                        service: s.cfg.name.clone(),
+                        address: b.address,
+                        port: s.cfg.port,
+                    };
                     (t, s.cfg.health.clone())
                 })
             })

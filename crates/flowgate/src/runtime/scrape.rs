@@ -33,7 +33,14 @@ pub(super) async fn scrape_loop(handle: Handle, stop: watch::Receiver<bool>) {
             .flat_map(|s| {
                 s.backends.iter().filter_map(move |b| {
                     let url = b.metrics_url.clone()?;
-                    Some((Target { service: s.cfg.name.clone(), backend: b.address, url }, s.cfg.metrics.clone()))
+                    Some((
+                        Target {
+                            service: s.cfg.name.clone(),
+                            backend: b.address,
+                            url,
+                        },
+                        s.cfg.metrics.clone(),
+                    ))
                 })
             })
             .collect()
@@ -69,8 +76,12 @@ async fn scrape_backend(handle: Handle, target: Target, cfg: MetricsConfig) {
             tracing::trace!(url = %target.url, ?sample, "scraped");
             let mut core = handle.lock();
             core.with(|c, _| {
-                let Some(si) = c.service_index(&target.service) else { return };
-                let Some(bi) = c.services()[si].backend_index(target.backend) else { return };
+                let Some(si) = c.service_index(&target.service) else {
+                    return;
+                };
+                let Some(bi) = c.services()[si].backend_index(target.backend) else {
+                    return;
+                };
                 c.handle_backend_load(now, si, bi, sample);
             });
         }
@@ -85,13 +96,19 @@ fn parse_url(url: &str) -> Option<(SocketAddr, String, String)> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let addr: SocketAddr = if authority.contains(':') { authority.parse().ok()? } else { SocketAddr::new(authority.parse().ok()?, 80) };
+    let addr: SocketAddr = if authority.contains(':') {
+        authority.parse().ok()?
+    } else {
+        SocketAddr::new(authority.parse().ok()?, 80)
+    };
     Some((addr, authority.to_string(), path.to_string()))
 }
 
 async fn fetch(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect(addr).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/plain\r\nUser-Agent: flowgate-scrape\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/plain\r\nUser-Agent: flowgate-scrape\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await?;
     let mut body = Vec::with_capacity(16 * 1024);
     let mut chunk = [0u8; 16 * 1024];
@@ -106,9 +123,14 @@ async fn fetch(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<Stri
         body.extend_from_slice(&chunk[..n]);
     }
     let text = String::from_utf8_lossy(&body);
-    let Some(split) = text.find("\r\n\r\n") else { return Err(std::io::Error::other("no HTTP header end")) };
+    let Some(split) = text.find("\r\n\r\n") else {
+        return Err(std::io::Error::other("no HTTP header end"));
+    };
     if !text.starts_with("HTTP/1.1 200") && !text.starts_with("HTTP/1.0 200") {
-        return Err(std::io::Error::other(format!("status {:?}", text.lines().next().unwrap_or(""))));
+        return Err(std::io::Error::other(format!(
+            "status {:?}",
+            text.lines().next().unwrap_or("")
+        )));
     }
     let head = text[..split].to_ascii_lowercase();
     let payload = &text[split + 4..];
@@ -121,7 +143,10 @@ async fn fetch(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<Stri
 fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
     while let Some(i) = rest.find("\r\n") {
-        let Ok(n) = usize::from_str_radix(rest[..i].split(';').next().unwrap_or("").trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(rest[..i].split(';').next().unwrap_or("").trim(), 16)
+        else {
+            break;
+        };
         if n == 0 || rest.len() < i + 2 + n {
             break;
         }
@@ -144,7 +169,10 @@ mod tests {
         assert_eq!(parse_url("http://10.0.0.2").unwrap().0.port(), 80);
         assert!(parse_url("https://x/").is_none());
         assert!(parse_url("http://name.example/").is_none());
-        assert_eq!(dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"), "hello world");
+        assert_eq!(
+            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            "hello world"
+        );
         assert_eq!(dechunk("zz\r\n"), "");
     }
 }

@@ -241,7 +241,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         let _ = wr.shutdown().await;
     });
 
-    let result = read_loop(&mut rd, &features, &handle, &tx, &outflow, limits, &mut stop).await;
+    let result = read_loop(
+        &mut rd, &features, &handle, &tx, &outflow, limits, &mut stop,
+    )
+    .await;
     handle.cluster.switch_gone(dpid);
 
     let now = Instant::now();

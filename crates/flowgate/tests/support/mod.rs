@@ -30,8 +30,8 @@ impl Ctl {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let mut ctl = Ctl {
             child: None,
-            openflow: "0.0.0.0:0".parse().unwrap(),
-            api: "0.0.0.0:0".parse().unwrap(),
+            openflow: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            api: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
             dir,
             config: config.to_string(),
             starts: 0,
@@ -395,6 +395,9 @@ pub fn vip_config_openflow(
     backends: &[std::net::Ipv4Addr],
     openflow_extra: &str,
 ) -> String {
-    vip_config(vip, algorithm, backends, "")
-        .replacen("[openflow]\n", &format!("[openflow]\n{openflow_extra}"), 1)
+    vip_config(vip, algorithm, backends, "").replacen(
+        "[openflow]\n",
+        &format!("[openflow]\n{openflow_extra}"),
+        1,
+    )
 }

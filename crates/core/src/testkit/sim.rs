@@ -1,0 +1,269 @@
+//! A controller wired to a fake network (Faucet's method), for the core's tests: every
+//! message the controller sends is applied to fake flow tables or traced as a PACKET_OUT,
+//! every packet that misses goes back to it as a PACKET_IN, and tests assert where packets
+//! end up.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use flowgate_packet::{self as packet, Arp, L3, MacAddr, TcpFlags, TcpSegment};
+use ofp::{
+    Message, MultipartReply, MultipartReplyBody, PacketIn, PacketInReason, PortDesc, SwitchFeatures,
+};
+
+use super::{Delivery, FakeNetwork, FakeTable, PacketFields};
+use crate::{Config, Controller, Outbox};
+
+/// The VIP the tests' services use, and its virtual MAC (the first service's default).
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+pub const VMAC: MacAddr = MacAddr([0x02, 0x66, 0x67, 0, 0, 1]);
+
+/// Host `i`'s MAC and address: `00:00:00:00:00:ii`, `10.0.0.i`.
+pub fn mac(i: u8) -> MacAddr {
+    MacAddr([0, 0, 0, 0, 0, i])
+}
+
+pub fn ip(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, i)
+}
+
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+pub const SYN_ACK: u8 = 0x12;
+
+/// A controller wired to a fake network.
+pub struct Sim {
+    pub c: Controller,
+    pub net: FakeNetwork,
+    pub now: Instant,
+    pub out: Outbox,
+    /// Ports per switch, for PORT_DESC replies.
+    pub ports: BTreeMap<u64, Vec<u32>>,
+    /// Packets hosts received during the last `send`.
+    pub received: Vec<(String, PacketFields)>,
+    pub packet_ins: usize,
+}
+
+impl Sim {
+    /// Switches with `ports` each, `links` between them, hosts `(name, dpid, port)`.
+    pub fn new(
+        config: &str,
+        switches: &[(u64, u32)],
+        links: &[(super::PortRef, super::PortRef)],
+        hosts: &[(&str, u64, u32)],
+    ) -> Sim {
+        let cfg = Config::from_toml(config, &|_| None).expect("valid config");
+        let mut net = FakeNetwork::new();
+        let mut ports = BTreeMap::new();
+        for &(d, n) in switches {
+            net.add_switch(d, FakeTable::new());
+            ports.insert(d, (1..=n).collect());
+        }
+        for &(a, b) in links {
+            net.add_link(a, b);
+        }
+        for &(h, d, p) in hosts {
+            net.add_host(h, (d, p));
+        }
+        let mut sim = Sim {
+            c: Controller::new(&cfg),
+            net,
+            now: Instant::now(),
+            out: Outbox::new(),
+            ports,
+            received: Vec::new(),
+            packet_ins: 0,
+        };
+        let dpids: Vec<u64> = sim.ports.keys().copied().collect();
+        for d in dpids {
+            let features = SwitchFeatures {
+                datapath_id: d,
+                n_buffers: 0,
+                n_tables: 254,
+                auxiliary_id: 0,
+                capabilities: 0,
+            };
+            sim.c.handle_switch_up(sim.now, features, &mut sim.out);
+            sim.pump();
+        }
+        sim.tick(Duration::from_millis(10));
+        sim
+    }
+
+    pub fn tick(&mut self, by: Duration) {
+        self.now += by;
+        self.c.handle_tick(self.now, &mut self.out);
+        self.pump();
+    }
+
+    /// Carry out everything the controller asked for, and everything that follows from it.
+    pub fn pump(&mut self) {
+        for _ in 0..10_000 {
+            let msgs: Vec<(u64, Message)> = self.out.drain().collect();
+            if msgs.is_empty() {
+                return;
+            }
+            for (dpid, msg) in msgs {
+                self.carry_out(dpid, msg);
+            }
+        }
+        panic!("the controller and the network never settled");
+    }
+
+    pub fn carry_out(&mut self, dpid: u64, msg: Message) {
+        match &msg {
+            Message::FlowMod(_) | Message::GroupMod(_) | Message::MeterMod(_) => {
+                if let Err(e) = self.net.apply(dpid, &msg) {
+                    panic!("the switch would answer with an OpenFlow ERROR: {e} for {msg:?}");
+                }
+            }
+            Message::PacketOut(po) => {
+                let table = self.net.switch(dpid).expect("switch");
+                let trace = table
+                    .packet_out(po)
+                    .unwrap_or_else(|e| panic!("PACKET_OUT refused: {e}"));
+                let is_lldp = matches!(packet::parse(&po.data).map(|f| f.l3), Ok(L3::Lldp(_)));
+                for (port, fields) in trace.outputs {
+                    if is_lldp {
+                        // LLDP is never forwarded: it arrives at the peer and goes up.
+                        if let Some(peer) = self.net.peer((dpid, port)) {
+                            self.packet_in(peer.0, peer.1, po.data.clone());
+                        }
+                        continue;
+                    }
+                    self.emit(dpid, port, fields);
+                }
+            }
+            Message::MultipartRequest(r) => match &r.body {
+                ofp::MultipartRequestBody::PortDesc => {
+                    let ports = self.ports[&dpid]
+                        .iter()
+                        .map(|&p| port_desc(dpid, p))
+                        .collect();
+                    let reply = Message::MultipartReply(MultipartReply {
+                        flags: 0,
+                        body: MultipartReplyBody::PortDesc(ports),
+                    });
+                    self.c.handle_message(self.now, dpid, &reply, &mut self.out);
+                }
+                ofp::MultipartRequestBody::Flow(_) => {
+                    let reply = Message::MultipartReply(MultipartReply {
+                        flags: 0,
+                        body: MultipartReplyBody::Flow(Vec::new()),
+                    });
+                    self.c.handle_message(self.now, dpid, &reply, &mut self.out);
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// A packet leaves switch `dpid` on `port`: over a link into the next switch, or to a host.
+    pub fn emit(&mut self, dpid: u64, port: u32, fields: PacketFields) {
+        if let Some(peer) = self.net.peer((dpid, port)) {
+            let d = self.net.inject(peer, fields).expect("no loop");
+            self.absorb(d);
+        } else if let Some(h) = self.net.host_at((dpid, port)) {
+            self.received.push((h.to_string(), fields));
+        }
+    }
+
+    pub fn absorb(&mut self, d: Delivery) {
+        self.received.extend(d.hosts);
+        for (dpid, f) in d.to_controller {
+            let frame = frame_of(&f);
+            self.packet_in(dpid, f.in_port, frame);
+        }
+    }
+
+    pub fn packet_in(&mut self, dpid: u64, in_port: u32, data: ofp::Bytes) {
+        self.packet_ins += 1;
+        let pi = PacketIn {
+            buffer_id: ofp::NO_BUFFER,
+            total_len: data.len() as u16,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: 0,
+            match_: ofp::Match::new().with(ofp::Oxm::InPort(in_port)),
+            data,
+        };
+        self.c
+            .handle_message(self.now, dpid, &Message::PacketIn(pi), &mut self.out);
+        self.pump();
+    }
+
+    /// Host `from` sends a frame; returns who received what.
+    pub fn send(&mut self, from: &str, frame: &[u8]) -> Vec<(String, PacketFields)> {
+        self.received.clear();
+        let d = self.net.deliver_frame(from, frame).expect("no loop");
+        self.absorb(d);
+        std::mem::take(&mut self.received)
+    }
+}
+
+pub fn port_desc(dpid: u64, p: u32) -> PortDesc {
+    PortDesc {
+        port_no: p,
+        hw_addr: [0x0a, 0, 0, 0, dpid as u8, p as u8],
+        name: ofp::PortName::new(&format!("s{dpid}-eth{p}")),
+        config: 0,
+        state: 0,
+        curr: 0,
+        advertised: 0,
+        supported: 0,
+        peer: 0,
+        curr_speed: 0,
+        max_speed: 0,
+    }
+}
+
+/// A frame with these fields (TCP and ARP are what the tests send).
+pub fn frame_of(f: &PacketFields) -> ofp::Bytes {
+    if let (Some(op), Some(spa), Some(tpa)) = (f.arp_op, f.arp_spa, f.arp_tpa) {
+        let arp = Arp {
+            op,
+            sha: f.arp_sha.unwrap_or(f.eth_src),
+            spa,
+            tha: f.arp_tha.unwrap_or(MacAddr::ZERO),
+            tpa,
+        };
+        return packet::arp_frame(f.eth_src, f.eth_dst, f.vlan, &arp);
+    }
+    let seg = TcpSegment {
+        eth_src: f.eth_src,
+        eth_dst: f.eth_dst,
+        ip_src: f.ipv4_src.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        ip_dst: f.ipv4_dst.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        src_port: f.tcp_src.unwrap_or(0),
+        dst_port: f.tcp_dst.unwrap_or(0),
+        flags: TcpFlags(f.tcp_flags.unwrap_or(0) as u8),
+        ..TcpSegment::default()
+    };
+    packet::ipv4_tcp(&seg)
+}
+
+pub fn arp_request(from: u8, target: Ipv4Addr) -> ofp::Bytes {
+    packet::arp_request(mac(from), ip(from), target)
+}
+
+pub fn tcp(
+    from_mac: MacAddr,
+    to_mac: MacAddr,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    flags: u8,
+) -> ofp::Bytes {
+    packet::ipv4_tcp(&TcpSegment {
+        eth_src: from_mac,
+        eth_dst: to_mac,
+        ip_src: src.0,
+        ip_dst: dst.0,
+        src_port: src.1,
+        dst_port: dst.1,
+        seq: 1000,
+        flags: TcpFlags(flags),
+        ..TcpSegment::default()
+    })
+}
