@@ -32,6 +32,21 @@ pub struct Conn {
     pub created_ms: u64,
     /// Whether the rules for it have been sent (false while the path is still unknown).
     pub installed: bool,
+    /// What the controller itself saw of the backend's side (packets that reached it
+    /// while the rules settled), for passive outlier detection.
+    pub reply: Reply,
+}
+
+/// The backend's side of a connection, as far as the controller saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reply {
+    /// Nothing came up to the controller (normal once the reverse rule is in).
+    #[default]
+    Unseen,
+    /// The backend answered.
+    Answered,
+    /// The backend answered with a RST (already counted as a failure).
+    Reset,
 }
 
 /// Live connections, keyed as the client sees them.

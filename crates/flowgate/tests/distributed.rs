@@ -157,8 +157,9 @@ fn global_active_standby_failover_and_spill() {
         since.saturating_sub(killed_at)
     );
     assert!(
-        takeover < Duration::from_secs(3) || since.saturating_sub(killed_at) < 3000,
-        "took {takeover:?}"
+        since.saturating_sub(killed_at) < 3000,
+        "took {} ms",
+        since.saturating_sub(killed_at)
     );
 
     // The new active controller decides: d3 becomes overloaded too.
@@ -295,7 +296,8 @@ fn ovs_domain_master_failover() {
 
     let url = format!("http://{VIP}/");
     let (kept, fresh, killed_at) = std::thread::scope(|s| {
-        // Established connections: two keep-alive connections opened before the kill.
+        // Established connections: two keep-alive connections (closed loop), opened
+        // before the kill and used back to back across it.
         let kept = s.spawn(|| {
             load(
                 client,
@@ -305,12 +307,10 @@ fn ovs_domain_master_failover() {
                     "false",
                     "--concurrency",
                     "2",
-                    "--rate",
-                    "20",
                     "--requests",
-                    "160",
+                    "1000000",
                     "--duration-secs",
-                    "8",
+                    "6",
                     "--timeout-ms",
                     "8000",
                 ],
@@ -381,13 +381,17 @@ fn ovs_domain_master_failover() {
     // The old master comes back (a new process, same ports): without the leadership it
     // is a standby, SLAVE at b's generation on both switches, and b stays master.
     d.a.restart();
-    wait_until("the old master rejoins as SLAVE", Duration::from_secs(15), || {
-        let v = cluster_view(&d.a);
-        v["mastership"] == "standby"
-            && v["switches"]
-                .as_object()
-                .is_some_and(|m| m.len() == 2 && m.values().all(|s| s["role"] == "slave"))
-    });
+    wait_until(
+        "the old master rejoins as SLAVE",
+        Duration::from_secs(15),
+        || {
+            let v = cluster_view(&d.a);
+            v["mastership"] == "standby"
+                && v["switches"]
+                    .as_object()
+                    .is_some_and(|m| m.len() == 2 && m.values().all(|s| s["role"] == "slave"))
+        },
+    );
     assert_eq!(cluster_view(&d.b)["mastership"], "master");
     let again = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     assert_eq!(again["ok"], 20, "{again}");
@@ -450,6 +454,16 @@ fn ovs_stale_master_is_fenced() {
     assert!(
         va["counters"]["switch_refusals"].as_u64().unwrap_or(0) > 0,
         "{va}"
+    );
+    let refusals: Vec<String> = va["switches"]
+        .as_object()
+        .map(|m| m.values().map(|s| s["last_refusal"].to_string()).collect())
+        .unwrap_or_default();
+    assert!(
+        refusals
+            .iter()
+            .all(|r| r.contains("role-status") || r.contains("IS_SLAVE") || r.contains("STALE")),
+        "each switch fenced a by generation: {refusals:?}"
     );
     let a_log = d.a.log_plain();
     assert!(
@@ -822,12 +836,12 @@ fn ovs_four_domains_spill_through_global() {
 
     // The global controllers (active and standby). Let domain 1's demand decay first.
     let gbase = "[openflow]\nlisten = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
-    let g1 = Ctl::start(
+    let mut g1 = Ctl::start(
         "four-g1",
         &(gbase.to_string() + &cluster_section("global", "ft", "g1", None, &etcd)),
     );
     wait_mastership(&g1, "master", Duration::from_secs(10));
-    let _g2 = Ctl::start(
+    let g2 = Ctl::start(
         "four-g2",
         &(gbase.to_string() + &cluster_section("global", "ft", "g2", None, &etcd)),
     );
@@ -876,6 +890,25 @@ fn ovs_four_domains_spill_through_global() {
         mean_ms(&after) < 0.7 * mean_ms(&before),
         "clients see the spill: {before} vs {after}"
     );
+    // The active global controller dies (SIGKILL) while domain 1 spills: the decision
+    // stays in force, the standby takes over, and domain 1's clients are all served.
+    let killed_at = unix_ms();
+    g1.kill();
+    let mut args = vec!["--requests", "48"];
+    args.extend_from_slice(&overload);
+    let during = load(c1, &url, &args);
+    wait_mastership(&g2, "master", Duration::from_secs(10));
+    let took = cluster_view(&g2)["leader_since_unix_ms"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+        .saturating_sub(killed_at);
+    eprintln!("MEASURE Case C: global standby active {took} ms after SIGKILL, under load");
+    assert!(took < 3000, "global failover took {took} ms");
+    assert_eq!(during["failed"], 0, "{during}");
+    assert!(
+        shares(&during).iter().any(|(b, n)| b != "b1" && *n > 0),
+        "still spilling while the global controller fails over: {during}"
+    );
     // The other domains still serve their own clients (all succeed).
     for i in 2..=4usize {
         let r = load(
@@ -888,7 +921,7 @@ fn ovs_four_domains_spill_through_global() {
     // The API shows the whole cluster.
     wait_until("the cluster view", Duration::from_secs(5), || {
         let c = &cluster_view(&domains[1])["cluster"];
-        c["global"]["active"] == "g1"
+        c["global"]["active"] == "g2"
             && (1..=4).all(|i| c["domains"][format!("d{i}")]["master"] == format!("d{i}"))
     });
     for d in &domains {

@@ -246,6 +246,19 @@ fn check_measured(rows: &[Row]) {
         a.ok
     );
     assert!(b.jain > a.jain, "and more fairly: {} vs {}", b.jain, a.jain);
+    // Connections moved off server 2 complete: a redirected connection is decided once
+    // and carried both ways (it was decided twice, or reset, before the fix in
+    // controller/vip.rs), and ISSLM sees the servers' real rates (with a 10 ms rate
+    // window every server read as "over" and Jain stayed near 0.45).
+    for (i, picks) in [(0, b.ctl_srv1), (2, b.ctl_srv3), (3, b.ctl_srv4)] {
+        assert!(
+            b.shares()[i] * 10 >= picks * 9,
+            "srv{} answered {} of its {picks} connections: {b:?}",
+            i + 1,
+            b.shares()[i]
+        );
+    }
+    assert!(b.jain > 0.7, "ISSLM spreads the heavy load: {b:?}");
 }
 
 fn check_consistent(rows: &[Row]) {

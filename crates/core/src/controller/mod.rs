@@ -402,28 +402,67 @@ impl Controller {
         }
     }
 
-    /// A connection's reverse rule ended: did its backend ever answer? A backend that sent
-    /// nothing back, or only a RST, failed the connection; enough such failures in a row
-    /// eject it (passive outlier detection, Envoy-style).
+    /// A connection's reverse rule at the client's edge ended: did its backend answer?
+    ///
+    /// Passive outlier detection (Envoy-style) from what the switch and the controller
+    /// saw, erring on the side of no verdict: a connection counts as failed only when the
+    /// backend never sent a packet through the rule, none reached the controller either,
+    /// and the rule lived at least a second (a connection can be over before its rules
+    /// settle, all of it through the controller); a RST from the backend is counted when
+    /// it reaches the controller. Enough failures in a row eject the backend.
     fn record_outcome(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
         let (si, bi) = cookie::conn::indexes(fr.cookie);
-        let Some(s) = self.services.get_mut(usize::from(si)) else {
+        let (mut src, mut sport, mut dst, mut dport) = (None, None, None, None);
+        for o in fr.match_.iter() {
+            match *o {
+                ofp::Oxm::Ipv4Src { value, mask: None } => src = Some(value),
+                ofp::Oxm::Ipv4Dst { value, mask: None } => dst = Some(value),
+                ofp::Oxm::TcpSrc(p) => sport = Some(p),
+                ofp::Oxm::TcpDst(p) => dport = Some(p),
+                _ => {}
+            }
+        }
+        let (Some(src), Some(sport), Some(dst), Some(dport)) = (src, sport, dst, dport) else {
             return;
         };
         // The indexes may be stale after a reload: trust them only if the rule's source
         // address is still that backend's.
-        let src = fr.match_.iter().find_map(|o| match o {
-            ofp::Oxm::Ipv4Src { value, mask: None } => Some(*value),
-            _ => None,
-        });
-        let Some(b) = s.backends.get(usize::from(bi)) else {
+        let Some(b) = self
+            .services
+            .get(usize::from(si))
+            .and_then(|s| s.backends.get(usize::from(bi)))
+        else {
             return;
         };
-        if src != Some(b.address) {
+        if b.address != src {
             return;
         }
-        let answered = fr.packet_count >= 2;
-        let address = b.address;
+        let verdict = match self.find_by_backend(src, sport, dst, dport) {
+            Some((_, conn)) => match conn.reply {
+                crate::conntrack::Reply::Reset => None,
+                crate::conntrack::Reply::Answered => Some(true),
+                crate::conntrack::Reply::Unseen if fr.packet_count > 0 => Some(true),
+                crate::conntrack::Reply::Unseen if fr.duration_sec >= 1 => Some(false),
+                crate::conntrack::Reply::Unseen => None,
+            },
+            // The connection's accounting already ended (or it predates this controller):
+            // only a clear success is a verdict.
+            None if fr.packet_count >= 2 => Some(true),
+            None => None,
+        };
+        if let Some(answered) = verdict {
+            self.count_outcome(now, si, bi, answered);
+        }
+    }
+
+    /// Count one connection's outcome toward its backend's outlier state.
+    pub(crate) fn count_outcome(&mut self, now: Instant, si: u16, bi: u16, answered: bool) {
+        let Some(s) = self.services.get_mut(usize::from(si)) else {
+            return;
+        };
+        let Some(address) = s.backends.get(usize::from(bi)).map(|b| b.address) else {
+            return;
+        };
         let name = s.cfg.name.clone();
         if let Some(until) = s.record_outcome(now, usize::from(bi), answered) {
             let secs = until.saturating_duration_since(now).as_secs();

@@ -13,7 +13,7 @@ use ofp::{Action, Actions, Instruction, Match, Oxm, PacketIn};
 use super::{Controller, Listener, Outbox, rules};
 use crate::balance::{Outcome, SelectRequest};
 use crate::config::UnknownFlowPolicy;
-use crate::conntrack::{Conn, ConnKey};
+use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
 use crate::topology::{Dpid, PortRef};
 
@@ -86,14 +86,29 @@ impl Controller {
         }
         // The backend's answer (its SYN-ACK, often) before the reverse rule took effect.
         if let Some((key, conn)) = self.find_by_backend(src, tcp.src_port, dst, tcp.dst_port) {
+            self.note_reply(now, &key, conn, tcp.flags.rst());
             self.send_known(dpid, in_port, &key, conn, Dir::Reverse, dst, pi, out);
             return true;
         }
         false
     }
 
+    /// The backend's side of a connection reached the controller: remember that it
+    /// answered, or count a RST as a failed connection at once.
+    fn note_reply(&mut self, now: Instant, key: &ConnKey, conn: Conn, rst: bool) {
+        if conn.reply != Reply::Unseen {
+            return;
+        }
+        if let Some(c) = self.conns.get_mut(key) {
+            c.reply = if rst { Reply::Reset } else { Reply::Answered };
+        }
+        if rst {
+            self.count_outcome(now, conn.service, conn.backend, false);
+        }
+    }
+
     /// The connection between `client:cport` and backend `backend:bport`, if one exists.
-    fn find_by_backend(
+    pub(crate) fn find_by_backend(
         &self,
         backend: Ipv4Addr,
         bport: u16,
@@ -188,6 +203,7 @@ impl Controller {
             backend: b as u16,
             created_ms,
             installed: false,
+            reply: Reply::Unseen,
         };
         if !self.routable(&key, probe) {
             if let Some(s) = self.services.get_mut(si) {
@@ -218,6 +234,7 @@ impl Controller {
             backend: b as u16,
             created_ms,
             installed: false,
+            reply: Reply::Unseen,
         };
         self.conns.insert(key, conn);
         self.install(&key, out);
@@ -517,6 +534,7 @@ impl Controller {
                 backend: bi as u16,
                 created_ms,
                 installed: true,
+                reply: Reply::Unseen,
             },
         );
         self.counters.connections_rebuilt += 1;

@@ -335,6 +335,8 @@ pub(crate) fn render(handle: &Handle) -> String {
         }
     }
     overload_metrics(&mut o, c);
+    // The distributed mode's figures (nothing in single-controller mode).
+    o.push_str(&handle.cluster.metrics_text());
     o
 }
 

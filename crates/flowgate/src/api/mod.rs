@@ -110,6 +110,8 @@ pub enum Op {
     ListEvents,
     Stream,
     Reload,
+    Overload,
+    Cluster,
 }
 
 /// One `/api/v1` route: what the router serves and the OpenAPI document describes.
@@ -351,6 +353,26 @@ pub static ROUTES: &[RouteSpec] = &[
             "Re-read the config file; validated first: a bad file changes nothing and every error is listed.",
         )
     },
+    RouteSpec {
+        response: "OverloadList",
+        ..r(
+            Verb::Get,
+            "/api/v1/overload",
+            Op::Overload,
+            "getOverload",
+            "Overload (gap) control: each service's gap state and the controller's own.",
+        )
+    },
+    RouteSpec {
+        response: "Cluster",
+        ..r(
+            Verb::Get,
+            "/api/v1/cluster",
+            Op::Cluster,
+            "getCluster",
+            "The cluster: domains, their masters and standbys, the active global controller, per-domain load and spill, the store's reachability.",
+        )
+    },
 ];
 
 fn method_router(spec: &RouteSpec) -> MethodRouter<ApiState> {
@@ -373,6 +395,8 @@ fn method_router(spec: &RouteSpec) -> MethodRouter<ApiState> {
         Op::ListEvents => on(f, views::events),
         Op::Stream => on(f, stream::stream),
         Op::Reload => on(f, ops::reload),
+        Op::Overload => on(f, overload),
+        Op::Cluster => on(f, crate::runtime::cluster::api_cluster),
     }
 }
 
@@ -426,8 +450,6 @@ pub fn router_with_stop(handle: Handle, stop: watch::Receiver<bool>) -> Router {
         app = app.route(path, mr);
     }
     app.route("/metrics", get(metrics::metrics))
-        .route("/api/v1/overload", get(overload))
-        .route("/api/v1/cluster", get(crate::runtime::cluster::api_cluster))
         .route("/", get(dashboard::index))
         .route("/dashboard", get(dashboard::index))
         .route("/assets/{file}", get(dashboard::asset))

@@ -216,6 +216,14 @@ fn schemas() -> Value {
             }
         },
         "ServiceList": { "type": "array", "items": schema_ref("Service") },
+        "OverloadList": {
+            "type": "object",
+            "description": "`services`: each service's name and gap state; `controller`: the controller's own overload state.",
+        },
+        "Cluster": {
+            "type": "object",
+            "description": "`role`, `instance`, `store_reachable`, `domains` (master, standbys, load, spill), `global` (active, standbys); a single controller reports role `single`.",
+        },
         "AlgorithmChange": {
             "type": "object", "additionalProperties": false,
             "properties": {

@@ -149,6 +149,7 @@ struct Sw {
 }
 
 /// Run one emulated switch until `flags.stop`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_switch(
     controller: SocketAddr,
     plan: SwitchPlan,
