@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The runs behind docs/benchmarks.md. Run on an otherwise idle machine, as root (the data
+# path bench builds namespaces and an OVS bridge), after scripts/setup-debian.sh and
+# `cargo build --release -p flowgate`. Tables land in target/bench/.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+F=target/release/flowgate
+mkdir -p target/bench
+$F bench controller --peers flowgate,osken,ovs-testcontroller -l 10 -w 2 --also-rate-fraction 0.5 -q --out target/bench/controller-throughput.md
+$F bench controller --peers flowgate,osken,ovs-testcontroller -l 10 -w 2 --latency -q --out target/bench/controller-latency.md
+$F bench controller --peers flowgate,osken -l 10 -w 2 --expire-after 10000 -q --out target/bench/controller-expire.md
+$F bench controller --peers flowgate -l 10 -w 2 --rate 10000 -q --out target/bench/controller-rate10k.md
+$F bench memory --out target/bench/memory.md
+$F --log warn bench datapath --duration 10 --backends nginx,flowgate-httpd --out target/bench/datapath.md
