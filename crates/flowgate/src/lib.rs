@@ -8,3 +8,4 @@ pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod runtime;
+pub mod server;

@@ -201,10 +201,10 @@ fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow
             std::fs::write(&tmp, ready.to_string())?;
             std::fs::rename(&tmp, &path)?;
         }
-        flowgate::runtime::run_with_path(
+        flowgate::server::run_with_path(
             config,
             Some(std::fs::canonicalize(&path).unwrap_or(path)),
-            flowgate::runtime::Listeners {
+            flowgate::server::Listeners {
                 openflow,
                 api: Some(api),
             },

@@ -32,7 +32,6 @@ use tokio::sync::watch;
 
 use crate::runtime::Handle;
 
-pub use ops::{ReloadError, ReloadReport, reload_from_file};
 pub use views::{BackendView, ConnectionView, ServiceView, SwitchView};
 
 /// Largest request body accepted (bytes); larger ones get 413.
@@ -396,7 +395,7 @@ fn method_router(spec: &RouteSpec) -> MethodRouter<ApiState> {
         Op::Stream => on(f, stream::stream),
         Op::Reload => on(f, ops::reload),
         Op::Overload => on(f, overload),
-        Op::Cluster => on(f, crate::runtime::cluster::api_cluster),
+        Op::Cluster => on(f, cluster),
     }
 }
 
@@ -406,6 +405,11 @@ pub fn router(handle: Handle) -> Router {
     let (tx, rx) = watch::channel(false);
     std::mem::forget(tx);
     router_with_stop(handle, rx)
+}
+
+/// `GET /api/v1/cluster`: this instance's view of the cluster (role `single` without one).
+async fn cluster(State(st): State<ApiState>) -> Response {
+    axum::Json(st.handle.cluster.snapshot()).into_response()
 }
 
 /// `GET /api/v1/overload`: the gap state (mode, admitted rate or gap, refused count) of

@@ -13,15 +13,15 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use flowgate_core::Config;
 use flowgate_core::balance::AlgorithmKind;
-use flowgate_core::config::{BackendConfig, ConfigErrors};
+use flowgate_core::config::BackendConfig;
 use flowgate_core::service::AdminState;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::views::{backend_json, find_backend, find_service, service_views};
 use super::{ApiState, error};
 use crate::runtime::Handle;
+use crate::runtime::reload::{ReloadError, reload_from_file};
 
 /// The body, or the 4xx for it (axum's rejection text, as JSON).
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, Response> {
@@ -223,87 +223,6 @@ pub(crate) async fn remove_backend(
         Ok(()) => Json(serde_json::json!({ "ok": true, "removed": backend })).into_response(),
         Err(e) => error(StatusCode::CONFLICT, e),
     }
-}
-
-/// What a successful reload did.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReloadReport {
-    pub ok: bool,
-    pub file: String,
-    pub services: usize,
-    /// Keys that changed but only take effect on a restart (listen addresses, TLS, ...).
-    pub restart_needed: Vec<&'static str>,
-}
-
-/// Why a reload changed nothing.
-#[derive(Debug)]
-pub enum ReloadError {
-    NoFile,
-    Read(String),
-    Invalid(String, ConfigErrors),
-}
-
-impl std::fmt::Display for ReloadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReloadError::NoFile => write!(f, "the controller was not started from a config file"),
-            ReloadError::Read(e) => write!(f, "{e}"),
-            ReloadError::Invalid(file, errs) => write!(f, "{file}: {errs}"),
-        }
-    }
-}
-
-impl std::error::Error for ReloadError {}
-
-/// Re-read the config file, validate it, and apply it (SIGHUP and `POST /api/v1/reload`).
-/// A file with any error changes nothing.
-pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
-    let path = handle.config_path.as_ref().ok_or(ReloadError::NoFile)?;
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path.as_path())
-        .map_err(|e| ReloadError::Read(format!("{file}: {e}")))?;
-    let config = Config::from_toml(&text, &|k| std::env::var(k).ok())
-        .map_err(|errs| ReloadError::Invalid(file.clone(), errs))?;
-    let mut restart_needed = Vec::new();
-    {
-        let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
-        let checks: [(&'static str, bool); 6] = [
-            (
-                "openflow.listen",
-                old.openflow.listen != config.openflow.listen,
-            ),
-            ("openflow.tls", old.openflow.tls != config.openflow.tls),
-            (
-                "openflow.echo_interval_ms",
-                old.openflow.echo_interval != config.openflow.echo_interval,
-            ),
-            (
-                "openflow.echo_timeout_ms",
-                old.openflow.echo_timeout != config.openflow.echo_timeout,
-            ),
-            (
-                "openflow.packet_in_rate",
-                old.openflow.packet_in_rate != config.openflow.packet_in_rate,
-            ),
-            ("api.listen", old.api.listen != config.api.listen),
-        ];
-        restart_needed.extend(checks.iter().filter(|c| c.1).map(|c| c.0));
-    }
-    let services = config.services.len();
-    {
-        let now = Instant::now();
-        let mut core = handle.lock();
-        core.with(|c, out| c.reload(now, &config, out));
-        // Swapped under the core lock, so no reader sees the new services with the old
-        // config (or the other way round).
-        *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
-    }
-    Ok(ReloadReport {
-        ok: true,
-        file,
-        services,
-        restart_needed,
-    })
 }
 
 pub(crate) async fn reload(State(st): State<ApiState>) -> Response {

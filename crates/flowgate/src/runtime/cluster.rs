@@ -1281,14 +1281,6 @@ pub fn spill_decisions(
     out
 }
 
-/// `GET /api/v1/cluster`: this instance, its switches' roles, and the cluster as the store
-/// last showed it.
-pub async fn api_cluster(
-    axum::extract::State(st): axum::extract::State<crate::api::ApiState>,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    axum::Json(st.handle.cluster.snapshot()).into_response()
-}
 
 #[cfg(test)]
 mod tests {

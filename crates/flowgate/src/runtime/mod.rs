@@ -8,14 +8,15 @@
 //! own writer task.
 
 pub mod cluster;
+pub mod latency;
 mod per_backend;
 mod probe;
+pub mod reload;
 mod scrape;
 mod session;
 mod tls;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -164,7 +165,7 @@ pub struct Handle {
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
     /// Time the core takes to handle one PACKET_IN (measured by the sessions).
-    pub decision_latency: Arc<crate::api::metrics::LatencyHistogram>,
+    pub decision_latency: Arc<latency::LatencyHistogram>,
     /// Flow count per switch, from the periodic aggregate stats request (§7.3.5.3).
     pub flow_counts: Arc<Mutex<HashMap<Dpid, FlowCount>>>,
     /// This instance's place in the cluster (single mode: a fixed, empty view).
@@ -192,7 +193,7 @@ impl Handle {
             config: Arc::new(Mutex::new(config)),
             config_path: config_path.map(Arc::new),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
-            decision_latency: Arc::new(crate::api::metrics::LatencyHistogram::new()),
+            decision_latency: Arc::new(latency::LatencyHistogram::new()),
             flow_counts: Arc::new(Mutex::new(HashMap::new())),
             cluster,
         }
@@ -215,70 +216,31 @@ impl Handle {
     }
 }
 
-/// The sockets and signals the controller runs with: passed in so tests bind port 0.
-pub struct Listeners {
-    pub openflow: TcpListener,
-    pub api: Option<TcpListener>,
-}
 
-/// Run the controller until `shutdown` resolves.
-pub async fn run(
-    config: Config,
-    listeners: Listeners,
-    shutdown: impl Future<Output = ()>,
+/// Start everything the controller runs besides the API: the OpenFlow listener and its
+/// sessions, the tick, probes, scrapes, flow-stats polling, SIGHUP reloads and the cluster
+/// tasks. They all end when `stop` turns true. (The binary's composition root,
+/// [`crate::server`], adds the API beside them.)
+pub fn spawn(
+    handle: &Handle,
+    openflow: TcpListener,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    run_with_path(config, None, listeners, shutdown).await
-}
-
-/// [`run`], with the file the config came from: SIGHUP and `POST /api/v1/reload` re-read it.
-pub async fn run_with_path(
-    config: Config,
-    config_path: Option<PathBuf>,
-    listeners: Listeners,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let controller = Controller::new(&config);
-    let handle = Handle::new(controller, config.clone(), config_path);
-    let (stop_tx, stop_rx) = watch::channel(false);
-
+    let config = handle.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let tls = match &config.openflow.tls {
         Some(t) => Some(tls::acceptor(t)?),
         None => None,
     };
     let limits = SessionLimits::from_config(&config);
-    tracing::info!(listen = %listeners.openflow.local_addr()?, tls = tls.is_some(), "OpenFlow listener up");
-
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(session::accept_loop(
-        listeners.openflow,
-        handle.clone(),
-        tls,
-        limits,
-        stop_rx.clone(),
-    ));
-    tasks.spawn(tick_loop(
-        handle.clone(),
-        config.controller.refresh_interval,
-        stop_rx.clone(),
-    ));
+    tracing::info!(listen = %openflow.local_addr()?, tls = tls.is_some(), "OpenFlow listener up");
+    tasks.spawn(session::accept_loop(openflow, handle.clone(), tls, limits, stop_rx.clone()));
+    tasks.spawn(tick_loop(handle.clone(), config.controller.refresh_interval, stop_rx.clone()));
     tasks.spawn(probe::probe_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(scrape::scrape_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(flow_stats_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(sighup_loop(handle.clone(), stop_rx.clone()));
-    cluster::spawn(&mut tasks, &handle, stop_rx.clone());
-    if let Some(api) = listeners.api {
-        tracing::info!(listen = %api.local_addr()?, "API listener up");
-        tasks.spawn(crate::api::serve(api, handle.clone(), stop_rx.clone()));
-    }
-
-    shutdown.await;
-    tracing::info!("shutting down");
-    let _ = stop_tx.send(true);
-    // Give sessions a moment to close cleanly; the switches keep their rules (fail-secure).
-    let _ = tokio::time::timeout(Duration::from_secs(3), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    cluster::spawn(tasks, handle, stop_rx.clone());
     Ok(())
 }
 
@@ -339,7 +301,7 @@ async fn sighup_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
     };
     loop {
         tokio::select! {
-            _ = hup.recv() => match crate::api::reload_from_file(&handle) {
+            _ = hup.recv() => match reload::reload_from_file(&handle) {
                 Ok(r) => tracing::info!(services = r.services, restart_needed = ?r.restart_needed, "SIGHUP: config reloaded"),
                 Err(e) => tracing::error!(error = %e, "SIGHUP: config not reloaded"),
             },

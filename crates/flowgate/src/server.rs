@@ -1,0 +1,50 @@
+//! The composition root: the runtime and the API, started together and stopped together.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flowgate_core::{Config, Controller};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::runtime::{self, Handle};
+
+/// The sockets the controller runs with: passed in so tests bind port 0.
+pub struct Listeners {
+    pub openflow: TcpListener,
+    pub api: Option<TcpListener>,
+}
+
+/// Run the controller until `shutdown` resolves.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_with_path(config, None, listeners, shutdown).await
+}
+
+/// [`run`], with the file the config came from: SIGHUP and `POST /api/v1/reload` re-read it.
+pub async fn run_with_path(
+    config: Config,
+    config_path: Option<PathBuf>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let controller = Controller::new(&config);
+    let handle = Handle::new(controller, config, config_path);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    runtime::spawn(&handle, listeners.openflow, &mut tasks, &stop_rx)?;
+    if let Some(api) = listeners.api {
+        tracing::info!(listen = %api.local_addr()?, "API listener up");
+        tasks.spawn(crate::api::serve(api, handle.clone(), stop_rx.clone()));
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    // Give sessions a moment to close cleanly; the switches keep their rules (fail-secure).
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
+}
