@@ -26,6 +26,10 @@ pub enum RuleKind {
     Conn = 0x05,
     /// A gap (overload control) rule.
     Gap = 0x06,
+    /// A proactive service's conntrack/group rules. Not in [`RuleKind::PROACTIVE`]: they are
+    /// replaced make-before-break by their own generation bit (`controller::proactive`),
+    /// never deleted wholesale.
+    Proactive = 0x07,
 }
 
 impl RuleKind {
@@ -58,6 +62,7 @@ pub fn kind_of(cookie: u64) -> Option<RuleKind> {
         0x04 => RuleKind::Intercept,
         0x05 => RuleKind::Conn,
         0x06 => RuleKind::Gap,
+        0x07 => RuleKind::Proactive,
         _ => return None,
     })
 }

@@ -244,9 +244,25 @@ pub struct MetricsConfig {
     pub names: crate::metrics_text::MetricNames,
 }
 
+/// How a service's new connections are placed (`mode` under `[[service]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceMode {
+    /// Each new connection's first packet goes to the controller, which decides and
+    /// installs the connection's rules (the default; every algorithm).
+    #[default]
+    Reactive,
+    /// New connections stay in the switch: a select group whose bucket weights the
+    /// controller sets from live load, conntrack DNAT, established traffic pinned by
+    /// conntrack (Open vSwitch only; see `controller::proactive`).
+    Proactive,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {
     pub name: String,
+    /// `mode = "reactive" | "proactive"`.
+    pub mode: ServiceMode,
     /// The service's own address; `None` means clients address backends directly and the
     /// controller intercepts new connections to them (the paper's Cases A and B).
     pub vip: Option<Ipv4Addr>,
@@ -756,6 +772,38 @@ fn validate_service(
         params.hysteresis = h;
     }
     let none_target = ipv4(&mut s, "none_target", errs);
+    let mode = match s.string("mode", errs) {
+        None | Some("reactive") => ServiceMode::Reactive,
+        Some("proactive") => ServiceMode::Proactive,
+        Some(other) => {
+            errs.push(ConfigError::new(
+                s.key_path("mode"),
+                format!("{other:?} is not one of \"reactive\", \"proactive\""),
+            ));
+            ServiceMode::Reactive
+        }
+    };
+    if mode == ServiceMode::Proactive {
+        if matches!(algorithm, AlgorithmKind::Isslm | AlgorithmKind::None) {
+            errs.push(ConfigError::new(
+                s.key_path("mode"),
+                format!(
+                    "\"proactive\" cannot run algorithm {algorithm:?}: it decides per \
+                     connection (requested server, per-request thresholds), which only the \
+                     reactive mode does; use mode = \"reactive\" or a load-weighted \
+                     algorithm (round-robin, weighted-round-robin, least-connections, \
+                     random, p2c, dwrs, mrbs, amlob, srt)",
+                    algorithm = algorithm.as_str()
+                ),
+            ));
+        }
+        if vip.is_none() {
+            errs.push(ConfigError::new(
+                s.key_path("mode"),
+                "\"proactive\" needs a vip (the select group answers for one address)",
+            ));
+        }
+    }
     if let Err(msg) = params.validate(algorithm) {
         errs.push(ConfigError::new(s.key_path("algorithm"), msg));
     }
@@ -912,12 +960,19 @@ fn validate_service(
             )),
         }
     }
+    if mode == ServiceMode::Proactive && overload.mode != crate::overload::Mode::Off {
+        errs.push(ConfigError::new(
+            s.key_path("overload"),
+            "overload control gaps the controller's intercept rule; a \"proactive\" service has none",
+        ));
+    }
     s.finish(errs);
     if errs.len() > before {
         return None;
     }
     Some(ServiceConfig {
         name: name?,
+        mode,
         vip,
         virtual_mac,
         port: port?,

@@ -7,6 +7,8 @@
 //! benchmark and the simulator drive the same state machine directly.
 
 mod l2;
+mod nicira;
+mod proactive;
 pub(crate) mod rules;
 mod vip;
 
@@ -125,6 +127,8 @@ pub struct Controller {
     /// Scratch buffers, reused so the PACKET_IN path does not allocate.
     pub(crate) scratch_path: Vec<(Dpid, u32)>,
     pub(crate) scratch_ports: Vec<u32>,
+    /// What the switches hold for the proactive services (`mode = "proactive"`).
+    pub(crate) proactive: proactive::ProactiveState,
 }
 
 /// The balancer weighs a backend's measured `rps` over `rps_window` (default: the 10 ms
@@ -164,6 +168,7 @@ impl Controller {
             overload: crate::overload::enforce::Overload::new(config),
             scratch_path: Vec::with_capacity(16),
             scratch_ports: Vec::with_capacity(64),
+            proactive: proactive::ProactiveState::default(),
         };
         for (i, s) in config.services.iter().enumerate() {
             c.services.push(ServiceState::new(
@@ -258,6 +263,9 @@ impl Controller {
         let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
         v.sort_by_key(|(k, _)| **k);
         v.into_iter()
+            // A proactive service's connections go through conntrack and its select
+            // group instead (`proactive.rs`).
+            .filter(|(_, l)| !self.is_proactive(usize::from(l.service)))
             .map(|(&(addr, port), l)| {
                 self.overload_intercept(l.service, rules::intercept(l.service, addr, port))
             })
@@ -305,6 +313,7 @@ impl Controller {
         for m in self.intercept_rules() {
             out.push(dpid, m);
         }
+        self.proactive_switch_up(dpid, out);
         out.push(dpid, rules::port_desc_request());
         out.push(dpid, rules::conn_flow_stats_request());
         out.push(dpid, Message::BarrierRequest);
@@ -486,6 +495,7 @@ impl Controller {
             for s in &mut self.services {
                 s.refresh(now, stale);
             }
+            self.proactive_tick(now, out);
         }
         if due(self.last_lldp, self.cfg.lldp_interval) {
             self.last_lldp = Some(now);
@@ -650,6 +660,9 @@ impl Controller {
                 out.push(dpid, m.clone());
             }
         }
+        // Pools or modes may have changed: the proactive services' groups and rules too
+        // (make before break: they are not among the deletes above).
+        self.proactive_resync(out);
     }
 
     /// Replace the services with a new configuration's, keeping every live connection and

@@ -472,6 +472,12 @@ impl Controller {
         if let Some(s) = self.services.get_mut(usize::from(service)) {
             s.counters.unknown_flow_packets += 1;
         }
+        // A proactive service's connections live in the switch's conntrack, not in our
+        // table: a packet of one that strays here (a switch still resyncing) is dropped,
+        // never reset, so a live connection only loses a segment it will retransmit.
+        if self.is_proactive(usize::from(service)) {
+            return;
+        }
         if self.config().unknown_flow == UnknownFlowPolicy::Reset {
             self.reset(dpid, in_port, frame, out);
         }

@@ -193,6 +193,7 @@ fn schemas() -> Value {
                 "response_time_ms": num_or_null,
                 "cpu": num_or_null,
                 "metrics_fresh": { "type": "boolean" },
+                "group_weight": { "type": ["integer", "null"], "description": "Proactive mode: the backend's bucket weight in the service's select group." },
                 "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total (mode \"off\" when the service has no overload control)." }
             }
         },
@@ -200,6 +201,7 @@ fn schemas() -> Value {
         "Service": {
             "type": "object",
             "properties": {
+                "mode": { "type": "string", "enum": ["reactive", "proactive"] },
                 "gap": { "description": "Overload (gap) control of the service's new connections; see the backend field of the same name." },
                 "name": { "type": "string" },
                 "vip": { "type": ["string", "null"] },

@@ -23,6 +23,8 @@ pub struct ServiceView {
     pub virtual_mac: String,
     pub port: u16,
     pub algorithm: String,
+    /// `reactive` (a decision per connection) or `proactive` (select group + conntrack).
+    pub mode: flowgate_core::config::ServiceMode,
     pub threshold_rps: Option<f64>,
     pub hysteresis: f64,
     pub health_check: flowgate_core::config::HealthKind,
@@ -63,6 +65,8 @@ pub struct BackendView {
     pub cpu: Option<f64>,
     /// Whether the backend's metrics (if it has an endpoint) are recent.
     pub metrics_fresh: bool,
+    /// Proactive mode: this backend's bucket weight in the service's select group.
+    pub group_weight: Option<u16>,
     /// The pool's overload (gap) control state: the gap applies to the service's new
     /// connections, so every backend of the service shows the same one.
     pub gap: Option<flowgate_core::overload::GapView>,
@@ -73,6 +77,7 @@ fn backend_view(
     i: usize,
     b: &BackendState,
     gap: Option<&flowgate_core::overload::GapView>,
+    group_weights: Option<&[u16]>,
 ) -> BackendView {
     let load = s.loads.get(i);
     BackendView {
@@ -94,16 +99,19 @@ fn backend_view(
         response_time_ms: b.response_time_ms,
         cpu: b.cpu,
         metrics_fresh: load.map(|l| l.metrics_fresh).unwrap_or(true),
+        group_weight: group_weights.and_then(|w| w.get(i).copied()),
         gap: gap.cloned(),
     }
 }
 
-fn service_view(s: &ServiceState, gap: Option<flowgate_core::overload::GapView>) -> ServiceView {
+fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
+    let gap = c.gap_view(si);
+    let group_weights = c.proactive_weights(si);
     let backends: Vec<BackendView> = s
         .backends
         .iter()
         .enumerate()
-        .map(|(i, b)| backend_view(s, i, b, gap.as_ref()))
+        .map(|(i, b)| backend_view(s, i, b, gap.as_ref(), group_weights))
         .collect();
     ServiceView {
         name: s.cfg.name.clone(),
@@ -111,6 +119,7 @@ fn service_view(s: &ServiceState, gap: Option<flowgate_core::overload::GapView>)
         virtual_mac: s.cfg.virtual_mac.to_string(),
         port: s.cfg.port,
         algorithm: s.algorithm().to_string(),
+        mode: s.cfg.mode,
         threshold_rps: s.cfg.params.threshold_rps,
         hysteresis: s.cfg.params.hysteresis,
         health_check: s.cfg.health.kind,
@@ -129,7 +138,7 @@ pub(crate) fn service_views(c: &Controller) -> Vec<ServiceView> {
     c.services()
         .iter()
         .enumerate()
-        .map(|(i, s)| service_view(s, c.gap_view(i)))
+        .map(|(i, s)| service_view(c, i, s))
         .collect()
 }
 
@@ -164,7 +173,14 @@ pub(crate) fn find_backend(
 pub(crate) fn backend_json(c: &Controller, si: usize, bi: usize) -> Response {
     let s = &c.services()[si];
     match s.backends.get(bi) {
-        Some(b) => Json(backend_view(s, bi, b, c.gap_view(si).as_ref())).into_response(),
+        Some(b) => Json(backend_view(
+            s,
+            bi,
+            b,
+            c.gap_view(si).as_ref(),
+            c.proactive_weights(si),
+        ))
+        .into_response(),
         None => error(StatusCode::NOT_FOUND, "no such backend"),
     }
 }
@@ -275,7 +291,7 @@ pub(crate) async fn service(State(st): State<ApiState>, Path(name): Path<String>
     let core = st.handle.lock();
     let c = &core.controller;
     match find_service(c, &name) {
-        Ok(si) => Json(service_view(&c.services()[si], c.gap_view(si))).into_response(),
+        Ok(si) => Json(service_view(c, si, &c.services()[si])).into_response(),
         Err(r) => r,
     }
 }
@@ -284,7 +300,7 @@ pub(crate) async fn backends(State(st): State<ApiState>, Path(name): Path<String
     let core = st.handle.lock();
     let c = &core.controller;
     match find_service(c, &name) {
-        Ok(si) => Json(service_view(&c.services()[si], c.gap_view(si)).backends).into_response(),
+        Ok(si) => Json(service_view(c, si, &c.services()[si]).backends).into_response(),
         Err(r) => r,
     }
 }

@@ -30,6 +30,9 @@ pub enum BackendKind {
 pub enum Case {
     /// flowgate's VIP (reactive: one controller round trip per connection).
     Flowgate,
+    /// flowgate's VIP in `mode = "proactive"`: a select group + conntrack the controller
+    /// keeps weighted from live load; new connections stay in the switch.
+    FlowgateProactive,
     /// HAProxy, `balance leastconn`, on its own host.
     Haproxy,
     /// nginx `least_conn` as a reverse proxy on its own host.
@@ -49,7 +52,7 @@ pub struct DatapathArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "direct,haproxy,nginx,flowgate,ovs-group"
+        default_value = "direct,haproxy,nginx,flowgate,flowgate-proactive,ovs-group"
     )]
     pub cases: Vec<Case>,
     /// Backend servers; giving both measures `direct` with each (which keeps up?).
@@ -257,9 +260,9 @@ impl Controller {
     }
 }
 
-fn start_flowgate(dir: &Path, algorithm: &str) -> anyhow::Result<Controller> {
+fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Controller> {
     let mut cfg = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\n\n[service.health]\nkind = \"none\"\n"
+        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"{mode}\"\n\n[service.health]\nkind = \"none\"\n"
     );
     for b in BACKENDS {
         cfg += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
@@ -439,9 +442,20 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
                     client.set_arp(VIP.parse()?, VIP_MAC)?;
                     format!("http://{VIP}/")
                 }
-                Case::Flowgate => {
+                Case::Flowgate | Case::FlowgateProactive => {
                     let _ = client.exec(&["ip", "neigh", "del", VIP, "dev", "eth0"]);
-                    let c = start_flowgate(&dir.0, &args.algorithm)?;
+                    let (algorithm, mode) = if case == Case::Flowgate {
+                        (args.algorithm.as_str(), "reactive")
+                    } else {
+                        // ISSLM decides per connection: proactive mode takes the others.
+                        let a = if args.algorithm == "isslm" {
+                            "least-connections"
+                        } else {
+                            args.algorithm.as_str()
+                        };
+                        (a, "proactive")
+                    };
+                    let c = start_flowgate(&dir.0, algorithm, mode)?;
                     br.set_controller(&[format!("tcp:{}", c.openflow)])?;
                     br.wait_connected(Duration::from_secs(10))?;
                     ctl = Some(c);
@@ -463,6 +477,7 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
             results.push(CaseResult {
                 case: match case {
                     Case::Flowgate => "flowgate VIP (reactive)".into(),
+                    Case::FlowgateProactive => "flowgate VIP (proactive: group + conntrack)".into(),
                     Case::Haproxy => "HAProxy leastconn (proxy host)".into(),
                     Case::Nginx => "nginx least_conn (proxy host)".into(),
                     Case::Direct => "direct to one backend".into(),

@@ -1,0 +1,747 @@
+//! The proactive mode (`mode = "proactive"` on a `[[service]]`): new connections to the
+//! VIP never reach the controller. The switch (Open vSwitch, its connection tracker and
+//! Nicira extensions) places them with a select group whose bucket weights the controller
+//! keeps in step with live load; conntrack pins every connection to the backend it got, so
+//! changing the weights (or draining a backend) never moves a live connection.
+//!
+//! Rules, for a service with VIP `V`, port `P`, group `G` (they replace the service's
+//! intercept rule; cookie kind byte [`COOKIE_KIND`], outside `RuleKind`, so the reactive
+//! resync's deletes by kind leave them alone):
+//!
+//! | table | prio | match | actions |
+//! | --- | --- | --- | --- |
+//! | 0 | 200 | `tcp, ip_dst=V, tcp_dst=P, ct_state=-trk` | `ct(zone=Z, nat, table=1)` |
+//! | 0 | 200 | per backend B: `tcp, ip_src=B, tcp_src=P, ct_state=-trk` | `ct(zone=Z, nat, table=1)` |
+//! | 1 | 30 | `tcp, ip_dst=V, tcp_dst=P, ct_state=+new+trk` | `group:G` |
+//! | 1 | 20 | per located backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+trk` | `eth_dst:=MAC(B), resubmit(,0)` |
+//! | 1 | 20 | `tcp, ip_src=V, tcp_src=P, ct_state=+trk` (a reply, un-NATed) | `eth_src:=virtual MAC, resubmit(,0)` |
+//! | 1 | 5 | `ct_state=+inv+trk` | drop |
+//! | 1 | 1 | `ct_state=+trk` | `resubmit(,0)` |
+//!
+//! Group `G` (select): one bucket per backend, `ct(commit, zone=Z, nat(dst=B:P), table=1)`,
+//! weight from the balancer (below). Forwarding after the rewrite is table 0's own L2
+//! rules (`resubmit(,0)`; the `-trk` in table 0's rules stops a second pass through
+//! conntrack), so the proactive path works wherever L2 does and table 0's rules are the
+//! same as for reactive services. One conntrack zone, [`CT_ZONE`], for every proactive
+//! service: a backend address:port serves at most one proactive service.
+//!
+//! **Resync, make before break.** A live connection must never meet a moment without its
+//! rules (its packet would go to the controller, which would answer a non-SYN with a RST).
+//! So the proactive rules are never deleted first: each sync re-adds every current rule
+//! with the other value of a generation bit in its cookie (an ADD with the same match and
+//! priority replaces the rule in place, OpenFlow §6.4), then, after a barrier, deletes the
+//! rules of this kind still carrying the old bit (cookie-masked delete): only stale ones.
+//! Groups are written with Open vSwitch's `OFPGC11_ADD_OR_MOD` (0x8000; `ovs-ofctl
+//! --may-create mod-group`), never deleted while in use; group ids of the range
+//! `GROUP_BASE .. GROUP_BASE + max(GROUP_RANGE, services)` that no proactive service uses
+//! now are deleted (a delete of a group that does not exist is no error, §7.3.4.2; a stale
+//! group takes its stale rules with it). On a switch's (re)connection, whose rules may
+//! carry either bit, the sync runs twice, once with each bit.
+//!
+//! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
+//! with the service's current view (eligibility, weights after slow start, active
+//! connections, rates, response times), where the next [`WEIGHT_PICKS`] new connections
+//! would go, each simulated pick counted as in flight (`picks_since_refresh` and
+//! `active_connections` + 1) as a burst between two refreshes would be; a backend's
+//! bucket weight is the number of those picks it got. So round robin gives equal weights,
+//! weighted round robin the configured ratios, least connections fills each backend's
+//! headroom (`weight / (active + 1)`), DWRS/SRT/MRBS/AMLOB their own preferences. An
+//! ineligible backend (unhealthy, drained, ejected, not located) gets weight 0: no new
+//! connections, while its conntrack entries keep their packets flowing (drain semantics).
+//! A GROUP_MOD (modify) is sent when the set of zero-weight buckets changes at once, or
+//! when at least [`RESEND_L1`] picks moved and [`RESEND_MIN`] passed since the last one.
+//! ISSLM and `none` decide per connection and stay reactive-only (config rejects them).
+//!
+//! **Counting.** No per-connection rule exists, so there is no FLOW_REMOVED to count
+//! active connections from: the balancer's active counts come from the backends'
+//! reported metrics (`metrics = URL` on a backend) when configured, else they stay 0 and
+//! least-connections degrades to weighted shares. Service `connections_total` counts only
+//! connections that still reached the controller (none once the group is installed).
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
+use ofp::{
+    Action, Actions, Bucket, FlowMod, GroupMod, GroupModCommand, GroupType, Instruction, Match,
+    Message, Oxm,
+};
+
+use super::nicira::{self, ct_state};
+use super::{Controller, Outbox, rules};
+use crate::balance::SelectRequest;
+use crate::config::ServiceMode;
+use crate::cookie;
+use crate::topology::Dpid;
+
+/// The table of the proactive path (after conntrack).
+pub(crate) const TABLE_CT: u8 = 1;
+/// Group ids of proactive services: `GROUP_BASE + service index`.
+pub(crate) const GROUP_BASE: u32 = 0x6667_0000;
+/// On resync, group ids `GROUP_BASE ..= GROUP_BASE + max(GROUP_RANGE, services)` are
+/// deleted first (a delete of a group that does not exist is no error, §7.3.4.2).
+pub(crate) const GROUP_RANGE: u32 = 64;
+/// The conntrack zone of every proactive service.
+pub(crate) const CT_ZONE: u16 = 0x6667;
+/// Simulated picks per weight computation (the sum of a service's bucket weights).
+pub(crate) const WEIGHT_PICKS: u32 = 100;
+/// Weight changes below this many picks (L1 distance) are not sent...
+const RESEND_L1: u32 = 20;
+/// ...nor more often than this (zero/non-zero changes are sent at once).
+const RESEND_MIN: Duration = Duration::from_millis(250);
+
+/// Kind byte of the proactive rules' cookies ([`RuleKind::Proactive`], which the reactive
+/// resync's deletes by kind never touch).
+pub(crate) const COOKIE_KIND: u64 = crate::cookie::RuleKind::Proactive.base();
+/// The generation bit of a proactive rule's cookie.
+const COOKIE_GEN: u64 = 1 << 40;
+/// OVS's `OFPGC11_ADD_OR_MOD`: add the group, or replace it if it exists.
+const OFPGC_ADD_OR_MOD: u16 = 0x8000;
+
+const PRIO_NEW: u16 = 30;
+const PRIO_EST: u16 = 20;
+const PRIO_INV: u16 = 5;
+const PRIO_TRK: u16 = 1;
+
+/// What the switches were last given for one service.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Installed {
+    /// The backends and where they are, as the rules were built.
+    sig: Vec<(Ipv4Addr, Option<MacAddr>)>,
+    pub(crate) weights: Vec<u16>,
+    sent_at: Option<Instant>,
+}
+
+/// Per-service state of the proactive mode (indexed like `Controller::services`).
+#[derive(Debug, Default)]
+pub(crate) struct ProactiveState {
+    pub(crate) services: Vec<Installed>,
+    /// The generation bit of the rules last synced to every switch.
+    gen_bit: bool,
+    /// Some service was proactive at the last resync.
+    synced_any: bool,
+}
+
+pub(crate) fn group_id(service: usize) -> u32 {
+    GROUP_BASE + service as u32
+}
+
+fn cookie_of(gen_bit: bool, service: usize) -> u64 {
+    COOKIE_KIND | if gen_bit { COOKIE_GEN } else { 0 } | (service as u64 & 0xffff)
+}
+
+fn flow(
+    gen_bit: bool,
+    service: usize,
+    table: u8,
+    priority: u16,
+    m: Match,
+    actions: Actions,
+) -> Message {
+    let mut fm = FlowMod::add(m);
+    fm.cookie = cookie_of(gen_bit, service);
+    fm.table_id = table;
+    fm.priority = priority;
+    if !actions.is_empty() {
+        fm.instructions.push(Instruction::ApplyActions(actions));
+    }
+    Message::FlowMod(fm)
+}
+
+fn tcp() -> Match {
+    Match::new()
+        .with(Oxm::EthType(ETH_TYPE_IPV4))
+        .with(Oxm::IpProto(IP_PROTO_TCP))
+}
+
+fn ip_dst(m: Match, a: Ipv4Addr) -> Match {
+    m.with(Oxm::Ipv4Dst {
+        value: a,
+        mask: None,
+    })
+}
+
+fn ip_src(m: Match, a: Ipv4Addr) -> Match {
+    m.with(Oxm::Ipv4Src {
+        value: a,
+        mask: None,
+    })
+}
+
+fn acts(v: impl IntoIterator<Item = Action>) -> Actions {
+    let mut a = Actions::new();
+    for x in v {
+        a.push(x);
+    }
+    a
+}
+
+fn untracked() -> Oxm {
+    nicira::ct_state_match(0, ct_state::TRK)
+}
+
+fn tracked() -> Oxm {
+    nicira::ct_state_match(ct_state::TRK, ct_state::TRK)
+}
+
+impl Controller {
+    pub(crate) fn is_proactive(&self, service: usize) -> bool {
+        self.services
+            .get(service)
+            .is_some_and(|s| s.cfg.mode == ServiceMode::Proactive && s.cfg.vip.is_some())
+    }
+
+    fn installed(&self, service: usize) -> Option<&Installed> {
+        self.proactive.services.get(service)
+    }
+
+    /// The select group of a proactive service, with the weights last computed.
+    fn group_mod(&self, service: usize, command: GroupModCommand) -> Option<Message> {
+        let s = self.services.get(service)?;
+        let weights = self.installed(service).map(|i| i.weights.as_slice());
+        let buckets = s
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let w = weights
+                    .and_then(|w| w.get(i).copied())
+                    .unwrap_or(if b.eligible() { 1 } else { 0 });
+                Bucket::weighted(
+                    w,
+                    acts([nicira::ct(
+                        nicira::CT_COMMIT,
+                        CT_ZONE,
+                        Some(TABLE_CT),
+                        &nicira::nat(Some((b.address, s.cfg.port))),
+                    )]),
+                )
+            })
+            .collect();
+        Some(Message::GroupMod(GroupMod {
+            command,
+            group_type: GroupType::Select,
+            group_id: group_id(service),
+            buckets,
+        }))
+    }
+
+    fn proactive_flows(&self, gen_bit: bool, service: usize, v: &mut Vec<Message>) {
+        let Some(s) = self.services.get(service) else {
+            return;
+        };
+        let Some(vip) = s.cfg.vip else {
+            return;
+        };
+        let port = s.cfg.port;
+        let to_ct = || acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))]);
+        // Table 0: both directions of the service's traffic through conntrack.
+        v.push(flow(
+            gen_bit,
+            service,
+            0,
+            rules::PRIO_INTERCEPT,
+            ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
+            to_ct(),
+        ));
+        for b in &s.backends {
+            v.push(flow(
+                gen_bit,
+                service,
+                0,
+                rules::PRIO_INTERCEPT,
+                ip_src(tcp(), b.address)
+                    .with(Oxm::TcpSrc(port))
+                    .with(untracked()),
+                to_ct(),
+            ));
+        }
+        // Table 1: new connections to the group, the rest pinned by conntrack.
+        v.push(flow(
+            gen_bit,
+            service,
+            TABLE_CT,
+            PRIO_NEW,
+            ip_dst(tcp(), vip)
+                .with(Oxm::TcpDst(port))
+                .with(nicira::ct_state_match(
+                    ct_state::NEW | ct_state::TRK,
+                    ct_state::NEW | ct_state::TRK,
+                )),
+            acts([Action::Group(group_id(service))]),
+        ));
+        for b in &s.backends {
+            let Some(mac) = b.mac else { continue };
+            v.push(flow(
+                gen_bit,
+                service,
+                TABLE_CT,
+                PRIO_EST,
+                ip_dst(tcp(), b.address)
+                    .with(Oxm::TcpDst(port))
+                    .with(tracked()),
+                acts([
+                    Action::SetField(Oxm::EthDst {
+                        value: mac.0,
+                        mask: None,
+                    }),
+                    nicira::resubmit_table(0),
+                ]),
+            ));
+        }
+        v.push(flow(
+            gen_bit,
+            service,
+            TABLE_CT,
+            PRIO_EST,
+            ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
+            acts([
+                Action::SetField(Oxm::EthSrc {
+                    value: s.cfg.virtual_mac.0,
+                    mask: None,
+                }),
+                nicira::resubmit_table(0),
+            ]),
+        ));
+    }
+
+    /// One make-before-break sync (see the module doc): stale groups deleted, current
+    /// groups added or replaced, every current rule (re-)added with `gen_bit`, a barrier,
+    /// then the rules of the other generation deleted.
+    fn sync_messages(&self, gen_bit: bool) -> Vec<Message> {
+        let mut v = Vec::new();
+        let proactive: Vec<usize> = (0..self.services.len())
+            .filter(|&i| self.is_proactive(i))
+            .collect();
+        let range = GROUP_RANGE.max(self.services.len() as u32);
+        for id in GROUP_BASE..GROUP_BASE + range {
+            if proactive.iter().any(|&i| group_id(i) == id) {
+                continue;
+            }
+            v.push(Message::GroupMod(GroupMod {
+                command: GroupModCommand::Delete,
+                group_type: GroupType::Select,
+                group_id: id,
+                buckets: Vec::new(),
+            }));
+        }
+        for &i in &proactive {
+            if let Some(m) = self.group_mod(i, GroupModCommand::Other(OFPGC_ADD_OR_MOD)) {
+                v.push(m);
+            }
+        }
+        for &i in &proactive {
+            self.proactive_flows(gen_bit, i, &mut v);
+        }
+        if !proactive.is_empty() {
+            // Shared catch-alls of table 1 (identical for every service: added once).
+            let mut inv = FlowMod::add(Match::new().with(nicira::ct_state_match(
+                ct_state::INV | ct_state::TRK,
+                ct_state::INV | ct_state::TRK,
+            )));
+            inv.cookie = cookie_of(gen_bit, 0xffff);
+            inv.table_id = TABLE_CT;
+            inv.priority = PRIO_INV;
+            v.push(Message::FlowMod(inv));
+            v.push(flow(
+                gen_bit,
+                0xffff,
+                TABLE_CT,
+                PRIO_TRK,
+                Match::new().with(tracked()),
+                acts([nicira::resubmit_table(0)]),
+            ));
+        }
+        // §6.2: the adds must be done before the delete of the other generation.
+        v.push(Message::BarrierRequest);
+        let mut del = FlowMod::delete(Match::new());
+        del.table_id = rules::TABLE_ALL;
+        del.cookie = cookie_of(!gen_bit, 0);
+        del.cookie_mask = cookie::KIND_MASK | COOKIE_GEN;
+        v.push(Message::FlowMod(del));
+        v
+    }
+
+    /// A switch (re)connected: its proactive rules may carry either generation bit, so
+    /// sync twice, ending on the current one.
+    pub(crate) fn proactive_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let g = self.proactive.gen_bit;
+        self.proactive.synced_any |= (0..self.services.len()).any(|i| self.is_proactive(i));
+        for m in self
+            .sync_messages(!g)
+            .into_iter()
+            .chain(self.sync_messages(g))
+        {
+            out.push(dpid, m);
+        }
+    }
+
+    /// The proactive services' pools, locations or modes changed: sync every switch.
+    pub(crate) fn proactive_resync(&mut self, out: &mut Outbox) {
+        let any = (0..self.services.len()).any(|i| self.is_proactive(i));
+        if !any && !self.proactive.synced_any {
+            // Reactive only, now and since this controller started (a switch's leftovers
+            // from an earlier run were removed when it connected).
+            return;
+        }
+        self.proactive.synced_any = any;
+        self.proactive.gen_bit = !self.proactive.gen_bit;
+        let msgs = self.sync_messages(self.proactive.gen_bit);
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for d in dpids {
+            for m in &msgs {
+                out.push(d, m.clone());
+            }
+        }
+    }
+
+    /// Bucket weights from the service's balancer (see the module doc).
+    fn compute_weights(&mut self, now: Instant, service: usize) -> Vec<u16> {
+        let since_refresh = self
+            .last_refresh
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or_default();
+        let Some(s) = self.services.get_mut(service) else {
+            return Vec::new();
+        };
+        let mut loads = s.loads.clone();
+        let mut counts = vec![0u16; s.backends.len()];
+        for k in 0..WEIGHT_PICKS {
+            let req = SelectRequest {
+                requested: None,
+                flow_hash: u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                since_refresh,
+            };
+            let sel = s.balancer.select(&req, &loads);
+            let Some(b) = sel.backend else { break };
+            if let (Some(c), Some(l)) = (counts.get_mut(b), loads.get_mut(b)) {
+                *c += 1;
+                l.picks_since_refresh += 1;
+                l.active_connections += 1;
+            }
+        }
+        for (c, b) in counts.iter_mut().zip(&s.backends) {
+            if !b.eligible() {
+                *c = 0;
+            }
+        }
+        counts
+    }
+
+    /// On each tick: re-sync a proactive service whose pool or backend locations changed,
+    /// and send new bucket weights when they moved enough.
+    pub(crate) fn proactive_tick(&mut self, now: Instant, out: &mut Outbox) {
+        let n = self.services.len();
+        self.proactive.services.resize_with(n, Installed::default);
+        let mut resync = false;
+        let mut modify = Vec::new();
+        for i in 0..n {
+            if !self.is_proactive(i) {
+                self.proactive.services[i] = Installed::default();
+                continue;
+            }
+            let sig: Vec<(Ipv4Addr, Option<MacAddr>)> = self.services[i]
+                .backends
+                .iter()
+                .map(|b| (b.address, b.mac))
+                .collect();
+            let weights = self.compute_weights(now, i);
+            let st = &mut self.proactive.services[i];
+            if st.sig != sig {
+                st.sig = sig;
+                st.weights = weights;
+                st.sent_at = Some(now);
+                resync = true;
+                continue;
+            }
+            let zero_changed = st.weights.len() != weights.len()
+                || st
+                    .weights
+                    .iter()
+                    .zip(&weights)
+                    .any(|(a, b)| (*a == 0) != (*b == 0));
+            let l1: u32 = st
+                .weights
+                .iter()
+                .zip(&weights)
+                .map(|(a, b)| u32::from(a.abs_diff(*b)))
+                .sum();
+            let due = st
+                .sent_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= RESEND_MIN);
+            if zero_changed || (l1 >= RESEND_L1 && due) {
+                st.weights = weights;
+                st.sent_at = Some(now);
+                modify.push(i);
+            }
+        }
+        if resync {
+            self.proactive_resync(out);
+            return;
+        }
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for i in modify {
+            if let Some(m) = self.group_mod(i, GroupModCommand::Other(OFPGC_ADD_OR_MOD)) {
+                let detail = format!(
+                    "{} weights {:?}",
+                    self.services[i].cfg.name, self.proactive.services[i].weights
+                );
+                tracing::debug!(%detail, "proactive group weights");
+                for &d in &dpids {
+                    out.push(d, m.clone());
+                }
+            }
+        }
+    }
+
+    /// The bucket weights last sent for a proactive service (for operators and tests).
+    pub fn proactive_weights(&self, service: usize) -> Option<&[u16]> {
+        self.is_proactive(service)
+            .then(|| self.installed(service).map(|i| i.weights.as_slice()))
+            .flatten()
+    }
+}
+
+// The fake flow table (`testkit`) does not model conntrack, NAT or groups: these tests
+// check the messages the controller sends; the data path is checked on real Open vSwitch
+// (`crates/flowgate/tests/proactive.rs`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::service::AdminState;
+    use ofp::SwitchFeatures;
+
+    const VIP: &str = "10.0.0.100";
+
+    fn controller(algorithm: &str, weights: &[u32]) -> (Controller, Instant) {
+        let mut c = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"proactive\"\n[service.health]\nkind = \"none\"\n"
+        );
+        for (i, w) in weights.iter().enumerate() {
+            c += &format!(
+                "[[service.backend]]\naddress = \"10.0.0.{}\"\nweight = {w}\n",
+                i + 2
+            );
+        }
+        let cfg = Config::from_toml(&c, &|_| None).expect("valid");
+        let mut ctl = Controller::new(&cfg);
+        let now = Instant::now();
+        let mut out = Outbox::new();
+        ctl.handle_switch_up(
+            now,
+            SwitchFeatures {
+                datapath_id: 1,
+                n_buffers: 0,
+                n_tables: 254,
+                auxiliary_id: 0,
+                capabilities: 0,
+            },
+            &mut out,
+        );
+        // Locate the backends as ARP would.
+        for (i, b) in ctl.services[0].backends.iter_mut().enumerate() {
+            b.mac = Some(MacAddr([2, 0, 0, 0, 0, i as u8 + 2]));
+        }
+        ctl.services[0].sync_eligibility();
+        (ctl, now)
+    }
+
+    fn groups(out: &mut Outbox) -> Vec<GroupMod> {
+        out.drain()
+            .filter_map(|(_, m)| match m {
+                Message::GroupMod(g) if g.command != GroupModCommand::Delete => Some(g),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn weights(g: &GroupMod) -> Vec<u16> {
+        g.buckets.iter().map(|b| b.weight).collect()
+    }
+
+    #[test]
+    fn switch_up_sends_groups_before_the_flows_that_use_them_and_no_intercept() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
+        let mut out = Outbox::new();
+        ctl.handle_switch_up(
+            now,
+            SwitchFeatures {
+                datapath_id: 1,
+                n_buffers: 0,
+                n_tables: 254,
+                auxiliary_id: 0,
+                capabilities: 0,
+            },
+            &mut out,
+        );
+        let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        let pos = |f: &dyn Fn(&Message) -> bool| msgs.iter().position(f);
+        let first_delete = pos(&|m| {
+            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Delete && g.group_id == GROUP_BASE + 1)
+        })
+        .expect("stale groups deleted by id range");
+        let add = pos(&|m| {
+            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Other(OFPGC_ADD_OR_MOD) && g.group_id == group_id(0))
+        })
+        .expect("group added (or replaced)");
+        let uses = pos(&|m| match m {
+            Message::FlowMod(fm) => fm.instructions.iter().any(|i| match i {
+                Instruction::ApplyActions(a) => a.iter().any(|a| matches!(a, Action::Group(_))),
+                _ => false,
+            }),
+            _ => false,
+        })
+        .expect("a flow sends new connections to the group");
+        assert!(first_delete < add && add < uses);
+        // The group in use is never deleted; the rest of the range is, once per pass.
+        let deletes: Vec<u32> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Message::GroupMod(g) if g.command == GroupModCommand::Delete => Some(g.group_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deletes.len() as u32, 2 * (GROUP_RANGE - 1));
+        assert!(!deletes.contains(&group_id(0)));
+        // Make before break: no proactive rule is deleted before the rules of the new
+        // generation are added, and the deletes take only the other generation.
+        let gen_deletes: Vec<usize> = msgs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| match m {
+                Message::FlowMod(fm)
+                    if fm.command == ofp::FlowModCommand::Delete
+                        && fm.cookie & cookie::KIND_MASK == COOKIE_KIND =>
+                {
+                    assert_eq!(fm.cookie_mask, cookie::KIND_MASK | COOKIE_GEN);
+                    Some(i)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gen_deletes.len(), 2, "one per pass");
+        assert!(gen_deletes[0] > uses);
+        assert!(matches!(msgs[gen_deletes[0] - 1], Message::BarrierRequest));
+        let last_gen = match &msgs[gen_deletes[1]] {
+            Message::FlowMod(fm) => fm.cookie & COOKIE_GEN,
+            _ => unreachable!(),
+        };
+        let last_add = msgs[..gen_deletes[1]]
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Add => Some(fm.cookie),
+                _ => None,
+            })
+            .unwrap();
+        assert_ne!(
+            last_add & COOKIE_GEN,
+            last_gen,
+            "the pass keeps what it added"
+        );
+        // No rule sends the VIP's new connections to the controller.
+        let to_controller = msgs.iter().any(|m| match m {
+            Message::FlowMod(fm) => {
+                fm.match_.iter().any(|o| {
+                    matches!(o, Oxm::Ipv4Dst { value, .. } if value.to_string() == VIP)
+                }) && fm.instructions.iter().any(|i| match i {
+                    Instruction::ApplyActions(a) => a
+                        .iter()
+                        .any(|a| matches!(a, Action::Output { port, .. } if *port == ofp::port::CONTROLLER)),
+                    _ => false,
+                })
+            }
+            _ => false,
+        });
+        assert!(!to_controller, "the intercept rule is replaced");
+        let tables: Vec<u8> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Add => Some(fm.table_id),
+                _ => None,
+            })
+            .collect();
+        assert!(tables.contains(&TABLE_CT) && tables.iter().all(|&t| t <= TABLE_CT));
+    }
+
+    #[test]
+    fn weights_follow_the_algorithm_and_a_drain_zeroes_a_bucket_at_once() {
+        let (mut ctl, now) = controller("weighted-round-robin", &[1, 2, 1]);
+        let mut out = Outbox::new();
+        // The first tick sees the backends located: a resync with the balancer's weights.
+        ctl.handle_tick(now, &mut out);
+        let g = groups(&mut out);
+        assert_eq!(g.len(), 1, "{g:?}");
+        assert_eq!(g[0].command, GroupModCommand::Other(OFPGC_ADD_OR_MOD));
+        assert_eq!(weights(&g[0]), [25, 50, 25]);
+        assert_eq!(ctl.proactive_weights(0), Some(&[25, 50, 25][..]));
+
+        assert!(ctl.set_admin(now, 0, 1, AdminState::Draining));
+        let t = now + Duration::from_millis(10);
+        ctl.handle_tick(t, &mut out);
+        let g = groups(&mut out);
+        assert_eq!(g.len(), 1, "{g:?}");
+        assert_eq!(g[0].command, GroupModCommand::Other(OFPGC_ADD_OR_MOD));
+        assert_eq!(weights(&g[0]), [50, 0, 50]);
+        // Nothing changes: nothing is sent.
+        ctl.handle_tick(t + Duration::from_millis(10), &mut out);
+        assert!(groups(&mut out).is_empty());
+    }
+
+    #[test]
+    fn least_connections_weights_follow_reported_load() {
+        let (mut ctl, now) = controller("least-connections", &[1, 1, 1]);
+        let mut out = Outbox::new();
+        ctl.handle_tick(now, &mut out);
+        let g = groups(&mut out);
+        let w = weights(&g[0]);
+        assert!(w.iter().all(|&x| (33..=34).contains(&x)), "{w:?}");
+        // Backend 0 reports 60 requests in progress, the others none.
+        for (b, active) in [(0, 60.0), (1, 0.0), (2, 0.0)] {
+            ctl.handle_backend_load(
+                now,
+                0,
+                b,
+                crate::metrics_text::LoadSample {
+                    rps: None,
+                    active: Some(active),
+                    response_time_ms: None,
+                    cpu: None,
+                },
+            );
+        }
+        let t = now + Duration::from_secs(1);
+        ctl.handle_tick(t, &mut out);
+        let g = groups(&mut out);
+        assert_eq!(g.len(), 1);
+        let w = weights(&g[0]);
+        // Water-filling the headroom: each simulated pick counts as in flight (active and
+        // recent pick, as a real pick does), so over (60, 0, 0) active the idle two take
+        // the first 60 picks, then the three share the rest: [14, 43, 43].
+        assert_eq!(w, [14, 43, 43]);
+    }
+
+    #[test]
+    fn config_rejects_per_connection_algorithms_and_services_without_a_vip() {
+        for alg in ["isslm", "none"] {
+            let c = format!(
+                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{alg}\"\nmode = \"proactive\"\nthreshold_rps = 10.0\n[[service.backend]]\naddress = \"10.0.0.2\"\n"
+            );
+            let e = Config::from_toml(&c, &|_| None).unwrap_err().to_string();
+            assert!(
+                e.contains("service[0].mode") && e.contains("reactive"),
+                "{alg}: {e}"
+            );
+        }
+        let c = "[[service]]\nname = \"web\"\nport = 80\nmode = \"proactive\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+        let e = Config::from_toml(c, &|_| None).unwrap_err().to_string();
+        assert!(e.contains("needs a vip"), "{e}");
+        let c = "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\nmode = \"sideways\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+        let e = Config::from_toml(c, &|_| None).unwrap_err().to_string();
+        assert!(e.contains("\"reactive\", \"proactive\""), "{e}");
+        let c = "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+        let cfg = Config::from_toml(c, &|_| None).unwrap();
+        assert_eq!(cfg.services[0].mode, ServiceMode::Reactive);
+    }
+}

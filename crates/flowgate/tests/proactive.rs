@@ -1,0 +1,237 @@
+//! The proactive mode end to end (`mode = "proactive"`): new connections are placed by an
+//! OVS select group with conntrack DNAT, not by the controller; the controller steers
+//! them through the bucket weights, and a drain never moves a live connection.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+use support::*;
+
+const VIP: &str = "10.0.0.100";
+const TOKEN: &str = "proactive-token-0123456789";
+
+fn packet_ins(ctl: &Ctl) -> u64 {
+    let (_, body) = ctl.get("/metrics");
+    metric(&body, "flowgate_packet_in_total").unwrap_or(0.0) as u64
+}
+
+/// Which backend host holds an established connection on port 80 (the download's).
+fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
+    hosts.iter().find_map(|h| {
+        let out = h
+            .exec_checked(&["ss", "-Htn", "state", "established", "( sport = :80 )"])
+            .unwrap_or_default();
+        (!out.trim().is_empty()).then(|| h.ip().to_string())
+    })
+}
+
+#[test]
+fn ovs_proactive_vip_serves_and_rebalances() {
+    let test = "ovs_proactive_vip_serves_and_rebalances";
+    if !require_root_ovs(test) {
+        return;
+    }
+    let p = Prefix::for_test(test);
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = vip_config(
+        VIP,
+        "least-connections",
+        &backends,
+        "mode = \"proactive\"\n",
+    )
+    .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
+    let ctl = Ctl::start("proactive", &cfg);
+    let br = &t.bridges[0];
+    br.set_controller(&[ctl.target()]).expect("set controller");
+    br.wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            httpd(
+                h,
+                &format!("b{}", i + 2),
+                &["--rate-bytes-per-sec", "1000000"],
+            )
+        })
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+
+    // The group holds one DNAT bucket per backend once all three are located.
+    let mut groups = String::new();
+    wait_until("the select group", Duration::from_secs(10), || {
+        groups = br.ofctl("dump-groups", &[]).unwrap_or_default();
+        groups.contains("type=select") && groups.matches("nat(dst=").count() == 3
+    });
+    for b in &backends {
+        assert!(
+            groups.contains(&format!("nat(dst={b}:80)")),
+            "a bucket DNATs to {b}:\n{groups}"
+        );
+    }
+    // Warm up: the client's ARP for the VIP and L2 learning go through the controller.
+    let warm = load(client, &url, &["--requests", "3", "--concurrency", "1"]);
+    assert_eq!(warm["ok"], 3, "{warm}");
+
+    let before = packet_ins(&ctl);
+    let report = load(client, &url, &["--requests", "300", "--concurrency", "4"]);
+    let during = packet_ins(&ctl) - before;
+    assert_eq!(report["ok"], 300, "every request succeeds: {report}");
+    let sh = shares(&report);
+    eprintln!("proactive shares {sh:?}, PACKET_INs during 300 requests: {during}");
+    assert_eq!(sh.len(), 3, "all three backends served: {sh:?}");
+    for (name, n) in &sh {
+        assert!(*n >= 30, "{name} served only {n} of 300: {sh:?}");
+    }
+    assert!(
+        during <= 10,
+        "new connections stayed off the controller: {during} PACKET_INs for 300 requests\n{}",
+        br.dump_flows().unwrap_or_default()
+    );
+    let flows = br.dump_flows().expect("dump-flows");
+    assert!(
+        flows.contains("table=1") && flows.contains("ct_state=+new+trk"),
+        "the proactive path in table 1:\n{flows}"
+    );
+    assert!(
+        flows.contains("ct(table=1,zone=26215,nat)") && flows.contains("resubmit(,0)"),
+        "both directions through conntrack, forwarding by table 0's L2 rules:\n{flows}"
+    );
+    assert!(
+        !flows.contains(&format!(
+            "priority=200,tcp,nw_dst={VIP},tp_dst=80 actions=CONTROLLER"
+        )),
+        "no intercept rule for the proactive VIP:\n{flows}"
+    );
+
+    // A long download (8 MB at 1 MB/s), then drain the backend carrying it.
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "60",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/8000000"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let mut busy = None;
+    wait_until("the download's backend", Duration::from_secs(10), || {
+        busy = carrier(&t.hosts[1..]);
+        busy.is_some()
+    });
+    let busy = busy.unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let (st, body) = http_request(
+        ctl.api,
+        "POST",
+        &format!("/api/v1/services/web/backends/{busy}/drain"),
+        &[("Authorization", auth.as_str())],
+        "",
+    );
+    assert_eq!(st, 200, "drain {busy}: {body}");
+    // Its bucket's weight goes to 0 within a refresh or two.
+    let t0 = Instant::now();
+    let mut groups = String::new();
+    wait_until(
+        "the drained bucket's weight 0",
+        Duration::from_secs(5),
+        || {
+            groups = br.ofctl("dump-groups", &[]).unwrap_or_default();
+            groups
+                .split("bucket=")
+                .any(|b| b.contains(&format!("nat(dst={busy}:80)")) && b.contains("weight:0"))
+        },
+    );
+    eprintln!(
+        "drained bucket at weight 0 after {:?}:\n{groups}",
+        t0.elapsed()
+    );
+
+    let after = load(client, &url, &["--requests", "60", "--concurrency", "2"]);
+    assert_eq!(after["ok"], 60, "{after}");
+    let sh = shares(&after);
+    let busy_name = format!(
+        "b{}",
+        busy.rsplit('.').next().unwrap().parse::<u8>().unwrap()
+    );
+    assert!(
+        sh.iter().all(|(n, _)| *n != busy_name),
+        "new connections avoid the drained {busy} ({busy_name}): {sh:?}"
+    );
+    assert_eq!(sh.len(), 2, "the two others serve: {sh:?}");
+
+    let out = dl.wait_with_output().expect("curl finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "200 8000000",
+        "the download on the drained backend finished (curl: {text})"
+    );
+    ctl.assert_no_openflow_errors();
+
+    // A controller restart: the switch reconnects and is resynced (stale groups deleted by
+    // id range, the group and the rules re-added); a download in flight across it keeps
+    // its backend (conntrack holds it) and finishes.
+    let mut ctl = ctl;
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "60",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/4000000"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    wait_until(
+        "the second download's backend",
+        Duration::from_secs(10),
+        || carrier(&t.hosts[1..]).is_some(),
+    );
+    ctl.restart();
+    br.wait_connected(Duration::from_secs(10))
+        .expect("switch reconnects");
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    wait_until(
+        "the group after the resync",
+        Duration::from_secs(10),
+        || {
+            let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
+            g.matches("group_id=").count() == 1 && g.matches("nat(dst=").count() == 3
+        },
+    );
+    // Re-added in place, nothing doubled: table 1 holds the new-connection rule, one per
+    // backend, the reply rule and the two catch-alls.
+    let flows = br.dump_flows().expect("dump-flows");
+    let t1 = flows.lines().filter(|l| l.contains(" table=1,")).count();
+    assert_eq!(t1, 7, "table 1 after the resync:\n{flows}");
+    let again = load(client, &url, &["--requests", "30", "--concurrency", "2"]);
+    assert_eq!(again["ok"], 30, "{again}");
+    let out = dl.wait_with_output().expect("curl finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "200 4000000",
+        "the download across the controller restart finished (curl: {text})"
+    );
+    ctl.assert_no_openflow_errors();
+}
