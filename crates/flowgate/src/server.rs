@@ -17,7 +17,11 @@ pub struct Listeners {
 }
 
 /// Run the controller until `shutdown` resolves.
-pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     run_with_path(config, None, listeners, shutdown).await
 }
 

@@ -1281,7 +1281,6 @@ pub fn spill_decisions(
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -216,7 +216,6 @@ impl Handle {
     }
 }
 
-
 /// Start everything the controller runs besides the API: the OpenFlow listener and its
 /// sessions, the tick, probes, scrapes, flow-stats polling, SIGHUP reloads and the cluster
 /// tasks. They all end when `stop` turns true. (The binary's composition root,
@@ -227,15 +226,29 @@ pub fn spawn(
     tasks: &mut tokio::task::JoinSet<()>,
     stop_rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let config = handle.config.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let config = handle
+        .config
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let tls = match &config.openflow.tls {
         Some(t) => Some(tls::acceptor(t)?),
         None => None,
     };
     let limits = SessionLimits::from_config(&config);
     tracing::info!(listen = %openflow.local_addr()?, tls = tls.is_some(), "OpenFlow listener up");
-    tasks.spawn(session::accept_loop(openflow, handle.clone(), tls, limits, stop_rx.clone()));
-    tasks.spawn(tick_loop(handle.clone(), config.controller.refresh_interval, stop_rx.clone()));
+    tasks.spawn(session::accept_loop(
+        openflow,
+        handle.clone(),
+        tls,
+        limits,
+        stop_rx.clone(),
+    ));
+    tasks.spawn(tick_loop(
+        handle.clone(),
+        config.controller.refresh_interval,
+        stop_rx.clone(),
+    ));
     tasks.spawn(probe::probe_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(scrape::scrape_loop(handle.clone(), stop_rx.clone()));
     tasks.spawn(flow_stats_loop(handle.clone(), stop_rx.clone()));
