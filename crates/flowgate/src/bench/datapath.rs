@@ -270,6 +270,9 @@ fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Con
     let path = dir.join("flowgate.toml");
     std::fs::write(&path, cfg)?;
     let ready = dir.join("ready.json");
+    // A run may start several controllers in the same directory: never read the last
+    // one's ready file.
+    let _ = std::fs::remove_file(&ready);
     let log = std::fs::File::create(dir.join("flowgate.log"))?;
     let child = Command::new(flowgate_exe()?)
         .args(["--log", "warn", "controller", "--config"])
