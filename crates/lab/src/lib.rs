@@ -2,10 +2,13 @@
 //! and network namespaces. It builds the network of the paper's Fig. 9, starts the HTTP
 //! servers, the controller (the real `flowgate` binary) and the clients, runs a normal and
 //! a heavy load phase per arm, measures, and writes tables (terminal, Markdown, CSV) and
-//! SVG plots. Everything it made is removed on success, on failure and on Ctrl-C.
+//! SVG plots. Case C ([`casec`]) builds four domains instead, with four domain controllers,
+//! two global controllers and a one-node etcd. Everything it made is removed on success,
+//! on failure and on Ctrl-C.
 //!
 //! See `docs/lab.md` for the scenario design, the capacity model and the measurements.
 
+pub mod casec;
 pub mod ctl;
 pub mod measure;
 pub mod net;
@@ -174,7 +177,17 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     signal::check()?;
     flowgate_testbed::cleanup_stale(&prefix)?;
 
-    let result = run_arms(opts, &sc, &p, &prefix, &out, &logs, &pb);
+    let mut notes: Vec<String> = Vec::new();
+    let result = if sc.name == "case-c" {
+        pb.set_length(4);
+        casec::run(&opts.flowgate, &sc, &p, &prefix, opts.seed, &logs, &pb).and_then(|o| {
+            write_iperf_csv(&out, sc.name, &o.iperf)?;
+            notes = o.notes;
+            Ok(o.rows)
+        })
+    } else {
+        run_arms(opts, &sc, &p, &prefix, &out, &logs, &pb)
+    };
     pb.finish_and_clear();
     // Whatever happened, the network is gone by now (dropped inside run_arms); sweep
     // anything a half-built step left.
@@ -212,6 +225,24 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         p.threshold_rps(),
         report::markdown(name, &rows)
     );
+    let md = if name == "case-c" {
+        let n = casec::split(p.normal_requests);
+        let h = casec::split(p.heavy_requests);
+        md.replacen(
+            "\n\n#### ",
+            &format!(
+                "\n\nCase C: four domains, clients per domain {:?}, one server each (server d = 100.0.0.d), all clients to the VIP {}; four domain controllers (ISSLM, role domain), two global controllers (role global), one-node etcd. Requests per domain C_d1..C_d4: normal {:?}, heavy {:?} (the paper's 6000/4000/6000/4000 proportions). Each row is one domain: iperf3 from its server to its first client, ping from its second client to its server, the HTTP load of its own clients; %I_SL and %D_Transfer are against the same domain's normal phase. Row `all` is the four domains together: HTTP counts, server shares, Jain and controller picks summed over the network (comparable with Case B's ISSLM arm), latency percentiles the ok-weighted mean of the domains', iperf3 and ping figures the mean of the four domains'.\n\nWhat the domain controllers reported during each phase (sampled every 250 ms over both passes):\n\n{}\n\n#### ",
+                casec::clients_per_domain(p.clients),
+                casec::VIP,
+                n,
+                h,
+                notes.iter().map(|l| format!("- {l}")).collect::<Vec<_>>().join("\n")
+            ),
+            1,
+        )
+    } else {
+        md
+    };
     std::fs::write(&md_path, md)?;
     files.push(md_path);
     files.extend(write_plots(&out, name, &rows)?);
@@ -378,15 +409,28 @@ fn run_arms(
     drop(controller);
     drop(net);
     // iperf3 intervals, for re-plotting.
+    let series: Vec<(String, Vec<measure::Interval>)> = iperf_series
+        .into_iter()
+        .map(|(n, e)| (n, e.intervals))
+        .collect();
+    write_iperf_csv(out, sc.name, &series)?;
+    pb.inc(1);
+    Ok(rows)
+}
+
+fn write_iperf_csv(
+    out: &Path,
+    name: &str,
+    series: &[(String, Vec<measure::Interval>)],
+) -> Result<()> {
     let mut t = String::from("series,t_end_s,bits_per_second,bytes\n");
-    for (name, e) in &iperf_series {
-        for (te, bps, b) in &e.intervals {
+    for (name, intervals) in series {
+        for (te, bps, b) in intervals {
             t += &format!("{name},{te},{bps},{b}\n");
         }
     }
-    std::fs::write(out.join(format!("{}-iperf.csv", sc.name)), t)?;
-    pb.inc(1);
-    Ok(rows)
+    std::fs::write(out.join(format!("{name}-iperf.csv")), t)?;
+    Ok(())
 }
 
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05, `cookie::RuleKind`).
@@ -411,6 +455,14 @@ fn warm_up(net: &LabNet) -> Result<()> {
         let _ = g.wait_timeout(Duration::from_secs(5))?;
     }
     Ok(())
+}
+
+fn iperf_path(name: &str) -> &'static str {
+    if name == "case-c" {
+        "each domain's server → its first client"
+    } else {
+        "server 2 → h1"
+    }
 }
 
 fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
@@ -442,7 +494,10 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
     let f = out.join(format!("{name}-bandwidth.svg"));
     plot::lines(
         &f,
-        &format!("{name}: iperf3 bandwidth, server 2 → h1 (0.5 s intervals)"),
+        &format!(
+            "{name}: iperf3 bandwidth, {} (0.5 s intervals)",
+            iperf_path(name)
+        ),
         "time (s)",
         "Gb/s",
         &bw,
@@ -451,7 +506,10 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
     let f = out.join(format!("{name}-transfer.svg"));
     plot::lines(
         &f,
-        &format!("{name}: iperf3 data transfer, server 2 → h1 (cumulative)"),
+        &format!(
+            "{name}: iperf3 data transfer, {} (cumulative)",
+            iperf_path(name)
+        ),
         "time (s)",
         "GB",
         &tr,

@@ -139,7 +139,7 @@ impl Row {
 
 /// The parts of a `flowgate load --json` report the lab uses.
 #[derive(Debug, Clone, Default, Deserialize)]
-struct LoadJson {
+pub(crate) struct LoadJson {
     sent: u64,
     ok: u64,
     failed: u64,
@@ -299,51 +299,7 @@ pub fn run_phase(
     iperf.kill();
     ping.kill();
 
-    // HTTP: sums, per-server responses, and latency percentiles as the ok-weighted mean
-    // of each client's percentile (each client reports only its own percentiles).
-    let (mut w, mut p50, mut p95, mut p99) = (0.0, 0.0, 0.0, 0.0);
-    let mut per: BTreeMap<String, u64> = BTreeMap::new();
-    let mut missing = 0;
-    for r in &reports {
-        let Some(r) = r else {
-            missing += 1;
-            continue;
-        };
-        row.sent += r.sent;
-        row.ok += r.ok;
-        row.failed += r.failed;
-        row.http_503 += r.errors.http_status.get("503").copied().unwrap_or(0);
-        row.timeouts += r.errors.timeout + r.errors.connect_timeout;
-        let wt = r.ok as f64;
-        w += wt;
-        p50 += wt * r.latency_ms.p50;
-        p95 += wt * r.latency_ms.p95;
-        p99 += wt * r.latency_ms.p99;
-        for (k, v) in &r.per_backend {
-            *per.entry(k.clone()).or_default() += v;
-        }
-    }
-    if missing > 0 {
-        // A client that produced no report counts all its requests as failed.
-        let lost: u64 = counts
-            .iter()
-            .filter(|&&k| k > 0)
-            .zip(&reports)
-            .filter(|(_, r)| r.is_none())
-            .map(|(k, _)| *k)
-            .sum();
-        row.failed += lost;
-        row.sent += lost;
-    }
-    if w > 0.0 {
-        row.lat_p50_ms = p50 / w;
-        row.lat_p95_ms = p95 / w;
-        row.lat_p99_ms = p99 / w;
-    }
-    row.srv1 = per.get("srv1").copied().unwrap_or(0);
-    row.srv2 = per.get("srv2").copied().unwrap_or(0);
-    row.srv3 = per.get("srv3").copied().unwrap_or(0);
-    row.srv4 = per.get("srv4").copied().unwrap_or(0);
+    fold_reports(&reports, &counts, row);
 
     let mut extra = PhaseExtra::default();
     match parse_iperf(&iperf.output()).and_then(|r| {
@@ -370,7 +326,57 @@ pub fn run_phase(
     Ok(extra)
 }
 
-fn parse_load(out: &str) -> Option<LoadJson> {
+/// Folds the clients' `flowgate load` reports into `row`: sums, per-server responses, and
+/// latency percentiles as the ok-weighted mean of each client's percentile (each client
+/// reports only its own). `counts` are the requests each client was given (clients with
+/// none have no report).
+pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &mut Row) {
+    let (mut w, mut p50, mut p95, mut p99) = (0.0, 0.0, 0.0, 0.0);
+    let mut per: BTreeMap<String, u64> = BTreeMap::new();
+    let mut missing = 0;
+    for r in reports {
+        let Some(r) = r else {
+            missing += 1;
+            continue;
+        };
+        row.sent += r.sent;
+        row.ok += r.ok;
+        row.failed += r.failed;
+        row.http_503 += r.errors.http_status.get("503").copied().unwrap_or(0);
+        row.timeouts += r.errors.timeout + r.errors.connect_timeout;
+        let wt = r.ok as f64;
+        w += wt;
+        p50 += wt * r.latency_ms.p50;
+        p95 += wt * r.latency_ms.p95;
+        p99 += wt * r.latency_ms.p99;
+        for (k, v) in &r.per_backend {
+            *per.entry(k.clone()).or_default() += v;
+        }
+    }
+    if missing > 0 {
+        // A client that produced no report counts all its requests as failed.
+        let lost: u64 = counts
+            .iter()
+            .filter(|&&k| k > 0)
+            .zip(reports)
+            .filter(|(_, r)| r.is_none())
+            .map(|(k, _)| *k)
+            .sum();
+        row.failed += lost;
+        row.sent += lost;
+    }
+    if w > 0.0 {
+        row.lat_p50_ms = p50 / w;
+        row.lat_p95_ms = p95 / w;
+        row.lat_p99_ms = p99 / w;
+    }
+    row.srv1 = per.get("srv1").copied().unwrap_or(0);
+    row.srv2 = per.get("srv2").copied().unwrap_or(0);
+    row.srv3 = per.get("srv3").copied().unwrap_or(0);
+    row.srv4 = per.get("srv4").copied().unwrap_or(0);
+}
+
+pub(crate) fn parse_load(out: &str) -> Option<LoadJson> {
     let start = out.find('{')?;
     let end = out.rfind('}')?;
     serde_json::from_str(out.get(start..=end)?).ok()

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::measure::Row;
 
-/// The paper's figures as quoted in the seed text (Tables 5, 6 and the Case D baseline).
+/// The paper's figures as quoted in the seed text (Tables 5, 6, 7 and the Case D baseline).
 #[derive(Debug, Clone, Copy)]
 pub struct PaperRow {
     pub label: &'static str,
@@ -44,11 +44,54 @@ pub const PAPER_CASE_B: PaperRow = PaperRow {
     dtransfer_pct: Some(13.55),
 };
 
+/// Table 7, Case C, per domain controller (heavy; C_d1 and C_d3 6000 requests each, C_d2
+/// and C_d4 4000 each), as quoted in the seed text.
+pub const PAPER_CASE_C: [PaperRow; 4] = [
+    PaperRow {
+        label: "paper, C_d1 (Table 7, 6000 req)",
+        bdmax_gbps: 5.901,
+        th_gbps: 5.072,
+        dtransfer_gb: 6.340,
+        isl_pct: Some(9.21),
+        dtransfer_pct: Some(9.67),
+    },
+    PaperRow {
+        label: "paper, C_d2 (Table 7, 4000 req)",
+        bdmax_gbps: 6.101,
+        th_gbps: 5.201,
+        dtransfer_gb: 6.501,
+        isl_pct: Some(6.14),
+        dtransfer_pct: Some(7.38),
+    },
+    PaperRow {
+        label: "paper, C_d3 (Table 7, 6000 req)",
+        bdmax_gbps: 5.901,
+        th_gbps: 5.072,
+        dtransfer_gb: 6.340,
+        isl_pct: Some(9.21),
+        dtransfer_pct: Some(9.67),
+    },
+    PaperRow {
+        label: "paper, C_d4 (Table 7, 4000 req)",
+        bdmax_gbps: 6.101,
+        th_gbps: 5.201,
+        dtransfer_gb: 6.501,
+        isl_pct: Some(6.14),
+        dtransfer_pct: Some(7.38),
+    },
+];
+
 /// The paper rows shown beside a scenario's table.
 pub fn paper_rows(scenario: &str) -> Vec<PaperRow> {
     match scenario {
         "case-a" => vec![PAPER_NORMAL, PAPER_CASE_A],
         "case-b" => vec![PAPER_NORMAL, PAPER_CASE_A, PAPER_CASE_B],
+        "case-c" => {
+            let mut v = vec![PAPER_NORMAL];
+            v.extend(PAPER_CASE_C);
+            v.push(PAPER_CASE_B);
+            v
+        }
         _ => vec![],
     }
 }

@@ -1,4 +1,4 @@
-//! The scenarios (the paper's Cases A, B and D) and their parameters.
+//! The scenarios (the paper's Cases A, B, C and D) and their parameters.
 
 use serde::Serialize;
 
@@ -16,7 +16,7 @@ pub struct Arm {
 /// A named scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct Scenario {
-    /// `case-a`, `case-b`, `case-d`.
+    /// `case-a`, `case-b`, `case-c`, `case-d`.
     pub name: &'static str,
     /// One line for `flowgate lab list`.
     pub about: &'static str,
@@ -52,6 +52,18 @@ pub fn all() -> Vec<Scenario> {
             name: "case-b",
             about: "Case B: the same load under ISSLM, beside the Case A reference (algorithm none) on the same network",
             arms: vec![NONE, ISSLM],
+        },
+        Scenario {
+            name: "case-c",
+            about: "Case C: four domains (switch, clients, one server each), four ISSLM domain controllers, two global controllers, etcd; load 6000/4000/6000/4000",
+            arms: ["d1", "d2", "d3", "d4"]
+                .into_iter()
+                .map(|label| Arm {
+                    label,
+                    algorithm: "isslm",
+                    case: "C",
+                })
+                .collect(),
         },
         Scenario {
             name: "case-d",
@@ -190,7 +202,7 @@ mod tests {
     #[test]
     fn scenarios_are_named() {
         let names: Vec<_> = all().iter().map(|s| s.name).collect();
-        assert_eq!(names, ["case-a", "case-b", "case-d"]);
+        assert_eq!(names, ["case-a", "case-b", "case-c", "case-d"]);
         assert_eq!(find("case-d").map(|s| s.arms.len()), Some(6));
     }
 }

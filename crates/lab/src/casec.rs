@@ -1,0 +1,825 @@
+//! Case C: the paper's distributed control. Four sub-networks L_d1..L_d4, each one switch
+//! with its clients and one HTTP server, joined by an inter-domain fabric (a fifth bridge,
+//! `NORMAL`, one patch uplink per domain, as `ovs_four_domains_spill_through_global` in
+//! `crates/flowgate/tests/distributed.rs`). Each domain has its own controller process
+//! (role `domain`, ISSLM, C_d1..C_d4); two controller processes of role `global` (C_p1
+//! active, C_p2 standby) decide where an overloaded domain spills; a one-node etcd started
+//! here holds their state. Every domain's clients address the service VIP `100.0.0.100`;
+//! the service lists all four servers (shared pool), each domain serves locally and
+//! spills only when the active global controller says so.
+//!
+//! Load follows the paper's proportions: C_d1 and C_d3 carry 6000 requests each, C_d2 and
+//! C_d4 4000 each (heavy, full variant: 20,000 in 10 s in all, as Cases A, B and D);
+//! the normal phase and `--quick` keep the 6:4:6:4 split. Each domain is measured like a
+//! Case B arm: iperf3 from its server to its first client (B_d(max), T_h, D_Transfer),
+//! ping from its second client to its server, the HTTP load of its own clients.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use flowgate_coord::process::EtcdCluster;
+use flowgate_testbed::netns::HostOptions;
+use flowgate_testbed::{Bridge, Host, Link, LinkKind, ProcGuard};
+use indicatif::ProgressBar;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::ctl::{Controller, http_get};
+use crate::measure::{self, Interval, Probe, Row};
+use crate::net::{IPERF_PORT, SERVERS, client_ip};
+use crate::scenario::{Params, Scenario};
+
+/// The service's virtual address (every client's destination).
+pub const VIP: Ipv4Addr = Ipv4Addr::new(100, 0, 0, 100);
+/// The paper's per-domain request counts (C_d1..C_d4), as weights of the total.
+pub const SPLIT: [u64; 4] = [6000, 4000, 6000, 4000];
+
+/// Requests of each domain in a phase of `total` requests (6:4:6:4, rounded, summing to
+/// `total`).
+pub fn split(total: u64) -> [u64; 4] {
+    let sum: u64 = SPLIT.iter().sum();
+    let mut out = [0u64; 4];
+    for (i, w) in SPLIT.iter().enumerate() {
+        out[i] = total * w / sum;
+    }
+    let rest = total - out.iter().sum::<u64>();
+    out[0] += rest;
+    out
+}
+
+/// Clients of each domain: `n` dealt out in order, the first domains getting the extra.
+pub fn clients_per_domain(n: usize) -> [usize; 4] {
+    let mut out = [n / 4; 4];
+    // The heavier domains (C_d1, C_d3) first.
+    for d in [0, 2, 1, 3].into_iter().take(n % 4) {
+        out[d] += 1;
+    }
+    out
+}
+
+/// The four-domain network. Field order is drop order.
+#[derive(Debug)]
+pub struct DomainNet {
+    /// httpd and iperf3 on every server.
+    pub procs: Vec<ProcGuard>,
+    /// Clients of each domain.
+    pub clients: Vec<Vec<Host>>,
+    /// Server of each domain (server d has 100.0.0.d).
+    pub servers: Vec<Host>,
+    /// Uplinks s_d – fabric.
+    pub links: Vec<Link>,
+    /// s1..s4.
+    pub bridges: Vec<Bridge>,
+    /// The fabric bridge (NORMAL).
+    pub fabric: Option<Bridge>,
+    /// Each domain's uplink port on its switch.
+    pub uplinks: Vec<u32>,
+}
+
+impl DomainNet {
+    fn build(prefix: &str, targets: &[String], p: &Params, step: impl Fn(&str)) -> Result<Self> {
+        let mut net = DomainNet {
+            procs: Vec::new(),
+            clients: Vec::new(),
+            servers: Vec::new(),
+            links: Vec::new(),
+            bridges: Vec::new(),
+            fabric: None,
+            uplinks: Vec::new(),
+        };
+        let fabric = Bridge::create(&format!("{prefix}f0"), 0xf0, &[]).context("fabric")?;
+        fabric.add_flow("actions=NORMAL")?;
+        for (d, target) in targets.iter().enumerate() {
+            step(&format!("switch s{}", d + 1));
+            let br = Bridge::create(
+                &format!("{prefix}s{}", d + 1),
+                d as u64 + 1,
+                std::slice::from_ref(target),
+            )
+            .context("bridge")?;
+            let link = Link::create(
+                LinkKind::Patch,
+                &br,
+                &format!("{prefix}u{}", d + 1),
+                &fabric,
+                &format!("{prefix}f{}", d + 1),
+            )
+            .context("uplink")?;
+            net.uplinks.push(link.a.ofport);
+            net.links.push(link);
+            net.bridges.push(br);
+            crate::signal::check()?;
+        }
+        net.fabric = Some(fabric);
+        for (d, ip) in SERVERS.iter().enumerate() {
+            step(&format!("server sv{} {ip}", d + 1));
+            let opts = HostOptions {
+                mac: Some(format!("00:00:00:00:01:{:02x}", d + 1)),
+                ..HostOptions::default()
+            };
+            net.servers.push(
+                Host::create_with(
+                    prefix,
+                    &format!("sv{}", d + 1),
+                    &format!("{ip}/24"),
+                    &net.bridges[d],
+                    &opts,
+                )
+                .context("server host")?,
+            );
+            crate::signal::check()?;
+        }
+        let mut i = 0usize;
+        for (d, n) in clients_per_domain(p.clients).iter().enumerate() {
+            let mut hs = Vec::new();
+            for _ in 0..*n {
+                step(&format!("client h{} {} (d{})", i + 1, client_ip(i), d + 1));
+                let opts = HostOptions {
+                    mac: Some(format!("00:00:00:00:02:{:02x}", i + 1)),
+                    ..HostOptions::default()
+                };
+                hs.push(
+                    Host::create_with(
+                        prefix,
+                        &format!("h{}", i + 1),
+                        &format!("{}/24", client_ip(i)),
+                        &net.bridges[d],
+                        &opts,
+                    )
+                    .context("client host")?,
+                );
+                i += 1;
+                crate::signal::check()?;
+            }
+            net.clients.push(hs);
+        }
+        Ok(net)
+    }
+
+    /// Starts `flowgate httpd` (the capacity model of `p`) and iperf3 on every server.
+    fn start_servers(&mut self, p: &Params, flowgate: &Path) -> Result<()> {
+        let fg = flowgate.to_string_lossy().into_owned();
+        for (i, h) in self.servers.iter().enumerate() {
+            let listen = format!("{}:80", h.ip());
+            let name = format!("srv{}", i + 1);
+            let delay = p.server_delay_ms.to_string();
+            let conc = p.server_concurrency.to_string();
+            let queue = p.server_queue.to_string();
+            let argv = [
+                fg.as_str(),
+                "--log",
+                "warn",
+                "httpd",
+                "--listen",
+                &listen,
+                "--name",
+                &name,
+                "--delay-ms",
+                &delay,
+                "--concurrency",
+                &conc,
+                "--queue",
+                &queue,
+                "--metrics",
+            ];
+            self.procs.push(h.spawn(&argv).context("httpd")?);
+            let port = IPERF_PORT.to_string();
+            self.procs.push(
+                h.spawn(&["iperf3", "-s", "-p", &port])
+                    .context("iperf3 server")?,
+            );
+        }
+        for h in &self.servers {
+            h.wait_http(
+                &format!("http://{}/health", h.ip()),
+                Duration::from_secs(15),
+            )
+            .context("httpd up")?;
+        }
+        Ok(())
+    }
+}
+
+/// A domain controller's config.
+fn domain_config(
+    d: usize,
+    of_port: u16,
+    api_port: u16,
+    uplink: u32,
+    p: &Params,
+    seed: u64,
+    etcd: &str,
+) -> String {
+    let mut c = format!(
+        "[openflow]\nlisten = \"127.0.0.1:{of_port}\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\n\n\
+[controller]\nidle_timeout_secs = 10\nseed = {seed}\n\n\
+[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"isslm\"\nthreshold_rps = {:.1}\n\
+\n[service.health]\nkind = \"none\"\n",
+        p.threshold_rps()
+    );
+    for s in SERVERS {
+        c += &format!("\n[[service.backend]]\naddress = \"{s}\"\n");
+    }
+    c += &cluster_section("domain", &format!("d{}", d + 1), etcd);
+    c += &format!(
+        "domain = \"d{}\"\ndpids = [\"{:016x}\"]\nuplink = \"{:016x}:{uplink}\"\n",
+        d + 1,
+        d + 1,
+        d + 1
+    );
+    c
+}
+
+fn cluster_section(role: &str, instance: &str, etcd: &str) -> String {
+    format!(
+        "\n[cluster]\nrole = \"{role}\"\nname = \"lab\"\ninstance = \"{instance}\"\netcd = {etcd}\nlease_ttl_ms = 2000\nsummary_interval_ms = 200\n"
+    )
+}
+
+fn global_config(instance: &str, etcd: &str) -> String {
+    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n".to_owned()
+        + &cluster_section("global", instance, etcd)
+}
+
+fn cluster_view(c: &Controller) -> serde_json::Value {
+    http_get(c.api, "/api/v1/cluster")
+        .ok()
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            bail!("{what}: not within {timeout:?}");
+        }
+        crate::signal::sleep(Duration::from_millis(100))?;
+    }
+    Ok(())
+}
+
+fn located(c: &Controller, addr: Ipv4Addr) -> bool {
+    let Ok(v) = c.services() else { return false };
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
+        .any(|b| b["address"] == addr.to_string() && b["located"] == true)
+}
+
+/// What a Case C run leaves beside its rows: iperf3 intervals per series, and notes
+/// (spill decisions seen) for the Markdown.
+pub struct CaseCOut {
+    pub rows: Vec<Row>,
+    pub iperf: Vec<(String, Vec<Interval>)>,
+    pub notes: Vec<String>,
+}
+
+/// Runs Case C: builds everything, measures normal then heavy, removes everything.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    flowgate: &Path,
+    sc: &Scenario,
+    p: &Params,
+    prefix: &str,
+    seed: u64,
+    logs: &Path,
+    pb: &ProgressBar,
+) -> Result<CaseCOut> {
+    let say = |l: String| {
+        if pb.is_hidden() {
+            eprintln!("{l}");
+        } else {
+            pb.println(l);
+        }
+    };
+    pb.set_message("etcd (one node)");
+    let etcd = EtcdCluster::start(&format!("lab-{prefix}"), 1).map_err(|e| anyhow!("etcd: {e}"))?;
+    let endpoints = etcd.toml_endpoints();
+    crate::signal::check()?;
+    let mut ports = Vec::new();
+    for _ in 0..4 {
+        ports.push(crate::ctl::free_ports()?);
+    }
+    let targets: Vec<String> = ports
+        .iter()
+        .map(|(of, _)| format!("tcp:127.0.0.1:{of}"))
+        .collect();
+    pb.set_message("building the four domains");
+    let mut net = DomainNet::build(prefix, &targets, p, |w| {
+        pb.set_message(format!("building the network: {w}"))
+    })?;
+    pb.inc(1);
+    let mut domains: Vec<Controller> = Vec::new();
+    for (d, (of_port, api_port)) in ports.iter().enumerate() {
+        pb.set_message(format!("domain controller C_d{}", d + 1));
+        let cfg = domain_config(d, *of_port, *api_port, net.uplinks[d], p, seed, &endpoints);
+        domains.push(Controller::start(
+            flowgate,
+            logs,
+            &format!("{}-d{}", sc.name, d + 1),
+            &cfg,
+        )?);
+    }
+    let result = (|| -> Result<CaseCOut> {
+        for (d, c) in domains.iter().enumerate() {
+            net.bridges[d].wait_connected(Duration::from_secs(20))?;
+            let key = format!("{:016x}", d + 1);
+            wait_for(
+                &format!("C_d{} masters s{}", d + 1, d + 1),
+                Duration::from_secs(20),
+                || cluster_view(c)["switches"][&key]["role"] == "master",
+            )?;
+        }
+        pb.set_message("servers");
+        net.start_servers(p, flowgate)?;
+        for (d, c) in domains.iter().enumerate() {
+            // Each domain locates its own server (ARP from the server's namespace).
+            let _ = net.servers[d].spawn(&["ping", "-n", "-c", "1", "-w", "1", "100.0.0.254"]);
+            wait_for(
+                &format!("C_d{} locates server {}", d + 1, SERVERS[d]),
+                Duration::from_secs(30),
+                || located(c, SERVERS[d]),
+            )?;
+        }
+        pb.set_message("global controllers C_p1, C_p2");
+        let g1 = Controller::start(
+            flowgate,
+            logs,
+            &format!("{}-p1", sc.name),
+            &global_config("p1", &endpoints),
+        )?;
+        wait_for("C_p1 active", Duration::from_secs(15), || {
+            cluster_view(&g1)["mastership"] == "master"
+        })?;
+        let g2 = Controller::start(
+            flowgate,
+            logs,
+            &format!("{}-p2", sc.name),
+            &global_config("p2", &endpoints),
+        )?;
+        warm_up(&net)?;
+        pb.inc(1);
+        let mut out = CaseCOut {
+            rows: Vec::new(),
+            iperf: Vec::new(),
+            notes: Vec::new(),
+        };
+        let mut normal: Vec<Row> = Vec::new();
+        for (phase, total, secs) in [
+            ("normal", p.normal_requests, p.normal_secs),
+            ("heavy", p.heavy_requests, p.heavy_secs),
+        ] {
+            signal_settle(p)?;
+            let per = split(total);
+            pb.set_message(format!(
+                "{phase} phase: {per:?} requests in {secs} s (C_d1..C_d4)"
+            ));
+            let mut rows: Vec<Row> = (0..4)
+                .map(|d| Row {
+                    scenario: sc.name.to_owned(),
+                    arm: sc.arms[d].label.to_owned(),
+                    case: sc.arms[d].case.to_owned(),
+                    algorithm: sc.arms[d].algorithm.to_owned(),
+                    phase: phase.to_owned(),
+                    offered: per[d],
+                    duration_s: secs,
+                    ..Row::default()
+                })
+                .collect();
+            let before: Vec<_> = domains
+                .iter()
+                .map(Controller::snapshot)
+                .collect::<Result<_>>()?;
+            let apis: Vec<_> = domains.iter().map(|c| c.api).collect();
+            let mon = Monitor::start(apis);
+            let pass_seed = seed.wrapping_mul(31).wrapping_add(total);
+            let _ = run_pass(
+                &net,
+                flowgate,
+                &per,
+                secs,
+                p,
+                pass_seed,
+                Probe::Ping,
+                &mut rows,
+            )?;
+            let after: Vec<_> = domains
+                .iter()
+                .map(Controller::snapshot)
+                .collect::<Result<_>>()?;
+            signal_settle(p)?;
+            pb.set_message(format!("{phase} phase again with iperf3 in every domain"));
+            let mut qos: Vec<Row> = (0..4).map(|_| Row::default()).collect();
+            let extra = run_pass(
+                &net,
+                flowgate,
+                &per,
+                secs,
+                p,
+                pass_seed,
+                Probe::Iperf,
+                &mut qos,
+            )?;
+            for d in 0..4 {
+                let r = &mut rows[d];
+                r.iperf_bytes = qos[d].iperf_bytes;
+                r.iperf_secs = qos[d].iperf_secs;
+                r.iperf_max_bps = qos[d].iperf_max_bps;
+                r.qos_pass_ok = qos[d].ok;
+                let (a, b) = (&after[d], &before[d]);
+                r.ctl_srv1 = a.conns[0] - b.conns[0].min(a.conns[0]);
+                r.ctl_srv2 = a.conns[1] - b.conns[1].min(a.conns[1]);
+                r.ctl_srv3 = a.conns[2] - b.conns[2].min(a.conns[2]);
+                r.ctl_srv4 = a.conns[3] - b.conns[3].min(a.conns[3]);
+                r.no_optimal_server = a.no_optimal_server.saturating_sub(b.no_optimal_server);
+                r.derive(normal.get(d));
+                say(format!(
+                    "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
+                    r.arm,
+                    phase,
+                    r.ok,
+                    r.offered,
+                    r.ok_rps,
+                    r.shares(),
+                    r.bdmax_gbps,
+                    r.ping_rtt_avg_ms
+                ));
+                out.iperf
+                    .push((format!("{} {phase}", r.arm), extra[d].clone()));
+            }
+            let mut all = aggregate(&rows);
+            all.derive(normal.get(4));
+            rows.push(all);
+            let seen = mon.stop();
+            let spill_line = format!(
+                "{phase} (both passes): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; last spill decisions {:?}",
+                seen.iter().map(|s| s.0.round()).collect::<Vec<_>>(),
+                p.threshold_rps(),
+                seen.iter().map(|s| s.1).collect::<Vec<_>>(),
+                seen.iter().map(|s| s.2.to_string()).collect::<Vec<_>>(),
+            );
+            say(format!("  {spill_line}"));
+            out.notes.push(spill_line);
+            if phase == "normal" {
+                normal = rows.clone();
+            }
+            out.rows.extend(rows);
+            pb.inc(1);
+        }
+        let gv = [cluster_view(&g1), cluster_view(&g2)];
+        out.notes.push(format!(
+            "global controllers at the end: C_p1 {}, C_p2 {}",
+            gv[0]["mastership"], gv[1]["mastership"]
+        ));
+        for (g, name) in [(&g1, "p1"), (&g2, "p2")] {
+            save_log(g, logs, sc.name, name);
+        }
+        for c in [&g1, &g2] {
+            if c.output().contains("panicked") {
+                bail!("a global controller panicked; see {}", c.log.display());
+            }
+        }
+        Ok(out)
+    })();
+    for (d, c) in domains.iter().enumerate() {
+        save_log(c, logs, sc.name, &format!("d{}", d + 1));
+    }
+    let panicked = domains.iter().find(|c| c.output().contains("panicked"));
+    if let (Ok(_), Some(c)) = (&result, panicked) {
+        bail!("a domain controller panicked; see {}", c.log.display());
+    }
+    if result.is_err() {
+        let _ = std::fs::write(logs.join(format!("{}-etcd.log", sc.name)), etcd.logs());
+    }
+    pb.set_message("removing the network, controllers and etcd");
+    drop(domains);
+    drop(net);
+    drop(etcd);
+    result
+}
+
+/// Samples every domain controller every 250 ms while a phase runs: its demand (the sum
+/// of its backends' `rps`, what its summary reports) and whether a spill is in force.
+struct Monitor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Vec<(f64, bool, serde_json::Value)>>>,
+}
+
+impl Monitor {
+    fn start(apis: Vec<std::net::SocketAddr>) -> Monitor {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut seen: Vec<(f64, bool, serde_json::Value)> =
+                vec![(0.0, false, serde_json::Value::Null); apis.len()];
+            while !flag.load(Ordering::SeqCst) {
+                for (i, api) in apis.iter().enumerate() {
+                    let get = |path: &str| {
+                        http_get(*api, path)
+                            .ok()
+                            .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+                            .unwrap_or(serde_json::Value::Null)
+                    };
+                    let load: f64 = get("/api/v1/services")
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
+                        .map(|b| b["rps"].as_f64().unwrap_or(0.0))
+                        .sum();
+                    let v = get("/api/v1/cluster");
+                    let spilling = v["spill"]["services"]
+                        .as_object()
+                        .is_some_and(|m| !m.is_empty());
+                    let s = &mut seen[i];
+                    s.0 = s.0.max(load);
+                    s.1 |= spilling;
+                    if spilling || s.2.is_null() {
+                        s.2 = v["spill"].clone();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            seen
+        });
+        Monitor {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    fn stop(mut self) -> Vec<(f64, bool, serde_json::Value)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The row `all`: the four domains together. HTTP counts, per-server responses and
+/// controller picks are sums (so shares and Jain are over the whole network, as in Case
+/// B); latency percentiles are the ok-weighted mean of the domains'; the iperf3 and ping
+/// figures are the mean of the four domains' (one sub-network on average).
+pub fn aggregate(rows: &[Row]) -> Row {
+    let n = rows.len().max(1) as f64;
+    let mut a = Row {
+        scenario: rows.first().map(|r| r.scenario.clone()).unwrap_or_default(),
+        arm: "all".to_owned(),
+        case: "C".to_owned(),
+        algorithm: "isslm".to_owned(),
+        phase: rows.first().map(|r| r.phase.clone()).unwrap_or_default(),
+        duration_s: rows.first().map_or(0.0, |r| r.duration_s),
+        ..Row::default()
+    };
+    let mut bytes = 0.0;
+    for r in rows {
+        a.offered += r.offered;
+        a.clients_used += r.clients_used;
+        a.wall_s = a.wall_s.max(r.wall_s);
+        a.sent += r.sent;
+        a.ok += r.ok;
+        a.failed += r.failed;
+        a.http_503 += r.http_503;
+        a.timeouts += r.timeouts;
+        let w = r.ok as f64;
+        a.lat_p50_ms += w * r.lat_p50_ms;
+        a.lat_p95_ms += w * r.lat_p95_ms;
+        a.lat_p99_ms += w * r.lat_p99_ms;
+        a.srv1 += r.srv1;
+        a.srv2 += r.srv2;
+        a.srv3 += r.srv3;
+        a.srv4 += r.srv4;
+        a.ctl_srv1 += r.ctl_srv1;
+        a.ctl_srv2 += r.ctl_srv2;
+        a.ctl_srv3 += r.ctl_srv3;
+        a.ctl_srv4 += r.ctl_srv4;
+        a.no_optimal_server += r.no_optimal_server;
+        bytes += r.iperf_bytes as f64;
+        a.iperf_secs += r.iperf_secs / n;
+        a.iperf_max_bps += r.iperf_max_bps / n;
+        a.ping_rtt_avg_ms += r.ping_rtt_avg_ms / n;
+        a.ping_loss_pct += r.ping_loss_pct / n;
+        a.qos_pass_ok += r.qos_pass_ok;
+    }
+    if a.ok > 0 {
+        let w = a.ok as f64;
+        a.lat_p50_ms /= w;
+        a.lat_p95_ms /= w;
+        a.lat_p99_ms /= w;
+    }
+    a.iperf_bytes = (bytes / n).round() as u64;
+    a
+}
+
+fn signal_settle(p: &Params) -> Result<()> {
+    crate::signal::sleep(Duration::from_secs_f64(p.settle_secs))
+}
+
+fn save_log(c: &Controller, logs: &Path, scenario: &str, name: &str) {
+    let _ = std::fs::write(
+        logs.join(format!("controller-{scenario}-{name}.log")),
+        c.output(),
+    );
+}
+
+/// Every client pings its domain's server and the VIP (ARP and L2 rules in place before
+/// the measured phases).
+fn warm_up(net: &DomainNet) -> Result<()> {
+    let mut pings = Vec::new();
+    let vip = VIP.to_string();
+    for (d, hs) in net.clients.iter().enumerate() {
+        let dst = SERVERS[d].to_string();
+        for h in hs {
+            pings.push(h.spawn(&["ping", "-n", "-c", "2", "-i", "0.2", "-w", "3", &dst])?);
+            // Resolves the VIP (the controller answers its ARP); the echo itself may go
+            // unanswered.
+            pings.push(h.spawn(&["ping", "-n", "-c", "1", "-w", "2", &vip])?);
+        }
+    }
+    for mut g in pings {
+        let _ = g.wait_timeout(Duration::from_secs(5))?;
+    }
+    Ok(())
+}
+
+/// One pass of one phase in all four domains at once: each domain's HTTP load from its
+/// own clients to the VIP, and (pass 1) ping or (pass 2) iperf3 within each domain.
+#[allow(clippy::too_many_arguments)]
+fn run_pass(
+    net: &DomainNet,
+    flowgate: &Path,
+    per: &[u64; 4],
+    secs: f64,
+    p: &Params,
+    seed: u64,
+    probe: Probe,
+    rows: &mut [Row],
+) -> Result<Vec<Vec<Interval>>> {
+    let fg = flowgate.to_string_lossy().into_owned();
+    let t_int = secs.ceil().max(1.0) as u64;
+    let t = t_int.to_string();
+    let port = IPERF_PORT.to_string();
+    let mut probes = Vec::new();
+    for (server, hs) in SERVERS.iter().zip(&net.clients) {
+        let dst = server.to_string();
+        let g = match probe {
+            Probe::Iperf => hs[0].spawn(&[
+                "iperf3",
+                "-c",
+                &dst,
+                "-p",
+                &port,
+                "-R",
+                "-t",
+                &t,
+                "-i",
+                "0.5",
+                "-J",
+                "--connect-timeout",
+                "3000",
+            ])?,
+            Probe::Ping => hs
+                .get(1)
+                .unwrap_or(&hs[0])
+                .spawn(&["ping", "-n", "-i", "0.2", "-w", &t, &dst])?,
+        };
+        probes.push(g);
+    }
+    let url = format!("http://{VIP}/");
+    let started = Instant::now();
+    let mut loads: Vec<Vec<(u64, ProcGuard)>> = Vec::new();
+    let mut counts_all = Vec::new();
+    for d in 0..4 {
+        let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(d as u64));
+        let counts = measure::assign(per[d], net.clients[d].len(), &mut rng);
+        let mut ls = Vec::new();
+        for (i, &k) in counts.iter().enumerate() {
+            if k == 0 {
+                continue;
+            }
+            crate::signal::check()?;
+            let rate = format!("{:.3}", k as f64 / secs);
+            let kk = k.to_string();
+            let dur = format!("{:.1}", secs + 2.0);
+            let to = p.request_timeout_ms.to_string();
+            let g = net.clients[d][i]
+                .spawn(&[
+                    fg.as_str(),
+                    "--log",
+                    "error",
+                    "load",
+                    "--url",
+                    &url,
+                    "--requests",
+                    &kk,
+                    "--rate",
+                    &rate,
+                    "--duration-secs",
+                    &dur,
+                    "--timeout-ms",
+                    &to,
+                    "--json",
+                ])
+                .context("spawn load")?;
+            ls.push((k, g));
+        }
+        rows[d].clients_used = ls.len() as u64;
+        loads.push(ls);
+        counts_all.push(counts);
+    }
+    let deadline =
+        started + Duration::from_secs_f64(secs + p.request_timeout_ms as f64 / 1000.0 + 20.0);
+    for (d, ls) in loads.iter_mut().enumerate() {
+        let mut reports = Vec::new();
+        for (_, g) in ls.iter_mut() {
+            loop {
+                if g.try_wait()?.is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    g.kill();
+                    break;
+                }
+                crate::signal::sleep(Duration::from_millis(20))?;
+            }
+            reports.push(measure::parse_load(&g.output()));
+        }
+        rows[d].wall_s = started.elapsed().as_secs_f64();
+        measure::fold_reports(&reports, &counts_all[d], &mut rows[d]);
+    }
+    let probe_deadline = Instant::now() + Duration::from_secs(t_int + 10);
+    let mut extra = Vec::new();
+    for (d, g) in probes.iter_mut().enumerate() {
+        while g.try_wait()?.is_none() && Instant::now() < probe_deadline {
+            crate::signal::sleep(Duration::from_millis(50))?;
+        }
+        g.kill();
+        let mut iv = Vec::new();
+        match probe {
+            Probe::Iperf => match measure::parse_iperf(&g.output()) {
+                Ok((bytes, s, intervals)) => {
+                    rows[d].iperf_bytes = bytes;
+                    rows[d].iperf_secs = s;
+                    rows[d].iperf_max_bps = intervals.iter().map(|i| i.1).fold(0.0, f64::max);
+                    iv = intervals;
+                }
+                Err(e) => eprintln!("flowgate lab: iperf3 in d{} gave no result: {e:#}", d + 1),
+            },
+            Probe::Ping => {
+                let (rtt, loss) = measure::parse_ping(&g.output());
+                rows[d].ping_rtt_avg_ms = rtt;
+                rows[d].ping_loss_pct = loss;
+            }
+        }
+        extra.push(iv);
+    }
+    Ok(extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_the_papers_proportions() {
+        assert_eq!(split(20_000), [6000, 4000, 6000, 4000]);
+        assert_eq!(split(200), [60, 40, 60, 40]);
+        assert_eq!(split(2_000).iter().sum::<u64>(), 2_000);
+        assert_eq!(clients_per_domain(30), [8, 7, 8, 7]);
+        assert_eq!(clients_per_domain(8), [2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn all_row_sums_http_and_averages_iperf() {
+        let r = |ok, srv: [u64; 4], bps| Row {
+            ok,
+            srv1: srv[0],
+            srv2: srv[1],
+            srv3: srv[2],
+            srv4: srv[3],
+            iperf_max_bps: bps,
+            iperf_bytes: 100,
+            ..Row::default()
+        };
+        let a = aggregate(&[
+            r(6, [6, 0, 0, 0], 1e9),
+            r(4, [0, 4, 0, 0], 3e9),
+            r(6, [0, 0, 6, 0], 1e9),
+            r(4, [0, 0, 0, 4], 3e9),
+        ]);
+        assert_eq!((a.ok, a.shares()), (20, [6, 4, 6, 4]));
+        assert_eq!((a.iperf_max_bps, a.iperf_bytes), (2e9, 100));
+    }
+}
