@@ -14,9 +14,10 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
-# Leftovers of an earlier crashed run are removed by each test (cleanup_stale on its own
-# prefix); the OVS tests are serialized by the `ovs` test group in .config/nextest.toml.
-cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" "$@"
+# The doc tests, and the codec's fuzz targets for a short bounded time.
 cargo test --workspace --doc
-# The codec's fuzz targets, for a short bounded time.
 scripts/fuzz.sh "${FLOWGATE_FUZZ_SECS:-20}"
+# Every other test, last, so its summary closes the run. Leftovers of an earlier crashed
+# run are removed by each test (cleanup_stale on its own prefix); the OVS tests are
+# serialized by the `ovs` test group in .config/nextest.toml.
+cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" "$@"
