@@ -345,21 +345,6 @@ fn socket_addr(
     }
 }
 
-fn millis(
-    o: &mut Obj<'_>,
-    key: &str,
-    default: u64,
-    lo: u64,
-    hi: u64,
-    errs: &mut Vec<ConfigError>,
-) -> Duration {
-    let v = o
-        .int_in(key, lo as i64, hi as i64, errs)
-        .map(|v| v as u64)
-        .unwrap_or(default);
-    Duration::from_millis(v)
-}
-
 fn validate(
     doc: &toml::Table,
     env: &dyn Fn(&str) -> Option<String>,
@@ -373,16 +358,14 @@ fn validate(
         .table("openflow", errs)
         .unwrap_or_else(|| Obj::new("openflow", &empty));
     let of_listen = socket_addr(&mut of, "listen", DEFAULT_OPENFLOW_LISTEN, errs);
-    let echo_interval = millis(
-        &mut of,
+    let echo_interval = of.millis(
         "echo_interval_ms",
         DEFAULT_ECHO_INTERVAL_MS,
         100,
         600_000,
         errs,
     );
-    let echo_timeout = millis(
-        &mut of,
+    let echo_timeout = of.millis(
         "echo_timeout_ms",
         DEFAULT_ECHO_TIMEOUT_MS,
         200,
@@ -455,16 +438,14 @@ fn validate(
         .int_in("idle_timeout_secs", 1, 65_535, errs)
         .map(|v| v as u16)
         .unwrap_or(DEFAULT_IDLE_TIMEOUT_SECS as u16);
-    let refresh_interval = millis(
-        &mut ctl,
+    let refresh_interval = ctl.millis(
         "refresh_interval_ms",
         DEFAULT_REFRESH_INTERVAL_MS,
         1,
         60_000,
         errs,
     );
-    let lldp_interval = millis(
-        &mut ctl,
+    let lldp_interval = ctl.millis(
         "lldp_interval_ms",
         DEFAULT_LLDP_INTERVAL_MS,
         50,
@@ -599,37 +580,33 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
             )),
         }
     }
-    cfg.lease_ttl = millis(
-        &mut c,
+    cfg.lease_ttl = c.millis(
         "lease_ttl_ms",
         DEFAULT_CLUSTER_LEASE_TTL_MS,
         1_000,
         600_000,
         errs,
     );
-    cfg.store_timeout = millis(
-        &mut c,
+    cfg.store_timeout = c.millis(
         "store_timeout_ms",
         DEFAULT_CLUSTER_STORE_TIMEOUT_MS,
         50,
         60_000,
         errs,
     );
-    cfg.summary_interval = millis(
-        &mut c,
+    cfg.summary_interval = c.millis(
         "summary_interval_ms",
         DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS,
         50,
         60_000,
         errs,
     );
-    if let Some(t) = c.float("spill_threshold", errs) {
-        if !(t > 0.0 && t <= 10.0) {
-            errs.push(ConfigError::new(
-                c.key_path("spill_threshold"),
-                "must be in (0, 10]",
-            ));
-        }
+    if let Some(t) = c.float_where(
+        "spill_threshold",
+        |t| t > 0.0 && t <= 10.0,
+        "must be in (0, 10]",
+        errs,
+    ) {
         cfg.spill_threshold = t;
     }
     if cfg.role != ClusterRole::Single {
@@ -762,13 +739,12 @@ fn validate_service(
         }
         params.threshold_rps = Some(t);
     }
-    if let Some(h) = s.float("hysteresis", errs) {
-        if !(0.0..1.0).contains(&h) {
-            errs.push(ConfigError::new(
-                s.key_path("hysteresis"),
-                "must be in [0, 1)",
-            ));
-        }
+    if let Some(h) = s.float_where(
+        "hysteresis",
+        |h| (0.0..1.0).contains(&h),
+        "must be in [0, 1)",
+        errs,
+    ) {
         params.hysteresis = h;
     }
     let none_target = ipv4(&mut s, "none_target", errs);
@@ -834,22 +810,14 @@ fn validate_service(
     if !path.starts_with('/') {
         errs.push(ConfigError::new(h.key_path("path"), "must start with '/'"));
     }
-    let interval = millis(
-        &mut h,
+    let interval = h.millis(
         "interval_ms",
         DEFAULT_HEALTH_INTERVAL_MS,
         10,
         3_600_000,
         errs,
     );
-    let timeout = millis(
-        &mut h,
-        "timeout_ms",
-        DEFAULT_HEALTH_TIMEOUT_MS,
-        1,
-        600_000,
-        errs,
-    );
+    let timeout = h.millis("timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
     let rise = h
         .int_in("rise", 1, 100, errs)
         .map(|v| v as u32)
@@ -890,22 +858,14 @@ fn validate_service(
             *slot = (!v.is_empty()).then(|| v.to_string());
         }
     }
-    let metrics_interval = millis(
-        &mut m,
+    let metrics_interval = m.millis(
         "interval_ms",
         DEFAULT_METRICS_INTERVAL_MS,
         10,
         3_600_000,
         errs,
     );
-    let metrics_timeout = millis(
-        &mut m,
-        "timeout_ms",
-        DEFAULT_HEALTH_TIMEOUT_MS,
-        1,
-        600_000,
-        errs,
-    );
+    let metrics_timeout = m.millis("timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
     m.finish(errs);
 
     let mut backends = Vec::new();

@@ -127,6 +127,38 @@ impl<'a> Obj<'a> {
         Some(v)
     }
 
+    /// Milliseconds in `lo..=hi` as a duration, `default` when absent or invalid.
+    pub(crate) fn millis(
+        &mut self,
+        key: &str,
+        default: u64,
+        lo: u64,
+        hi: u64,
+        errs: &mut Vec<ConfigError>,
+    ) -> std::time::Duration {
+        let v = self
+            .int_in(key, lo as i64, hi as i64, errs)
+            .map(|v| v as u64)
+            .unwrap_or(default);
+        std::time::Duration::from_millis(v)
+    }
+
+    /// A number that must satisfy `ok`; otherwise `why` is reported against its path
+    /// (the value is still returned, so later checks see what was written).
+    pub(crate) fn float_where(
+        &mut self,
+        key: &str,
+        ok: impl Fn(f64) -> bool,
+        why: &str,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<f64> {
+        let v = self.float(key, errs)?;
+        if !ok(v) {
+            errs.push(ConfigError::new(self.key_path(key), why.to_string()));
+        }
+        Some(v)
+    }
+
     pub(crate) fn float(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Option<f64> {
         match self.get(key)? {
             Value::Float(f) if f.is_finite() => Some(*f),

@@ -85,13 +85,22 @@ impl Controller {
         if self.is_virtual_mac(frame.eth_src) {
             return;
         }
+        // Whether this packet tells us something new about a backend's address: only then
+        // are the backends' locations worth re-reading (not on every backend packet that
+        // comes up, which on the PACKET_IN path would be a scan of every pool).
+        let backend_ip_news = ip.is_some_and(|ip| {
+            self.backend_index.contains_key(&ip) && self.topo.mac_of(ip) != Some(frame.eth_src)
+        });
         let change = self
             .topo
             .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
         if change != HostChange::Same {
             self.install_l2_for(frame.eth_src, out);
         }
-        if ip.is_some_and(|ip| self.backend_index.contains_key(&ip)) {
+        if backend_ip_news
+            || (change != HostChange::Same
+                && ip.is_some_and(|ip| self.backend_index.contains_key(&ip)))
+        {
             self.sync_backend_locations(now);
         }
     }

@@ -148,7 +148,7 @@ impl OverloadConfig {
             mode,
             ..OverloadConfig::default()
         };
-        read_law(&mut o, &mut c.interval, 10, 100, DEFAULT_INTERVAL_MS, errs);
+        c.interval = o.millis("interval_ms", DEFAULT_INTERVAL_MS, 10, 100, errs);
         c.capacity_rps = positive(&mut o, "capacity_rps", errs);
         c.max_active_connections = o
             .int_in("max_active_connections", 1, 10_000_000, errs)
@@ -165,39 +165,29 @@ impl OverloadConfig {
         if let Some(v) = positive(&mut o, "min_rate", errs) {
             c.min_rate = v;
         }
-        c.settle = ms(&mut o, "settle_ms", DEFAULT_SETTLE_MS, 10, 60_000, errs);
-        if let Some(v) = o.float("backstop_factor", errs) {
-            if !(1.0..=1000.0).contains(&v) {
-                errs.push(ConfigError::new(
-                    o.key_path("backstop_factor"),
-                    "must be in [1, 1000]",
-                ));
-            }
+        c.settle = o.millis("settle_ms", DEFAULT_SETTLE_MS, 10, 60_000, errs);
+        if let Some(v) = o.float_where(
+            "backstop_factor",
+            |v| (1.0..=1000.0).contains(&v),
+            "must be in [1, 1000]",
+            errs,
+        ) {
             c.backstop_factor = v;
         }
         c.burst_ms = o
             .int_in("burst_ms", 1, 10_000, errs)
             .map(|v| v as u32)
             .unwrap_or(DEFAULT_BURST_MS);
-        if let Some(v) = o.float("gate_burst", errs) {
-            if !(1.0..=1000.0).contains(&v) {
-                errs.push(ConfigError::new(
-                    o.key_path("gate_burst"),
-                    "must be in [1, 1000]",
-                ));
-            }
+        if let Some(v) = o.float_where(
+            "gate_burst",
+            |v| (1.0..=1000.0).contains(&v),
+            "must be in [1, 1000]",
+            errs,
+        ) {
             c.gate_burst = v;
         }
-        c.meter_hold = ms(
-            &mut o,
-            "meter_hold_ms",
-            DEFAULT_METER_HOLD_MS,
-            0,
-            60_000,
-            errs,
-        );
-        c.off_rule_min_gap = ms(
-            &mut o,
+        c.meter_hold = o.millis("meter_hold_ms", DEFAULT_METER_HOLD_MS, 0, 60_000, errs);
+        c.off_rule_min_gap = o.millis(
             "off_rule_min_gap_ms",
             DEFAULT_OFF_RULE_MIN_GAP_MS,
             1_000,
@@ -320,31 +310,22 @@ impl ControllerOverloadConfig {
             mode,
             ..ControllerOverloadConfig::default()
         };
-        read_law(
-            &mut o,
-            &mut c.interval,
+        c.interval = o.millis(
+            "interval_ms",
+            DEFAULT_CONTROLLER_INTERVAL_MS,
             10,
             1_000,
-            DEFAULT_CONTROLLER_INTERVAL_MS,
             errs,
         );
-        if let Some(v) = o.float("target_utilization", errs) {
-            if !(v > 0.0 && v <= 1.0) {
-                errs.push(ConfigError::new(
-                    o.key_path("target_utilization"),
-                    "must be in (0, 1]",
-                ));
-            }
+        if let Some(v) = o.float_where(
+            "target_utilization",
+            |v| v > 0.0 && v <= 1.0,
+            "must be in (0, 1]",
+            errs,
+        ) {
             c.target_utilization = v;
         }
-        c.target_delay = ms(
-            &mut o,
-            "target_delay_ms",
-            DEFAULT_TARGET_DELAY_MS,
-            1,
-            10_000,
-            errs,
-        );
+        c.target_delay = o.millis("target_delay_ms", DEFAULT_TARGET_DELAY_MS, 1, 10_000, errs);
         read_watermarks(
             &mut o,
             &mut c.high_watermark,
@@ -356,7 +337,7 @@ impl ControllerOverloadConfig {
         if let Some(v) = positive(&mut o, "min_rate", errs) {
             c.min_rate = v;
         }
-        c.settle = ms(&mut o, "settle_ms", DEFAULT_SETTLE_MS, 10, 60_000, errs);
+        c.settle = o.millis("settle_ms", DEFAULT_SETTLE_MS, 10, 60_000, errs);
         c.burst_ms = o
             .int_in("burst_ms", 1, 10_000, errs)
             .map(|v| v as u32)
@@ -364,32 +345,6 @@ impl ControllerOverloadConfig {
         o.finish(errs);
         c
     }
-}
-
-fn ms(
-    o: &mut Obj<'_>,
-    key: &str,
-    default: u64,
-    lo: u64,
-    hi: u64,
-    errs: &mut Vec<ConfigError>,
-) -> Duration {
-    Duration::from_millis(
-        o.int_in(key, lo as i64, hi as i64, errs)
-            .map(|v| v as u64)
-            .unwrap_or(default),
-    )
-}
-
-fn read_law(
-    o: &mut Obj<'_>,
-    interval: &mut Duration,
-    lo: u64,
-    hi: u64,
-    default: u64,
-    errs: &mut Vec<ConfigError>,
-) {
-    *interval = ms(o, "interval_ms", default, lo, hi, errs);
 }
 
 fn positive(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<f64> {
@@ -421,22 +376,20 @@ fn read_watermarks(
             format!("need 0 < low_watermark ({low}) < high_watermark ({high}) <= 10"),
         ));
     }
-    if let Some(v) = o.float("decrease_factor", errs) {
-        if !(v > 0.0 && v < 1.0) {
-            errs.push(ConfigError::new(
-                o.key_path("decrease_factor"),
-                "must be in (0, 1)",
-            ));
-        }
+    if let Some(v) = o.float_where(
+        "decrease_factor",
+        |v| v > 0.0 && v < 1.0,
+        "must be in (0, 1)",
+        errs,
+    ) {
         *decrease = v;
     }
-    if let Some(v) = o.float("increase_fraction", errs) {
-        if !(v > 0.0 && v <= 1.0) {
-            errs.push(ConfigError::new(
-                o.key_path("increase_fraction"),
-                "must be in (0, 1]",
-            ));
-        }
+    if let Some(v) = o.float_where(
+        "increase_fraction",
+        |v| v > 0.0 && v <= 1.0,
+        "must be in (0, 1]",
+        errs,
+    ) {
         *increase = v;
     }
 }
