@@ -11,4 +11,4 @@ $F bench controller --peers flowgate,osken,ovs-testcontroller -l 10 -w 2 --laten
 $F bench controller --peers flowgate,osken -l 10 -w 2 --expire-after 10000 -q --out target/bench/controller-expire.md
 $F bench controller --peers flowgate -l 10 -w 2 --rate 10000 -q --out target/bench/controller-rate10k.md
 $F bench memory --out target/bench/memory.md
-$F --log warn bench datapath --duration 10 --backends nginx,flowgate-httpd --out target/bench/datapath.md
+$F --log warn bench datapath --duration 10 --rounds 3 --cases direct,flowgate-proactive,ovs-hash,ovs-group,haproxy,nginx,flowgate --out target/bench/datapath.md

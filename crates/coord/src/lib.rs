@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod process;
+pub mod spill;
 
 /// A boxed future, so that [`Store`] can be used as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

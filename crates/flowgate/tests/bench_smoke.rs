@@ -305,6 +305,8 @@ fn bench_datapath_all_paths_answer() {
             "datapath",
             "--duration",
             "2",
+            "--rounds",
+            "1",
             "--connections",
             "4",
             "--out",
@@ -315,6 +317,18 @@ fn bench_datapath_all_paths_answer() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "bench datapath failed:\n{stderr}");
     let t = std::fs::read_to_string(&out).expect("--out");
+    let cells = |row: &str| -> Vec<String> {
+        row.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let header = cells(t.lines().find(|l| l.starts_with("| path")).expect("header"));
+    let requests_col = header
+        .iter()
+        .position(|h| h == "requests")
+        .expect("requests column");
     for case in [
         "direct to one backend",
         "HAProxy",
@@ -326,8 +340,7 @@ fn bench_datapath_all_paths_answer() {
             .lines()
             .find(|l| l.contains(case))
             .unwrap_or_else(|| panic!("no {case} row:\n{t}"));
-        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
-        let requests: u64 = cells[6].parse().expect("requests");
+        let requests: u64 = cells(row)[requests_col].parse().expect("requests");
         assert!(requests > 0, "{case}: no request completed:\n{t}");
     }
     let parsed = datapath::parse_wrk(
@@ -336,5 +349,81 @@ fn bench_datapath_all_paths_answer() {
     .expect("wrk output parses");
     assert_eq!(parsed.0, 100.0);
     assert_eq!(parsed.2, 2.5);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn bench_cluster_spill_and_setup_answer() {
+    if !flowgate_coord::process::etcd_available() {
+        assert!(
+            !in_ci(),
+            "CI is set but etcd is missing: apt-get install etcd-server"
+        );
+        eprintln!("skipping: no etcd binary (apt-get install etcd-server etcd-client)");
+        return;
+    }
+    let out =
+        std::env::temp_dir().join(format!("flowgate-bench-cluster-{}.md", std::process::id()));
+    let o = std::process::Command::new(flowgate_bin())
+        .args([
+            "--log",
+            "warn",
+            "bench",
+            "cluster",
+            "-s",
+            "2",
+            "-l",
+            "1",
+            "-m",
+            "300",
+            "-w",
+            "0",
+            "--runs",
+            "1",
+            "--spills",
+            "1",
+            "--delay-ms",
+            "200",
+            "-q",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("run flowgate bench cluster");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "bench cluster failed:\n{stderr}");
+    let t = std::fs::read_to_string(&out).expect("--out written");
+    let cells = |prefix: &str| -> Vec<String> {
+        let row = t
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix:?}:\n{t}"));
+        row.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let vil = |c: &str| -> Vec<u64> {
+        c.split('/')
+            .map(|x| x.trim().parse().expect("count"))
+            .collect()
+    };
+    // Both modes answered every probe correctly.
+    for mode in ["| single | 1 |", "| domain | 1 |"] {
+        let c = cells(mode);
+        let v = vil(c.last().expect("cells"));
+        assert!(v[0] > 0, "{mode} answered nothing:\n{t}");
+        assert_eq!((v[1], v[2]), (0, 0), "{mode}: invalid or lost:\n{t}");
+    }
+    assert!(t.contains("| domain ÷ single | 1 |"), "{t}");
+    // The spill reached d1's switch: connections rewritten to d2's backend, all valid.
+    let c = cells("| 1 | ");
+    assert!(!c[1].starts_with("failed"), "spill trial failed:\n{t}");
+    let latency: f64 = c[4].parse().expect("spill latency");
+    assert!(latency > 0.0, "{t}");
+    let answers = vil(&c[7]);
+    assert!(answers[0] > 0 && answers[1] > 0, "local / remote:\n{t}");
+    let v = vil(&c[8]);
+    assert_eq!(v[1], 0, "invalid answers in the spill trial:\n{t}");
     let _ = std::fs::remove_file(out);
 }

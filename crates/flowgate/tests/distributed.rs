@@ -143,6 +143,13 @@ fn global_active_standby_failover_and_spill() {
     );
     eprintln!("MEASURE global spill decision written {decided_in:?} after the overloaded summary");
 
+    // Hysteresis: d1 falls below its threshold but not below the exit one (0.8): it keeps
+    // spilling, at the minimum fraction.
+    put("d1", summary(90.0, 100.0, 1, &["10.0.0.11"]));
+    wait_until("d1 spills 10 %", Duration::from_secs(5), || {
+        spill_of("d1")["services"]["web"]["fraction"] == 0.1
+    });
+
     // Kill the active global controller; the standby takes over.
     let killed_at = unix_ms();
     let t = Instant::now();
@@ -162,7 +169,18 @@ fn global_active_standby_failover_and_spill() {
         since.saturating_sub(killed_at)
     );
 
-    // The new active controller decides: d3 becomes overloaded too.
+    // It starts from the decisions in force: d1 (in the hysteresis band, where a fresh
+    // decision would not start a spill) keeps spilling.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        spill_of("d1")["services"]["web"]["fraction"],
+        0.1,
+        "the failover reset d1's spill: {}",
+        spill_of("d1")
+    );
+
+    // The new active controller decides: d3 becomes overloaded too, and d2 gains room.
+    put("d2", summary(20.0, 400.0, 1, &["10.0.0.12"]));
     put("d3", summary(150.0, 100.0, 1, &["10.0.0.13"]));
     wait_until("d3's spill decision by g2", Duration::from_secs(5), || {
         !spill_of("d3")["services"]["web"].is_null()
@@ -171,6 +189,20 @@ fn global_active_standby_failover_and_spill() {
     assert!(
         d1["services"]["web"]["targets"].get("d3").is_none(),
         "d3 is full now: {d1}"
+    );
+    // Both spill into d2, within its spare capacity (380 rps): accounted, not doubled.
+    let d3 = spill_of("d3");
+    let into_d2 = |d: &serde_json::Value, load: f64| {
+        d["services"]["web"]["fraction"].as_f64().unwrap_or(0.0)
+            * load
+            * d["services"]["web"]["targets"]["d2"]["weight"]
+                .as_f64()
+                .unwrap_or(0.0)
+    };
+    let total = into_d2(&d1, 90.0) + into_d2(&d3, 150.0);
+    assert!(
+        total > 0.0 && total <= 381.0,
+        "d2 gets {total} rps: {d1} {d3}"
     );
     wait_until("the API shows g2 active", Duration::from_secs(5), || {
         cluster_view(&g2)["cluster"]["global"]["active"] == "g2"
@@ -845,10 +877,22 @@ fn ovs_four_domains_spill_through_global() {
         "four-g2",
         &(gbase.to_string() + &cluster_section("global", "ft", "g2", None, &etcd)),
     );
+    // The active global controller may first see domain 1's decaying demand from the run
+    // above and start a spill, which then ends through the exit threshold and the hold:
+    // wait until it has (decision empty in the store, demand low, weights back to local).
     wait_until(
         "no spill while domain 1 is idle",
-        Duration::from_secs(15),
-        || cluster_view(&domains[0])["spill_applied_unix_ms"].is_null(),
+        Duration::from_secs(20),
+        || {
+            let d1 = &cluster_view(&g1)["cluster"]["domains"]["d1"];
+            let idle = d1["summary"]["services"]["web"]["load_rps"]
+                .as_f64()
+                .is_some_and(|l| l < 1.0);
+            let no_decision = d1["spill"]["services"]
+                .as_object()
+                .is_some_and(|m| m.is_empty());
+            idle && no_decision && cluster_view(&domains[0])["spill_applied_unix_ms"].is_null()
+        },
     );
     std::thread::sleep(Duration::from_secs(2));
 

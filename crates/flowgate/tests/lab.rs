@@ -397,3 +397,108 @@ fn controller_pids(dir: &Path) -> Vec<u64> {
     }
     v
 }
+
+/// `flowgate lab run overload --quick` (about 75 s here): the three modes at three offered
+/// loads, with the table, the CSV and the three plots. The figures are measured and
+/// consistent (the controller's admitted count never exceeds what the client opened; the
+/// client's successes never exceed what the controller admitted), `off` refuses nothing,
+/// and at three times capacity `adaptive` refuses, tells the refused at once more often
+/// than `off` (whose clients time out) and serves more than `off`. The stricter
+/// targets (90 % of capacity, p99 within 3× unloaded) are `ovs_overload_three_modes`'s.
+#[test]
+fn ovs_lab_overload_quick() {
+    if !require_root_ovs("ovs_lab_overload_quick") {
+        return;
+    }
+    let out = out_dir("overload");
+    let prefix = "fglbo";
+    let started = Instant::now();
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            "overload",
+            "--quick",
+            "--prefix",
+            prefix,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        // About 75 s of work; the rest is room for another lab run holding the lab lock.
+        Duration::from_secs(600),
+    );
+    assert!(ok, "flowgate lab run overload failed:\n{log}");
+    eprintln!("overload quick took {:?}\n{log}", started.elapsed());
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+    for f in [
+        "overload.csv",
+        "overload.md",
+        "overload.json",
+        "overload-admitted.svg",
+        "overload-goodput.svg",
+        "overload-p99.svg",
+    ] {
+        let p = out.join(f);
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(text.len() > 100, "{f} is nearly empty");
+        if f.ends_with(".svg") {
+            assert!(text.contains("<svg") && text.contains("adaptive"), "{f}");
+        }
+    }
+    assert!(
+        log.contains("| adaptive | 3 |"),
+        "the table is printed:\n{log}"
+    );
+    let csv = std::fs::read_to_string(out.join("overload.csv")).expect("csv");
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    let rows: Vec<std::collections::HashMap<&str, &str>> = lines
+        .map(|l| header.iter().copied().zip(l.split(',')).collect())
+        .collect();
+    assert_eq!(rows.len(), 9, "3 modes × 3 loads: {csv}");
+    let num = |r: &std::collections::HashMap<&str, &str>, k: &str| -> f64 {
+        r.get(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {r:?}"))
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("overload.json")).expect("json"))
+            .expect("JSON parses");
+    let run_secs = json["overload"]["params"]["run_secs"]
+        .as_f64()
+        .expect("run_secs");
+    for r in &rows {
+        let (sent, okn) = (num(r, "sent"), num(r, "ok"));
+        let expect = (num(r, "offered_rps") * run_secs).round().max(1.0);
+        assert_eq!(sent, expect, "every request of the point was sent: {r:?}");
+        assert!(okn <= num(r, "ctl_admitted"), "ok ≤ admitted: {r:?}");
+        assert!(num(r, "ctl_admitted") <= sent, "admitted ≤ sent: {r:?}");
+        assert!(
+            okn + num(r, "refused_prompt") + num(r, "timeouts") <= sent,
+            "{r:?}"
+        );
+        if r["mode"] == "off" {
+            assert_eq!(num(r, "ctl_refused"), 0.0, "off refuses nothing: {r:?}");
+        }
+    }
+    let at3 = |m: &str| {
+        rows.iter()
+            .find(|r| r["mode"] == m && r["multiple"] == "3")
+            .unwrap_or_else(|| panic!("no {m} row at 3×: {csv}"))
+    };
+    let (off, ad) = (at3("off"), at3("adaptive"));
+    assert!(num(ad, "ctl_refused") > 0.0, "adaptive gaps at 3×: {ad:?}");
+    assert!(
+        num(ad, "goodput_rps") > num(off, "goodput_rps"),
+        "adaptive serves more than off at 3×: {ad:?} vs {off:?}"
+    );
+    assert!(
+        num(ad, "timeouts") < num(off, "timeouts"),
+        "adaptive leaves fewer clients waiting than off: {ad:?} vs {off:?}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

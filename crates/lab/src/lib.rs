@@ -12,6 +12,7 @@ pub mod casec;
 pub mod ctl;
 pub mod measure;
 pub mod net;
+pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;
@@ -60,6 +61,12 @@ pub struct RunSummary {
     pub params: Params,
     /// One row per arm and phase.
     pub rows: Vec<Row>,
+    /// The overload scenario's results (its rows are not the paper's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overload: Option<overload::Outcome>,
+    /// The tables as Markdown (what the terminal shows).
+    #[serde(skip)]
+    pub table: String,
     /// Files written.
     pub files: Vec<PathBuf>,
     /// Where and on what it ran.
@@ -104,7 +111,7 @@ impl Machine {
 pub fn list() -> String {
     let mut s = String::new();
     for sc in scenario::all() {
-        s += &format!("{:<8} {}\n", sc.name, sc.about);
+        s += &format!("{:<9} {}\n", sc.name, sc.about);
     }
     s += "\nRun one with `flowgate lab run NAME [--quick] --out DIR` (needs root and Open vSwitch).\n";
     s
@@ -114,7 +121,7 @@ pub fn list() -> String {
 pub fn cli_run(opts: &RunOptions) -> Result<()> {
     let summary = run(opts)?;
     println!();
-    println!("{}", report::markdown(&summary.scenario, &summary.rows));
+    println!("{}", summary.table);
     println!("Wrote:");
     for f in &summary.files {
         println!("  {}", f.display());
@@ -140,7 +147,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
             opts.scenario
         )
     })?;
-    let p = Params::new(opts.quick);
+    let p = Params::for_scenario(sc.name, opts.quick);
     p.check().map_err(|e| anyhow!("capacity model: {e}"))?;
     if let Some(why) = flowgate_testbed::root_ovs_unavailable() {
         bail!("the lab needs root and Open vSwitch: {why} (scripts/setup-debian.sh installs it)");
@@ -173,10 +180,29 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     );
     pb.enable_steady_tick(Duration::from_millis(200));
     pb.set_message("waiting for the lab lock");
+    let waited = std::time::Instant::now();
     let _lock = lock()?;
+    // A run's wall time includes this wait; say so when another run held the lock.
+    if waited.elapsed() > Duration::from_secs(1) {
+        let line = format!(
+            "flowgate lab: waited {:.1} s for the lab lock (another lab run held it)",
+            waited.elapsed().as_secs_f64()
+        );
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+    }
     signal::check()?;
     flowgate_testbed::cleanup_stale(&prefix)?;
 
+    if sc.name == "overload" {
+        let result = overload::run(&opts.flowgate, opts.quick, &prefix, &logs, &pb);
+        pb.finish_and_clear();
+        let _ = flowgate_testbed::cleanup_stale(&prefix);
+        return write_overload(opts, &out, p, result?);
+    }
     let mut notes: Vec<String> = Vec::new();
     let result = if sc.name == "case-c" {
         pb.set_length(4);
@@ -225,6 +251,18 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         p.threshold_rps(),
         report::markdown(name, &rows)
     );
+    let md = if p.shared_normal_qos {
+        md.replacen(
+            "\n\n#### ",
+            &format!(
+                "\n\nThe normal phase's QoS pass (iperf3) ran once, with the first arm ({}), and is every arm's normal-load baseline (its B_d(max), T_h, D_Transfer and Delay_Tx are repeated in each arm's normal row), as the paper's Case D has one normal-load baseline for all algorithms; each arm's normal HTTP pass and ping are its own.\n\n#### ",
+                sc.arms[0].label
+            ),
+            1,
+        )
+    } else {
+        md
+    };
     let md = if name == "case-c" {
         let n = casec::split(p.normal_requests);
         let h = casec::split(p.heavy_requests);
@@ -246,15 +284,74 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     std::fs::write(&md_path, md)?;
     files.push(md_path);
     files.extend(write_plots(&out, name, &rows)?);
+    let table = report::markdown(name, &rows);
     let summary = RunSummary {
         scenario: name.to_owned(),
         quick: opts.quick,
         params: p,
         rows,
+        overload: None,
+        table,
         files,
         machine,
     };
     let json_path = out.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)?)?;
+    let mut summary = summary;
+    summary.files.push(json_path);
+    Ok(summary)
+}
+
+/// Writes the overload scenario's table (Markdown, CSV), plots and JSON.
+fn write_overload(
+    opts: &RunOptions,
+    out: &Path,
+    p: Params,
+    o: overload::Outcome,
+) -> Result<RunSummary> {
+    let machine = Machine::detect();
+    let mut files = Vec::new();
+    let csv_path = out.join("overload.csv");
+    std::fs::write(&csv_path, overload::csv(&o))?;
+    files.push(csv_path);
+    let table = overload::markdown(&o);
+    let op = &o.params;
+    let md = format!(
+        "### overload{}\n\nCommand: `flowgate lab run overload{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}.\n\nSetup: one OVS switch (userspace datapath), one client host, {} backends behind the VIP {} (`flowgate httpd --delay-ms {} --concurrency {} --queue {}`: nominal capacity {:.1} req/s), round robin, the controller scraping the backends' metrics every 50 ms. Each point: `flowgate load` open loop, a new connection per request, at a fixed rate for {} s, client timeout {} ms; the backends' queues are empty before each point. Loads: {:?} × the measured capacity. `static` and `adaptive` get `capacity_rps` = the measured capacity, `low_watermark = 0.95`, `max_active_connections` = slots + 2; other keys default.\n\n{}",
+        if opts.quick { " (quick)" } else { "" },
+        if opts.quick { " --quick" } else { "" },
+        opts.out.display(),
+        machine.cpu,
+        machine.cpus,
+        machine.mem_gb,
+        machine.uname,
+        machine.ovs,
+        op.backends,
+        overload::VIP,
+        op.delay_ms,
+        op.concurrency,
+        op.queue,
+        op.nominal_rps(),
+        op.run_secs,
+        op.timeout_ms,
+        op.multiples,
+        table
+    );
+    let md_path = out.join("overload.md");
+    std::fs::write(&md_path, md)?;
+    files.push(md_path);
+    files.extend(overload::plots(out, &o)?);
+    let summary = RunSummary {
+        scenario: "overload".to_owned(),
+        quick: opts.quick,
+        params: p,
+        rows: Vec::new(),
+        overload: Some(o),
+        table,
+        files,
+        machine,
+    };
+    let json_path = out.join("overload.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&summary)?)?;
     let mut summary = summary;
     summary.files.push(json_path);
@@ -270,6 +367,7 @@ fn run_arms(
     logs: &Path,
     pb: &ProgressBar,
 ) -> Result<Vec<Row>> {
+    let mut clock = Laps::new();
     let (of_port, api_port) = ctl::free_ports()?;
     let target = format!("tcp:127.0.0.1:{of_port}");
     let first = &sc.arms[0];
@@ -280,13 +378,17 @@ fn run_arms(
         &format!("{}-{}", sc.name, first.label),
         &ctl::config(of_port, api_port, first.algorithm, p, opts.seed),
     )?;
+    clock.lap("controller start (first arm)");
     pb.set_message("building the network (Fig. 9)");
     let net = LabNet::build(prefix, &target, p, &opts.flowgate, |what| {
         pb.set_message(format!("building the network: {what}"));
     })?;
+    clock.lap("network build and servers");
     pb.inc(1);
     let mut rows = Vec::new();
     let mut iperf_series: Vec<(String, PhaseExtra)> = Vec::new();
+    // The normal phase's QoS pass of the first arm, when it is every arm's baseline.
+    let mut shared_normal_qos: Option<Row> = None;
     for (ai, arm) in sc.arms.iter().enumerate() {
         signal::check()?;
         pb.set_message(format!("arm {}: controller ({})", arm.label, arm.algorithm));
@@ -305,13 +407,19 @@ fn run_arms(
                 &format!("{}-{}", sc.name, arm.label),
                 &ctl::config(of_port, api_port, arm.algorithm, p, opts.seed),
             )?;
+            clock.lap(&format!("{}: controller restart", arm.label));
         }
         for b in &net.bridges {
             b.wait_connected(Duration::from_secs(20))?;
         }
         net.reinstall_bypass()?;
         controller.wait_backends_ready(Duration::from_secs(30))?;
+        clock.lap(&format!(
+            "{}: switches connected, backends ready",
+            arm.label
+        ));
         warm_up(&net)?;
+        clock.lap(&format!("{}: warm-up pings", arm.label));
         pb.inc(1);
         let mut normal: Option<Row> = None;
         for (phase, requests, secs) in [
@@ -347,23 +455,37 @@ fn run_arms(
                 &mut row,
             )?;
             let after = controller.snapshot()?;
-            // Pass 2: the same load again (same draws), with iperf3 beside it.
-            signal::sleep(Duration::from_secs_f64(p.settle_secs))?;
-            pb.set_message(format!(
-                "arm {}: {phase} phase again with iperf3 (B_d(max), D_Transfer)",
-                arm.label
-            ));
-            let mut qos = Row::default();
-            let extra = measure::run_phase(
-                &net,
-                &opts.flowgate,
-                requests,
-                secs,
-                p.request_timeout_ms,
-                seed,
-                measure::Probe::Iperf,
-                &mut qos,
-            )?;
+            clock.lap(&format!("{}: {phase} HTTP pass", arm.label));
+            // Pass 2: the same load again (same draws), with iperf3 beside it; or, when the
+            // normal phase has one QoS baseline for all arms, the first arm's.
+            let shared = p.shared_normal_qos && phase == "normal";
+            let (qos, extra) = match (&shared_normal_qos, shared) {
+                (Some(base), true) => (base.clone(), None),
+                _ => {
+                    settle(&controller, p)?;
+                    clock.lap(&format!("{}: settle", arm.label));
+                    pb.set_message(format!(
+                        "arm {}: {phase} phase again with iperf3 (B_d(max), D_Transfer)",
+                        arm.label
+                    ));
+                    let mut qos = Row::default();
+                    let extra = measure::run_phase(
+                        &net,
+                        &opts.flowgate,
+                        requests,
+                        secs,
+                        p.request_timeout_ms,
+                        seed,
+                        measure::Probe::Iperf,
+                        &mut qos,
+                    )?;
+                    clock.lap(&format!("{}: {phase} QoS pass (iperf3)", arm.label));
+                    if shared {
+                        shared_normal_qos = Some(qos.clone());
+                    }
+                    (qos, Some(extra))
+                }
+            };
             row.iperf_bytes = qos.iperf_bytes;
             row.iperf_secs = qos.iperf_secs;
             row.iperf_max_bps = qos.iperf_max_bps;
@@ -392,13 +514,27 @@ fn run_arms(
             } else {
                 pb.println(line);
             }
-            iperf_series.push((format!("{} {phase}", arm.label), extra));
+            if let Some(extra) = extra {
+                let name = if shared {
+                    "normal (all arms)".to_owned()
+                } else {
+                    format!("{} {phase}", arm.label)
+                };
+                iperf_series.push((name, extra));
+            }
             if phase == "normal" {
                 normal = Some(row.clone());
             }
             rows.push(row);
             pb.inc(1);
-            signal::sleep(Duration::from_secs_f64(p.settle_secs))?;
+            if phase != "heavy" {
+                settle(&controller, p)?;
+            } else {
+                // The next arm starts a new controller (fresh rate averages): only the
+                // servers' queues must drain.
+                signal::sleep(Duration::from_secs_f64(p.settle_min_secs))?;
+            }
+            clock.lap(&format!("{}: settle", arm.label));
         }
     }
     save_log(&controller, logs, sc.name, sc.arms[sc.arms.len() - 1].label);
@@ -408,6 +544,11 @@ fn run_arms(
     pb.set_message("removing the network");
     drop(controller);
     drop(net);
+    clock.lap("teardown");
+    let _ = std::fs::write(
+        logs.join(format!("timings-{}.txt", sc.name)),
+        clock.report(),
+    );
     // iperf3 intervals, for re-plotting.
     let series: Vec<(String, Vec<measure::Interval>)> = iperf_series
         .into_iter()
@@ -431,6 +572,81 @@ fn write_iperf_csv(
     }
     std::fs::write(out.join(format!("{name}-iperf.csv")), t)?;
     Ok(())
+}
+
+/// The pause between two passes: at least `settle_min_secs`; then, up to `settle_secs`,
+/// until every backend's measured request rate (the controller's 1 s average) is below a
+/// quarter of the ISSLM threshold, so the next pass starts from a quiet controller rather
+/// than one still reading the last pass's load. With `settle_min_secs == settle_secs`
+/// (the full variant) it is a fixed pause.
+fn settle(c: &Controller, p: &Params) -> Result<()> {
+    let started = std::time::Instant::now();
+    signal::sleep(Duration::from_secs_f64(p.settle_min_secs))?;
+    let max = Duration::from_secs_f64(p.settle_secs);
+    let quiet = p.threshold_rps() / 4.0;
+    while started.elapsed() < max {
+        let rates: Option<Vec<f64>> = c.services().ok().map(|v| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
+                .map(|b| b["measured_rps"].as_f64().unwrap_or(f64::INFINITY))
+                .collect()
+        });
+        if rates.is_some_and(|r| !r.is_empty() && r.iter().all(|&x| x < quiet)) {
+            return Ok(());
+        }
+        signal::sleep(Duration::from_millis(100))?;
+    }
+    Ok(())
+}
+
+/// Wall time of each step of a run, written to `logs/timings-NAME.txt`.
+struct Laps {
+    last: std::time::Instant,
+    first: std::time::Instant,
+    laps: Vec<(String, f64)>,
+}
+
+impl Laps {
+    fn new() -> Laps {
+        let now = std::time::Instant::now();
+        Laps {
+            last: now,
+            first: now,
+            laps: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, what: &str) {
+        let now = std::time::Instant::now();
+        self.laps
+            .push((what.to_owned(), (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+
+    /// One line per step, then the totals per kind of step (the text after `: `).
+    fn report(&self) -> String {
+        let mut s = String::new();
+        let mut kinds: Vec<(String, f64)> = Vec::new();
+        for (what, secs) in &self.laps {
+            s += &format!("{secs:8.2} s  {what}\n");
+            let kind = what
+                .split_once(": ")
+                .map_or(what.as_str(), |k| k.1)
+                .to_owned();
+            match kinds.iter_mut().find(|k| k.0 == kind) {
+                Some(k) => k.1 += secs,
+                None => kinds.push((kind, *secs)),
+            }
+        }
+        s += "\ntotals:\n";
+        for (k, secs) in kinds {
+            s += &format!("{secs:8.2} s  {k}\n");
+        }
+        s += &format!("{:8.2} s  all\n", self.first.elapsed().as_secs_f64());
+        s
+    }
 }
 
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05, `cookie::RuleKind`).

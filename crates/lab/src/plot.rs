@@ -27,6 +27,23 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 
 /// Line chart of several series.
 pub fn lines(path: &Path, title: &str, x: &str, y: &str, series: &[Series]) -> Result<()> {
+    draw_lines(path, title, x, y, series, false)
+}
+
+/// Line chart with a marker at every measured point (few points per series), legend at
+/// the upper left.
+pub fn xy(path: &Path, title: &str, x: &str, y: &str, series: &[Series]) -> Result<()> {
+    draw_lines(path, title, x, y, series, true)
+}
+
+fn draw_lines(
+    path: &Path,
+    title: &str,
+    x: &str,
+    y: &str,
+    series: &[Series],
+    markers: bool,
+) -> Result<()> {
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let xmax = series
@@ -59,12 +76,22 @@ pub fn lines(path: &Path, title: &str, x: &str, y: &str, series: &[Series]) -> R
             .map_err(err)?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        // Reference lines (two points) get no markers.
+        if markers && pts.len() > 2 {
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
+                .map_err(err)?;
+        }
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(if markers {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::UpperRight
+        })
         .draw()
         .map_err(err)?;
     root.present().map_err(err)?;

@@ -77,6 +77,18 @@ pub fn all() -> Vec<Scenario> {
                 d("round-robin", "round-robin"),
             ],
         },
+        Scenario {
+            name: "overload",
+            about: "Overload control (issue 5): off, static and adaptive gap against new connections offered at multiples of a fixed-concurrency pool's capacity",
+            arms: ["off", "static", "adaptive"]
+                .into_iter()
+                .map(|label| Arm {
+                    label,
+                    algorithm: "round-robin",
+                    case: "overload",
+                })
+                .collect(),
+        },
     ]
 }
 
@@ -107,8 +119,17 @@ pub struct Params {
     pub server_queue: usize,
     /// Client timeout per request (ms).
     pub request_timeout_ms: u64,
-    /// Pause between phases (s), so queues drain and the controller's rate averages decay.
+    /// Longest pause between passes (s), so queues drain and the controller's rate
+    /// averages decay.
     pub settle_secs: f64,
+    /// Shortest pause between passes (s). When it is below `settle_secs` the pause ends
+    /// as soon as every backend's measured request rate (a 1 s average) is below a quarter
+    /// of the ISSLM threshold, where it no longer sways any algorithm's choice.
+    pub settle_min_secs: f64,
+    /// The normal phase's QoS pass (iperf3) runs once, with the first arm, and is every
+    /// arm's normal-load baseline, as the paper's Case D has one normal-load baseline for
+    /// all algorithms (Table 8's B_d(max) 4.02 Gb/s, D_Transfer 7.02 GB). The quick Case D.
+    pub shared_normal_qos: bool,
 }
 
 impl Params {
@@ -126,6 +147,8 @@ impl Params {
                 server_queue: 32,
                 request_timeout_ms: 2_000,
                 settle_secs: 2.0,
+                settle_min_secs: 0.5,
+                shared_normal_qos: false,
             }
         } else {
             Params {
@@ -139,8 +162,26 @@ impl Params {
                 server_queue: 64,
                 request_timeout_ms: 2_000,
                 settle_secs: 3.0,
+                settle_min_secs: 3.0,
+                shared_normal_qos: false,
             }
         }
+    }
+
+    /// The sizes of scenario `name`: [`Params::new`], except the quick Case D, which runs
+    /// six arms where the others run one or two. To stay under two minutes its phases last
+    /// 3 s instead of 4 at the same rates (normal 50 req/s, heavy R = 500 req/s, so the
+    /// same capacity model), and its normal phase has one QoS pass for all arms.
+    pub fn for_scenario(name: &str, quick: bool) -> Params {
+        let mut p = Params::new(quick);
+        if quick && name == "case-d" {
+            p.normal_requests = 150;
+            p.normal_secs = 3.0;
+            p.heavy_requests = 1_500;
+            p.heavy_secs = 3.0;
+            p.shared_normal_qos = true;
+        }
+        p
     }
 
     /// Capacity of one server, μ = concurrency / service time (requests per second).
@@ -192,9 +233,18 @@ mod tests {
     #[test]
     fn capacity_model_holds_in_both_variants() {
         for quick in [false, true] {
-            let p = Params::new(quick);
-            assert_eq!(p.check(), Ok(()), "quick={quick}");
+            for sc in all() {
+                let p = Params::for_scenario(sc.name, quick);
+                assert_eq!(p.check(), Ok(()), "{} quick={quick}", sc.name);
+                if quick {
+                    // The CI test checks heavy = 10 × normal on the quick Case B.
+                    assert_eq!(p.heavy_requests, 10 * p.normal_requests, "{}", sc.name);
+                }
+                assert!(p.settle_min_secs <= p.settle_secs);
+            }
         }
+        let (q, d) = (Params::new(true), Params::for_scenario("case-d", true));
+        assert_eq!(q.heavy_rate(), d.heavy_rate());
         assert_eq!(Params::new(false).heavy_rate(), 2000.0);
         assert_eq!(Params::new(false).capacity_rps(), 800.0);
     }
@@ -202,7 +252,7 @@ mod tests {
     #[test]
     fn scenarios_are_named() {
         let names: Vec<_> = all().iter().map(|s| s.name).collect();
-        assert_eq!(names, ["case-a", "case-b", "case-c", "case-d"]);
+        assert_eq!(names, ["case-a", "case-b", "case-c", "case-d", "overload"]);
         assert_eq!(find("case-d").map(|s| s.arms.len()), Some(6));
     }
 }

@@ -148,6 +148,10 @@ pub struct LoadReport {
     pub errors: ErrorCounts,
     /// Latency of the `ok` requests (open loop: from their due time).
     pub latency_ms: Latency,
+    /// Time to failure of the failed requests (open loop: from their due time): how long
+    /// a refused client waited to learn it (an RST at once, or a timeout).
+    #[serde(default)]
+    pub failed_ms: Latency,
     /// Responses (any status) by their `X-Backend` header; `"-"` when absent.
     pub per_backend: BTreeMap<String, u64>,
     /// Response body bytes received.
@@ -288,6 +292,8 @@ struct Response {
 /// Per-worker tallies, merged at the end.
 struct Tally {
     hist: Histogram<u64>,
+    /// Time to failure of failed requests.
+    fail_hist: Histogram<u64>,
     report: LoadReport,
 }
 
@@ -297,6 +303,7 @@ impl Tally {
         #[allow(clippy::unwrap_used)]
         let hist = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
         Self {
+            fail_hist: hist.clone(),
             hist,
             report: LoadReport::default(),
         }
@@ -305,6 +312,10 @@ impl Tally {
     fn add(&mut self, took: Duration, r: Result<Response, Fail>) {
         let rep = &mut self.report;
         rep.sent += 1;
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        if !matches!(&r, Ok(resp) if (200..300).contains(&resp.status)) {
+            self.fail_hist.saturating_record(us);
+        }
         match r {
             Ok(resp) => {
                 rep.bytes += resp.bytes;
@@ -313,7 +324,6 @@ impl Tally {
                     .or_default() += 1;
                 if (200..300).contains(&resp.status) {
                     rep.ok += 1;
-                    let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
                     self.hist.saturating_record(us);
                 } else {
                     rep.failed += 1;
@@ -337,6 +347,7 @@ impl Tally {
 
     fn merge(&mut self, o: Tally) {
         let _ = self.hist.add(&o.hist);
+        let _ = self.fail_hist.add(&o.fail_hist);
         let (a, b) = (&mut self.report, o.report);
         a.sent += b.sent;
         a.ok += b.ok;
@@ -585,16 +596,22 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     } else {
         0.0
     };
-    if !total.hist.is_empty() {
+    let summary = |h: &Histogram<u64>| {
         let ms = |us: u64| us as f64 / 1000.0;
-        rep.latency_ms = Latency {
-            min: ms(total.hist.min()),
-            p50: ms(total.hist.value_at_quantile(0.50)),
-            p95: ms(total.hist.value_at_quantile(0.95)),
-            p99: ms(total.hist.value_at_quantile(0.99)),
-            max: ms(total.hist.max()),
-            mean: total.hist.mean() / 1000.0,
-        };
+        Latency {
+            min: ms(h.min()),
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+            mean: h.mean() / 1000.0,
+        }
+    };
+    if !total.hist.is_empty() {
+        rep.latency_ms = summary(&total.hist);
+    }
+    if !total.fail_hist.is_empty() {
+        rep.failed_ms = summary(&total.fail_hist);
     }
     Ok(rep)
 }

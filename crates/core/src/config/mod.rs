@@ -146,7 +146,20 @@ pub struct ClusterConfig {
     /// A domain's services spill when every local backend's load is at or above this
     /// fraction of its capacity (`threshold_rps`), or none is healthy.
     pub spill_threshold: f64,
+    /// A spilling service stops spilling once its load stayed below this fraction of its
+    /// capacity for `spill_hold` (hysteresis: default 0.8 × `spill_threshold`).
+    pub spill_exit_threshold: f64,
+    /// How long the load must stay below the exit threshold before a spill ends, and how
+    /// long a small change of a spill (under `spill_step`) waits.
+    pub spill_hold: Duration,
+    /// A spill's fraction or weights change at once only by at least this much.
+    pub spill_step: f64,
 }
+
+/// The spill hysteresis' default hold time (docs/distributed.md).
+pub const DEFAULT_CLUSTER_SPILL_HOLD_MS: u64 = 2_000;
+/// Default exit threshold, as a share of the entry one.
+pub const DEFAULT_CLUSTER_SPILL_EXIT_RATIO: f64 = 0.8;
 
 impl ClusterConfig {
     pub fn single() -> ClusterConfig {
@@ -162,6 +175,9 @@ impl ClusterConfig {
             store_timeout: Duration::from_millis(DEFAULT_CLUSTER_STORE_TIMEOUT_MS),
             summary_interval: Duration::from_millis(DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS),
             spill_threshold: 1.0,
+            spill_exit_threshold: DEFAULT_CLUSTER_SPILL_EXIT_RATIO,
+            spill_hold: Duration::from_millis(DEFAULT_CLUSTER_SPILL_HOLD_MS),
+            spill_step: 0.05,
         }
     }
 }
@@ -609,6 +625,31 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     ) {
         cfg.spill_threshold = t;
     }
+    cfg.spill_exit_threshold = cfg.spill_threshold * DEFAULT_CLUSTER_SPILL_EXIT_RATIO;
+    let entry = cfg.spill_threshold;
+    if let Some(t) = c.float_where(
+        "spill_exit_threshold",
+        |t| t > 0.0 && t <= entry,
+        "must be in (0, spill_threshold]",
+        errs,
+    ) {
+        cfg.spill_exit_threshold = t;
+    }
+    cfg.spill_hold = c.millis(
+        "spill_hold_ms",
+        DEFAULT_CLUSTER_SPILL_HOLD_MS,
+        0,
+        600_000,
+        errs,
+    );
+    if let Some(t) = c.float_where(
+        "spill_step",
+        |t| (0.0..=1.0).contains(&t),
+        "must be in [0, 1]",
+        errs,
+    ) {
+        cfg.spill_step = t;
+    }
     if cfg.role != ClusterRole::Single {
         if cfg.etcd.is_empty() {
             errs.push(ConfigError::new(
@@ -1044,5 +1085,33 @@ mod cluster_tests {
             assert!(paths.contains(&p), "{p} not reported: {errs:?}");
         }
         assert!(parse("[cluster]\nrole = \"boss\"\n").is_err());
+    }
+
+    #[test]
+    fn spill_hysteresis_knobs() {
+        let c = parse("[cluster]\nspill_threshold = 0.9\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!((c.cluster.spill_exit_threshold - 0.72).abs() < 1e-9);
+        assert_eq!(c.cluster.spill_hold, Duration::from_secs(2));
+        assert_eq!(c.cluster.spill_step, 0.05);
+        let c =
+            parse("[cluster]\nspill_exit_threshold = 0.5\nspill_hold_ms = 500\nspill_step = 0.1\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cluster.spill_exit_threshold, 0.5);
+        assert_eq!(c.cluster.spill_hold, Duration::from_millis(500));
+        assert_eq!(c.cluster.spill_step, 0.1);
+        let errs = parse(
+            "[cluster]\nspill_threshold = 0.8\nspill_exit_threshold = 0.9\nspill_hold_ms = -1\nspill_step = 2.0\n",
+        )
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default();
+        let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "cluster.spill_exit_threshold",
+            "cluster.spill_hold_ms",
+            "cluster.spill_step",
+        ] {
+            assert!(paths.contains(&p), "{p} not reported: {errs:?}");
+        }
     }
 }

@@ -126,6 +126,8 @@ pub struct Controller {
     pub(crate) overload: crate::overload::enforce::Overload,
     /// Scratch buffers, reused so the PACKET_IN path does not allocate.
     pub(crate) scratch_path: Vec<(Dpid, u32)>,
+    /// The reverse path of the connection being installed.
+    pub(crate) scratch_rev: Vec<(Dpid, u32)>,
     pub(crate) scratch_ports: Vec<u32>,
     /// What the switches hold for the proactive services (`mode = "proactive"`).
     pub(crate) proactive: proactive::ProactiveState,
@@ -167,6 +169,7 @@ impl Controller {
                 .then(|| rules::fin_timeout(config.controller.fin_timeout_secs)),
             overload: crate::overload::enforce::Overload::new(config),
             scratch_path: Vec::with_capacity(16),
+            scratch_rev: Vec::with_capacity(16),
             scratch_ports: Vec::with_capacity(64),
             proactive: proactive::ProactiveState::default(),
         };
@@ -365,6 +368,7 @@ impl Controller {
                         self.rebuild_conn(now, fs);
                     }
                 }
+                MultipartReplyBody::Meter(stats) => self.overload_meter_stats(dpid, stats),
                 _ => {}
             },
             Message::Error(e) => {

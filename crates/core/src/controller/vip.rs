@@ -30,6 +30,7 @@ enum Dir {
 }
 
 /// Everything needed to place one connection's rules.
+#[derive(Debug, Clone, Copy)]
 struct Placement {
     client_at: PortRef,
     backend_ip: Ipv4Addr,
@@ -168,7 +169,7 @@ impl Controller {
         let si = usize::from(l.service);
         // Overload control: the service's gap refuses it, with a RST so the client learns
         // at once (or silently, if so configured).
-        if !self.overload_admit(now, si, out) {
+        if !self.overload_admit(now, dpid, si, out) {
             if self.overload_refusal_resets(si) {
                 self.reset(dpid, in_port, frame, out);
             }
@@ -198,20 +199,24 @@ impl Controller {
         };
         // A connection we cannot route (client or backend unreachable from each other)
         // is refused before it is counted: a phantom entry would never see FLOW_REMOVED.
-        let probe = Conn {
+        let conn = Conn {
             service: l.service,
             backend: b as u16,
             created_ms,
-            installed: false,
+            installed: true,
             reply: Reply::Unseen,
         };
-        if !self.routable(&key, probe) {
+        // Placement and both paths are worked out once here and reused for the rules and
+        // the PACKET_OUT (each costs several hash lookups on the PACKET_IN path).
+        let placed = self.placement(&key, conn);
+        let routed = placed.is_some_and(|p| self.compute_paths(&p) == (true, true));
+        let (true, Some(p)) = (routed, placed) else {
             if let Some(s) = self.services.get_mut(si) {
                 s.counters.refused_no_backend += 1;
             }
             self.reset(dpid, in_port, frame, out);
             return;
-        }
+        };
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -229,21 +234,13 @@ impl Controller {
             );
             self.event(now, "decision", detail);
         }
-        let conn = Conn {
-            service: l.service,
-            backend: b as u16,
-            created_ms,
-            installed: false,
-            reply: Reply::Unseen,
-        };
         self.conns.insert(key, conn);
-        self.install(&key, out);
-        let conn = self.conns.get(&key).copied().unwrap_or(conn);
-        self.send_known(
+        self.emit_rules(&key, conn, &p, (true, true), out);
+        self.send_placed(
             dpid,
             in_port,
             &key,
-            conn,
+            &p,
             Dir::Forward,
             key.service_addr,
             pi,
@@ -273,22 +270,18 @@ impl Controller {
         })
     }
 
-    /// Whether both ends of a connection are located and joined by a path.
-    fn routable(&mut self, key: &ConnKey, conn: Conn) -> bool {
-        let Some(p) = self.placement(key, conn) else {
-            return false;
-        };
-        let mut path = std::mem::take(&mut self.scratch_path);
-        let ok = self
+    /// Both paths of a placed connection, client → backend into `scratch_path` and
+    /// backend → client into `scratch_rev`; whether each exists.
+    fn compute_paths(&mut self, p: &Placement) -> (bool, bool) {
+        let fwd = self
             .topo
-            .path(p.client_at.dpid, p.backend_at, &mut path)
-            .is_some()
-            && self
-                .topo
-                .path(p.backend_at.dpid, p.client_at, &mut path)
-                .is_some();
-        self.scratch_path = path;
-        ok
+            .path(p.client_at.dpid, p.backend_at, &mut self.scratch_path)
+            .is_some();
+        let rev = self
+            .topo
+            .path(p.backend_at.dpid, p.client_at, &mut self.scratch_rev)
+            .is_some();
+        (fwd, rev)
     }
 
     /// Install the connection's rules on every switch of its path, both directions.
@@ -299,6 +292,23 @@ impl Controller {
         let Some(p) = self.placement(key, conn) else {
             return;
         };
+        let found = self.compute_paths(&p);
+        self.emit_rules(key, conn, &p, found, out);
+        if let Some(c) = self.conns.get_mut(key) {
+            c.installed = true;
+        }
+    }
+
+    /// The rules of a placed connection along the paths [`Self::compute_paths`] found
+    /// (`found`: whether the forward and the reverse one exist).
+    fn emit_rules(
+        &mut self,
+        key: &ConnKey,
+        conn: Conn,
+        p: &Placement,
+        found: (bool, bool),
+        out: &mut Outbox,
+    ) {
         let idle = self
             .services
             .get(usize::from(conn.service))
@@ -307,13 +317,8 @@ impl Controller {
         let rewrite = key.service_addr != p.backend_ip;
         let fin = self.fin_timeout_action.clone();
 
-        let mut path = std::mem::take(&mut self.scratch_path);
-        if self
-            .topo
-            .path(p.client_at.dpid, p.backend_at, &mut path)
-            .is_some()
-        {
-            for (i, &(d, port)) in path.iter().enumerate() {
+        if found.0 {
+            for (i, &(d, port)) in self.scratch_path.iter().enumerate() {
                 let first = i == 0;
                 let dst = if first {
                     key.service_addr
@@ -356,13 +361,9 @@ impl Controller {
                 );
             }
         }
-        if self
-            .topo
-            .path(p.backend_at.dpid, p.client_at, &mut path)
-            .is_some()
-        {
-            let last = path.len().saturating_sub(1);
-            for (i, &(d, port)) in path.iter().enumerate() {
+        if found.1 {
+            let last = self.scratch_rev.len().saturating_sub(1);
+            for (i, &(d, port)) in self.scratch_rev.iter().enumerate() {
                 let m = rules::tcp_match(
                     Some(p.backend_ip),
                     Some(key.client),
@@ -398,10 +399,6 @@ impl Controller {
                 );
             }
         }
-        self.scratch_path = path;
-        if let Some(c) = self.conns.get_mut(key) {
-            c.installed = true;
-        }
     }
 
     /// Send one packet of a known connection on, with the rewrite its position calls for.
@@ -423,6 +420,22 @@ impl Controller {
         let Some(p) = self.placement(key, conn) else {
             return;
         };
+        self.send_placed(dpid, in_port, key, &p, dir, pkt_dst, pi, out);
+    }
+
+    /// [`Self::send_known`] with the connection's placement already worked out.
+    #[allow(clippy::too_many_arguments)]
+    fn send_placed(
+        &mut self,
+        dpid: Dpid,
+        in_port: u32,
+        key: &ConnKey,
+        p: &Placement,
+        dir: Dir,
+        pkt_dst: Ipv4Addr,
+        pi: &PacketIn,
+        out: &mut Outbox,
+    ) {
         let mut actions = Actions::new();
         match dir {
             Dir::Forward => {

@@ -40,6 +40,9 @@ pub const DEFAULT_OFF_RULE_MIN_GAP_MS: u64 = 2_000;
 /// The controller's targets: 90% busy, 5 ms queueing (CoDel's target).
 pub const DEFAULT_TARGET_UTILIZATION: f64 = 0.9;
 pub const DEFAULT_TARGET_DELAY_MS: u64 = 5;
+/// Bytes queued for one switch beyond which the control channel counts as overloaded:
+/// 1 MiB is thousands of FLOW_MODs, seconds of work for a switch that is falling behind.
+pub const DEFAULT_TARGET_OUTFLOW_BYTES: u64 = 1 << 20;
 /// The controller's control interval (its PACKET_IN rate is measured in bulk).
 pub const DEFAULT_CONTROLLER_INTERVAL_MS: u64 = 100;
 /// The controller never meters itself below 100 PACKET_INs per second (OVS's own floor
@@ -250,6 +253,8 @@ pub struct ControllerOverloadConfig {
     pub interval: Duration,
     pub target_utilization: f64,
     pub target_delay: Duration,
+    /// Target for the bytes queued for a switch (the control channel's backlog).
+    pub target_outflow_bytes: u64,
     pub high_watermark: f64,
     pub low_watermark: f64,
     pub decrease_factor: f64,
@@ -266,6 +271,7 @@ impl Default for ControllerOverloadConfig {
             interval: Duration::from_millis(DEFAULT_CONTROLLER_INTERVAL_MS),
             target_utilization: DEFAULT_TARGET_UTILIZATION,
             target_delay: Duration::from_millis(DEFAULT_TARGET_DELAY_MS),
+            target_outflow_bytes: DEFAULT_TARGET_OUTFLOW_BYTES,
             high_watermark: DEFAULT_HIGH_WATERMARK,
             low_watermark: DEFAULT_LOW_WATERMARK,
             decrease_factor: DEFAULT_DECREASE_FACTOR,
@@ -326,6 +332,9 @@ impl ControllerOverloadConfig {
             c.target_utilization = v;
         }
         c.target_delay = o.millis("target_delay_ms", DEFAULT_TARGET_DELAY_MS, 1, 10_000, errs);
+        if let Some(v) = o.int_in("target_outflow_bytes", 1024, 1 << 32, errs) {
+            c.target_outflow_bytes = v as u64;
+        }
         read_watermarks(
             &mut o,
             &mut c.high_watermark,

@@ -1,15 +1,18 @@
 //! The gaps in the controller: one [`GapController`] per service and one for the
 //! controller itself, their feedback at every tick, and their enforcement at the switches
-//! (meters on the intercept and table-miss rules, OFF-period gap rules).
+//! (meters on the intercept and table-miss rules and the OFPM_CONTROLLER meter, OFF-period
+//! gap rules). Each law's admitted rate is split across the switches by their measured
+//! demand (PACKET_INs seen plus what their meters dropped, from METER_STATS).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use ofp::{Instruction, Message, MeterFlags, MeterMod, MeterModCommand};
 
 use super::{
     ControllerGap, ControllerGapView, GapController, GapView, Gate, MeterBand, Mode,
-    OverloadConfig, Refusal, SERVICE_METER_BASE, TABLE_MISS_METER, WorkSample, meter_plan,
+    OverloadConfig, Refusal, SERVICE_METER_BASE, SwitchDemand, SwitchShareView, TABLE_MISS_METER,
+    WorkSample, apply_split, max_min_fair, meter_plan,
 };
 use crate::config::Config;
 use crate::controller::{Controller, rules};
@@ -25,6 +28,8 @@ pub(crate) struct ServiceGap {
     pub(crate) gate: Gate,
     /// OFF-period rules may be installed on the switches (withdraw when the gap relaxes).
     off_rules_out: bool,
+    /// Per switch: offered demand, share of the admitted rate, and its own gate.
+    pub(crate) per_switch: BTreeMap<Dpid, SwitchDemand>,
 }
 
 impl ServiceGap {
@@ -35,6 +40,7 @@ impl ServiceGap {
             law: GapController::new(cfg.law()),
             gate: Gate::default(),
             off_rules_out: false,
+            per_switch: BTreeMap::new(),
         }
     }
 }
@@ -46,6 +52,35 @@ pub(crate) struct Overload {
     pub(crate) controller: ControllerGap,
     /// The meter band installed per (switch, meter id), and when it was last changed.
     installed: HashMap<(Dpid, u32), (MeterBand, Instant)>,
+    /// Per service: its new-flow demand on the controller, its max-min fair share of the
+    /// controller's admitted rate, and the gate that enforces it (indexed by service).
+    ctl_services: Vec<SwitchDemand>,
+    /// The last refusal was the controller's gate (silent), not the service's.
+    last_refusal_by_controller: bool,
+    /// Per switch: its PACKET_IN demand on the controller and its share of the
+    /// controller's admitted rate.
+    ctl_switches: BTreeMap<Dpid, CtlSwitch>,
+    /// When the controller's per-switch demand was last measured.
+    ctl_last: Option<Instant>,
+    /// Last band packet count seen per (switch, meter id) in METER_STATS.
+    meter_seen: HashMap<(Dpid, u32), u64>,
+    /// Per switch: METER_STATS requests sent and replies seen. Replies come in request
+    /// order (one TCP connection), so a reply numbered above the poll count at the time
+    /// of an OFPMC_MODIFY shows the modified meter, whose counts OVS restarted.
+    polls: HashMap<Dpid, (u64, u64)>,
+    /// Per (switch, meter id): the poll count when the meter was last modified.
+    modified_at_poll: HashMap<(Dpid, u32), u64>,
+    /// Band drops per (switch, meter id) since the switch connected.
+    meter_dropped: HashMap<(Dpid, u32), u64>,
+    last_meter_poll: Option<Instant>,
+}
+
+/// One switch's PACKET_IN demand on the controller.
+#[derive(Debug, Clone, Copy, Default)]
+struct CtlSwitch {
+    demand: SwitchDemand,
+    /// The switch's PACKET_IN counter at the last measurement.
+    packet_in_seen: u64,
 }
 
 impl Overload {
@@ -58,6 +93,15 @@ impl Overload {
                 .collect(),
             controller: ControllerGap::new(config.controller.overload.clone()),
             installed: HashMap::new(),
+            ctl_switches: BTreeMap::new(),
+            ctl_services: vec![SwitchDemand::default(); config.services.len()],
+            last_refusal_by_controller: false,
+            ctl_last: None,
+            meter_seen: HashMap::new(),
+            polls: HashMap::new(),
+            modified_at_poll: HashMap::new(),
+            meter_dropped: HashMap::new(),
+            last_meter_poll: None,
         }
     }
 
@@ -71,8 +115,23 @@ impl Overload {
                 None => self.services.push(ServiceGap::new(&s.name, &s.overload)),
             }
         }
+        self.ctl_services
+            .resize(config.services.len(), SwitchDemand::default());
         if self.controller.cfg != config.controller.overload {
             self.controller = ControllerGap::new(config.controller.overload.clone());
+        }
+    }
+
+    /// A switch left (or reconnected): its meters, counts and shares start over.
+    fn forget_switch(&mut self, dpid: Dpid) {
+        self.installed.retain(|(d, _), _| *d != dpid);
+        self.meter_seen.retain(|(d, _), _| *d != dpid);
+        self.modified_at_poll.retain(|(d, _), _| *d != dpid);
+        self.polls.remove(&dpid);
+        self.meter_dropped.retain(|(d, _), _| *d != dpid);
+        self.ctl_switches.remove(&dpid);
+        for s in &mut self.services {
+            s.per_switch.remove(&dpid);
         }
     }
 
@@ -93,16 +152,35 @@ impl Overload {
         self.controller_on() || self.services.iter().any(|s| s.cfg.mode != Mode::Off)
     }
 
-    /// The controller's admitted PACKET_IN rate for one of `n` switches.
-    fn controller_share(&self, n: usize) -> Option<f64> {
+    /// Switch `dpid`'s share of the controller's admitted PACKET_IN rate (split by
+    /// demand; an even split for a switch not measured yet).
+    fn controller_share(&self, dpid: Dpid, n: usize) -> Option<f64> {
         if !self.controller_on() {
             return None;
         }
-        self.controller.law.rate().map(|r| r / n.max(1) as f64)
+        let rate = self.controller.law.rate()?;
+        Some(
+            self.ctl_switches
+                .get(&dpid)
+                .and_then(|s| s.demand.share)
+                .unwrap_or(rate / n.max(1) as f64),
+        )
     }
 
-    fn wanted(&self, meter: u32, n_switches: usize) -> Option<MeterBand> {
-        let share = self.controller_share(n_switches);
+    /// Service `i`'s admitted rate on switch `dpid`: its demand share of the law's.
+    fn service_share(&self, i: usize, dpid: Dpid, n: usize) -> Option<f64> {
+        let s = self.services.get(i)?;
+        let rate = s.law.gate_rate()?;
+        Some(
+            s.per_switch
+                .get(&dpid)
+                .and_then(|d| d.share)
+                .unwrap_or(rate / n.max(1) as f64),
+        )
+    }
+
+    fn wanted(&self, meter: u32, dpid: Dpid, n_switches: usize) -> Option<MeterBand> {
+        let share = self.controller_share(dpid, n_switches);
         if meter == TABLE_MISS_METER {
             return self
                 .controller_on()
@@ -114,7 +192,7 @@ impl Overload {
         }
         let s = self.services.get(i)?;
         Some(meter_plan(
-            s.law.gate_rate(),
+            self.service_share(i, dpid, n_switches),
             s.cfg.backstop_factor,
             share,
             s.cfg.burst_ms,
@@ -185,7 +263,7 @@ impl Controller {
 
     /// On switch (re)connection, before the barrier: remove every meter (stale rates).
     pub(crate) fn overload_switch_reset(&mut self, dpid: Dpid, out: &mut Outbox) {
-        self.overload.installed.retain(|(d, _), _| *d != dpid);
+        self.overload.forget_switch(dpid);
         if self.overload.any_meter() {
             out.push(
                 dpid,
@@ -205,7 +283,7 @@ impl Controller {
             if self.overload.installed.contains_key(&(dpid, id)) {
                 continue;
             }
-            if let Some(band) = self.overload.wanted(id, n) {
+            if let Some(band) = self.overload.wanted(id, dpid, n) {
                 out.push(dpid, meter_mod(MeterModCommand::Add, id, band));
                 self.overload.installed.insert((dpid, id), (band, now));
             }
@@ -213,17 +291,55 @@ impl Controller {
     }
 
     pub(crate) fn overload_switch_down(&mut self, dpid: Dpid) {
-        self.overload.installed.retain(|(d, _), _| *d != dpid);
+        self.overload.forget_switch(dpid);
     }
 
-    /// A new connection for service `si` asks the gate. Returns false when the gap refuses
-    /// it; `reset` then says whether to answer with a RST.
-    pub(crate) fn overload_admit(&mut self, now: Instant, si: usize, out: &mut Outbox) -> bool {
+    /// A new connection for service `si`, brought in by switch `dpid`, asks that switch's
+    /// gate (its share of the service's admitted rate). Returns false when the gap refuses
+    /// it. No allocation on this path: the per-switch entry exists once the switch was
+    /// measured (a control interval after it connected); until then the service's gate
+    /// decides.
+    pub(crate) fn overload_admit(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        si: usize,
+        out: &mut Outbox,
+    ) -> bool {
+        self.overload.last_refusal_by_controller = false;
+        // The controller's own gate first: while the controller gaps itself, each service
+        // gets its max-min fair share of the controller's admitted rate, and a new flow
+        // beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the controller
+        // and its channel to the switch are what is overloaded).
+        if let Some(c) = self.overload.ctl_services.get_mut(si) {
+            c.arrival();
+            if let Some(share) = c.share {
+                let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
+                if !c
+                    .gate
+                    .admit_with_depth(now, Some(gap), super::config::DEFAULT_GATE_BURST)
+                {
+                    self.overload.last_refusal_by_controller = true;
+                    self.overload.controller.law.refused_total += 1;
+                    return false;
+                }
+            }
+        }
         let Some(g) = self.overload.services.get_mut(si) else {
             return true;
         };
         let gap = g.law.gate_gap();
-        let ok = g.gate.admit_with_depth(now, gap, g.cfg.gate_burst);
+        let ok = match g.per_switch.get_mut(&dpid) {
+            Some(d) => {
+                d.arrival();
+                let share_gap = match (gap, d.share) {
+                    (Some(_), Some(share)) => Some(Duration::from_secs_f64(1.0 / share.max(1e-3))),
+                    (gap, _) => gap,
+                };
+                d.gate.admit_with_depth(now, share_gap, g.cfg.gate_burst)
+            }
+            None => g.gate.admit_with_depth(now, gap, g.cfg.gate_burst),
+        };
         g.law.record(ok);
         if ok {
             if let Some(gap) = gap.filter(|gap| *gap >= g.cfg.off_rule_min_gap) {
@@ -243,12 +359,15 @@ impl Controller {
         ok
     }
 
-    /// Whether a gapped connection of `si` is refused with a RST (else dropped).
+    /// Whether a gapped connection of `si` is refused with a RST (else dropped). The
+    /// controller's own gate never answers.
     pub(crate) fn overload_refusal_resets(&self, si: usize) -> bool {
-        self.overload
-            .services
-            .get(si)
-            .is_none_or(|g| g.cfg.refusal == Refusal::Reset)
+        !self.overload.last_refusal_by_controller
+            && self
+                .overload
+                .services
+                .get(si)
+                .is_none_or(|g| g.cfg.refusal == Refusal::Reset)
     }
 
     /// Gap rules for service `si`: add (with `hard_timeout`) or delete (`None`).
@@ -277,10 +396,94 @@ impl Controller {
     /// Feedback and control: measure every destination's load, adapt its gap, and bring
     /// the switches' meters and gap rules in line. Called from [`Controller::handle_tick`].
     pub(crate) fn overload_tick(&mut self, now: Instant, out: &mut Outbox) {
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
         if let Some(step) = self.overload.controller.step(now) {
             if step.before.is_some() != step.after.is_some() {
                 let detail = format!("controller: admitted PACKET_IN rate {:?}", step.after);
                 self.event(now, "overload", detail);
+            }
+            // Each switch's PACKET_IN demand: what it delivered plus what its meters
+            // dropped (counted when METER_STATS came back); the controller's admitted rate
+            // is split by it.
+            let dt = self
+                .overload
+                .ctl_last
+                .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            self.overload.ctl_last = Some(now);
+            for &d in &dpids {
+                let pin = self.switch_view(d).map_or(0, |v| v.packet_in);
+                let s = self.overload.ctl_switches.entry(d).or_insert(CtlSwitch {
+                    demand: SwitchDemand::default(),
+                    packet_in_seen: pin,
+                });
+                s.demand.arrivals(pin.saturating_sub(s.packet_in_seen));
+                s.packet_in_seen = pin;
+                s.demand.measure(dt);
+            }
+            let rate = self
+                .overload
+                .controller_on()
+                .then(|| self.overload.controller.law.rate())
+                .flatten();
+            apply_split(
+                rate,
+                self.overload
+                    .ctl_switches
+                    .values_mut()
+                    .map(|s| &mut s.demand),
+            );
+            // The controller's admitted rate among the services, max-min fair by their
+            // new-flow demand.
+            for c in &mut self.overload.ctl_services {
+                c.measure(dt);
+            }
+            match rate {
+                None => self
+                    .overload
+                    .ctl_services
+                    .iter_mut()
+                    .for_each(|c| c.share = None),
+                Some(r) => {
+                    // Twice the measured demand (plus one): a quiet service's arrivals
+                    // are not periodic, and its share must take their bursts.
+                    let d: Vec<f64> = self
+                        .overload
+                        .ctl_services
+                        .iter()
+                        .map(|c| 2.0 * c.rate + 1.0)
+                        .collect();
+                    for (c, share) in self
+                        .overload
+                        .ctl_services
+                        .iter_mut()
+                        .zip(max_min_fair(r, &d))
+                    {
+                        c.share = Some(share);
+                    }
+                }
+            }
+        }
+        // METER_STATS (§7.3.5.12) from every switch, every controller interval: the band
+        // counts say how many packets the meters dropped, i.e. what the switches were
+        // offered beyond what reached the controller.
+        let poll = self.overload.controller.cfg.interval;
+        if self.overload.any_meter()
+            && self
+                .overload
+                .last_meter_poll
+                .is_none_or(|t| now.saturating_duration_since(t) >= poll)
+        {
+            self.overload.last_meter_poll = Some(now);
+            for &d in &dpids {
+                self.overload.polls.entry(d).or_default().0 += 1;
+                out.push(
+                    d,
+                    Message::MultipartRequest(ofp::MultipartRequest::new(
+                        ofp::MultipartRequestBody::Meter {
+                            meter_id: ofp::meter::ALL,
+                        },
+                    )),
+                );
             }
         }
         let mut events = Vec::new();
@@ -289,12 +492,21 @@ impl Controller {
             if g.cfg.mode == Mode::Off || !g.law.due(now) {
                 continue;
             }
-            g.law.measure(now);
+            let dt = g.law.measure(now);
             let Some(s) = self.services.get(i) else {
                 continue;
             };
             let load = service_load(s, &g.cfg, g.law.admitted_rate());
             let step = g.law.control(now, load);
+            // Split the service's admitted rate across the switches that bring its new
+            // flows, by their offered demand.
+            for &d in &dpids {
+                g.per_switch.entry(d).or_default();
+            }
+            for d in g.per_switch.values_mut() {
+                d.measure(dt);
+            }
+            apply_split(g.law.gate_rate(), g.per_switch.values_mut());
             if step.before.is_some() != step.after.is_some() {
                 events.push(format!(
                     "{}: {} (load {:.2})",
@@ -314,7 +526,6 @@ impl Controller {
         for e in events {
             self.event(now, "overload", e);
         }
-        let dpids: Vec<Dpid> = self.switch_ids().collect();
         for i in withdraw {
             let msgs = self.gap_rules(i, None);
             for &d in &dpids {
@@ -327,9 +538,6 @@ impl Controller {
         // time (each OFPMC_MODIFY refills the bucket).
         let n = dpids.len();
         for id in self.overload.meter_ids() {
-            let Some(want) = self.overload.wanted(id, n) else {
-                continue;
-            };
             let hold = match id.checked_sub(SERVICE_METER_BASE) {
                 Some(i) => self
                     .overload
@@ -339,25 +547,124 @@ impl Controller {
                 None => self.overload.controller.cfg.interval,
             };
             for &d in &dpids {
+                let Some(want) = self.overload.wanted(id, d, n) else {
+                    continue;
+                };
                 let Some(&(have, at)) = self.overload.installed.get(&(d, id)) else {
                     continue;
                 };
                 if have != want && now.saturating_duration_since(at) >= hold {
                     out.push(d, meter_mod(MeterModCommand::Modify, id, want));
                     self.overload.installed.insert((d, id), (want, now));
+                    let polls = self.overload.polls.get(&d).map_or(0, |p| p.0);
+                    self.overload.modified_at_poll.insert((d, id), polls);
                 }
             }
         }
     }
 
-    /// Gap state of service `i` (mode, admitted rate or gap, refused count), for the API.
+    /// Gap state of service `i` (mode, admitted rate or gap, refused count, per-switch
+    /// shares and meter drops), for the API.
     pub fn gap_view(&self, service: usize) -> Option<GapView> {
-        self.overload.services.get(service).map(|g| g.law.view())
+        let g = self.overload.services.get(service)?;
+        let mut v = g.law.view();
+        let id = SERVICE_METER_BASE + service as u32;
+        v.switches = g
+            .per_switch
+            .iter()
+            .map(|(&d, s)| self.share_view(d, Some(id), &s.demand_view()))
+            .collect();
+        Some(v)
     }
 
     /// The controller's own overload state, for the API.
     pub fn controller_gap_view(&self) -> ControllerGapView {
-        self.overload.controller.view()
+        let mut v = self.overload.controller.view();
+        v.gap.switches = self
+            .overload
+            .ctl_switches
+            .iter()
+            .map(|(&d, s)| self.share_view(d, None, &s.demand.demand_view()))
+            .collect();
+        v
+    }
+
+    /// One switch's part of a gap; `meter`: the service's meter, or `None` for the
+    /// controller's (the table-miss meter's rate, and the drops of all its meters).
+    fn share_view(
+        &self,
+        dpid: Dpid,
+        meter: Option<u32>,
+        d: &(f64, Option<f64>),
+    ) -> SwitchShareView {
+        let o = &self.overload;
+        let dropped = match meter {
+            Some(m) => o.meter_dropped.get(&(dpid, m)).copied().unwrap_or(0),
+            None => o
+                .meter_dropped
+                .iter()
+                .filter(|((sw, _), _)| *sw == dpid)
+                .map(|(_, n)| *n)
+                .sum(),
+        };
+        let id = meter.unwrap_or(TABLE_MISS_METER);
+        SwitchShareView {
+            dpid: format!("{dpid:016x}"),
+            offered_rate: d.0,
+            admitted_rate_limit: d.1,
+            meter_rate: o.installed.get(&(dpid, id)).map(|(b, _)| b.rate),
+            meter_dropped_total: dropped,
+        }
+    }
+
+    /// A METER_STATS reply (§7.3.5.12): the drops since the last reply, per meter, are
+    /// offered demand the gate never saw. OVS's userspace datapath restarts a meter's
+    /// counts on OFPMC_MODIFY (measured: `ovs-ofctl meter-stats` shows the band count
+    /// since the last modification), so the first reply to a request sent after a
+    /// modification counts from zero; a count below the last one is a restart too.
+    pub(crate) fn overload_meter_stats(&mut self, dpid: Dpid, stats: &[ofp::MeterStats]) {
+        let reply = {
+            let p = self.overload.polls.entry(dpid).or_default();
+            p.1 += 1;
+            p.1
+        };
+        for st in stats {
+            let count: u64 = st.band_stats.iter().map(|b| b.packet_band_count).sum();
+            let key = (dpid, st.meter_id);
+            let restarted = self
+                .overload
+                .modified_at_poll
+                .get(&key)
+                .is_some_and(|&p| reply > p);
+            if restarted {
+                self.overload.modified_at_poll.remove(&key);
+            }
+            let prev = self.overload.meter_seen.insert(key, count).unwrap_or(0);
+            let delta = if restarted || count < prev {
+                count
+            } else {
+                count - prev
+            };
+            if delta == 0 {
+                continue;
+            }
+            *self.overload.meter_dropped.entry(key).or_insert(0) += delta;
+            let o = &mut self.overload;
+            if let Some(i) = st.meter_id.checked_sub(SERVICE_METER_BASE) {
+                if let Some(g) = o.services.get_mut(i as usize) {
+                    g.law.record_meter_drops(delta);
+                    if let Some(d) = g.per_switch.get_mut(&dpid) {
+                        d.dropped(delta);
+                    }
+                }
+            }
+            // Every meter here guards a rule that sends to the controller (or is the
+            // controller's own): what it dropped was PACKET_IN demand.
+            o.controller.record_meter_drops(delta);
+            if let Some(s) = o.ctl_switches.get_mut(&dpid) {
+                s.demand.dropped(delta);
+            }
+        }
     }
 
     /// The meter band installed on `dpid` for `meter`, as the controller last set it.

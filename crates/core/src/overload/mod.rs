@@ -49,8 +49,17 @@
 //! - OFF periods of `off_rule_min_gap_ms` or longer (a gap of seconds): after each
 //!   admission a high-priority drop rule for the service address with `hard_timeout` = the
 //!   OFF period in whole seconds, withdrawn (deleted) as soon as the gap relaxes.
+//! - Per switch: the admitted rate is split across the switches that bring the
+//!   destination's new flows by their offered demand ([`split_by_demand`]; PACKET_INs seen
+//!   plus meter drops), each switch with its own gate and meter at its share.
+//! - Meter feedback: METER_STATS (§7.3.5.12) polled every controller interval; band drops
+//!   are offered demand the gate never saw, added to λ and to the switch's demand.
 //! - The controller's own channel: a meter on the table-miss rule, and a cap on every
-//!   intercept meter, at the controller's admitted PACKET_IN rate split over its switches.
+//!   intercept meter, at the switch's share of the controller's admitted PACKET_IN rate;
+//!   and at the controller, a gate per service at its max-min fair share of that rate
+//!   ([`max_min_fair`]), which drops new flows beyond it without answering (no FLOW_MOD,
+//!   no PACKET_OUT: measured on OVS, a flooded switch stops reading what the controller
+//!   sends, so each admitted flood SYN would queue more for it).
 
 pub mod config;
 pub(crate) mod enforce;
@@ -174,6 +183,9 @@ pub struct GapController {
     pub offered_total: u64,
     pub admitted_total: u64,
     pub refused_total: u64,
+    /// New flows the switches' meters dropped before they reached the gate (from
+    /// METER_STATS band counts): offered, never admitted, refused silently.
+    pub meter_dropped_total: u64,
     last_step: Option<Instant>,
     last_decrease: Option<Instant>,
     last_load: f64,
@@ -193,6 +205,7 @@ impl GapController {
             offered_total: 0,
             admitted_total: 0,
             refused_total: 0,
+            meter_dropped_total: 0,
             last_step: None,
             last_decrease: None,
             last_load: 0.0,
@@ -271,6 +284,15 @@ impl GapController {
         self.admitted_since += admitted;
         self.admitted_total += admitted;
         self.refused_total += offered.saturating_sub(admitted);
+    }
+
+    /// Count `n` new flows a switch meter dropped (METER_STATS band counts): they were
+    /// offered, so the offered rate λ the law sees includes them, though the gate never
+    /// saw them.
+    pub fn record_meter_drops(&mut self, n: u64) {
+        self.offered_since += n;
+        self.offered_total += n;
+        self.meter_dropped_total += n;
     }
 
     /// Whether a control step is due at `now`.
@@ -385,6 +407,8 @@ impl GapController {
             offered_total: self.offered_total,
             admitted_total: self.admitted_total,
             refused_total: self.refused_total,
+            meter_dropped_total: self.meter_dropped_total,
+            switches: Vec::new(),
         }
     }
 }
@@ -412,6 +436,195 @@ pub struct GapView {
     pub admitted_total: u64,
     /// New flows refused by the gap (RST from the controller, or dropped by a gap rule).
     pub refused_total: u64,
+    /// New flows (PACKET_INs) the switches' meters dropped, from METER_STATS; counted in
+    /// `offered_total` and `offered_rate`, not in `refused_total`.
+    pub meter_dropped_total: u64,
+    /// Per switch: its offered demand and its share of the admitted rate.
+    pub switches: Vec<SwitchShareView>,
+}
+
+/// One switch's part of a destination's gap, for the API.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SwitchShareView {
+    /// Datapath id, hex.
+    pub dpid: String,
+    /// Offered new flows per second at this switch: PACKET_INs seen plus meter drops.
+    pub offered_rate: f64,
+    /// This switch's share of the admitted rate (per second); `null` = no limit.
+    pub admitted_rate_limit: Option<f64>,
+    /// The rate of the meter installed for this destination on this switch (pktps).
+    pub meter_rate: Option<u32>,
+    /// Packets this switch's meter dropped (METER_STATS band count, since the controller
+    /// connected to it).
+    pub meter_dropped_total: u64,
+}
+
+/// Every switch keeps at least this fraction of the even share (`total / n`), so a
+/// switch that was idle can still admit its first new flows, and so show its demand.
+pub const SWITCH_FLOOR_FRACTION: f64 = 0.1;
+/// Weight of the newest interval in a switch's demand estimate: a switch that goes idle
+/// gives its share away within a few intervals (0.5⁴ ≈ 6% left after four).
+pub const DEMAND_SMOOTHING: f64 = 0.5;
+
+/// Split an admitted rate `total` across switches by their offered `demands`.
+///
+/// Shares are in proportion to demand: the weighted max-min fair allocation with weights
+/// = demands. When the demands together exceed `total`, no proportional share exceeds its
+/// demand, so none is capped and the shares are proportional (offered 3:1 → admitted
+/// 3:1); when they do not, every switch gets its demand and the surplus is spread in the
+/// same proportion (headroom to grow into). Every switch keeps at least the floor
+/// `floor_fraction · total / n` (an idle switch can still admit the first flows that show
+/// its demand); the switches above the floor share the rest in proportion. With no demand
+/// anywhere the split is even. The shares always sum to `total`.
+pub fn split_by_demand(total: f64, demands: &[f64], floor_fraction: f64) -> Vec<f64> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let total = if total.is_finite() {
+        total.max(0.0)
+    } else {
+        0.0
+    };
+    let floor = floor_fraction.clamp(0.0, 1.0) * total / n as f64;
+    let d: Vec<f64> = demands
+        .iter()
+        .map(|&d| if d.is_finite() { d.max(0.0) } else { 0.0 })
+        .collect();
+    // Water-fill: fix at the floor every switch whose proportional share falls below it,
+    // and share the rest among the others; at most n rounds (each fixes one or more).
+    let mut at_floor = vec![false; n];
+    let mut shares = vec![0.0; n];
+    for _ in 0..=n {
+        let fixed = at_floor.iter().filter(|&&f| f).count();
+        let free = total - floor * fixed as f64;
+        let sum: f64 = (0..n).filter(|&i| !at_floor[i]).map(|i| d[i]).sum();
+        let mut changed = false;
+        for i in 0..n {
+            shares[i] = if at_floor[i] {
+                floor
+            } else if sum > 0.0 {
+                free * d[i] / sum
+            } else {
+                free / (n - fixed).max(1) as f64
+            };
+            if !at_floor[i] && shares[i] < floor - 1e-12 {
+                at_floor[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    shares
+}
+
+/// Max-min fair split of `total` among demands (equal weights, each capped at its
+/// demand): a destination asking less than its fair share gets all it asks, the rest is
+/// shared equally among the others. The controller shares its admitted new-flow rate
+/// among services this way, so a flooded service cannot starve a quiet one. Whatever the
+/// demands leave over is spread evenly (headroom).
+pub fn max_min_fair(total: f64, demands: &[f64]) -> Vec<f64> {
+    let n = demands.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let total = if total.is_finite() {
+        total.max(0.0)
+    } else {
+        0.0
+    };
+    let d: Vec<f64> = demands
+        .iter()
+        .map(|&d| if d.is_finite() { d.max(0.0) } else { 0.0 })
+        .collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| d[a].total_cmp(&d[b]));
+    let mut shares = vec![0.0; n];
+    let mut left = total;
+    for (k, &i) in order.iter().enumerate() {
+        let fair = left / (n - k) as f64;
+        shares[i] = d[i].min(fair);
+        left -= shares[i];
+    }
+    let extra = left / n as f64;
+    shares.iter_mut().for_each(|x| *x += extra);
+    shares
+}
+
+/// One switch's offered demand for a destination, measured per control interval.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SwitchDemand {
+    /// Arrivals (PACKET_INs of new flows) since the last step.
+    arrivals_since: u64,
+    /// Meter drops (METER_STATS deltas) since the last step.
+    dropped_since: u64,
+    /// Smoothed offered rate (per second).
+    pub rate: f64,
+    primed: bool,
+    pub dropped_total: u64,
+    /// This switch's share of the admitted rate; `None` = no limit.
+    pub share: Option<f64>,
+    /// The gate this switch's new flows meet (service gaps only).
+    pub gate: Gate,
+}
+
+impl SwitchDemand {
+    pub fn arrival(&mut self) {
+        self.arrivals_since += 1;
+    }
+
+    pub fn arrivals(&mut self, n: u64) {
+        self.arrivals_since += n;
+    }
+
+    pub fn dropped(&mut self, n: u64) {
+        self.dropped_since += n;
+        self.dropped_total += n;
+    }
+
+    /// (offered rate, share), for views.
+    pub fn demand_view(&self) -> (f64, Option<f64>) {
+        (self.rate, self.share)
+    }
+
+    /// Fold the counts of the last `dt` into the demand estimate.
+    pub fn measure(&mut self, dt: Duration) {
+        let secs = dt.as_secs_f64();
+        if secs <= 0.0 {
+            return;
+        }
+        let inst = (self.arrivals_since + self.dropped_since) as f64 / secs;
+        self.arrivals_since = 0;
+        self.dropped_since = 0;
+        if self.primed {
+            self.rate += DEMAND_SMOOTHING * (inst - self.rate);
+        } else {
+            self.rate = inst;
+            self.primed = true;
+        }
+    }
+}
+
+/// Set every switch's share of `total` (`None`: no limit) from their demands.
+pub fn apply_split<'a>(
+    total: Option<f64>,
+    switches: impl ExactSizeIterator<Item = &'a mut SwitchDemand>,
+) {
+    let mut v: Vec<&mut SwitchDemand> = switches.collect();
+    match total {
+        None => v.iter_mut().for_each(|s| s.share = None),
+        Some(t) => {
+            let demands: Vec<f64> = v.iter().map(|s| s.rate).collect();
+            for (s, share) in v
+                .iter_mut()
+                .zip(split_by_demand(t, &demands, SWITCH_FLOOR_FRACTION))
+            {
+                s.share = Some(share);
+            }
+        }
+    }
 }
 
 /// The controller-side gate: a token bucket refilled at one token per gap `g`, holding at
@@ -514,6 +727,10 @@ pub struct WorkSample {
     pub queueing: Duration,
     /// Bytes still buffered (read but not yet handled) after the batch: the backlog.
     pub backlog: u64,
+    /// Bytes queued for the switch (written by the controller, not yet taken by the
+    /// switch): a switch that cannot read what the controller decides is an overloaded
+    /// control channel, whatever the controller's own CPU says.
+    pub outflow: u64,
 }
 
 /// The controller's own gap: its PACKET_IN path's load, measured by the runtime, drives
@@ -524,13 +741,19 @@ pub struct ControllerGap {
     pub law: GapController,
     busy: Duration,
     queueing_max: Duration,
+    /// The smallest queueing delay of the window's batches (0 for a batch that left
+    /// nothing behind): the standing queue, CoDel's signal.
+    standing_min: Option<Duration>,
     backlog_max: u64,
+    outflow_max: u64,
     handled_since: u64,
     busy_since: Duration,
     /// Last window's figures, for operators.
     pub utilization: f64,
     pub queueing_delay: Duration,
+    pub standing_delay: Duration,
     pub backlog: u64,
+    pub outflow: u64,
     pub decision_latency_us: f64,
     /// The highest PACKET_IN rate handled in a window where the controller was saturated.
     pub max_handled_rate: f64,
@@ -545,12 +768,16 @@ impl ControllerGap {
             law,
             busy: Duration::ZERO,
             queueing_max: Duration::ZERO,
+            standing_min: None,
             backlog_max: 0,
+            outflow_max: 0,
             handled_since: 0,
             busy_since: Duration::ZERO,
             utilization: 0.0,
             queueing_delay: Duration::ZERO,
+            standing_delay: Duration::ZERO,
             backlog: 0,
+            outflow: 0,
             decision_latency_us: 0.0,
             max_handled_rate: 0.0,
             handled_rate: 0.0,
@@ -563,11 +790,26 @@ impl ControllerGap {
         self.handled_since += s.packet_ins;
         // A batch that left nothing behind kept up: its wait was the scheduler's, not a
         // queue's. Only a batch with a backlog behind it measures queueing.
-        if s.backlog > 0 {
-            self.queueing_max = self.queueing_max.max(s.queueing);
+        let q = if s.backlog > 0 {
+            s.queueing
+        } else {
+            Duration::ZERO
+        };
+        self.queueing_max = self.queueing_max.max(q);
+        // Only a batch with PACKET_INs in it says anything about their queue.
+        if s.packet_ins > 0 {
+            self.standing_min = Some(self.standing_min.map_or(q, |m| m.min(q)));
         }
         self.backlog_max = self.backlog_max.max(s.backlog);
+        self.outflow_max = self.outflow_max.max(s.outflow);
         self.law.record_bulk(s.packet_ins, s.packet_ins);
+    }
+
+    /// PACKET_INs the switches' meters dropped (METER_STATS): offered to the controller,
+    /// never handled. Counted so that the offered rate is not underestimated while a
+    /// meter binds.
+    pub fn record_meter_drops(&mut self, n: u64) {
+        self.law.record_meter_drops(n);
     }
 
     /// One control step; returns the step when one ran.
@@ -582,22 +824,32 @@ impl ControllerGap {
         let secs = dt.as_secs_f64();
         self.utilization = (self.busy.as_secs_f64() / secs).min(1.0);
         self.queueing_delay = self.queueing_max;
+        self.standing_delay = self.standing_min.unwrap_or(Duration::ZERO);
         self.backlog = self.backlog_max;
+        self.outflow = self.outflow_max;
         self.handled_rate = self.handled_since as f64 / secs;
         if self.handled_since > 0 {
             self.decision_latency_us =
                 self.busy_since.as_secs_f64() * 1e6 / self.handled_since as f64;
         }
         let load = (self.utilization / self.cfg.target_utilization)
-            .max(self.queueing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6));
+            // The standing queue (the window's least delay), not its worst: a burst that
+            // drains within the window is not overload (CoDel's reasoning).
+            .max(self.standing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6))
+            .max(self.outflow as f64 / self.cfg.target_outflow_bytes.max(1) as f64);
         if load >= 1.0 {
-            self.max_handled_rate = self.max_handled_rate.max(self.handled_rate);
+            // The maximum of the smoothed rate (memory `settle`), not of one window: a
+            // window that drains a backlog read in one go is not a rate the controller
+            // sustains.
+            self.max_handled_rate = self.max_handled_rate.max(self.law.admitted_rate());
         }
         self.busy = Duration::ZERO;
         self.busy_since = Duration::ZERO;
         self.handled_since = 0;
         self.queueing_max = Duration::ZERO;
+        self.standing_min = None;
         self.backlog_max = 0;
+        self.outflow_max = 0;
         Some(self.law.control(now, load))
     }
 
@@ -606,7 +858,9 @@ impl ControllerGap {
             gap: self.law.view(),
             utilization: self.utilization,
             queueing_delay_ms: self.queueing_delay.as_secs_f64() * 1000.0,
+            standing_queue_ms: self.standing_delay.as_secs_f64() * 1000.0,
             backlog_bytes: self.backlog,
+            outflow_bytes: self.outflow,
             decision_latency_us: self.decision_latency_us,
             handled_rate: self.handled_rate,
             max_handled_rate: self.max_handled_rate,
@@ -623,8 +877,13 @@ pub struct ControllerGapView {
     pub utilization: f64,
     /// Longest PACKET_IN queueing delay in the controller over the last window.
     pub queueing_delay_ms: f64,
+    /// The standing queue: the least PACKET_IN queueing delay of the window's batches
+    /// (what the law compares with `target_delay_ms`).
+    pub standing_queue_ms: f64,
     /// Largest backlog (bytes read from a switch, not yet handled) over the last window.
     pub backlog_bytes: u64,
+    /// Largest queue of bytes for a switch (written, not yet taken) over the last window.
+    pub outflow_bytes: u64,
     /// Mean handling time of one PACKET_IN over the last window.
     pub decision_latency_us: f64,
     /// PACKET_INs handled per second over the last window.

@@ -215,6 +215,7 @@ fn controller_load_tightens_the_controller_meters() {
             busy: Duration::from_millis(100),
             queueing: Duration::from_millis(20),
             backlog: 500,
+            outflow: 0,
         });
         sim.tick(Duration::from_millis(100));
     }
@@ -229,3 +230,136 @@ fn controller_load_tightens_the_controller_meters() {
     );
     assert!(v.max_handled_rate >= 1_900.0, "{v:?}");
 }
+
+fn meter_stats(id: u32, dropped: u64) -> ofp::Message {
+    ofp::Message::MultipartReply(ofp::MultipartReply {
+        flags: 0,
+        body: ofp::MultipartReplyBody::Meter(vec![ofp::MeterStats {
+            meter_id: id,
+            flow_count: 1,
+            packet_in_count: dropped * 2,
+            byte_in_count: 0,
+            duration_sec: 1,
+            duration_nsec: 0,
+            band_stats: vec![ofp::MeterBandStats {
+                packet_band_count: dropped,
+                byte_band_count: dropped * 60,
+            }],
+        }]),
+    })
+}
+
+/// METER_STATS feedback: the band drops since the last reply are offered demand (the law's
+/// λ and the switch's), shown in the views; a count that went down means the meter was
+/// replaced (OVS restarts the counts on OFPMC_MODIFY), so all of it is new.
+#[test]
+fn meter_stats_drops_are_counted_as_offered_demand() {
+    let mut sim = overload_sim(
+        "mode = \"adaptive\"\ncapacity_rps = 100",
+        "mode = \"adaptive\"",
+    );
+    sim.tick(Duration::from_millis(100));
+    let before = sim.c.gap_view(0).expect("view").offered_total;
+    for (count, total) in [(500, 500), (800, 800), (100, 900)] {
+        let (now, mut out) = (sim.now, crate::controller::Outbox::new());
+        sim.c
+            .handle_message(now, 1, &meter_stats(SERVICE_METER_BASE, count), &mut out);
+        let v = sim.c.gap_view(0).expect("view");
+        assert_eq!(v.meter_dropped_total, total, "{v:?}");
+        assert_eq!(v.offered_total, before + total, "{v:?}");
+        assert_eq!(
+            v.refused_total, 0,
+            "meter drops are not the gate's refusals"
+        );
+    }
+    sim.tick(Duration::from_millis(100));
+    let v = sim.c.gap_view(0).expect("view");
+    let sw = v.switches.first().expect("per-switch view");
+    assert_eq!(sw.dpid, "0000000000000001");
+    assert_eq!(sw.meter_dropped_total, 900);
+    assert!(sw.offered_rate > 0.0, "{sw:?}");
+    assert!(sw.meter_rate.is_some(), "{sw:?}");
+    // The controller counts every meter's drops as PACKET_IN demand.
+    let c = sim.c.controller_gap_view();
+    assert_eq!(c.gap.meter_dropped_total, 900, "{c:?}");
+    assert_eq!(
+        c.gap.switches.first().map(|s| s.meter_dropped_total),
+        Some(900)
+    );
+    // The table-miss meter's drops are the controller's alone.
+    let (now, mut out) = (sim.now, crate::controller::Outbox::new());
+    sim.c
+        .handle_message(now, 1, &meter_stats(TABLE_MISS_METER, 40), &mut out);
+    assert_eq!(sim.c.controller_gap_view().gap.meter_dropped_total, 940);
+    assert_eq!(sim.c.gap_view(0).expect("view").meter_dropped_total, 900);
+}
+
+/// Two switches bring one service's new flows, offered 3:1: the admitted rate is split
+/// 3:1 between their gates and meters; when one goes idle the other gets its share within
+/// a few control intervals.
+#[test]
+fn the_service_rate_is_split_across_switches_by_demand() {
+    let text = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n[service.overload]\nmode = \"adaptive\"\n\
+         capacity_rps = 40\ninterval_ms = 50\n\
+         [[service.backend]]\naddress = \"{}\"\n[[service.backend]]\naddress = \"{}\"\n",
+        ip(2),
+        ip(3)
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 2, 1)];
+    let mut s = Sim::new(&text, &[(1, 4), (2, 2)], &[((1, 4), (2, 2))], &hosts);
+    for i in 1..=4u8 {
+        s.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    let mut port = 10_000u16;
+    let mut syn_from = |s: &mut Sim, h: u8| {
+        port = port.wrapping_add(1).max(1024);
+        let frame = tcp(mac(h), VMAC, (ip(h), port), (VIP, 80), sim::SYN);
+        let got = s.send(&format!("h{h}"), &frame);
+        got.iter().any(|(name, _)| name == "h2" || name == "h3")
+    };
+    // 3 s: h1 (switch 1) offers 120/s, h4 (switch 2) 40/s, in 10 ms steps.
+    let mut admitted = [0u32; 2];
+    for k in 0..300u32 {
+        s.tick(Duration::from_millis(10));
+        for _ in 0..((k * 12 + 12) / 10 - (k * 12) / 10) {
+            if syn_from(&mut s, 1) && k >= 200 {
+                admitted[0] += 1;
+            }
+        }
+        if k % 5 < 2 && syn_from(&mut s, 4) && k >= 200 {
+            admitted[1] += 1;
+        }
+    }
+    let v = s.c.gap_view(0).expect("view");
+    let share = |v: &GapViewT, d: &str| {
+        v.switches
+            .iter()
+            .find(|x| x.dpid.ends_with(d))
+            .and_then(|x| x.admitted_rate_limit)
+            .expect("share")
+    };
+    let (s1, s2) = (share(&v, "1"), share(&v, "2"));
+    assert!(
+        (s1 / s2 - 3.0).abs() < 0.5,
+        "shares {s1:.1} : {s2:.1}: {v:?}"
+    );
+    let limit = v.admitted_rate_limit.expect("limit");
+    assert!(((s1 + s2) - limit).abs() < 1e-6, "shares sum to the limit");
+    // What the gates admitted in the last second follows the shares.
+    let ratio = f64::from(admitted[0]) / f64::from(admitted[1].max(1));
+    assert!((2.0..=4.5).contains(&ratio), "admitted {admitted:?}: {v:?}");
+    // Switch 2 goes idle: within 4 control intervals switch 1 holds ≥ 85% of the rate.
+    for k in 0..20u32 {
+        s.tick(Duration::from_millis(10));
+        for _ in 0..((k * 12 + 12) / 10 - (k * 12) / 10) {
+            syn_from(&mut s, 1);
+        }
+    }
+    let v = s.c.gap_view(0).expect("view");
+    let (s1, limit) = (share(&v, "1"), v.admitted_rate_limit.expect("limit"));
+    assert!(s1 >= 0.85 * limit, "switch 1: {s1:.1} of {limit:.1}: {v:?}");
+}
+
+type GapViewT = super::GapView;

@@ -300,6 +300,7 @@ fn controller_gap_holds_the_packet_in_rate_near_its_maximum() {
             busy: Duration::from_secs_f64(handled / service_rate),
             queueing: Duration::from_secs_f64(backlog / service_rate),
             backlog: backlog as u64,
+            outflow: 0,
         });
         g.step(t0 + Duration::from_secs_f64(t + tick));
         if t > 10.0 {
@@ -356,4 +357,129 @@ fn config_keys_are_read_strictly_with_paths() {
     ] {
         assert!(paths.contains(&p), "{p} reported: {bad}");
     }
+}
+
+/// Per switch: the admitted rate is split by offered demand. Two switches offered 3:1,
+/// both beyond their share, are admitted 3:1; the shares sum to the law's rate; an idle
+/// switch keeps the floor.
+#[test]
+fn the_admitted_rate_is_split_by_demand() {
+    let s = split_by_demand(100.0, &[300.0, 100.0], SWITCH_FLOOR_FRACTION);
+    assert!(
+        (s[0] - 75.0).abs() < 1e-9 && (s[1] - 25.0).abs() < 1e-9,
+        "{s:?}"
+    );
+    // Under demand: each gets at least its demand, the surplus in proportion.
+    let s = split_by_demand(100.0, &[30.0, 10.0], SWITCH_FLOOR_FRACTION);
+    assert!(s[0] >= 30.0 && s[1] >= 10.0, "{s:?}");
+    assert!((s[0] / s[1] - 3.0).abs() < 1e-9, "{s:?}");
+    // An idle switch keeps the floor (10% of the even share); the busy one the rest.
+    let s = split_by_demand(100.0, &[500.0, 0.0], SWITCH_FLOOR_FRACTION);
+    assert!(
+        (s[1] - 5.0).abs() < 1e-9 && (s[0] - 95.0).abs() < 1e-9,
+        "{s:?}"
+    );
+    // A tiny demand below the floor is lifted to it; the others stay in proportion.
+    let s = split_by_demand(100.0, &[600.0, 200.0, 1.0], SWITCH_FLOOR_FRACTION);
+    let floor = 0.1 * 100.0 / 3.0;
+    assert!((s[2] - floor).abs() < 1e-9, "{s:?}");
+    assert!((s[0] / s[1] - 3.0).abs() < 1e-9, "{s:?}");
+    // No demand anywhere: even. Always sums to the total; never negative.
+    assert_eq!(split_by_demand(90.0, &[0.0, 0.0, 0.0], 0.1), vec![30.0; 3]);
+    for d in [[1.0, 2.0, 3.0], [0.0, 1e9, 1.0], [f64::NAN, 5.0, -3.0]] {
+        let s = split_by_demand(120.0, &d, SWITCH_FLOOR_FRACTION);
+        assert!((s.iter().sum::<f64>() - 120.0).abs() < 1e-6, "{d:?}: {s:?}");
+        assert!(s.iter().all(|&x| x >= 0.0), "{d:?}: {s:?}");
+    }
+    assert!(split_by_demand(100.0, &[], 0.1).is_empty());
+}
+
+/// Measured demand drives the split: offered 3:1 at two switches (arrivals plus meter
+/// drops), then one goes idle and gives its share away within a few intervals.
+#[test]
+fn an_idle_switch_gives_its_share_away_within_a_few_intervals() {
+    let dt = Duration::from_millis(50);
+    let (mut a, mut b) = (SwitchDemand::default(), SwitchDemand::default());
+    let total = Some(100.0);
+    for _ in 0..20 {
+        // 300/s and 100/s offered; at a, a third of it was dropped by its meter.
+        a.arrivals(10);
+        a.dropped(5);
+        b.arrivals(5);
+        a.measure(dt);
+        b.measure(dt);
+        apply_split(total, [&mut a, &mut b].into_iter());
+    }
+    let (sa, sb) = (a.share.expect("share"), b.share.expect("share"));
+    assert!((a.rate - 300.0).abs() < 1.0 && (b.rate - 100.0).abs() < 1.0);
+    assert!((sa / sb - 3.0).abs() < 0.01, "{sa} : {sb}");
+    assert_eq!(a.dropped_total, 100);
+    // b goes idle.
+    let mut after = Vec::new();
+    for _ in 0..4 {
+        a.arrivals(15);
+        a.measure(dt);
+        b.measure(dt);
+        apply_split(total, [&mut a, &mut b].into_iter());
+        after.push(a.share.expect("share"));
+    }
+    assert!(
+        after[3] >= 90.0,
+        "the busy switch has ≥ 90% of the rate after 4 intervals: {after:?}"
+    );
+    assert!(after.windows(2).all(|w| w[1] >= w[0]), "{after:?}");
+    assert!(
+        b.share.expect("share") >= 5.0 - 1e-9,
+        "the idle switch keeps its floor"
+    );
+    // No limit: no shares.
+    apply_split(None, [&mut a, &mut b].into_iter());
+    assert_eq!((a.share, b.share), (None, None));
+}
+
+/// Meter drops count as offered load: the law sees λ, not only what reached the gate.
+#[test]
+fn meter_drops_count_as_offered() {
+    let mut p = OverloadConfig {
+        mode: Mode::Adaptive,
+        capacity_rps: Some(100.0),
+        ..OverloadConfig::default()
+    }
+    .law();
+    p.settle = Duration::from_millis(50);
+    let mut g = GapController::new(p);
+    let t0 = Instant::now();
+    g.measure(t0);
+    for _ in 0..50 {
+        g.record(true);
+    }
+    g.record_meter_drops(150);
+    g.measure(t0 + Duration::from_secs(1));
+    assert!(
+        (g.offered_rate() - 200.0).abs() < 1e-9,
+        "{}",
+        g.offered_rate()
+    );
+    assert!((g.admitted_rate() - 50.0).abs() < 1e-9);
+    let v = g.view();
+    assert_eq!(
+        (v.offered_total, v.meter_dropped_total, v.refused_total),
+        (200, 150, 0)
+    );
+}
+
+/// The controller shares its admitted rate among services max-min fair: a quiet service
+/// gets all it asks, a flooded one the rest.
+#[test]
+fn max_min_fair_serves_the_quiet_first() {
+    let s = max_min_fair(100.0, &[1000.0, 5.0]);
+    assert_eq!(s, vec![95.0, 5.0]);
+    let s = max_min_fair(100.0, &[1000.0, 400.0, 10.0]);
+    assert_eq!(s, vec![45.0, 45.0, 10.0]);
+    // Under demand: everyone gets its demand, the surplus evenly.
+    let s = max_min_fair(100.0, &[10.0, 30.0]);
+    assert_eq!(s, vec![40.0, 60.0]);
+    assert!(max_min_fair(5.0, &[]).is_empty());
+    let s = max_min_fair(60.0, &[f64::NAN, -1.0, 100.0]);
+    assert!((s.iter().sum::<f64>() - 60.0).abs() < 1e-9 && s.iter().all(|&x| x >= 0.0));
 }

@@ -347,8 +347,45 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
             v.refused_total
         );
     }
+    family(
+        o,
+        "flowgate_service_overload_meter_dropped_total",
+        "counter",
+        "New connections the switches' meters dropped for the service (METER_STATS band counts).",
+    );
+    for (name, v) in &views {
+        let _ = writeln!(
+            o,
+            "flowgate_service_overload_meter_dropped_total{{service=\"{name}\"}} {}",
+            v.meter_dropped_total
+        );
+    }
     let cv = c.controller_gap_view();
     for (metric, kind, help, x) in [
+        (
+            "flowgate_controller_overload_refused_total",
+            "counter",
+            "New connections the controller's own gate dropped while it gapped itself.",
+            cv.gap.refused_total as f64,
+        ),
+        (
+            "flowgate_controller_overload_meter_dropped_total",
+            "counter",
+            "PACKET_INs the switches' meters dropped (METER_STATS band counts, all meters).",
+            cv.gap.meter_dropped_total as f64,
+        ),
+        (
+            "flowgate_controller_overload_load",
+            "gauge",
+            "The controller's measured load against its targets (1 = at target).",
+            cv.gap.load,
+        ),
+        (
+            "flowgate_controller_outflow_bytes",
+            "gauge",
+            "Largest queue of bytes for one switch (written, not yet taken) in the last window.",
+            cv.outflow_bytes as f64,
+        ),
         (
             "flowgate_controller_overload_gapping",
             "gauge",
@@ -372,6 +409,12 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
             "gauge",
             "Longest PACKET_IN queueing delay in the last window.",
             cv.queueing_delay_ms / 1000.0,
+        ),
+        (
+            "flowgate_controller_packet_in_standing_queue_seconds",
+            "gauge",
+            "Least PACKET_IN queueing delay of the last window's batches (the standing queue).",
+            cv.standing_queue_ms / 1000.0,
         ),
         (
             "flowgate_controller_packet_in_rate",

@@ -194,7 +194,7 @@ fn schemas() -> Value {
                 "cpu": num_or_null,
                 "metrics_fresh": { "type": "boolean" },
                 "group_weight": { "type": ["integer", "null"], "description": "Proactive mode: the backend's bucket weight in the service's select group." },
-                "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total (mode \"off\" when the service has no overload control)." }
+                "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total, meter_dropped_total (METER_STATS band drops), switches (per switch: dpid, offered_rate, admitted_rate_limit share, meter_rate, meter_dropped_total) (mode \"off\" when the service has no overload control)." }
             }
         },
         "BackendList": { "type": "array", "items": schema_ref("Backend") },
@@ -220,7 +220,7 @@ fn schemas() -> Value {
         "ServiceList": { "type": "array", "items": schema_ref("Service") },
         "OverloadList": {
             "type": "object",
-            "description": "`services`: each service's name and gap state; `controller`: the controller's own overload state.",
+            "description": "`services`: each service's name and gap state; `controller`: the controller's own overload state (the same gap fields, refused_total = new connections its own gate dropped, plus utilization, queueing_delay_ms, backlog_bytes, outflow_bytes, decision_latency_us, handled_rate, max_handled_rate).",
         },
         "Cluster": {
             "type": "object",

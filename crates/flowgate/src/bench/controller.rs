@@ -142,6 +142,12 @@ pub struct RunResult {
     pub vip_arp_answered: bool,
     pub invalid_samples: Vec<String>,
     pub errors: Vec<String>,
+    /// The controller's CPU time (all threads) per valid setup over the measured loops,
+    /// when the bench started it: unlike setups/s, barely moved by other load on a
+    /// shared machine.
+    pub cpu_us_per_setup: Option<f64>,
+    /// The same for the bench itself (the emulated switches: encode, decode, check).
+    pub bench_cpu_us_per_setup: Option<f64>,
 }
 
 fn second_octet_plus(a: Ipv4Addr, i: usize) -> Ipv4Addr {
@@ -190,7 +196,32 @@ pub fn measure(
     mode: CheckMode,
     pace: Pace,
 ) -> anyhow::Result<RunResult> {
-    rt.block_on(measure_async(name, addr, args, mode, pace))
+    measure_with_cpu(rt, name, addr, args, mode, pace, None)
+}
+
+/// [`measure`], also charging the CPU time process `pid` (the controller under test)
+/// used during the measured loops to the setups it answered.
+pub fn measure_with_cpu(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    addr: SocketAddr,
+    args: &ControllerArgs,
+    mode: CheckMode,
+    pace: Pace,
+    pid: Option<u32>,
+) -> anyhow::Result<RunResult> {
+    rt.block_on(measure_async(name, addr, args, mode, pace, pid))
+}
+
+/// User + system CPU time of a process, all its threads, in seconds (`/proc/PID/stat`
+/// fields 14 and 15, in clock ticks of 1/100 s on Linux).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing paren.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 async fn measure_async(
@@ -199,6 +230,7 @@ async fn measure_async(
     args: &ControllerArgs,
     mode: CheckMode,
     pace: Pace,
+    pid: Option<u32>,
 ) -> anyhow::Result<RunResult> {
     let plans = plans(args)?;
     let n = plans.len();
@@ -262,9 +294,15 @@ async fn measure_async(
         .map(|c| c.valid.load(Ordering::Relaxed))
         .collect();
     let mut at = Instant::now();
+    let mut cpu_start = None;
+    let mut bench_cpu_start = None;
+    let mut valid_start = 0;
     for l in 0..(args.warmup + args.loops) {
         if l == args.warmup {
             flags.measuring.store(true, Ordering::Relaxed);
+            cpu_start = pid.and_then(cpu_secs);
+            bench_cpu_start = cpu_secs(std::process::id());
+            valid_start = total(|c| c.valid.load(Ordering::Relaxed));
         }
         let next = at + Duration::from_millis(args.ms_per_loop);
         tokio::time::sleep(next.saturating_duration_since(Instant::now())).await;
@@ -296,6 +334,13 @@ async fn measure_async(
             loops.push(rate);
         }
     }
+    let setups = total(|c| c.valid.load(Ordering::Relaxed)) - valid_start;
+    let per_setup = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if setups > 0 => Some((b - a) * 1e6 / setups as f64),
+        _ => None,
+    };
+    let cpu_us_per_setup = per_setup(cpu_start, pid.and_then(cpu_secs));
+    let bench_cpu_us_per_setup = per_setup(bench_cpu_start, cpu_secs(std::process::id()));
     flags.stop.store(true, Ordering::Relaxed);
     let results = futures_join(handles).await;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -335,6 +380,8 @@ async fn measure_async(
             .all(|c| c.vip_arp_answered.load(Ordering::Relaxed)),
         invalid_samples: samples,
         errors,
+        cpu_us_per_setup,
+        bench_cpu_us_per_setup,
     })
 }
 
@@ -370,6 +417,12 @@ pub struct Spawned {
     pub version: String,
     child: Child,
     _dir: TempDir,
+}
+
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Spawned {
@@ -654,7 +707,8 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 args.controller.unwrap_or(([127, 0, 0, 1], 6653).into()),
             ),
         };
-        let r = measure(&rt, &name, addr, args, mode, base_pace)?;
+        let pid = spawned.as_ref().map(Spawned::pid);
+        let r = measure_with_cpu(&rt, &name, addr, args, mode, base_pace, pid)?;
         let peak = r.avg;
         runs.push(r);
         if let (Some(f), Pace::Window(w)) = (args.also_rate_fraction, base_pace) {
@@ -666,7 +720,9 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                     None => None,
                 };
                 let addr = spawned.as_ref().map_or(addr, |s| s.addr);
-                runs.push(measure(&rt, &name, addr, args, mode, Pace::Rate(peak * f))?);
+                let pid = spawned.as_ref().map(Spawned::pid);
+                let pace = Pace::Rate(peak * f);
+                runs.push(measure_with_cpu(&rt, &name, addr, args, mode, pace, pid)?);
             }
         }
     }
@@ -689,6 +745,7 @@ pub fn table(report: &Report) -> Table {
         "p50 µs",
         "p99 µs",
         "p99.9 µs",
+        "CPU µs / setup: controller, bench",
         "valid / invalid / lost",
     ]);
     for r in &report.runs {
@@ -721,6 +778,12 @@ pub fn table(report: &Report) -> Table {
             r.p50_us.to_string(),
             r.p99_us.to_string(),
             r.p999_us.to_string(),
+            format!(
+                "{}, {}",
+                r.cpu_us_per_setup.map_or("–".into(), |c| format!("{c:.2}")),
+                r.bench_cpu_us_per_setup
+                    .map_or("–".into(), |c| format!("{c:.2}"))
+            ),
             format!("{} / {} / {}", r.valid, r.invalid, r.lost),
         ]);
     }

@@ -43,6 +43,34 @@ pub enum Case {
     /// (the OVN load balancer's shape), installed with ovs-ofctl. The proactive design's
     /// data-path ceiling on this switch.
     OvsGroup,
+    /// No controller, no conntrack: the VIP as an OVS select group whose buckets rewrite
+    /// the destination (hash of the 5-tuple picks the bucket), static reverse rewrites per
+    /// backend. What a stateless proactive mode would cost; a bucket change would move
+    /// live connections, which is why flowgate's proactive mode pins them with conntrack.
+    OvsHash,
+}
+
+impl BackendKind {
+    fn label(self) -> &'static str {
+        match self {
+            BackendKind::Nginx => "nginx",
+            BackendKind::FlowgateHttpd => "flowgate httpd",
+        }
+    }
+}
+
+impl Case {
+    fn label(self) -> &'static str {
+        match self {
+            Case::Flowgate => "flowgate VIP (reactive)",
+            Case::FlowgateProactive => "flowgate VIP (proactive: group + conntrack)",
+            Case::Haproxy => "HAProxy leastconn (proxy host)",
+            Case::Nginx => "nginx least_conn (proxy host)",
+            Case::Direct => "direct to one backend",
+            Case::OvsGroup => "OVS select group + conntrack (proactive, no controller)",
+            Case::OvsHash => "OVS select group, stateless rewrite (no conntrack, no controller)",
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -70,6 +98,10 @@ pub struct DatapathArgs {
     /// flowgate's balancing algorithm for the VIP.
     #[arg(long, default_value = "least-connections")]
     pub algorithm: String,
+    /// Rounds: every case once per round, each round in a different (seeded) order; the
+    /// table gives medians.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
     /// Write the results table here (Markdown).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -79,7 +111,10 @@ pub struct DatapathArgs {
 pub struct CaseResult {
     pub case: String,
     pub backend: String,
+    /// Median over the rounds.
     pub requests_per_sec: f64,
+    /// Each round's requests/s, in round order.
+    pub per_round: Vec<f64>,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub requests: u64,
@@ -309,6 +344,15 @@ fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Con
 
 const VIP_MAC: &str = "02:66:67:00:00:01";
 
+/// Group 1, a select group with these buckets.
+fn add_select_group(br: &flowgate_testbed::Bridge, buckets: &[String]) -> anyhow::Result<()> {
+    br.ofctl(
+        "add-group",
+        &[&format!("group_id=1,type=select,{}", buckets.join(","))],
+    )?;
+    Ok(())
+}
+
 /// The VIP in the switch alone: new connections pick a bucket of a select group, which
 /// commits them to conntrack with a DNAT to its backend; later packets, both ways, follow
 /// the conntrack entry (so a connection never moves when the buckets change).
@@ -317,10 +361,7 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
         .iter()
         .map(|b| format!("bucket=weight:100,actions=ct(commit,zone=1,nat(dst={b}:80),table=3)"))
         .collect();
-    br.ofctl(
-        "add-group",
-        &[&format!("group_id=1,type=select,{}", buckets.join(","))],
-    )?;
+    add_select_group(br, &buckets)?;
     let client_port = t.hosts[0].ofport();
     let mut flows = vec![
         format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=ct(zone=1,nat,table=1)"),
@@ -341,6 +382,39 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
             "table=3,priority=10,ip,nw_dst={b},actions=set_field:{}->eth_dst,output:{}",
             h.mac(),
             h.ofport()
+        ));
+    }
+    for f in flows {
+        br.add_flow(&f)?;
+    }
+    Ok(())
+}
+
+/// The VIP without conntrack: the select group's bucket (OVS hashes the flow to pick it,
+/// so a connection stays on one bucket while the buckets stay the same) rewrites the
+/// destination to its backend; each backend's answers get the VIP back as their source.
+fn install_stateless_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow::Result<()> {
+    let buckets: Vec<String> = BACKENDS
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let h = &t.hosts[i + 1];
+            format!(
+                "bucket=weight:100,actions=set_field:{}->eth_dst,set_field:{b}->ip_dst,output:{}",
+                h.mac(),
+                h.ofport()
+            )
+        })
+        .collect();
+    add_select_group(br, &buckets)?;
+    let client_port = t.hosts[0].ofport();
+    let mut flows = vec![
+        format!("priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=group:1"),
+        "priority=0,actions=NORMAL".to_string(),
+    ];
+    for b in BACKENDS {
+        flows.push(format!(
+            "priority=50,tcp,nw_src={b},tp_src=80,nw_dst=10.0.0.1,actions=set_field:{VIP}->ip_src,set_field:{VIP_MAC}->eth_src,output:{client_port}"
         ));
     }
     for f in flows {
@@ -383,11 +457,79 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
     if let Some(why) = flowgate_testbed_unavailable() {
         bail!("the data-path bench needs root and Open vSwitch: {why}");
     }
-    let p = Prefix::for_test("bench_datapath");
-    cleanup_stale(p.as_str())?;
     let dir = TempDir::new("datapath")?;
     let lua = dir.0.join("close.lua");
     std::fs::write(&lua, WRK_LUA)?;
+    let mut runs: Vec<(Case, BackendKind, Measured)> = Vec::new();
+    for round in 0..args.rounds.max(1) {
+        let order = round_order(&args.cases, round);
+        eprintln!(
+            "bench datapath: round {} of {}: {order:?}",
+            round + 1,
+            args.rounds.max(1)
+        );
+        for (bi, &kind) in args.backends.iter().enumerate() {
+            for &case in &order {
+                // With several backend kinds, only `direct` is repeated for the others.
+                if bi > 0 && case != Case::Direct {
+                    continue;
+                }
+                let m = measure(args, case, kind, &dir.0, &lua)?;
+                runs.push((case, kind, m));
+            }
+        }
+    }
+    Ok(summarise(args, &runs))
+}
+
+/// The order of round `round`: the given order first, then seeded shuffles, so that no
+/// case always follows the same one (what ran before a case must not decide its figure).
+fn round_order(cases: &[Case], round: u32) -> Vec<Case> {
+    let mut v = cases.to_vec();
+    if round == 0 {
+        return v;
+    }
+    // splitmix64 from the round number: plenty for a permutation of a handful of cases.
+    let mut x = u64::from(round);
+    for i in (1..v.len()).rev() {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        v.swap(i, (z % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// One case's wrk run.
+struct Measured {
+    requests_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    requests: u64,
+    errors: String,
+    packet_ins: Option<u64>,
+}
+
+/// Measure one case on a network of its own: fresh namespaces (so no client TIME_WAIT
+/// sockets or ARP entries from the case before), a fresh bridge, fresh backends, and the
+/// VIP's conntrack zone flushed (the userspace datapath's conntrack outlives bridges).
+/// Earlier runs on one shared network made a case's figure depend on what ran before it
+/// (direct: 20k/s when first, 5.5k/s after four other cases).
+fn measure(
+    args: &DatapathArgs,
+    case: Case,
+    kind: BackendKind,
+    dir: &Path,
+    lua: &Path,
+) -> anyhow::Result<Measured> {
+    let backend_label = kind.label();
+    let p = Prefix::for_test("bench_datapath");
+    cleanup_stale(p.as_str())?;
+    let _ = Command::new("ovs-appctl")
+        .args(["dpctl/flush-conntrack", "zone=1"])
+        .output();
     let t = topo::single(&TopoOptions::new(p.as_str()), 5)?;
     let br = &t.bridges[0];
     let client = &t.hosts[0];
@@ -400,110 +542,129 @@ pub fn run(args: &DatapathArgs) -> anyhow::Result<Vec<CaseResult>> {
         h.exec_checked(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535"])?;
         h.exec_checked(&["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
     }
-    let mut results = Vec::new();
-    for (bi, &kind) in args.backends.iter().enumerate() {
-        let backend_label = match kind {
-            BackendKind::Nginx => "nginx",
-            BackendKind::FlowgateHttpd => "flowgate httpd",
-        };
-        let _servers = start_backends(&t, kind, &dir.0)?;
+    let _servers = start_backends(&t, kind, dir)?;
+    let mut ctl = None;
+    let mut _proxy = None;
+    let url = match case {
+        Case::Direct => {
+            br.add_flow("priority=0,actions=NORMAL")?;
+            format!("http://{}/", BACKENDS[0])
+        }
+        Case::Haproxy => {
+            br.add_flow("priority=0,actions=NORMAL")?;
+            let conf = dir.join("haproxy.cfg");
+            std::fs::write(&conf, haproxy_conf())?;
+            let conf = conf.to_string_lossy().to_string();
+            _proxy = Some(proxy_host.spawn(&["haproxy", "-db", "-f", &conf])?);
+            format!("http://{PROXY}/")
+        }
+        Case::Nginx => {
+            br.add_flow("priority=0,actions=NORMAL")?;
+            let conf = dir.join("nginx-proxy.conf");
+            std::fs::create_dir_all(dir.join("tmp-proxy"))?;
+            std::fs::write(&conf, nginx_proxy_conf(dir))?;
+            let conf = conf.to_string_lossy().to_string();
+            let d = dir.to_string_lossy().to_string();
+            _proxy = Some(proxy_host.spawn(&["nginx", "-p", &d, "-c", &conf])?);
+            format!("http://{PROXY}/")
+        }
+        Case::OvsHash => {
+            install_stateless_lb(br, &t)?;
+            client.set_arp(VIP.parse()?, VIP_MAC)?;
+            format!("http://{VIP}/")
+        }
+        Case::OvsGroup => {
+            install_group_lb(br, &t)?;
+            client.set_arp(VIP.parse()?, VIP_MAC)?;
+            format!("http://{VIP}/")
+        }
+        Case::Flowgate | Case::FlowgateProactive => {
+            let (algorithm, mode) = if case == Case::Flowgate {
+                (args.algorithm.as_str(), "reactive")
+            } else {
+                // ISSLM decides per connection: proactive mode takes the others.
+                let a = if args.algorithm == "isslm" {
+                    "least-connections"
+                } else {
+                    args.algorithm.as_str()
+                };
+                (a, "proactive")
+            };
+            let c = start_flowgate(dir, algorithm, mode)?;
+            br.set_controller(&[format!("tcp:{}", c.openflow)])?;
+            br.wait_connected(Duration::from_secs(10))?;
+            ctl = Some(c);
+            format!("http://{VIP}/")
+        }
+    };
+    if let Err(e) = wait_http(client, &url, Duration::from_secs(20)) {
+        let proxy_log = _proxy.as_ref().map(|p| p.output()).unwrap_or_default();
+        bail!("{case:?} with {backend_label} backends: {e}\n{proxy_log}");
+    }
+    let pi_before = ctl.as_ref().and_then(|c| c.packet_ins());
+    eprintln!(
+        "bench datapath: {case:?} ({backend_label} backends) for {} s",
+        args.duration
+    );
+    let out = wrk(client, args, &url, lua)?;
+    let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
+    let (requests_per_sec, p50_ms, p99_ms, requests, errors) = parse_wrk(&out)?;
+    eprintln!("bench datapath: {case:?}: {requests_per_sec:.0} requests/s");
+    Ok(Measured {
+        requests_per_sec,
+        p50_ms,
+        p99_ms,
+        requests,
+        errors,
+        packet_ins: match (pi_before, pi_after) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        },
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One row per (case, backends): medians over the rounds, and every round's rate.
+fn summarise(args: &DatapathArgs, runs: &[(Case, BackendKind, Measured)]) -> Vec<CaseResult> {
+    let mut out = Vec::new();
+    for &kind in &args.backends {
         for &case in &args.cases {
-            // With several backend kinds, only `direct` is repeated for the others.
-            if bi > 0 && case != Case::Direct {
+            let ms: Vec<&Measured> = runs
+                .iter()
+                .filter(|(c, k, _)| *c == case && *k == kind)
+                .map(|(_, _, m)| m)
+                .collect();
+            if ms.is_empty() {
                 continue;
             }
-            br.set_controller(&[])?;
-            br.del_flows()?;
-            let _ = br.ofctl("del-groups", &[]);
-            let mut ctl = None;
-            let mut _proxy = None;
-            let url = match case {
-                Case::Direct => {
-                    br.add_flow("priority=0,actions=NORMAL")?;
-                    format!("http://{}/", BACKENDS[0])
-                }
-                Case::Haproxy => {
-                    br.add_flow("priority=0,actions=NORMAL")?;
-                    let conf = dir.0.join("haproxy.cfg");
-                    std::fs::write(&conf, haproxy_conf())?;
-                    let conf = conf.to_string_lossy().to_string();
-                    _proxy = Some(proxy_host.spawn(&["haproxy", "-db", "-f", &conf])?);
-                    format!("http://{PROXY}/")
-                }
-                Case::Nginx => {
-                    br.add_flow("priority=0,actions=NORMAL")?;
-                    let conf = dir.0.join("nginx-proxy.conf");
-                    std::fs::create_dir_all(dir.0.join("tmp-proxy"))?;
-                    std::fs::write(&conf, nginx_proxy_conf(&dir.0))?;
-                    let conf = conf.to_string_lossy().to_string();
-                    let d = dir.0.to_string_lossy().to_string();
-                    _proxy = Some(proxy_host.spawn(&["nginx", "-p", &d, "-c", &conf])?);
-                    format!("http://{PROXY}/")
-                }
-                Case::OvsGroup => {
-                    install_group_lb(br, &t)?;
-                    client.set_arp(VIP.parse()?, VIP_MAC)?;
-                    format!("http://{VIP}/")
-                }
-                Case::Flowgate | Case::FlowgateProactive => {
-                    let _ = client.exec(&["ip", "neigh", "del", VIP, "dev", "eth0"]);
-                    let (algorithm, mode) = if case == Case::Flowgate {
-                        (args.algorithm.as_str(), "reactive")
-                    } else {
-                        // ISSLM decides per connection: proactive mode takes the others.
-                        let a = if args.algorithm == "isslm" {
-                            "least-connections"
-                        } else {
-                            args.algorithm.as_str()
-                        };
-                        (a, "proactive")
-                    };
-                    let c = start_flowgate(&dir.0, algorithm, mode)?;
-                    br.set_controller(&[format!("tcp:{}", c.openflow)])?;
-                    br.wait_connected(Duration::from_secs(10))?;
-                    ctl = Some(c);
-                    format!("http://{VIP}/")
-                }
-            };
-            if let Err(e) = wait_http(client, &url, Duration::from_secs(20)) {
-                let proxy_log = _proxy.as_ref().map(|p| p.output()).unwrap_or_default();
-                bail!("{case:?} with {backend_label} backends: {e}\n{proxy_log}");
+            let mut errors: Vec<&str> = ms.iter().map(|m| m.errors.as_str()).collect();
+            errors.sort_unstable();
+            errors.dedup();
+            if errors.len() > 1 {
+                errors.retain(|e| *e != "none");
             }
-            let pi_before = ctl.as_ref().and_then(|c| c.packet_ins());
-            eprintln!(
-                "bench datapath: {case:?} ({backend_label} backends) for {} s",
-                args.duration
-            );
-            let out = wrk(client, args, &url, &lua)?;
-            let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
-            let (rps, p50, p99, requests, errors) = parse_wrk(&out)?;
-            results.push(CaseResult {
-                case: match case {
-                    Case::Flowgate => "flowgate VIP (reactive)".into(),
-                    Case::FlowgateProactive => "flowgate VIP (proactive: group + conntrack)".into(),
-                    Case::Haproxy => "HAProxy leastconn (proxy host)".into(),
-                    Case::Nginx => "nginx least_conn (proxy host)".into(),
-                    Case::Direct => "direct to one backend".into(),
-                    Case::OvsGroup => {
-                        "OVS select group + conntrack (proactive, no controller)".into()
-                    }
-                },
-                backend: backend_label.into(),
-                requests_per_sec: rps,
-                p50_ms: p50,
-                p99_ms: p99,
-                requests,
-                errors,
-                packet_ins: match (pi_before, pi_after) {
-                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                    _ => None,
-                },
+            out.push(CaseResult {
+                case: case.label().into(),
+                backend: kind.label().into(),
+                requests_per_sec: median(ms.iter().map(|m| m.requests_per_sec).collect()),
+                per_round: ms.iter().map(|m| m.requests_per_sec).collect(),
+                p50_ms: median(ms.iter().map(|m| m.p50_ms).collect()),
+                p99_ms: median(ms.iter().map(|m| m.p99_ms).collect()),
+                requests: ms.iter().map(|m| m.requests).sum(),
+                errors: errors.join("; "),
+                packet_ins: ms.iter().map(|m| m.packet_ins).sum::<Option<u64>>(),
             });
-            drop(ctl);
         }
     }
-    drop(t);
-    Ok(results)
+    out
 }
 
 fn flowgate_testbed_unavailable() -> Option<String> {
@@ -537,7 +698,8 @@ pub fn table(results: &[CaseResult]) -> Table {
     let mut t = Table::new(&[
         "path",
         "backends",
-        "requests/s",
+        "requests/s (median)",
+        "each round",
         "vs direct",
         "p50 ms",
         "p99 ms",
@@ -550,6 +712,11 @@ pub fn table(results: &[CaseResult]) -> Table {
             r.case.clone(),
             r.backend.clone(),
             super::fmt_rate(r.requests_per_sec),
+            r.per_round
+                .iter()
+                .map(|&v| super::fmt_rate(v))
+                .collect::<Vec<_>>()
+                .join(" / "),
             direct(&r.backend).map_or("–".into(), |d| {
                 format!("{:.0}%", 100.0 * r.requests_per_sec / d)
             }),

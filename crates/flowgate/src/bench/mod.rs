@@ -6,9 +6,12 @@
 //! - [`datapath`]: HTTP requests/s and p99 through flowgate's VIP, HAProxy, nginx, and
 //!   straight to a backend, on one Open vSwitch bridge with the same namespaces.
 //! - [`memory`]: resident bytes per tracked connection.
+//! - [`cluster`]: the distributed mode: spill latency, and a domain's flow setup against
+//!   single-controller mode, in one run with one etcd.
 //!
 //! Each prints a Markdown table and writes it to `--out FILE` when asked.
 
+pub mod cluster;
 pub mod controller;
 pub mod datapath;
 pub mod memory;
@@ -26,6 +29,8 @@ pub enum BenchCmd {
     Datapath(datapath::DatapathArgs),
     /// Resident memory per tracked connection.
     Memory(memory::MemoryArgs),
+    /// Distributed mode (needs etcd): spill latency, and flow setup domain vs single.
+    Cluster(cluster::ClusterArgs),
 }
 
 /// A Markdown table.
@@ -158,6 +163,15 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 "Data path: HTTP through the VIP, proxies and direct",
                 &command_line(),
                 &datapath::table(&results).markdown(),
+                args.out.as_deref(),
+            )
+        }
+        BenchCmd::Cluster(args) => {
+            let report = cluster::run(&args)?;
+            emit(
+                "Distributed mode: spill latency and flow setup (domain vs single)",
+                &command_line(),
+                &cluster::body(&args, &report),
                 args.out.as_deref(),
             )
         }

@@ -120,6 +120,9 @@ pub struct SwitchResult {
     pub hist: Histogram<u64>,
     pub samples: Samples,
     pub error: Option<String>,
+    /// Per backend of the plan (by index): complete VIP answers naming it, and when the
+    /// first one completed (`bench cluster` times a spill by it).
+    pub by_backend: Vec<(u64, Option<Instant>)>,
 }
 
 struct Sw {
@@ -146,6 +149,7 @@ struct Sw {
     /// out and FLOW_REMOVED is sent for those that asked for it (0 = never).
     expire_after: usize,
     live: VecDeque<Vec<ofp::FlowRemoved>>,
+    by_backend: Vec<(u64, Option<Instant>)>,
 }
 
 /// Run one emulated switch until `flags.stop`.
@@ -179,12 +183,15 @@ pub async fn run_switch(
         timeout,
         expire_after,
         live: VecDeque::new(),
+        by_backend: Vec::new(),
     };
+    sw.by_backend = vec![(0, None); sw.plan.backends.len()];
     let error = sw.run(controller).await.err();
     SwitchResult {
         hist: sw.hist,
         samples: sw.samples,
         error,
+        by_backend: sw.by_backend,
     }
 }
 
@@ -314,7 +321,19 @@ impl Sw {
                     miss_send_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER,
                 }),
             ),
-            Message::RoleRequest(r) => self.reply(xid, &Message::RoleReply(r)),
+            Message::RoleRequest(r) => {
+                self.reply(xid, &Message::RoleReply(r));
+                // A cluster member writes only once the switch confirmed it MASTER, so its
+                // answer to the client's first ARP may have been dropped: the client asks
+                // again, as a real host retries.
+                if r.role == ofp::ControllerRole::Master
+                    && !self.counters.vip_arp_answered.load(Ordering::Relaxed)
+                {
+                    let (cip, _) = self.plan.client_of(0);
+                    let ask = packet::arp_request(self.plan.client_mac, cip, self.plan.vip);
+                    self.packet_in(self.plan.client_port, ask);
+                }
+            }
             Message::GetAsyncRequest => {}
             Message::MultipartRequest(req) => {
                 let body = match req.body {
@@ -721,6 +740,10 @@ impl Sw {
                         }
                     }
                 }
+            }
+            if let Some(e) = fwd.and_then(|b| self.by_backend.get_mut(b)) {
+                e.0 += 1;
+                e.1.get_or_insert(now);
             }
             self.record(now, sent);
         }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use flowgate_coord::spill::{DomainSummary, SpillDecision, SpillParams, SpillPolicy};
 use flowgate_coord::{CoordError, Kv, Leadership, LeaseId, Store, keys};
 use flowgate_core::config::{ClusterConfig, ClusterRole};
 use flowgate_core::topology::Dpid;
@@ -710,6 +711,7 @@ async fn run_lease(
     let mut last_view = Instant::now() - Duration::from_secs(10);
     let mut global = GlobalState::default();
     let mut shared = SharedServices::default();
+    let mut refusals = Refusals::default();
     loop {
         tokio::select! {
             r = &mut campaign, if leadership.is_none() => match r {
@@ -746,7 +748,7 @@ async fn run_lease(
                     }
                     match cfg.role {
                         ClusterRole::Domain => {
-                            if !publish_summary(handle, store, l, lease).await {
+                            if !publish_summary(handle, store, l, lease, &mut refusals).await {
                                 return Outcome::LeaseLost;
                             }
                         }
@@ -806,9 +808,36 @@ async fn observe_leader(
     }
 }
 
+/// New connections a domain refused for want of a backend, per second and service, folded
+/// like the balancer's rates: part of the domain's demand. Without it a domain whose
+/// backends are all down would report almost no load (it assigns nothing), and the global
+/// controller would account its spill at that.
+#[derive(Default)]
+struct Refusals {
+    last: HashMap<String, (u64, Instant)>,
+    rate: HashMap<String, f64>,
+}
+
+impl Refusals {
+    fn update(&mut self, service: &str, total: u64, now: Instant) -> f64 {
+        let rate = self.rate.entry(service.to_string()).or_default();
+        if let Some((before, at)) = self.last.get(service) {
+            let dt = now.saturating_duration_since(*at).as_secs_f64();
+            if dt > 0.0 {
+                let inst = total.saturating_sub(*before) as f64 / dt;
+                let tau = flowgate_core::service::RATE_TIME_CONSTANT.as_secs_f64();
+                *rate += (1.0 - (-dt / tau).exp()) * (inst - *rate);
+            }
+        }
+        self.last.insert(service.to_string(), (total, now));
+        *rate
+    }
+}
+
 /// A domain's aggregated state, per service: what the global controller decides from.
-fn domain_summary(handle: &Handle) -> Value {
+fn domain_summary(handle: &Handle, refusals: &mut Refusals) -> Value {
     let uplink = handle.cluster.cfg.uplink;
+    let now = Instant::now();
     let core = handle.lock();
     let c = &core.controller;
     let services: BTreeMap<String, Value> = c
@@ -818,8 +847,10 @@ fn domain_summary(handle: &Handle) -> Value {
             let local: Vec<_> = s.backends.iter().filter(|b| is_local(c, uplink, b)).collect();
             let healthy: Vec<_> = local.iter().filter(|b| b.eligible()).collect();
             // The domain's demand: every new connection its clients opened, wherever it
-            // went (spilled ones included, so a spill does not undo itself).
-            let load: f64 = s.backends.iter().map(|b| b.rps).sum();
+            // went (spilled ones included, so a spill does not undo itself), and those it
+            // had to refuse.
+            let refused = refusals.update(&s.cfg.name, s.counters.refused_no_backend, now);
+            let load: f64 = s.backends.iter().map(|b| b.rps).sum::<f64>() + refused;
             let active: u64 = local.iter().map(|b| u64::from(b.active_connections)).sum();
             let capacity = s.cfg.params.threshold_rps.map(|t| t * healthy.len() as f64);
             (
@@ -828,6 +859,7 @@ fn domain_summary(handle: &Handle) -> Value {
                     "backends": local.len(),
                     "healthy": healthy.len(),
                     "load_rps": load,
+                    "refused_rps": refused,
                     "active_connections": active,
                     "capacity_rps": capacity,
                     "local_backends": healthy
@@ -1014,12 +1046,13 @@ async fn publish_summary(
     store: &dyn Store,
     l: &Leadership,
     lease: LeaseId,
+    refusals: &mut Refusals,
 ) -> bool {
     let cs = &handle.cluster;
     let Some(domain) = cs.cfg.domain.clone() else {
         return true;
     };
-    let summary = domain_summary(handle).to_string();
+    let summary = domain_summary(handle, refusals).to_string();
     match store
         .fenced_put(
             l.clone(),
@@ -1145,13 +1178,63 @@ async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
 
 // ----- the global controller --------------------------------------------------------
 
-/// The active global controller's memory of what it last wrote.
+/// The active global controller's memory: the spill policy (hysteresis, decisions in
+/// force) and what it last wrote. Kept across decisions for as long as this instance
+/// leads; a newly elected one starts from the decisions in the store.
 #[derive(Default)]
 struct GlobalState {
+    policy: Option<SpillPolicy>,
     written: HashMap<String, String>,
 }
 
+fn spill_params(cfg: &ClusterConfig) -> SpillParams {
+    SpillParams {
+        threshold: cfg.spill_threshold,
+        exit_threshold: cfg.spill_exit_threshold,
+        hold: cfg.spill_hold,
+        step: cfg.spill_step,
+    }
+}
+
 impl GlobalState {
+    /// The policy, seeded on first use from the decisions currently in the store (a
+    /// failover must not reset every spill). None if the store cannot be read yet.
+    async fn policy(&mut self, handle: &Handle, store: &dyn Store) -> Option<&mut SpillPolicy> {
+        let cs = &handle.cluster;
+        if self.policy.is_none() {
+            let prefix = keys::spills(&cs.cfg.name);
+            let in_force = match store.list(prefix.clone()).await {
+                Ok(a) => a,
+                Err(e) => {
+                    cs.store_failed(&e);
+                    return None;
+                }
+            };
+            let mut policy = SpillPolicy::new(spill_params(&cs.cfg));
+            let now = Instant::now();
+            for kv in in_force {
+                let Some(domain) = kv.key.strip_prefix(&prefix) else {
+                    continue;
+                };
+                match SpillDecision::from_json(&kv.value) {
+                    Ok(d) => {
+                        policy.seed(domain, &d, now);
+                        self.written.insert(domain.to_string(), d.to_json());
+                    }
+                    Err(e) => {
+                        tracing::warn!(domain, error = %e, "unreadable spill decision in the store: ignored")
+                    }
+                }
+            }
+            tracing::info!(
+                decisions = self.written.len(),
+                "global controller active: starting from the spill decisions in the store"
+            );
+            self.policy = Some(policy);
+        }
+        self.policy.as_mut()
+    }
+
     /// Read every domain's summary, decide every domain's spill, write what changed
     /// (fenced). False when the store refused a fenced write: we no longer lead.
     async fn decide(&mut self, handle: &Handle, store: &dyn Store, l: &Leadership) -> bool {
@@ -1164,17 +1247,26 @@ impl GlobalState {
                 return true;
             }
         };
-        let summaries: BTreeMap<String, Value> = all
+        let summaries: BTreeMap<String, DomainSummary> = all
             .iter()
             .filter_map(|kv| {
                 let rest = kv.key.strip_prefix(&prefix)?;
                 let d = rest.strip_suffix("/summary")?;
-                Some((d.to_string(), serde_json::from_slice(&kv.value).ok()?))
+                match DomainSummary::from_json(&kv.value) {
+                    Ok(s) => Some((d.to_string(), s)),
+                    Err(e) => {
+                        tracing::warn!(domain = d, error = %e, "unreadable domain summary: ignored");
+                        None
+                    }
+                }
             })
             .collect();
-        let decisions = spill_decisions(&summaries, cs.cfg.spill_threshold);
+        let Some(policy) = self.policy(handle, store).await else {
+            return true;
+        };
+        let decisions = policy.decide(&summaries, Instant::now());
         for (domain, decision) in decisions {
-            let text = decision.to_string();
+            let text = decision.to_json();
             if self.written.get(&domain) == Some(&text) {
                 continue;
             }
@@ -1208,108 +1300,24 @@ impl GlobalState {
     }
 }
 
-/// Where each domain spills, per service: a domain whose local backends are all at or
-/// above `threshold` × capacity, or none healthy, sends a share of its new connections to
-/// the other domains with spare capacity, weighted by that spare capacity. The share is
-/// the load beyond its own capacity (at least 10 %, at most all).
-pub fn spill_decisions(
-    summaries: &BTreeMap<String, Value>,
-    threshold: f64,
-) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    for (domain, s) in summaries {
-        let mut services = serde_json::Map::new();
-        let Some(svcs) = s["services"].as_object() else {
-            out.insert(domain.clone(), json!({ "services": {} }));
-            continue;
-        };
-        for (name, st) in svcs {
-            let healthy = st["healthy"].as_u64().unwrap_or(0);
-            let load = st["load_rps"].as_f64().unwrap_or(0.0);
-            let cap = st["capacity_rps"].as_f64();
-            let overloaded = healthy == 0 || cap.is_some_and(|c| c > 0.0 && load >= threshold * c);
-            if !overloaded {
-                continue;
-            }
-            let mut targets = serde_json::Map::new();
-            for (other, os) in summaries {
-                if other == domain {
-                    continue;
-                }
-                let o = &os["services"][name.as_str()];
-                let oh = o["healthy"].as_u64().unwrap_or(0);
-                if oh == 0 {
-                    continue;
-                }
-                let ol = o["load_rps"].as_f64().unwrap_or(0.0);
-                let spare = match o["capacity_rps"].as_f64() {
-                    Some(c) => (threshold * c - ol).max(0.0),
-                    None => oh as f64,
-                };
-                if spare > 0.0 {
-                    targets.insert(
-                        other.clone(),
-                        json!({
-                            "spare_rps": spare,
-                            "backends": o["local_backends"].clone(),
-                        }),
-                    );
-                }
-            }
-            let total: f64 = targets
-                .values()
-                .map(|t| t["spare_rps"].as_f64().unwrap_or(0.0))
-                .sum();
-            if total <= 0.0 {
-                continue;
-            }
-            for t in targets.values_mut() {
-                let w = t["spare_rps"].as_f64().unwrap_or(0.0) / total;
-                t["weight"] = json!((w * 1000.0).round() / 1000.0);
-            }
-            let fraction = match cap {
-                _ if healthy == 0 => 1.0,
-                Some(c) if load > 0.0 => ((load - c * threshold) / load).clamp(0.1, 1.0),
-                _ => 0.1,
-            };
-            services.insert(
-                name.clone(),
-                json!({
-                    "fraction": (fraction * 1000.0_f64).round() / 1000.0,
-                    "targets": targets,
-                }),
-            );
-        }
-        out.insert(domain.clone(), json!({ "services": services }));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn an_overloaded_domain_spills_by_spare_capacity() {
-        let mut s = BTreeMap::new();
-        let svc = |healthy: u64, load: f64, cap: f64| json!({ "services": { "web": { "healthy": healthy, "load_rps": load, "capacity_rps": cap, "local_backends": [] } } });
-        s.insert("d1".to_string(), svc(1, 200.0, 100.0));
-        s.insert("d2".to_string(), svc(1, 20.0, 100.0));
-        s.insert("d3".to_string(), svc(1, 60.0, 100.0));
-        s.insert("d4".to_string(), svc(0, 0.0, 0.0));
-        let d = spill_decisions(&s, 1.0);
-        let web = &d["d1"]["services"]["web"];
-        assert_eq!(web["fraction"], json!(0.5));
-        assert_eq!(web["targets"]["d2"]["weight"], json!(0.667));
-        assert_eq!(web["targets"]["d3"]["weight"], json!(0.333));
-        assert!(web["targets"].get("d4").is_none());
-        assert!(
-            d["d2"]["services"]
-                .as_object()
-                .is_some_and(|m| m.is_empty())
-        );
-        // A domain with no healthy backend spills everything.
-        assert_eq!(d["d4"]["services"]["web"]["fraction"], json!(1.0));
+    fn refusals_count_as_demand() {
+        let mut r = Refusals::default();
+        let t0 = Instant::now();
+        assert_eq!(r.update("web", 0, t0), 0.0);
+        // 100 refusals/s for 5 s: the folded rate approaches 100.
+        let mut rate = 0.0;
+        for i in 1..=25u64 {
+            rate = r.update("web", i * 20, t0 + Duration::from_millis(200 * i));
+        }
+        assert!((95.0..=100.0).contains(&rate), "{rate}");
+        // A counter that went backwards (a reload) is no negative demand.
+        let after = r.update("web", 0, t0 + Duration::from_millis(5200));
+        assert!((0.0..rate).contains(&after), "{after}");
     }
 
     #[test]

@@ -297,7 +297,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Message::EchoReply(_) => {}
                 // Role replies, role-status and IS_SLAVE/STALE errors: the cluster layer.
                 ref m if super::cluster::on_switch_message(handle, features, m) => {}
-                Message::PacketIn(_) if !budget.take(Instant::now()) => {
+                // One clock read per batch: every frame of it was already buffered at `work_start`.
+                Message::PacketIn(_) if !budget.take(work_start) => {
                     dropped_packet_ins += 1;
                     handle.packet_in_dropped.fetch_add(1, Ordering::Relaxed);
                     if dropped_packet_ins.is_power_of_two() {
@@ -354,6 +355,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         + done.saturating_duration_since(locked),
                     queueing: done.saturating_duration_since(filled_at),
                     backlog: rd.buf.len() as u64,
+                    outflow: outflow.queued.load(Ordering::Relaxed) as u64,
                 });
             continue;
         }
