@@ -315,10 +315,8 @@ impl Controller {
             c.arrival();
             if let Some(share) = c.share {
                 let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
-                if !c
-                    .gate
-                    .admit_with_depth(now, Some(gap), super::config::DEFAULT_GATE_BURST)
-                {
+                let depth = batch_depth(super::config::DEFAULT_GATE_BURST, Some(gap));
+                if !c.gate.admit_with_depth(now, Some(gap), depth) {
                     self.overload.last_refusal_by_controller = true;
                     self.overload.controller.law.refused_total += 1;
                     return false;
@@ -336,9 +334,12 @@ impl Controller {
                     (Some(_), Some(share)) => Some(Duration::from_secs_f64(1.0 / share.max(1e-3))),
                     (gap, _) => gap,
                 };
-                d.gate.admit_with_depth(now, share_gap, g.cfg.gate_burst)
+                d.gate
+                    .admit_with_depth(now, share_gap, batch_depth(g.cfg.gate_burst, share_gap))
             }
-            None => g.gate.admit_with_depth(now, gap, g.cfg.gate_burst),
+            None => g
+                .gate
+                .admit_with_depth(now, gap, batch_depth(g.cfg.gate_burst, gap)),
         };
         g.law.record(ok);
         if ok {
@@ -676,6 +677,24 @@ impl Controller {
 use crate::controller::Outbox;
 
 /// A service's load ρ: the largest of its configured ratios (1.0 = at target).
+/// The runtime hands the core a switch's PACKET_INs in batches (everything one read
+/// brought, up to 256) that share one timestamp, so a gate sees a batch's arrivals at one
+/// instant and refills only between batches. A bucket of `burst` tokens would then admit
+/// about `burst` per batch whatever the gap: measured with 4 emulated switches flooding
+/// at 800k/s, the controller's gate let through 7k/s under an admitted rate of 900k/s.
+/// The bucket therefore also holds [`GATE_BATCH_WINDOW`] of admissions, so a batch gets
+/// what its interval earned; at the gaps of seconds to tens of milliseconds that
+/// service pools see, `burst` still decides.
+pub(crate) fn batch_depth(burst: f64, gap: Option<Duration>) -> f64 {
+    match gap {
+        Some(g) if !g.is_zero() => burst.max(GATE_BATCH_WINDOW.as_secs_f64() / g.as_secs_f64()),
+        _ => burst,
+    }
+}
+
+/// How much time of admissions a gate's bucket holds at least (see [`batch_depth`]).
+const GATE_BATCH_WINDOW: Duration = Duration::from_millis(10);
+
 pub(crate) fn service_load(s: &ServiceState, cfg: &OverloadConfig, admitted_rate: f64) -> f64 {
     let mut load: f64 = 0.0;
     if let Some(cap) = cfg.capacity_rps {

@@ -74,6 +74,10 @@ pub struct ControllerArgs {
     /// Open loop: new connections per second, all switches together, at a fixed rate.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// flowgate only: its own overload control (`[controller.overload] mode`), e.g.
+    /// `adaptive` with `--rate` far beyond its capacity to see it gate a PACKET_IN flood.
+    #[arg(long, default_value = "off", value_parser = ["off", "adaptive"])]
+    pub controller_overload: String,
     /// After each throughput run, also run open loop at this fraction of the peak just
     /// measured (e.g. 0.5 for the "p99 at half the peak rate" figure).
     #[arg(long)]
@@ -480,6 +484,12 @@ pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
     let mut c = String::from(
         "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n",
     );
+    if args.controller_overload != "off" {
+        c += &format!(
+            "\n[controller.overload]\nmode = \"{}\"\n",
+            args.controller_overload
+        );
+    }
     for (i, p) in plans(args)?.iter().enumerate() {
         c += &format!(
             "\n[[service]]\nname = \"s{i}\"\nvip = \"{}\"\nport = {}\nalgorithm = \"round-robin\"\nvirtual_mac = \"02:66:67:00:{:02x}:01\"\n\n[service.health]\nkind = \"none\"\n",
