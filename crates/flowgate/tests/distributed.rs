@@ -753,13 +753,17 @@ fn four_domains(p: &Prefix) -> FourDomains {
     }
 }
 
-fn located(ctl: &Ctl, addr: &str) -> bool {
+fn located_and_weighted(ctl: &Ctl, addr: &str) -> bool {
     ctl.get_json("/api/v1/services")
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
-        .any(|b| b["address"] == addr && b["located"] == true)
+        .any(|b| {
+            b["address"] == addr
+                && b["located"] == true
+                && b["weight"].as_u64().is_some_and(|w| w > 0)
+        })
 }
 
 fn mean_ms(r: &serde_json::Value) -> f64 {
@@ -825,10 +829,13 @@ fn ovs_four_domains_spill_through_global() {
     }
     for (i, d) in domains.iter().enumerate() {
         let addr = format!("10.0.0.{}", 11 + i);
+        // Located, and weighted as local: the domain sets its backends' weights on its
+        // next work tick after locating them (until then a new connection finds no backend
+        // with a weight, and is reset; seen in CI).
         wait_until(
-            &format!("d{} locates its backend", i + 1),
+            &format!("d{} locates and weights its backend", i + 1),
             Duration::from_secs(20),
-            || located(d, &addr),
+            || located_and_weighted(d, &addr),
         );
     }
     let url = format!("http://{VIP}/");

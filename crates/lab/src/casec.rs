@@ -261,13 +261,19 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Resul
     Ok(())
 }
 
+/// Located, and weighted as local: a domain sets its backends' weights on its next work
+/// tick after locating them, and until then a new connection finds no weighted backend.
 fn located(c: &Controller, addr: Ipv4Addr) -> bool {
     let Ok(v) = c.services() else { return false };
     v.as_array()
         .into_iter()
         .flatten()
         .flat_map(|s| s["backends"].as_array().cloned().unwrap_or_default())
-        .any(|b| b["address"] == addr.to_string() && b["located"] == true)
+        .any(|b| {
+            b["address"] == addr.to_string()
+                && b["located"] == true
+                && b["weight"].as_u64().is_some_and(|w| w > 0)
+        })
 }
 
 /// What a Case C run leaves beside its rows: iperf3 intervals per series, and notes
