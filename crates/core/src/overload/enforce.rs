@@ -315,8 +315,16 @@ impl Controller {
             c.arrival();
             if let Some(share) = c.share {
                 let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
-                let depth = batch_depth(super::config::DEFAULT_GATE_BURST, Some(gap));
-                if !c.gate.admit_with_depth(now, Some(gap), depth) {
+                // Not `batch_depth`: with a batch's worth of tokens this gate lets the
+                // controller's whole admitted rate through, and on OVS the flood's
+                // FLOW_MODs then crowd out a quiet service's (9–36 % of its new
+                // connections reset in `ovs_overload_packet_in_flood`); with two tokens
+                // it admits ~2 per batch, far under that rate. The law has to learn what
+                // the switch absorbs before this gate can enforce its rate exactly.
+                if !c
+                    .gate
+                    .admit_with_depth(now, Some(gap), super::config::DEFAULT_GATE_BURST)
+                {
                     self.overload.last_refusal_by_controller = true;
                     self.overload.controller.law.refused_total += 1;
                     return false;
@@ -682,9 +690,10 @@ use crate::controller::Outbox;
 /// instant and refills only between batches. A bucket of `burst` tokens would then admit
 /// about `burst` per batch whatever the gap: measured with 4 emulated switches flooding
 /// at 800k/s, the controller's gate let through 7k/s under an admitted rate of 900k/s.
-/// The bucket therefore also holds [`GATE_BATCH_WINDOW`] of admissions, so a batch gets
-/// what its interval earned; at the gaps of seconds to tens of milliseconds that
-/// service pools see, `burst` still decides.
+/// A service gate's bucket therefore also holds [`GATE_BATCH_WINDOW`] of admissions, so
+/// a batch gets what its interval earned; at the gaps of seconds to tens of milliseconds
+/// that service pools see, `burst` still decides. (The controller's own gate does not
+/// use it yet: see `overload_admit`.)
 pub(crate) fn batch_depth(burst: f64, gap: Option<Duration>) -> f64 {
     match gap {
         Some(g) if !g.is_zero() => burst.max(GATE_BATCH_WINDOW.as_secs_f64() / g.as_secs_f64()),
