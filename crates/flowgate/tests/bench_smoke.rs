@@ -160,21 +160,14 @@ fn bench_controller_library_checks_every_answer() {
 struct Spawned {
     child: std::process::Child,
     addr: std::net::SocketAddr,
-    api: String,
     _dir: controller::TempDir,
 }
 
 impl Spawned {
     fn flowgate(args: &ControllerArgs) -> Spawned {
-        Self::flowgate_with(args, "")
-    }
-
-    /// The bench's configuration with `extra` TOML appended.
-    fn flowgate_with(args: &ControllerArgs, extra: &str) -> Spawned {
         let dir = controller::TempDir::new("smoke").expect("dir");
         let cfg = dir.0.join("flowgate.toml");
-        let text = controller::flowgate_config(args).expect("config") + extra;
-        std::fs::write(&cfg, text).expect("write");
+        std::fs::write(&cfg, controller::flowgate_config(args).expect("config")).expect("write");
         let ready = dir.0.join("ready.json");
         let child = std::process::Command::new(flowgate_bin())
             .args(["--log", "warn", "controller", "--config"])
@@ -184,15 +177,14 @@ impl Spawned {
             .spawn()
             .expect("start flowgate");
         let t0 = std::time::Instant::now();
-        let (addr, api) = loop {
+        let addr = loop {
             if let Ok(s) = std::fs::read_to_string(&ready) {
                 let v: serde_json::Value = serde_json::from_str(&s).expect("json");
-                let addr = v["openflow"]
+                break v["openflow"]
                     .as_str()
                     .expect("openflow")
                     .parse()
                     .expect("addr");
-                break (addr, v["api"].as_str().expect("api").to_string());
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(20),
@@ -203,7 +195,6 @@ impl Spawned {
         Spawned {
             child,
             addr,
-            api,
             _dir: dir,
         }
     }
@@ -214,86 +205,6 @@ impl Drop for Spawned {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A PACKET_IN flood far beyond what the controller can serve (four emulated switches
-/// offering 800,000 new connections a second, open loop), with the controller's own
-/// overload control on: every switch keeps its session, answers keep coming, and the
-/// controller's gate is what refuses the excess. (How many answers a second depends on
-/// the build and the machine: the emulated switches share one thread with the flood they
-/// send, so the figures are printed, not asserted.) (On real Open
-/// vSwitch the userspace datapath delivers a few ten thousand PACKET_INs a second at most
-/// on this machine, below what the controller handles: `ovs_overload_packet_in_flood`.)
-/// With the control off the same flood is printed for comparison, not asserted: the
-/// controller queues answers faster than the switches read them and closes sessions.
-#[test]
-fn controller_flood_keeps_every_switch_answered() {
-    let mut args: ControllerArgs = parse(&[
-        "--peers",
-        "flowgate",
-        "-s",
-        "4",
-        "-l",
-        "6",
-        "-m",
-        "500",
-        "-w",
-        "1",
-        "--rate",
-        "800000",
-        "--timeout-ms",
-        "1000",
-        "-q",
-    ]);
-    args.peers = vec![Peer::Flowgate];
-    let mut rates = Vec::new();
-    for mode in ["off", "adaptive"] {
-        let ctl = Spawned::flowgate_with(
-            &args,
-            &format!("\n[controller.overload]\nmode = \"{mode}\"\n"),
-        );
-        args.controller = Some(ctl.addr);
-        let report = controller::run(&args).expect("bench runs");
-        let r = report.runs[0].clone();
-        let overload = http_get_json(&ctl.api, "/api/v1/overload");
-        eprintln!(
-            "controller overload {mode}: setups/s per loop {:?}, valid {} invalid {} lost {}, switch errors {:?}, controller gap {}",
-            r.loops.iter().map(|x| x.round()).collect::<Vec<_>>(),
-            r.valid,
-            r.invalid,
-            r.lost,
-            r.errors,
-            overload["controller"]
-        );
-        rates.push((mode, r, overload));
-    }
-    let (_, r, overload) = &rates[1];
-    assert_eq!(r.invalid, 0, "every answer right: {r:?}");
-    assert!(
-        r.errors.is_empty(),
-        "every switch kept its session: {:?}",
-        r.errors
-    );
-    assert!(r.valid > 0, "new connections were set up: {r:?}");
-    let c = &overload["controller"];
-    assert!(
-        c["refused_total"].as_u64().unwrap_or(0) > 0,
-        "the controller's gate refused the excess: {c}"
-    );
-}
-
-fn http_get_json(addr: &str, path: &str) -> serde_json::Value {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("API");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
 }
 
 #[test]
