@@ -17,7 +17,14 @@ fi
 # The doc tests, and the codec's fuzz targets for a short bounded time.
 cargo test --workspace --doc
 scripts/fuzz.sh "${FLOWGATE_FUZZ_SECS:-20}"
-# Every other test, last, so its summary closes the run. Leftovers of an earlier crashed
-# run are removed by each test (cleanup_stale on its own prefix); the OVS tests are
-# serialized by the `ovs` test group in .config/nextest.toml.
+# Networks of earlier runs killed outright (a nextest timeout's SIGKILL): each test removes
+# its own prefix's (cleanup_stale), but a root-namespace address left by another test would
+# capture this run's traffic meanwhile. The sweep takes only prefixes whose owner process
+# is gone (see flowgate_testbed::sweep_orphans), so concurrent live runs keep theirs.
+if [ "$(id -u)" = 0 ]; then
+  cargo run -q -p flowgate-testbed --bin fg-testbed-tools -- sweep ||
+    echo "test.sh: the sweep of dead runs' networks failed; testing anyway" >&2
+fi
+# Every other test, last, so its summary closes the run. The OVS tests are serialized by
+# the `ovs` test group in .config/nextest.toml.
 cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" "$@"

@@ -554,6 +554,15 @@ mod tests {
             .collect()
     }
 
+    /// d1 (backend `a`, capacity 100 rps) at `load` beside d2 (backend `b`) at `d2_load` of
+    /// `d2_cap`: the two-domain setting most tests vary.
+    fn pair(load: f64, d2_load: f64, d2_cap: f64) -> BTreeMap<String, DomainSummary> {
+        summaries(&[
+            ("d1", svc(1, load, 100.0, "a")),
+            ("d2", svc(1, d2_load, d2_cap, "b")),
+        ])
+    }
+
     fn web(d: &BTreeMap<String, SpillDecision>, dom: &str) -> Option<ServiceSpill> {
         d.get(dom).and_then(|x| x.services.get("web").cloned())
     }
@@ -614,10 +623,7 @@ mod tests {
         // Load oscillates 95..105 % of capacity every 200 ms for 20 s.
         for i in 0..100u64 {
             let load = if i % 2 == 0 { 105.0 } else { 95.0 };
-            let s = summaries(&[
-                ("d1", svc(1, load, 100.0, "a")),
-                ("d2", svc(1, 10.0, 100.0, "b")),
-            ]);
+            let s = pair(load, 10.0, 100.0);
             let d = p.decide(&s, t0 + Duration::from_millis(200 * i));
             seen.push(web(&d, "d1").map(|w| w.fraction));
         }
@@ -629,12 +635,7 @@ mod tests {
         let mut p = policy();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let s = |load: f64| {
-            summaries(&[
-                ("d1", svc(1, load, 100.0, "a")),
-                ("d2", svc(1, 0.0, 100.0, "b")),
-            ])
-        };
+        let s = |load: f64| pair(load, 0.0, 100.0);
         assert!(web(&p.decide(&s(150.0), at(0)), "d1").is_some());
         // Below the entry threshold, above the exit one: still spilling.
         assert!(web(&p.decide(&s(85.0), at(500)), "d1").is_some());
@@ -657,12 +658,7 @@ mod tests {
         let mut p = policy();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let s = |load: f64| {
-            summaries(&[
-                ("d1", svc(1, load, 100.0, "a")),
-                ("d2", svc(1, 0.0, 1000.0, "b")),
-            ])
-        };
+        let s = |load: f64| pair(load, 0.0, 1000.0);
         let f = |d: &BTreeMap<String, SpillDecision>| web(d, "d1").map(|w| w.fraction);
         assert_eq!(f(&p.decide(&s(200.0), at(0))), Some(0.5));
         // 0.5 → 0.524: under the 5-point step, held.
@@ -699,18 +695,12 @@ mod tests {
     fn the_fraction_is_capped_by_the_targets_spare_capacity() {
         let mut p = policy();
         // d1 wants to spill 300 of 400 rps; d2 has 50 spare.
-        let s = summaries(&[
-            ("d1", svc(1, 400.0, 100.0, "a")),
-            ("d2", svc(1, 50.0, 100.0, "b")),
-        ]);
+        let s = pair(400.0, 50.0, 100.0);
         let w = web(&p.decide(&s, Instant::now()), "d1").expect("spills");
         assert_eq!(w.fraction, 0.125);
         // Its spare shrinks: the decision in force would overfill it, corrected at once
         // (although the change is under the step).
-        let s = summaries(&[
-            ("d1", svc(1, 400.0, 100.0, "a")),
-            ("d2", svc(1, 70.0, 100.0, "b")),
-        ]);
+        let s = pair(400.0, 70.0, 100.0);
         let w = web(
             &p.decide(&s, Instant::now() + Duration::from_millis(200)),
             "d1",
@@ -814,10 +804,7 @@ mod tests {
         ]);
         assert!(p.decide(&s, t0).values().all(|d| d.services.is_empty()));
         assert!(!p.is_active("d2", "web"));
-        let s = summaries(&[
-            ("d1", svc(1, 200.0, 100.0, "a")),
-            ("d2", svc(1, 0.0, 100.0, "b")),
-        ]);
+        let s = pair(200.0, 0.0, 100.0);
         let w = web(&p.decide(&s, t0 + Duration::from_millis(200)), "d1").expect("spills");
         assert!(w.targets.contains_key("d2"), "{w:?}");
     }
@@ -830,13 +817,7 @@ mod tests {
         ]);
         let mut old = policy();
         let t0 = Instant::now();
-        old.decide(
-            &summaries(&[
-                ("d1", svc(1, 150.0, 100.0, "a")),
-                ("d2", svc(1, 0.0, 100.0, "b")),
-            ]),
-            t0,
-        );
+        old.decide(&pair(150.0, 0.0, 100.0), t0);
         let in_force = old.decide(&s, t0 + Duration::from_millis(200));
         assert!(web(&in_force, "d1").is_some());
         let mut new = policy();
@@ -854,10 +835,7 @@ mod tests {
         // The summary's load is demand (spilled included): spilling half of 200 rps
         // does not make d1 report 100 and stop. With the same demand the decision stays.
         let mut p = policy();
-        let s = summaries(&[
-            ("d1", svc(1, 200.0, 100.0, "a")),
-            ("d2", svc(1, 0.0, 200.0, "b")),
-        ]);
+        let s = pair(200.0, 0.0, 200.0);
         let t0 = Instant::now();
         let first = web(&p.decide(&s, t0), "d1");
         for i in 1..50 {

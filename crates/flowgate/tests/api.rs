@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use flowgate::runtime::Handle;
 use flowgate_core::{Config, Controller};
 use serde_json::{Value, json};
+use support::dechunk;
 
 const TOKEN: &str = "test-token-0123456789";
 
@@ -114,19 +115,6 @@ fn raw(addr: SocketAddr, req: &[u8]) -> Resp {
         head: head.to_string(),
         body,
     }
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some(i) = rest.find("\r\n") {
-        let n = usize::from_str_radix(rest[..i].trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out += &rest[i + 2..i + 2 + n];
-        rest = &rest[i + 2 + n + 2..];
-    }
-    out
 }
 
 fn req(
@@ -270,6 +258,15 @@ fn connections_page_and_counts() {
 fn drain_undrain_weight_algorithm_add_remove() {
     let s = server("changes", Some(TOKEN));
     let a = s.addr;
+    let put_weight = |v: Value| {
+        post_json(
+            a,
+            "PUT",
+            "/api/v1/services/web/backends/10.0.0.3/weight",
+            &v,
+        )
+    };
+    let put_algorithm = |v: Value| post_json(a, "PUT", "/api/v1/services/web/algorithm", &v);
     let r = post_json(
         a,
         "POST",
@@ -295,89 +292,29 @@ fn drain_undrain_weight_algorithm_add_remove() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["state"], "active");
 
-    let r = post_json(
-        a,
-        "PUT",
-        "/api/v1/services/web/backends/10.0.0.3/weight",
-        &json!({"weight": 7}),
-    );
+    let r = put_weight(json!({"weight": 7}));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["weight"], 7);
-    assert_json_error(
-        &post_json(
-            a,
-            "PUT",
-            "/api/v1/services/web/backends/10.0.0.3/weight",
-            &json!({"weight": 2_000_000}),
-        ),
-        400,
-    );
-    assert_json_error(
-        &post_json(
-            a,
-            "PUT",
-            "/api/v1/services/web/backends/10.0.0.3/weight",
-            &json!({"weight": -1}),
-        ),
-        422,
-    );
+    assert_json_error(&put_weight(json!({"weight": 2_000_000})), 400);
+    assert_json_error(&put_weight(json!({"weight": -1})), 422);
 
-    let r = post_json(
-        a,
-        "PUT",
-        "/api/v1/services/web/algorithm",
-        &json!({"algorithm": "least-connections"}),
-    );
+    let r = put_algorithm(json!({"algorithm": "least-connections"}));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["algorithm"], "least-connections");
     // ISSLM needs a threshold: refused without, accepted with; then only the threshold.
-    assert_json_error(
-        &post_json(
-            a,
-            "PUT",
-            "/api/v1/services/web/algorithm",
-            &json!({"algorithm": "isslm"}),
-        ),
-        400,
-    );
-    let r = post_json(
-        a,
-        "PUT",
-        "/api/v1/services/web/algorithm",
-        &json!({"algorithm": "isslm", "threshold_rps": 50.0}),
-    );
+    assert_json_error(&put_algorithm(json!({"algorithm": "isslm"})), 400);
+    let r = put_algorithm(json!({"algorithm": "isslm", "threshold_rps": 50.0}));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["threshold_rps"], 50.0);
-    let r = post_json(
-        a,
-        "PUT",
-        "/api/v1/services/web/algorithm",
-        &json!({"threshold_rps": 80.0}),
-    );
+    let r = put_algorithm(json!({"threshold_rps": 80.0}));
     assert_eq!(r.json()["algorithm"], "isslm");
     assert_eq!(r.json()["threshold_rps"], 80.0);
-    let msg = assert_json_error(
-        &post_json(
-            a,
-            "PUT",
-            "/api/v1/services/web/algorithm",
-            &json!({"algorithm": "fastest"}),
-        ),
-        400,
-    );
+    let msg = assert_json_error(&put_algorithm(json!({"algorithm": "fastest"})), 400);
     assert!(
         msg.contains("round-robin"),
         "lists the known algorithms: {msg}"
     );
-    assert_json_error(
-        &post_json(
-            a,
-            "PUT",
-            "/api/v1/services/web/algorithm",
-            &json!({"threshold_rps": -3}),
-        ),
-        400,
-    );
+    assert_json_error(&put_algorithm(json!({"threshold_rps": -3})), 400);
     assert_json_error(
         &post_json(a, "PUT", "/api/v1/services/nope/algorithm", &json!({})),
         404,
@@ -1263,25 +1200,17 @@ fn ctl_reads_and_changes() {
 #[test]
 fn ovs_api_changes_keep_connections() {
     use flowgate_testbed::topo::{self, TopoOptions};
-    use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
     use support::*;
     const VIP: &str = "10.0.0.100";
-    if !require_root_ovs("ovs_api_changes_keep_connections") {
+    let Some(p) = setup("ovs_api_changes_keep_connections") else {
         return;
-    }
-    let p = Prefix::for_test("ovs_api_changes_keep_connections");
-    cleanup_stale(p.as_str()).expect("clean leftovers");
+    };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let (b2, b3, b4) = (t.hosts[1].ip(), t.hosts[2].ip(), t.hosts[3].ip());
     let with_token = |c: String| c.replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
     let cfg = with_token(vip_config(VIP, "round-robin", &[b2, b3], ""));
     let ctl = Ctl::start("api-changes", &cfg);
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
+    ctl.control(&t.bridges[..1]);
     let _servers = [
         httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]),
         httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use flowgate_testbed::rootleg::RootLeg;
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
@@ -17,23 +16,11 @@ const VIP: &str = "10.0.0.100";
 /// such legs at once would share a route, so they run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn setup(test: &str) -> Option<Prefix> {
-    if !require_root_ovs(test) {
-        return None;
-    }
-    let p = Prefix::for_test(test);
-    cleanup_stale(p.as_str()).expect("clean leftovers");
-    Some(p)
-}
-
 fn direct_config(algorithm: &str, extra: &str, backends: &[std::net::Ipv4Addr]) -> String {
-    let mut c = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"direct\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra}\n[service.health]\nkind = \"none\"\n"
-    );
-    for b in backends {
-        c += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
-    }
-    c
+    format!(
+        "{LISTEN_ANY}[[service]]\nname = \"direct\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra}\n[service.health]\nkind = \"none\"\n{}",
+        backend_entries(backends, false)
+    )
 }
 
 /// The paper's Cases A and B in small: every client addresses server 2 (10.0.0.2) by its
@@ -62,12 +49,7 @@ fn ovs_isslm_cases_a_and_b() {
     // Case A: no management.
     {
         let ctl = Ctl::start("case-a", &direct_config("none", "", &backends));
-        t.bridges[0]
-            .set_controller(&[ctl.target()])
-            .expect("controller");
-        t.bridges[0]
-            .wait_connected(Duration::from_secs(10))
-            .expect("connects");
+        ctl.control(&t.bridges[..1]);
         ctl.wait_backends_ready(Duration::from_secs(15));
         let r = load(client, url, &args);
         assert_eq!(r["ok"], 400, "case A: every request succeeds: {r}");
@@ -83,12 +65,7 @@ fn ovs_isslm_cases_a_and_b() {
         "case-b",
         &direct_config("isslm", "threshold_rps = 20", &backends),
     );
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("connects");
+    ctl.control(&t.bridges[..1]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let r = load(client, url, &args);
     assert_eq!(
@@ -131,6 +108,7 @@ fn ovs_unequal_capacity() {
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let leg = RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let _servers = [
         // Four workers each: the slow one serves 100 requests/s, the fast ones 400.
         httpd(
@@ -166,27 +144,13 @@ fn ovs_unequal_capacity() {
         } else {
             ""
         };
-        let mut cfg = format!(
-            "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra}\n[service.health]\nkind = \"http\"\npath = \"/health\"\ninterval_ms = 200\n[service.metrics]\ninterval_ms = 20\n"
+        let cfg = format!(
+            "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra}\n[service.health]\nkind = \"http\"\npath = \"/health\"\ninterval_ms = 200\n[service.metrics]\ninterval_ms = 20\n{}",
+            backend_entries(&backends, true)
         );
-        for h in &t.hosts[1..] {
-            cfg += &format!(
-                "\n[[service.backend]]\naddress = \"{}\"\nmetrics = \"http://{}:80/metrics\"\n",
-                h.ip(),
-                h.ip()
-            );
-        }
         let ctl = Ctl::start(&format!("unequal-{algorithm}"), &cfg);
-        t.bridges[0]
-            .set_controller(&[ctl.target()])
-            .expect("controller");
-        t.bridges[0]
-            .wait_connected(Duration::from_secs(10))
-            .expect("connects");
-        // The leg is a host like any other; make it known so probes flow at once.
-        let _ = std::process::Command::new("ping")
-            .args(["-c", "1", "-W", "1", "-I", leg.root_iface(), "10.0.0.2"])
-            .output();
+        ctl.control(&t.bridges[..1]);
+        announce_leg(&leg, "10.0.0.2");
         ctl.wait_backends_ready(Duration::from_secs(20));
         // Warm up the load figures, then measure: 16 concurrent clients, 800 requests.
         let _ = load(
@@ -240,22 +204,14 @@ fn ovs_killed_backend_is_avoided() {
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let leg = RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
-    let mut cfg = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n"
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = format!(
+        "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n{}",
+        backend_entries(&backends, false)
     );
-    for h in &t.hosts[1..] {
-        cfg += &format!("\n[[service.backend]]\naddress = \"{}\"\n", h.ip());
-    }
     let ctl = Ctl::start("killed", &cfg);
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("connects");
-    let _ = std::process::Command::new("ping")
-        .args(["-c", "1", "-W", "1", "-I", leg.root_iface(), "10.0.0.2"])
-        .output();
+    ctl.control(&t.bridges[..1]);
+    announce_leg(&leg, "10.0.0.2");
     let mut victim = httpd(&t.hosts[1], "b2", &[]);
     let _others = [httpd(&t.hosts[2], "b3", &[]), httpd(&t.hosts[3], "b4", &[])];
     ctl.wait_backends_ready(Duration::from_secs(20));
@@ -314,23 +270,13 @@ fn ovs_backend_metrics_are_scraped() {
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
     let _leg =
         RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
-    let mut cfg = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"tcp\"\n[service.metrics]\ninterval_ms = 250\n"
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = format!(
+        "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"tcp\"\n[service.metrics]\ninterval_ms = 250\n{}",
+        backend_entries(&backends, true)
     );
-    for h in &t.hosts[1..] {
-        cfg += &format!(
-            "\n[[service.backend]]\naddress = \"{}\"\nmetrics = \"http://{}:80/metrics\"\n",
-            h.ip(),
-            h.ip()
-        );
-    }
     let ctl = Ctl::start("scrape", &cfg);
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("connects");
+    ctl.control(&t.bridges[..1]);
     let _servers = [
         httpd(&t.hosts[1], "b2", &["--delay-ms", "30", "--metrics"]),
         httpd(&t.hosts[2], "b3", &["--delay-ms", "30", "--metrics"]),

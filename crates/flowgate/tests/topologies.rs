@@ -7,21 +7,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{
-    Bridge, Host, HostOptions, Link, LinkKind, Prefix, cleanup_stale, require_root_ovs,
-};
+use flowgate_testbed::{Bridge, Host, HostOptions, Link, LinkKind};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
-
-fn setup(test: &str) -> Option<Prefix> {
-    if !require_root_ovs(test) {
-        return None;
-    }
-    let p = Prefix::for_test(test);
-    cleanup_stale(p.as_str()).expect("clean leftovers");
-    Some(p)
-}
 
 fn packet_ins(ctl: &Ctl) -> u64 {
     metric(&ctl.get("/metrics").1, "flowgate_packet_in_total").expect("flowgate_packet_in_total")
@@ -45,13 +34,7 @@ fn ovs_tree_topology() {
         "tree",
         &vip_config(VIP, "round-robin", &[t.hosts[2].ip(), t.hosts[3].ip()], ""),
     );
-    for b in &t.bridges {
-        b.set_controller(&[ctl.target()]).expect("set controller");
-    }
-    for b in &t.bridges {
-        b.wait_connected(Duration::from_secs(10))
-            .expect("switch connects");
-    }
+    ctl.control(&t.bridges);
     let failed = t.ping_all().expect("ping all");
     assert!(
         failed.is_empty(),

@@ -28,7 +28,7 @@ use rand::rngs::SmallRng;
 
 use crate::ctl::{Controller, http_get};
 use crate::measure::{self, Interval, Probe, Row};
-use crate::net::{IPERF_PORT, SERVERS, client_ip};
+use crate::net::{IPERF_PORT, SERVERS, client_ip, spawn_httpd, spawn_iperf_server, wait_httpd};
 use crate::scenario::{Params, Scenario};
 
 /// The service's virtual address (every client's destination).
@@ -79,7 +79,9 @@ pub struct DomainNet {
 }
 
 impl DomainNet {
-    fn build(prefix: &str, targets: &[String], p: &Params, step: impl Fn(&str)) -> Result<Self> {
+    /// Builds the network. Its switches have no controller yet: [`run`] gives each its
+    /// own once that controller is up.
+    fn build(prefix: &str, p: &Params, step: impl Fn(&str)) -> Result<Self> {
         let mut net = DomainNet {
             procs: Vec::new(),
             clients: Vec::new(),
@@ -91,14 +93,10 @@ impl DomainNet {
         };
         let fabric = Bridge::create(&format!("{prefix}f0"), 0xf0, &[]).context("fabric")?;
         fabric.add_flow("actions=NORMAL")?;
-        for (d, target) in targets.iter().enumerate() {
+        for d in 0..SERVERS.len() {
             step(&format!("switch s{}", d + 1));
-            let br = Bridge::create(
-                &format!("{prefix}s{}", d + 1),
-                d as u64 + 1,
-                std::slice::from_ref(target),
-            )
-            .context("bridge")?;
+            let br = Bridge::create(&format!("{prefix}s{}", d + 1), d as u64 + 1, &[])
+                .context("bridge")?;
             let link = Link::create(
                 LinkKind::Patch,
                 &br,
@@ -160,60 +158,26 @@ impl DomainNet {
 
     /// Starts `flowgate httpd` (the capacity model of `p`) and iperf3 on every server.
     fn start_servers(&mut self, p: &Params, flowgate: &Path) -> Result<()> {
-        let fg = flowgate.to_string_lossy().into_owned();
         for (i, h) in self.servers.iter().enumerate() {
-            let listen = format!("{}:80", h.ip());
             let name = format!("srv{}", i + 1);
-            let delay = p.server_delay_ms.to_string();
-            let conc = p.server_concurrency.to_string();
-            let queue = p.server_queue.to_string();
-            let argv = [
-                fg.as_str(),
-                "--log",
-                "warn",
-                "httpd",
-                "--listen",
-                &listen,
-                "--name",
+            self.procs.push(spawn_httpd(
+                flowgate,
+                h,
                 &name,
-                "--delay-ms",
-                &delay,
-                "--concurrency",
-                &conc,
-                "--queue",
-                &queue,
-                "--metrics",
-            ];
-            self.procs.push(h.spawn(&argv).context("httpd")?);
-            let port = IPERF_PORT.to_string();
-            self.procs.push(
-                h.spawn(&["iperf3", "-s", "-p", &port])
-                    .context("iperf3 server")?,
-            );
+                p.server_delay_ms,
+                p.server_concurrency as u64,
+                p.server_queue as u64,
+            )?);
+            self.procs.push(spawn_iperf_server(h)?);
         }
-        for h in &self.servers {
-            h.wait_http(
-                &format!("http://{}/health", h.ip()),
-                Duration::from_secs(15),
-            )
-            .context("httpd up")?;
-        }
-        Ok(())
+        wait_httpd(&self.servers)
     }
 }
 
 /// A domain controller's config.
-fn domain_config(
-    d: usize,
-    of_port: u16,
-    api_port: u16,
-    uplink: u32,
-    p: &Params,
-    seed: u64,
-    etcd: &str,
-) -> String {
+fn domain_config(d: usize, uplink: u32, p: &Params, seed: u64, etcd: &str) -> String {
     let mut c = format!(
-        "[openflow]\nlisten = \"127.0.0.1:{of_port}\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\n\n\
+        "{LISTEN_ANY_PORT}\
 [controller]\nidle_timeout_secs = 10\nseed = {seed}\n\n\
 [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"isslm\"\nthreshold_rps = {:.1}\n\
 \n[service.health]\nkind = \"none\"\n",
@@ -238,9 +202,13 @@ fn cluster_section(role: &str, instance: &str, etcd: &str) -> String {
     )
 }
 
+/// Every controller binds port 0 and reports the ports it got in its ready file: a port
+/// chosen here and bound later could be taken by another process in between.
+const LISTEN_ANY_PORT: &str =
+    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n";
+
 fn global_config(instance: &str, etcd: &str) -> String {
-    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n".to_owned()
-        + &cluster_section("global", instance, etcd)
+    LISTEN_ANY_PORT.to_owned() + &cluster_section("global", instance, etcd)
 }
 
 fn cluster_view(c: &Controller) -> serde_json::Value {
@@ -306,29 +274,20 @@ pub fn run(
     let etcd = EtcdCluster::start(&format!("lab-{prefix}"), 1).map_err(|e| anyhow!("etcd: {e}"))?;
     let endpoints = etcd.toml_endpoints();
     crate::signal::check()?;
-    let mut ports = Vec::new();
-    for _ in 0..4 {
-        ports.push(crate::ctl::free_ports()?);
-    }
-    let targets: Vec<String> = ports
-        .iter()
-        .map(|(of, _)| format!("tcp:127.0.0.1:{of}"))
-        .collect();
     pb.set_message("building the four domains");
-    let mut net = DomainNet::build(prefix, &targets, p, |w| {
+    let mut net = DomainNet::build(prefix, p, |w| {
         pb.set_message(format!("building the network: {w}"))
     })?;
     pb.inc(1);
+    // Each config needs its domain's uplink port, so the controllers start once the network
+    // stands, and the switches learn their controller's port from its ready file.
     let mut domains: Vec<Controller> = Vec::new();
-    for (d, (of_port, api_port)) in ports.iter().enumerate() {
+    for (d, uplink) in net.uplinks.iter().enumerate() {
         pb.set_message(format!("domain controller C_d{}", d + 1));
-        let cfg = domain_config(d, *of_port, *api_port, net.uplinks[d], p, seed, &endpoints);
-        domains.push(Controller::start(
-            flowgate,
-            logs,
-            &format!("{}-d{}", sc.name, d + 1),
-            &cfg,
-        )?);
+        let cfg = domain_config(d, *uplink, p, seed, &endpoints);
+        let c = Controller::start(flowgate, logs, &format!("{}-d{}", sc.name, d + 1), &cfg)?;
+        net.bridges[d].set_controller(&[format!("tcp:{}", c.openflow)])?;
+        domains.push(c);
     }
     let result = (|| -> Result<CaseCOut> {
         for (d, c) in domains.iter().enumerate() {
@@ -673,7 +632,6 @@ fn run_pass(
     probe: Probe,
     rows: &mut [Row],
 ) -> Result<Vec<Vec<Interval>>> {
-    let fg = flowgate.to_string_lossy().into_owned();
     let t_int = secs.ceil().max(1.0) as u64;
     let t = t_int.to_string();
     let port = IPERF_PORT.to_string();
@@ -681,21 +639,7 @@ fn run_pass(
     for (server, hs) in SERVERS.iter().zip(&net.clients) {
         let dst = server.to_string();
         let g = match probe {
-            Probe::Iperf => hs[0].spawn(&[
-                "iperf3",
-                "-c",
-                &dst,
-                "-p",
-                &port,
-                "-R",
-                "-t",
-                &t,
-                "-i",
-                "0.5",
-                "-J",
-                "--connect-timeout",
-                "3000",
-            ])?,
+            Probe::Iperf => hs[0].spawn(&measure::iperf_client_argv(&dst, &port, &t))?,
             Probe::Ping => hs
                 .get(1)
                 .unwrap_or(&hs[0])
@@ -705,7 +649,7 @@ fn run_pass(
     }
     let url = format!("http://{VIP}/");
     let started = Instant::now();
-    let mut loads: Vec<Vec<(u64, ProcGuard)>> = Vec::new();
+    let mut loads: Vec<Vec<ProcGuard>> = Vec::new();
     let mut counts_all = Vec::new();
     for d in 0..4 {
         let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(d as u64));
@@ -716,52 +660,23 @@ fn run_pass(
                 continue;
             }
             crate::signal::check()?;
-            let rate = format!("{:.3}", k as f64 / secs);
-            let kk = k.to_string();
-            let dur = format!("{:.1}", secs + 2.0);
-            let to = p.request_timeout_ms.to_string();
-            let g = net.clients[d][i]
-                .spawn(&[
-                    fg.as_str(),
-                    "--log",
-                    "error",
-                    "load",
-                    "--url",
-                    &url,
-                    "--requests",
-                    &kk,
-                    "--rate",
-                    &rate,
-                    "--duration-secs",
-                    &dur,
-                    "--timeout-ms",
-                    &to,
-                    "--json",
-                ])
-                .context("spawn load")?;
-            ls.push((k, g));
+            let g = measure::spawn_paced_load(
+                flowgate,
+                &net.clients[d][i],
+                &url,
+                k,
+                secs,
+                p.request_timeout_ms,
+            )?;
+            ls.push(g);
         }
         rows[d].clients_used = ls.len() as u64;
         loads.push(ls);
         counts_all.push(counts);
     }
-    let deadline =
-        started + Duration::from_secs_f64(secs + p.request_timeout_ms as f64 / 1000.0 + 20.0);
+    let deadline = measure::load_deadline(started, secs, p.request_timeout_ms);
     for (d, ls) in loads.iter_mut().enumerate() {
-        let mut reports = Vec::new();
-        for (_, g) in ls.iter_mut() {
-            loop {
-                if g.try_wait()?.is_some() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    g.kill();
-                    break;
-                }
-                crate::signal::sleep(Duration::from_millis(20))?;
-            }
-            reports.push(measure::parse_load(&g.output()));
-        }
+        let reports = measure::wait_loads(ls, deadline)?;
         rows[d].wall_s = started.elapsed().as_secs_f64();
         measure::fold_reports(&reports, &counts_all[d], &mut rows[d]);
     }
@@ -805,6 +720,19 @@ mod tests {
         assert_eq!(split(2_000).iter().sum::<u64>(), 2_000);
         assert_eq!(clients_per_domain(30), [8, 7, 8, 7]);
         assert_eq!(clients_per_domain(8), [2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn controllers_bind_port_zero() {
+        let p = Params::for_scenario("case-c", true);
+        for cfg in [domain_config(0, 1, &p, 7, "[]"), global_config("p1", "[]")] {
+            let listens: Vec<&str> = cfg.lines().filter(|l| l.starts_with("listen")).collect();
+            assert_eq!(listens, ["listen = \"127.0.0.1:0\""; 2], "{cfg}");
+            assert!(
+                cfg.starts_with("[openflow]\n") && cfg.contains("\n[api]\n"),
+                "{cfg}"
+            );
+        }
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub fn config(of_port: u16, api_port: u16, algorithm: &str, p: &Params, seed: u6
 #[derive(Debug)]
 pub struct Controller {
     proc: ProcGuard,
+    /// The OpenFlow listening address (from the ready file: right even for port 0).
+    pub openflow: SocketAddr,
     /// The API address.
     pub api: SocketAddr,
     /// Its log file.
@@ -67,13 +69,16 @@ impl Controller {
             .stdin(Stdio::null());
         let mut proc = ProcGuard::spawn(cmd, &format!("lab-controller-{name}"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
-        let api = loop {
+        let (openflow, api) = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let v: serde_json::Value = serde_json::from_str(&text)?;
-                break v["api"]
-                    .as_str()
-                    .ok_or_else(|| anyhow!("ready file without api"))?
-                    .parse()?;
+                let addr = |key: &str| -> Result<SocketAddr> {
+                    Ok(v[key]
+                        .as_str()
+                        .ok_or_else(|| anyhow!("ready file without {key}"))?
+                        .parse()?)
+                };
+                break (addr("openflow")?, addr("api")?);
             }
             if let Some(st) = proc.try_wait()? {
                 bail!("controller exited ({st}):\n{}", proc.output());
@@ -84,7 +89,12 @@ impl Controller {
             crate::signal::sleep(Duration::from_millis(50))?;
         };
         let log = proc.log_path().to_path_buf();
-        Ok(Controller { proc, api, log })
+        Ok(Controller {
+            proc,
+            openflow,
+            api,
+            log,
+        })
     }
 
     /// Everything the controller logged.

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use flowgate_testbed::{Host, ProcGuard};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -203,7 +204,6 @@ pub fn run_phase(
 ) -> Result<PhaseExtra> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let counts = assign(requests, net.clients.len(), &mut rng);
-    let fg = flowgate.to_string_lossy().into_owned();
     let dst = REQUESTED.to_string();
     let t_int = secs.ceil().max(1.0) as u64;
 
@@ -213,21 +213,7 @@ pub fn run_phase(
     let port = IPERF_PORT.to_string();
     let iperf_on = probe == Probe::Iperf;
     let sleeper = ["sleep", "0"];
-    let iperf_argv: Vec<&str> = vec![
-        "iperf3",
-        "-c",
-        &dst,
-        "-p",
-        &port,
-        "-R",
-        "-t",
-        &t,
-        "-i",
-        "0.5",
-        "-J",
-        "--connect-timeout",
-        "3000",
-    ];
+    let iperf_argv = iperf_client_argv(&dst, &port, &t);
     let mut iperf = iperf_client.spawn(if iperf_on { &iperf_argv } else { &sleeper })?;
     let pinger = net.clients.get(1).unwrap_or(&net.clients[0]);
     let ping_argv = ["ping", "-n", "-i", "0.2", "-w", &t, &dst];
@@ -245,48 +231,17 @@ pub fn run_phase(
             continue;
         }
         crate::signal::check()?;
-        let rate = format!("{:.3}", k as f64 / secs);
-        let kk = k.to_string();
-        let dur = format!("{:.1}", secs + 2.0);
-        let to = timeout_ms.to_string();
-        let g = net.clients[i]
-            .spawn(&[
-                fg.as_str(),
-                "--log",
-                "error",
-                "load",
-                "--url",
-                &url,
-                "--requests",
-                &kk,
-                "--rate",
-                &rate,
-                "--duration-secs",
-                &dur,
-                "--timeout-ms",
-                &to,
-                "--json",
-            ])
-            .context("spawn load")?;
-        loads.push(g);
+        loads.push(spawn_paced_load(
+            flowgate,
+            &net.clients[i],
+            &url,
+            k,
+            secs,
+            timeout_ms,
+        )?);
     }
     row.clients_used = loads.len() as u64;
-    // Bounded wait: the phase, the client timeout, and slack for process start-up.
-    let deadline = started + Duration::from_secs_f64(secs + timeout_ms as f64 / 1000.0 + 20.0);
-    let mut reports = Vec::new();
-    for g in &mut loads {
-        loop {
-            if g.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                g.kill();
-                break;
-            }
-            crate::signal::sleep(Duration::from_millis(20))?;
-        }
-        reports.push(parse_load(&g.output()));
-    }
+    let reports = wait_loads(&mut loads, load_deadline(started, secs, timeout_ms))?;
     row.wall_s = started.elapsed().as_secs_f64();
     let iperf_deadline = Instant::now() + Duration::from_secs(t_int + 10);
     while iperf.try_wait()?.is_none() && Instant::now() < iperf_deadline {
@@ -380,6 +335,88 @@ pub(crate) fn parse_load(out: &str) -> Option<LoadJson> {
     let start = out.find('{')?;
     let end = out.rfind('}')?;
     serde_json::from_str(out.get(start..=end)?).ok()
+}
+
+/// `iperf3` as a client of `dst:port` for `secs` seconds, reversed (the server sends), with
+/// JSON output and half-second intervals.
+pub fn iperf_client_argv<'a>(dst: &'a str, port: &'a str, secs: &'a str) -> [&'a str; 13] {
+    [
+        "iperf3",
+        "-c",
+        dst,
+        "-p",
+        port,
+        "-R",
+        "-t",
+        secs,
+        "-i",
+        "0.5",
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ]
+}
+
+/// Starts one `flowgate load` client on `host`: `requests` requests to `url` at an even
+/// rate over `secs`, stopping `secs` + 2 s after the start whatever is left, each request
+/// given up after `timeout_ms`.
+pub fn spawn_paced_load(
+    flowgate: &Path,
+    host: &Host,
+    url: &str,
+    requests: u64,
+    secs: f64,
+    timeout_ms: u64,
+) -> Result<ProcGuard> {
+    let fg = flowgate.to_string_lossy();
+    let rate = format!("{:.3}", requests as f64 / secs);
+    let requests = requests.to_string();
+    let dur = format!("{:.1}", secs + 2.0);
+    let to = timeout_ms.to_string();
+    host.spawn(&[
+        &*fg,
+        "--log",
+        "error",
+        "load",
+        "--url",
+        url,
+        "--requests",
+        &requests,
+        "--rate",
+        &rate,
+        "--duration-secs",
+        &dur,
+        "--timeout-ms",
+        &to,
+        "--json",
+    ])
+    .context("spawn load")
+}
+
+/// When to stop waiting for load clients started at `started`: the phase, the client
+/// timeout, and slack for process start-up.
+pub fn load_deadline(started: Instant, secs: f64, timeout_ms: u64) -> Instant {
+    started + Duration::from_secs_f64(secs + timeout_ms as f64 / 1000.0 + 20.0)
+}
+
+/// Waits for each load client (killing any still running at `deadline`) and parses what
+/// each reported.
+pub(crate) fn wait_loads<'a>(
+    loads: impl IntoIterator<Item = &'a mut ProcGuard>,
+    deadline: Instant,
+) -> Result<Vec<Option<LoadJson>>> {
+    let mut reports = Vec::new();
+    for g in loads {
+        while g.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                g.kill();
+                break;
+            }
+            crate::signal::sleep(Duration::from_millis(20))?;
+        }
+        reports.push(parse_load(&g.output()));
+    }
+    Ok(reports)
 }
 
 /// Parses `iperf3 -J`: (bytes received, seconds, intervals).

@@ -134,47 +134,19 @@ impl LabNet {
         }
         net.leg = Some(leg);
         step("servers");
-        let fg = flowgate.to_string_lossy().into_owned();
         for (i, h) in net.servers.iter().enumerate() {
-            let listen = format!("{}:80", h.ip());
             let name = format!("srv{}", i + 1);
-            let delay = p.server_delay_ms.to_string();
-            let conc = p.server_concurrency.to_string();
-            let queue = p.server_queue.to_string();
-            let argv = [
-                fg.as_str(),
-                "--log",
-                "warn",
-                "httpd",
-                "--listen",
-                &listen,
-                "--name",
+            net.procs.push(spawn_httpd(
+                flowgate,
+                h,
                 &name,
-                "--delay-ms",
-                &delay,
-                "--concurrency",
-                &conc,
-                "--queue",
-                &queue,
-                "--metrics",
-            ];
-            net.procs.push(h.spawn(&argv).context("httpd")?);
+                p.server_delay_ms,
+                p.server_concurrency as u64,
+                p.server_queue as u64,
+            )?);
         }
-        let port = IPERF_PORT.to_string();
-        net.procs.push(
-            net.servers[1]
-                .spawn(&["iperf3", "-s", "-p", &port])
-                .context("iperf3 server")?,
-        );
-        // The servers answer on their own addresses (checked from the server's namespace,
-        // so the controller is not involved).
-        for h in &net.servers {
-            h.wait_http(
-                &format!("http://{}/health", h.ip()),
-                Duration::from_secs(15),
-            )
-            .context("httpd up")?;
-        }
+        net.procs.push(spawn_iperf_server(&net.servers[1])?);
+        wait_httpd(&net.servers)?;
         Ok(net)
     }
 
@@ -187,4 +159,62 @@ impl LabNet {
         }
         Ok(())
     }
+}
+
+/// Starts `flowgate httpd` as backend `name` on `host`'s port 80, with its capacity model:
+/// `delay_ms` of service time per request, `concurrency` workers, `queue` waiting places;
+/// it exports metrics.
+pub fn spawn_httpd(
+    flowgate: &Path,
+    host: &Host,
+    name: &str,
+    delay_ms: u64,
+    concurrency: u64,
+    queue: u64,
+) -> Result<ProcGuard> {
+    let fg = flowgate.to_string_lossy();
+    let listen = format!("{}:80", host.ip());
+    let (delay, conc, queue) = (
+        delay_ms.to_string(),
+        concurrency.to_string(),
+        queue.to_string(),
+    );
+    let argv = [
+        &*fg,
+        "--log",
+        "warn",
+        "httpd",
+        "--listen",
+        &listen,
+        "--name",
+        name,
+        "--delay-ms",
+        &delay,
+        "--concurrency",
+        &conc,
+        "--queue",
+        &queue,
+        "--metrics",
+    ];
+    host.spawn(&argv).context("httpd")
+}
+
+/// Starts an iperf3 server on `host`'s [`IPERF_PORT`].
+pub fn spawn_iperf_server(host: &Host) -> Result<ProcGuard> {
+    let port = IPERF_PORT.to_string();
+    host.spawn(&["iperf3", "-s", "-p", &port])
+        .context("iperf3 server")
+}
+
+/// Waits until every server's httpd answers on its own address (checked from the server's
+/// namespace, so no controller is involved).
+pub fn wait_httpd<'a>(servers: impl IntoIterator<Item = &'a Host>) -> Result<()> {
+    for h in servers {
+        h.wait_http(
+            &format!("http://{}/health", h.ip()),
+            Duration::from_secs(15),
+        )
+        .context("httpd up")?;
+    }
+    Ok(())
 }

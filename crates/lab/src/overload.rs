@@ -32,6 +32,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::ctl::{self, Controller};
+use crate::net::{spawn_httpd, wait_httpd};
 use crate::{plot, signal};
 
 /// The VIP of the service.
@@ -211,44 +212,19 @@ fn build(prefix: &str, target: &str, op: &OverloadParams, flowgate: &Path) -> Re
     // The leg's own traffic (scrapes, drain checks) goes with NORMAL, not through the
     // controller's gate.
     leg.install_bypass(&topo.bridges[0])?;
-    let fg = flowgate.to_string_lossy().into_owned();
-    let (delay, conc, queue) = (
-        op.delay_ms.to_string(),
-        op.concurrency.to_string(),
-        op.queue.to_string(),
-    );
     let mut servers = Vec::new();
     for (i, h) in topo.hosts[1..].iter().enumerate() {
-        let listen = format!("{}:80", h.ip());
         let name = format!("b{}", i + 1);
-        servers.push(
-            h.spawn(&[
-                &fg,
-                "--log",
-                "warn",
-                "httpd",
-                "--listen",
-                &listen,
-                "--name",
-                &name,
-                "--metrics",
-                "--delay-ms",
-                &delay,
-                "--concurrency",
-                &conc,
-                "--queue",
-                &queue,
-            ])
-            .context("httpd")?,
-        );
+        servers.push(spawn_httpd(
+            flowgate,
+            h,
+            &name,
+            op.delay_ms,
+            op.concurrency,
+            op.queue,
+        )?);
     }
-    for h in &topo.hosts[1..] {
-        h.wait_http(
-            &format!("http://{}/health", h.ip()),
-            Duration::from_secs(15),
-        )
-        .context("httpd up")?;
-    }
+    wait_httpd(&topo.hosts[1..])?;
     Ok(Net {
         _servers: servers,
         leg,

@@ -113,21 +113,9 @@ impl Action {
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Action, DecodeError> {
         use action_type::*;
-        let typ = r.peek_u16(0)?;
-        let len = usize::from(r.peek_u16(2)?);
         // §7.2.5: every action is at least 8 bytes and a multiple of 8 long.
-        if len < 8 || len % 8 != 0 {
-            return Err(DecodeError::BadLength);
-        }
-        let mut a = r.sub(len)?;
-        a.skip(4)?;
-        let fixed = |want: usize| {
-            if len == want {
-                Ok(())
-            } else {
-                Err(DecodeError::BadLength)
-            }
-        };
+        let (typ, len, mut a) = take_tlv8(r)?;
+        let fixed = |want: usize| fixed_len(len, want);
         let act = match typ {
             OUTPUT => {
                 fixed(16)?;
@@ -272,24 +260,65 @@ impl Action {
                 pad8(out, start);
                 mark.finish(out, "set_field action")?;
             }
-            Action::Experimenter { experimenter, data } => {
-                out.put_u16(EXPERIMENTER);
-                let mark = LenMark::at(out, start);
-                out.put_u32(*experimenter);
-                out.put_slice(data);
-                pad8(out, start);
-                mark.finish(out, "experimenter action")?;
-            }
+            Action::Experimenter { experimenter, data } => encode_raw_tlv(
+                out,
+                start,
+                EXPERIMENTER,
+                Some(*experimenter),
+                data,
+                "experimenter action",
+            )?,
             Action::Unknown { typ, data } => {
-                out.put_u16(*typ);
-                let mark = LenMark::at(out, start);
-                out.put_slice(data);
-                pad8(out, start);
-                mark.finish(out, "action")?;
+                encode_raw_tlv(out, start, *typ, None, data, "action")?
             }
         }
         Ok(())
     }
+}
+
+/// Takes the next element of a list of actions (§7.2.5) or instructions (§7.2.4): type,
+/// length (at least 8, a multiple of 8), and a reader over the body after those 4 bytes.
+#[inline]
+pub(crate) fn take_tlv8<'a>(r: &mut Reader<'a>) -> Result<(u16, usize, Reader<'a>), DecodeError> {
+    let typ = r.peek_u16(0)?;
+    let len = usize::from(r.peek_u16(2)?);
+    if len < 8 || len % 8 != 0 {
+        return Err(DecodeError::BadLength);
+    }
+    let mut body = r.sub(len)?;
+    body.skip(4)?;
+    Ok((typ, len, body))
+}
+
+/// An element whose type has a fixed size must have exactly that length.
+#[inline]
+pub(crate) fn fixed_len(len: usize, want: usize) -> Result<(), DecodeError> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(DecodeError::BadLength)
+    }
+}
+
+/// Writes an element kept raw (an experimenter or unknown action or instruction) so that
+/// decode→encode gives identical bytes: type, length, the experimenter id if any, the body,
+/// zeros to a multiple of 8 (§7.2.4, §7.2.5), then the length filled in.
+pub(crate) fn encode_raw_tlv(
+    out: &mut BytesMut,
+    start: usize,
+    typ: u16,
+    experimenter: Option<u32>,
+    data: &[u8],
+    what: &'static str,
+) -> Result<(), EncodeError> {
+    out.put_u16(typ);
+    let mark = LenMark::at(out, start);
+    if let Some(e) = experimenter {
+        out.put_u32(e);
+    }
+    out.put_slice(data);
+    pad8(out, start);
+    mark.finish(out, what).map(drop)
 }
 
 /// Re-encode a typed OXM as an opaque one (for masked SET_FIELD from the wire).

@@ -3,9 +3,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::action::{Actions, decode_actions, encode_actions};
+use crate::action::{
+    Actions, decode_actions, encode_actions, encode_raw_tlv, fixed_len, take_tlv8,
+};
 use crate::error::{DecodeError, EncodeError};
-use crate::wire::{LenMark, Reader, pad8};
+use crate::wire::{LenMark, Reader};
 
 /// A list of instructions; up to 2 inline without heap allocation.
 pub type Instructions = SmallVec<[Instruction; 2]>;
@@ -69,21 +71,9 @@ impl Instruction {
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Instruction, DecodeError> {
         use instruction_type::*;
-        let typ = r.peek_u16(0)?;
-        let len = usize::from(r.peek_u16(2)?);
         // §7.2.4: instructions are at least 8 bytes, padded to 8.
-        if len < 8 || len % 8 != 0 {
-            return Err(DecodeError::BadLength);
-        }
-        let mut b = r.sub(len)?;
-        b.skip(4)?;
-        let fixed = |want: usize| {
-            if len == want {
-                Ok(())
-            } else {
-                Err(DecodeError::BadLength)
-            }
-        };
+        let (typ, len, mut b) = take_tlv8(r)?;
+        let fixed = |want: usize| fixed_len(len, want);
         Ok(match typ {
             GOTO_TABLE => {
                 fixed(8)?;
@@ -165,20 +155,16 @@ impl Instruction {
                 out.put_u16(8);
                 out.put_u32(*m);
             }
-            Instruction::Experimenter { experimenter, data } => {
-                out.put_u16(EXPERIMENTER);
-                let mark = LenMark::at(out, start);
-                out.put_u32(*experimenter);
-                out.put_slice(data);
-                pad8(out, start);
-                mark.finish(out, "instruction")?;
-            }
+            Instruction::Experimenter { experimenter, data } => encode_raw_tlv(
+                out,
+                start,
+                EXPERIMENTER,
+                Some(*experimenter),
+                data,
+                "instruction",
+            )?,
             Instruction::Unknown { typ, data } => {
-                out.put_u16(*typ);
-                let mark = LenMark::at(out, start);
-                out.put_slice(data);
-                pad8(out, start);
-                mark.finish(out, "instruction")?;
+                encode_raw_tlv(out, start, *typ, None, data, "instruction")?
             }
         }
         Ok(())

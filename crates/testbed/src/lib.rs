@@ -1,6 +1,7 @@
 //! Real test networks for flowgate: Open vSwitch bridges on the userspace datapath,
 //! network namespaces joined by veth pairs, processes run inside namespaces, and the
-//! clean-up of all of it (drop guards, plus [`cleanup_stale`] for a crashed run's leftovers).
+//! clean-up of all of it (drop guards, plus [`cleanup_stale`] for a crashed run's leftovers
+//! and [`sweep_orphans`] for those of any run whose process is gone).
 //!
 //! Also a backend HTTP server ([`httpd`]) and an HTTP load client ([`load`]), used through
 //! the `fg-testbed-tools` binary (and the `flowgate httpd` / `flowgate load` subcommands).
@@ -31,6 +32,12 @@ pub mod netns;
 pub mod ovs;
 pub mod rootleg;
 pub mod topo;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 pub use error::{Error, Result};
 pub use netns::{Host, HostOptions, ProcGuard};
@@ -92,16 +99,38 @@ pub struct Cleaned {
 /// Removes every bridge, namespace (killing the processes inside) and root-namespace
 /// interface whose name starts with `prefix`: the leftovers of a crashed earlier run.
 /// Refuses prefixes shorter than 4 characters so it can't sweep other runs' networks.
+///
+/// First [`claim`]s `prefix` for this process, so a [`sweep_orphans`] elsewhere leaves
+/// what this run builds alone while it lives.
 pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
+    check_prefix(prefix)?;
+    claim(prefix)?;
+    remove_matching(|name| name.starts_with(prefix))
+}
+
+/// Refuses prefixes that could cover other runs' names (under 4 characters) or that can't
+/// be a file name in the owners directory.
+fn check_prefix(prefix: &str) -> Result<()> {
     if prefix.len() < 4 {
         return Err(Error::Invalid(format!(
             "cleanup prefix `{prefix}` is too short (min 4)"
         )));
     }
+    if !prefix.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(Error::Invalid(format!(
+            "prefix `{prefix}` must be ASCII letters and digits"
+        )));
+    }
+    Ok(())
+}
+
+/// Removes the bridges, ports, namespaces and root-namespace interfaces whose names
+/// `doomed` accepts.
+fn remove_matching(doomed: impl Fn(&str) -> bool) -> Result<Cleaned> {
     let mut c = Cleaned::default();
     if Ovs::is_running() {
         for br in Ovs::list_bridges()? {
-            if br.starts_with(prefix) {
+            if doomed(&br) {
                 ovs::vsctl(&["--if-exists", "del-br", &br])?;
                 c.bridges.push(br);
             }
@@ -112,13 +141,13 @@ pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
             let Ok(ports) = ovs::vsctl(&["list-ports", &br]) else {
                 continue;
             };
-            for port in ports.lines().filter(|p| p.starts_with(prefix)) {
+            for port in ports.lines().filter(|p| doomed(p)) {
                 let _ = ovs::vsctl(&["--if-exists", "del-port", &br, port]);
             }
         }
     }
     for ns in netns::list_netns()? {
-        if ns.starts_with(prefix) {
+        if doomed(&ns) {
             netns::kill_netns_pids(&ns);
             cmd::run("ip", &["netns", "del", &ns])?;
             c.namespaces.push(ns);
@@ -126,14 +155,177 @@ pub fn cleanup_stale(prefix: &str) -> Result<Cleaned> {
     }
     for l in netns::list_links()? {
         // Peers of deleted namespaces vanish on their own, a moment later.
-        if l.starts_with(prefix)
-            && !netns::wait_link_gone(&l, std::time::Duration::from_millis(500))
-        {
+        if doomed(&l) && !netns::wait_link_gone(&l, std::time::Duration::from_millis(500)) {
             netns::del_link(&l)?;
             c.links.push(l);
         }
     }
     Ok(c)
+}
+
+/// Where prefix owners keep their lock files (tmpfs: gone at reboot with the namespaces
+/// and interfaces; a bridge that outlives a reboot is then reported as unowned).
+pub const OWNERS_DIR: &str = "/run/flowgate-testbed/owners";
+
+/// The lock files this process holds, by path: open for the life of the process.
+static CLAIMS: Mutex<BTreeMap<PathBuf, File>> = Mutex::new(BTreeMap::new());
+
+/// Records this process as the owner of `prefix` until it exits: it holds an exclusive
+/// `flock` on `OWNERS_DIR/PREFIX`, which the kernel releases when the process dies however
+/// it dies (SIGKILL included), so a sweep can tell a live run from a dead one without
+/// trusting a pid that may have been reused. Waits while a sweep is removing that
+/// prefix's leftovers. Claiming again from the same process does nothing.
+pub fn claim(prefix: &str) -> Result<()> {
+    check_prefix(prefix)?;
+    claim_in(Path::new(OWNERS_DIR), prefix)
+}
+
+// File::lock is newer than the declared MSRV; the lab's lock already needs it (1.89).
+#[allow(clippy::incompatible_msrv)]
+fn claim_in(dir: &Path, prefix: &str) -> Result<()> {
+    let path = dir.join(prefix);
+    // Held across the blocking lock: two threads of one process opening the file twice
+    // would otherwise lock each other out (flock is per open file, not per process).
+    let mut claims = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+    if claims.contains_key(&path) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut f = open_lock_file(&path)?;
+    f.lock()?;
+    // The pid is for a person looking at the directory; the lock is what counts. The file
+    // is never unlinked, so every opener locks the same inode.
+    f.set_len(0)?;
+    writeln!(f, "{}", std::process::id())?;
+    claims.insert(path, f);
+    Ok(())
+}
+
+fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
+/// What [`sweep_orphans`] found and did.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Claimed prefixes whose owner is gone, with what was removed for each.
+    pub orphans: Vec<(String, Cleaned)>,
+    /// Claimed prefixes whose owner still runs: untouched.
+    pub live: Vec<String>,
+    /// Claimed prefixes whose owner is gone but whose namespaces hold processes that still
+    /// have their parent: a run that does not claim (an older build) may use the prefix
+    /// now. Untouched.
+    pub in_use: Vec<String>,
+    /// `fg…` names that no claim covers (an older build's run, a network made by hand):
+    /// untouched, for a person to judge.
+    pub unowned: Vec<String>,
+}
+
+/// Removes what runs that died without cleaning up left (a test SIGKILLed by its timeout,
+/// a killed lab run): for every prefix [`claim`]ed on this machine whose owner process is
+/// gone, its bridges, ports, namespaces (and their processes) and root-namespace
+/// interfaces, such as a [`rootleg::RootLeg`] whose address and route would capture later
+/// runs' traffic. A name that also starts with a live owner's prefix is left alone, and so
+/// is every name no claim covers. Each dead prefix stays locked while it is swept, so a
+/// run starting with that prefix meanwhile waits in [`claim`] instead of losing its network.
+///
+/// A run of a build older than the claims holds no lock, and a stale claim may carry its
+/// prefix (deterministic per test). So a dead prefix is also left alone while any process
+/// in its namespaces has a parent other than PID 1: a dead run's processes are orphans,
+/// adopted by PID 1 (where a subreaper adopts them instead, such leftovers stay, reported in
+/// [`Swept::in_use`]). A run of an old build that has no process in a namespace yet is
+/// not recognised.
+pub fn sweep_orphans() -> Result<Swept> {
+    let dir = Path::new(OWNERS_DIR);
+    let mut sw = Swept::default();
+    // Hold the dead prefixes' locks until their names are gone.
+    let mut dead: Vec<(String, File)> = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e.collect::<std::io::Result<Vec<_>>>()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    for e in entries {
+        let prefix = e.file_name().to_string_lossy().into_owned();
+        if check_prefix(&prefix).is_err() {
+            continue;
+        }
+        match try_take_over(&e.path())? {
+            Some(f) => dead.push((prefix, f)),
+            None => sw.live.push(prefix),
+        }
+    }
+    let mut names = netns::list_netns()?;
+    names.extend(netns::list_links()?);
+    if Ovs::is_running() {
+        for br in Ovs::list_bridges()? {
+            if let Ok(ports) = ovs::vsctl(&["list-ports", &br]) {
+                names.extend(ports.lines().map(str::to_owned));
+            }
+            names.push(br);
+        }
+    }
+    let dead_prefixes: Vec<String> = dead.iter().map(|(p, _)| p.clone()).collect();
+    sw.unowned = unowned_names(&names, &dead_prefixes, &sw.live);
+    for (prefix, _lock) in &dead {
+        if netns_have_parented_process(names.iter().filter(|n| is_orphan(n, prefix, &sw.live))) {
+            sw.in_use.push(prefix.clone());
+            continue;
+        }
+        if names.iter().any(|n| is_orphan(n, prefix, &sw.live)) {
+            let cleaned = remove_matching(|n| is_orphan(n, prefix, &sw.live))?;
+            sw.orphans.push((prefix.clone(), cleaned));
+        }
+    }
+    Ok(sw)
+}
+
+/// True if a process in one of the namespaces among `names` (other names are skipped) has
+/// a live parent outside them other than PID 1.
+fn netns_have_parented_process<'a>(names: impl Iterator<Item = &'a String>) -> bool {
+    let mut pids = Vec::new();
+    for n in names {
+        if netns::netns_exists(n) {
+            pids.extend(netns::netns_pids(n));
+        }
+    }
+    pids.iter()
+        .filter_map(|&p| netns::parent_pid(p))
+        .any(|pp| pp > 1 && !pids.contains(&pp) && netns::parent_pid(pp).is_some())
+}
+
+/// `Some(lock)` if nobody holds the owner lock at `path` (its owner is gone), taking it.
+#[allow(clippy::incompatible_msrv)]
+fn try_take_over(path: &Path) -> Result<Option<File>> {
+    let f = open_lock_file(path)?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
+}
+
+/// True if `name` belongs to the dead owner of `prefix` and to no live owner.
+fn is_orphan(name: &str, prefix: &str, live: &[String]) -> bool {
+    name.starts_with(prefix) && !live.iter().any(|l| name.starts_with(l.as_str()))
+}
+
+/// The `fg…` names (sorted, once each) that start with no claimed prefix.
+fn unowned_names(names: &[String], dead: &[String], live: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = names
+        .iter()
+        .filter(|n| n.starts_with("fg"))
+        .filter(|n| !dead.iter().chain(live).any(|p| n.starts_with(p.as_str())))
+        .cloned()
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Why the machine can't run the OVS tests, or `None` if it can (root, `ip`, `ethtool`,
@@ -214,6 +406,86 @@ mod tests {
     #[test]
     fn cleanup_refuses_short_prefix() {
         assert!(cleanup_stale("fg").is_err());
+    }
+
+    fn owners_dir(test: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fg-owners-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn claim_marks_owner_alive_until_it_dies() -> Result<()> {
+        let dir = owners_dir("claim");
+        // Claimed by this (live) process: not taken over, however often claimed.
+        claim_in(&dir, "fgaaaa")?;
+        claim_in(&dir, "fgaaaa")?;
+        assert!(try_take_over(&dir.join("fgaaaa"))?.is_none());
+        let pid = std::fs::read_to_string(dir.join("fgaaaa"))?;
+        assert_eq!(pid.trim(), std::process::id().to_string());
+
+        // A record whose owner finished: free.
+        std::fs::write(dir.join("fgbbbb"), "1\n")?;
+        assert!(try_take_over(&dir.join("fgbbbb"))?.is_some());
+
+        // An owner holding the lock, then SIGKILLed: the kernel frees the lock. (`-o`: the
+        // lock stays with `flock`, not its child, as O_CLOEXEC keeps ours from our children.)
+        if cmd::have("flock") {
+            let path = dir.join("fgcccc");
+            let path_s = path.to_string_lossy().into_owned();
+            let mut owner = std::process::Command::new("flock")
+                .args(["-o", path_s.as_str(), "sleep", "30"])
+                .spawn()?;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !path.exists() || try_take_over(&path)?.is_some() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "flock never took the lock"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert!(try_take_over(&path)?.is_none());
+            owner.kill()?;
+            owner.wait()?;
+            assert!(try_take_over(&path)?.is_some());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    #[test]
+    fn sweep_spares_live_and_unowned_names() {
+        let names: Vec<String> = [
+            "fgdead1", "fgdeadh1", "fgdeadab", "fgdead", "fglive1", "fgzzzz1", "eth0", "fgde",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        // "fgdeadab" is a live run's prefix that happens to start with the dead one.
+        let live = vec!["fglive".to_owned(), "fgdeadab".to_owned()];
+        let doomed: Vec<&String> = names
+            .iter()
+            .filter(|n| is_orphan(n, "fgdead", &live))
+            .collect();
+        assert_eq!(doomed, ["fgdead1", "fgdeadh1", "fgdead"]);
+        let dead = vec!["fgdead".to_owned()];
+        assert_eq!(unowned_names(&names, &dead, &live), ["fgde", "fgzzzz1"]);
+    }
+
+    #[test]
+    fn ppid_is_read_past_the_command_name() {
+        assert_eq!(netns::ppid_from_stat("42 (httpd) S 7 42 42 0"), Some(7));
+        assert_eq!(netns::ppid_from_stat("42 (a) b) (c) R 1 42"), Some(1));
+        assert_eq!(netns::ppid_from_stat("42 (cut"), None);
+        let me = netns::parent_pid(std::process::id());
+        assert!(me.is_some_and(|p| p > 0), "{me:?}");
+    }
+
+    #[test]
+    fn prefixes_must_be_plain() {
+        assert!(check_prefix("fg12ab").is_ok());
+        assert!(check_prefix("fglab").is_ok());
+        assert!(check_prefix("fg/../x").is_err());
+        assert!(claim("fg1").is_err());
     }
 
     #[test]

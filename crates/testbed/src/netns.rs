@@ -409,21 +409,37 @@ pub fn list_links() -> Result<Vec<String>> {
     Ok(v)
 }
 
+/// The processes in namespace `ns` (`ip netns pids`); none if it can't be read.
+pub fn netns_pids(ns: &str) -> Vec<u32> {
+    let Ok(out) = cmd::run("ip", &["netns", "pids", ns]) else {
+        return Vec::new();
+    };
+    out.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
 /// SIGKILLs every process in namespace `ns` (`ip netns pids`).
 pub fn kill_netns_pids(ns: &str) {
-    let Ok(out) = cmd::run("ip", &["netns", "pids", ns]) else {
-        return;
-    };
-    let pids: Vec<&str> = out
-        .split_whitespace()
-        .filter(|p| p.parse::<u32>().is_ok())
-        .collect();
+    let pids: Vec<String> = netns_pids(ns).iter().map(u32::to_string).collect();
     if pids.is_empty() {
         return;
     }
     let mut args = vec!["-KILL"];
-    args.extend(pids);
+    args.extend(pids.iter().map(String::as_str));
     cmd::run_quiet("kill", &args);
+}
+
+/// The parent of process `pid`, from `/proc/PID/stat`; `None` if it is gone.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    ppid_from_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The parent pid in a `/proc/PID/stat` line: the second field after the command name,
+/// which is in parentheses and may itself hold spaces and parentheses.
+pub(crate) fn ppid_from_stat(stat: &str) -> Option<u32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 static SPAWN_SEQ: AtomicU64 = AtomicU64::new(0);

@@ -135,18 +135,13 @@ impl OverloadConfig {
 
     /// Read `[service.overload]` from `o` (the table itself).
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> OverloadConfig {
-        let mode = match o.string("mode", errs) {
-            None | Some("off") => Mode::Off,
-            Some("static") => Mode::Static,
-            Some("adaptive") => Mode::Adaptive,
-            Some(other) => {
-                errs.push(ConfigError::new(
-                    o.key_path("mode"),
-                    format!("{other:?} is not one of \"off\", \"static\", \"adaptive\""),
-                ));
-                Mode::Off
-            }
-        };
+        let mode = choice(
+            &mut o,
+            "mode",
+            ("off", Mode::Off),
+            &[("static", Mode::Static), ("adaptive", Mode::Adaptive)],
+            errs,
+        );
         let mut c = OverloadConfig {
             mode,
             ..OverloadConfig::default()
@@ -177,10 +172,7 @@ impl OverloadConfig {
         ) {
             c.backstop_factor = v;
         }
-        c.burst_ms = o
-            .int_in("burst_ms", 1, 10_000, errs)
-            .map(|v| v as u32)
-            .unwrap_or(DEFAULT_BURST_MS);
+        c.burst_ms = burst_ms(&mut o, errs);
         if let Some(v) = o.float_where(
             "gate_burst",
             |v| (1.0..=1000.0).contains(&v),
@@ -197,17 +189,13 @@ impl OverloadConfig {
             3_600_000,
             errs,
         );
-        c.refusal = match o.string("refusal", errs) {
-            None | Some("reset") => Refusal::Reset,
-            Some("drop") => Refusal::Drop,
-            Some(other) => {
-                errs.push(ConfigError::new(
-                    o.key_path("refusal"),
-                    format!("{other:?} is not one of \"reset\", \"drop\""),
-                ));
-                Refusal::Reset
-            }
-        };
+        c.refusal = choice(
+            &mut o,
+            "refusal",
+            ("reset", Refusal::Reset),
+            &[("drop", Refusal::Drop)],
+            errs,
+        );
         if let Some(s) = o.string("gaps_ms", errs) {
             let mut v = Vec::new();
             for part in s.split(',') {
@@ -301,17 +289,13 @@ impl ControllerOverloadConfig {
     }
 
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> ControllerOverloadConfig {
-        let mode = match o.string("mode", errs) {
-            None | Some("off") => Mode::Off,
-            Some("adaptive") => Mode::Adaptive,
-            Some(other) => {
-                errs.push(ConfigError::new(
-                    o.key_path("mode"),
-                    format!("{other:?} is not one of \"off\", \"adaptive\""),
-                ));
-                Mode::Off
-            }
-        };
+        let mode = choice(
+            &mut o,
+            "mode",
+            ("off", Mode::Off),
+            &[("adaptive", Mode::Adaptive)],
+            errs,
+        );
         let mut c = ControllerOverloadConfig {
             mode,
             ..ControllerOverloadConfig::default()
@@ -347,13 +331,41 @@ impl ControllerOverloadConfig {
             c.min_rate = v;
         }
         c.settle = o.millis("settle_ms", DEFAULT_SETTLE_MS, 10, 60_000, errs);
-        c.burst_ms = o
-            .int_in("burst_ms", 1, 10_000, errs)
-            .map(|v| v as u32)
-            .unwrap_or(DEFAULT_BURST_MS);
+        c.burst_ms = burst_ms(&mut o, errs);
         o.finish(errs);
         c
     }
+}
+
+/// The value named by `key`: `default` or one of `others`. The default also stands in
+/// (beside an error naming every choice) for a name that is none of them.
+fn choice<T: Copy>(
+    o: &mut Obj<'_>,
+    key: &str,
+    default: (&str, T),
+    others: &[(&str, T)],
+    errs: &mut Vec<ConfigError>,
+) -> T {
+    let Some(given) = o.string(key, errs) else {
+        return default.1;
+    };
+    let choices = std::iter::once(&default).chain(others);
+    if let Some(&(_, v)) = choices.clone().find(|(name, _)| *name == given) {
+        return v;
+    }
+    let names: Vec<String> = choices.map(|(n, _)| format!("{n:?}")).collect();
+    errs.push(ConfigError::new(
+        o.key_path(key),
+        format!("{given:?} is not one of {}", names.join(", ")),
+    ));
+    default.1
+}
+
+/// The switch meter's burst, `burst_ms`, in both gates.
+fn burst_ms(o: &mut Obj<'_>, errs: &mut Vec<ConfigError>) -> u32 {
+    o.int_in("burst_ms", 1, 10_000, errs)
+        .map(|v| v as u32)
+        .unwrap_or(DEFAULT_BURST_MS)
 }
 
 fn positive(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<f64> {

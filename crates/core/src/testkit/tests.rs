@@ -50,6 +50,11 @@ fn ok(t: &mut FakeTable, m: &Message) {
     }
 }
 
+/// Adds a flow in table 0 with cookie 0 (what most tests need), which must be accepted.
+fn ok_add(t: &mut FakeTable, prio: u16, m: Match, actions: Vec<Action>) {
+    ok(t, &add(0, prio, 0, m, actions));
+}
+
 #[test]
 fn from_frame_fills_fields() {
     let p = syn(3, 40000);
@@ -157,15 +162,11 @@ fn identical_match_and_priority_replaces() {
 #[test]
 fn check_overlap() {
     let mut t = FakeTable::new();
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            100,
-            0,
-            tcp_match().with(Oxm::TcpDst(80)),
-            vec![Action::output(2)],
-        ),
+        100,
+        tcp_match().with(Oxm::TcpDst(80)),
+        vec![Action::output(2)],
     );
     let overlapping = FlowMod::add(tcp_match().with(Oxm::ipv4_dst(VIP)))
         .priority(100)
@@ -187,43 +188,28 @@ fn check_overlap() {
 #[test]
 fn strict_and_non_strict_delete() {
     let mut t = FakeTable::new();
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            100,
-            0,
-            tcp_match().with(Oxm::TcpDst(80)),
-            vec![Action::output(2)],
-        ),
+        100,
+        tcp_match().with(Oxm::TcpDst(80)),
+        vec![Action::output(2)],
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            200,
-            0,
-            tcp_match().with(Oxm::TcpDst(80)),
-            vec![Action::output(2)],
-        ),
+        200,
+        tcp_match().with(Oxm::TcpDst(80)),
+        vec![Action::output(2)],
     );
-    ok(
-        &mut t,
-        &add(0, 100, 0, tcp_match(), vec![Action::output(3)]),
-    );
+    ok_add(&mut t, 100, tcp_match(), vec![Action::output(3)]);
     ok(
         &mut t,
         &add(1, 100, 0, tcp_match(), vec![Action::output(3)]),
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            5,
-            0,
-            Match::new().with(Oxm::EthType(ETH_TYPE_ARP)),
-            vec![],
-        ),
+        5,
+        Match::new().with(Oxm::EthType(ETH_TYPE_ARP)),
+        vec![],
     );
 
     // Strict: exact match and priority, one table.
@@ -293,42 +279,29 @@ fn delete_filtered_by_out_port_and_out_group() {
     let mut t = FakeTable::new();
     ok(
         &mut t,
-        &Message::GroupMod(GroupMod {
-            command: GroupModCommand::Add,
-            group_type: GroupType::All,
-            group_id: 9,
-            buckets: vec![Bucket::new([Action::output(5)].into_iter().collect())],
-        }),
-    );
-    ok(
-        &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match().with(Oxm::TcpDst(1)),
-            vec![Action::output(2)],
+        &group(
+            9,
+            GroupType::All,
+            vec![Bucket::new([Action::output(5)].into_iter().collect())],
         ),
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match().with(Oxm::TcpDst(2)),
-            vec![Action::output(3)],
-        ),
+        1,
+        tcp_match().with(Oxm::TcpDst(1)),
+        vec![Action::output(2)],
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match().with(Oxm::TcpDst(3)),
-            vec![Action::Group(9)],
-        ),
+        1,
+        tcp_match().with(Oxm::TcpDst(2)),
+        vec![Action::output(3)],
+    );
+    ok_add(
+        &mut t,
+        1,
+        tcp_match().with(Oxm::TcpDst(3)),
+        vec![Action::Group(9)],
     );
     let mut del = FlowMod::delete(Match::new());
     del.out_port = 3;
@@ -381,21 +354,17 @@ fn modify_and_modify_strict() {
 fn set_field_rewrites_in_order() {
     let mut t = FakeTable::new();
     let m = tcp_match().with(Oxm::ipv4_dst(VIP)).with(Oxm::TcpDst(80));
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            100,
-            0,
-            m,
-            vec![
-                Action::output(9), // before the rewrite
-                Action::SetField(Oxm::eth_dst(B1_MAC.0)),
-                Action::SetField(Oxm::ipv4_dst(B1)),
-                Action::SetField(Oxm::TcpDst(8080)),
-                Action::output(2),
-            ],
-        ),
+        100,
+        m,
+        vec![
+            Action::output(9), // before the rewrite
+            Action::SetField(Oxm::eth_dst(B1_MAC.0)),
+            Action::SetField(Oxm::ipv4_dst(B1)),
+            Action::SetField(Oxm::TcpDst(8080)),
+            Action::output(2),
+        ],
     );
     let tr = t.lookup(&syn(1, 40000));
     assert_eq!(tr.ports(), vec![9, 2]);
@@ -592,7 +561,7 @@ fn select_group_hash_and_first() {
             ],
         ),
     );
-    ok(&mut t, &add(0, 1, 0, tcp_match(), vec![Action::Group(1)]));
+    ok_add(&mut t, 1, tcp_match(), vec![Action::Group(1)]);
     let mut seen = std::collections::BTreeSet::new();
     for sport in 1000..1100 {
         let tr = t.lookup(&syn(1, sport));
@@ -640,25 +609,17 @@ fn all_and_fast_failover_groups_and_group_delete() {
         &mut t,
         &group(2, GroupType::FastFailover, vec![primary, backup]),
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match().with(Oxm::TcpSrc(1)),
-            vec![Action::Group(1)],
-        ),
+        1,
+        tcp_match().with(Oxm::TcpSrc(1)),
+        vec![Action::Group(1)],
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match().with(Oxm::TcpSrc(2)),
-            vec![Action::Group(2)],
-        ),
+        1,
+        tcp_match().with(Oxm::TcpSrc(2)),
+        vec![Action::Group(2)],
     );
     assert_eq!(t.lookup(&syn(1, 1)).ports(), vec![11, 12]);
     assert_eq!(t.lookup(&syn(1, 2)).ports(), vec![21]);
@@ -746,25 +707,17 @@ fn timeouts() {
 fn flood_in_port_and_packet_out() {
     let mut t = FakeTable::new().with_ports([1, 2, 3, 4]);
     t.set_port_down(4, true);
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            Match::new().with(Oxm::EthType(ETH_TYPE_ARP)),
-            vec![Action::output(port::FLOOD)],
-        ),
+        1,
+        Match::new().with(Oxm::EthType(ETH_TYPE_ARP)),
+        vec![Action::output(port::FLOOD)],
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            1,
-            0,
-            tcp_match(),
-            vec![Action::output(1), Action::output(port::IN_PORT)],
-        ),
+        1,
+        tcp_match(),
+        vec![Action::output(1), Action::output(port::IN_PORT)],
     );
     let arp = PacketFields::from_frame(2, &flowgate_packet::arp_request(CLIENT_MAC, CLIENT, VIP))
         .expect("arp");
@@ -798,17 +751,13 @@ fn onf_tcp_flags_match() {
         hasmask: true,
         payload: payload.into(),
     });
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            10,
-            0,
-            tcp_match().with(syn_only),
-            vec![Action::output(port::CONTROLLER)],
-        ),
+        10,
+        tcp_match().with(syn_only),
+        vec![Action::output(port::CONTROLLER)],
     );
-    ok(&mut t, &add(0, 1, 0, tcp_match(), vec![Action::output(2)]));
+    ok_add(&mut t, 1, tcp_match(), vec![Action::output(2)]);
     assert!(t.lookup(&syn(1, 1)).sent_to_controller());
     let mut synack = syn(1, 1);
     synack.tcp_flags = Some(u16::from((TcpFlags::SYN | TcpFlags::ACK).0));
@@ -818,32 +767,24 @@ fn onf_tcp_flags_match() {
 #[test]
 fn vlan_match_and_push_pop() {
     let mut t = FakeTable::new();
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            10,
-            0,
-            Match::new().with(Oxm::vlan(100)),
-            vec![Action::PopVlan, Action::output(2)],
-        ),
+        10,
+        Match::new().with(Oxm::vlan(100)),
+        vec![Action::PopVlan, Action::output(2)],
     );
-    ok(
+    ok_add(
         &mut t,
-        &add(
-            0,
-            5,
-            0,
-            Match::new().with(Oxm::VlanVid {
-                value: 0,
-                mask: None,
-            }),
-            vec![
-                Action::PushVlan(0x8100),
-                Action::SetField(Oxm::vlan(200)),
-                Action::output(3),
-            ],
-        ),
+        5,
+        Match::new().with(Oxm::VlanVid {
+            value: 0,
+            mask: None,
+        }),
+        vec![
+            Action::PushVlan(0x8100),
+            Action::SetField(Oxm::vlan(200)),
+            Action::output(3),
+        ],
     );
     let mut tagged = syn(1, 1);
     tagged.vlan = Some(100);

@@ -8,9 +8,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flowgate_testbed::{Host, ProcGuard};
+use flowgate_testbed::rootleg::RootLeg;
+use flowgate_testbed::{Bridge, Host, Prefix, ProcGuard, cleanup_stale, require_root_ovs};
 
 pub const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
+
+/// The start of a config whose controller listens on ports of its choosing (read back
+/// from its ready file).
+pub const LISTEN_ANY: &str =
+    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n";
+
+/// For an OVS test: its name prefix, once an earlier crashed run's leftovers are removed;
+/// `None` (the test skips) without root and Open vSwitch.
+pub fn setup(test: &str) -> Option<Prefix> {
+    if !require_root_ovs(test) {
+        return None;
+    }
+    let p = Prefix::for_test(test);
+    cleanup_stale(p.as_str()).expect("clean leftovers");
+    Some(p)
+}
 
 /// A controller process. Killed (SIGKILL) on drop.
 pub struct Ctl {
@@ -95,6 +112,17 @@ impl Ctl {
     /// `tcp:127.0.0.1:PORT`, the target to give OVS.
     pub fn target(&self) -> String {
         format!("tcp:{}", self.openflow)
+    }
+
+    /// Makes this the controller of `bridges`, then waits until each has connected.
+    pub fn control(&self, bridges: &[Bridge]) {
+        for b in bridges {
+            b.set_controller(&[self.target()]).expect("set controller");
+        }
+        for b in bridges {
+            b.wait_connected(Duration::from_secs(10))
+                .expect("switch connects");
+        }
     }
 
     /// Kill the controller (SIGKILL: no goodbye to the switches) and start it again on the
@@ -262,8 +290,12 @@ fn decode_chunked_if_needed(head: &str, body: &str) -> String {
     {
         return body.to_string();
     }
+    dechunk(body)
+}
+
+/// The data of a chunked HTTP/1.1 body.
+pub fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
-    let mut rest = body;
     while let Some(i) = rest.find("\r\n") {
         let n = usize::from_str_radix(rest[..i].trim(), 16).unwrap_or(0);
         if n == 0 {
@@ -333,13 +365,34 @@ pub fn vip_config(
     backends: &[std::net::Ipv4Addr],
     extra_service: &str,
 ) -> String {
-    let mut c = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra_service}\n[service.health]\nkind = \"none\"\n"
-    );
+    format!(
+        "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{vip}\"\nport = 80\nalgorithm = \"{algorithm}\"\n{extra_service}\n[service.health]\nkind = \"none\"\n{}",
+        backend_entries(backends, false)
+    )
+}
+
+/// `[[service.backend]]` entries for `backends`; with `metrics`, each is scraped at
+/// `http://ADDRESS:80/metrics`.
+pub fn backend_entries<'a>(
+    backends: impl IntoIterator<Item = &'a std::net::Ipv4Addr>,
+    metrics: bool,
+) -> String {
+    let mut c = String::new();
     for b in backends {
         c += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
+        if metrics {
+            c += &format!("metrics = \"http://{b}:80/metrics\"\n");
+        }
     }
     c
+}
+
+/// One ping from the root leg to `to`: the controller learns the leg like any host, so
+/// its probes flow at once.
+pub fn announce_leg(leg: &RootLeg, to: &str) {
+    let _ = Command::new("ping")
+        .args(["-c", "1", "-W", "1", "-I", leg.root_iface(), to])
+        .output();
 }
 
 pub fn temp_path(dir: &Path, name: &str) -> PathBuf {

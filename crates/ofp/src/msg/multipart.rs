@@ -354,9 +354,7 @@ impl MultipartRequest {
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         use MultipartRequestBody as B;
-        let typ = r.u16()?;
-        let flags = r.u16()?;
-        r.skip(4)?;
+        let (typ, flags) = decode_header(r)?;
         let u32_pad = |r: &mut Reader<'_>| -> Result<u32, DecodeError> {
             let v = r.u32()?;
             r.skip(4)?;
@@ -386,19 +384,16 @@ impl MultipartRequest {
                 meter_id: u32_pad(r)?,
             },
             mt::METER_FEATURES => B::MeterFeatures,
-            mt::TABLE_FEATURES => {
-                let mut v = Vec::new();
-                while !r.is_empty() {
-                    v.push(TableFeatures::decode(r)?);
-                }
-                B::TableFeatures(v)
-            }
+            mt::TABLE_FEATURES => B::TableFeatures(list(r, TableFeatures::decode)?),
             mt::PORT_DESC => B::PortDesc,
-            mt::EXPERIMENTER => B::Experimenter {
-                experimenter: r.u32()?,
-                exp_type: r.u32()?,
-                data: r.rest(),
-            },
+            mt::EXPERIMENTER => {
+                let (experimenter, exp_type, data) = decode_experimenter(r)?;
+                B::Experimenter {
+                    experimenter,
+                    exp_type,
+                    data,
+                }
+            }
             _ => B::Unknown {
                 typ,
                 data: r.rest(),
@@ -409,9 +404,7 @@ impl MultipartRequest {
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         use MultipartRequestBody as B;
-        out.put_u16(self.mp_type());
-        out.put_u16(self.flags);
-        out.put_u32(0);
+        encode_header(out, self.mp_type(), self.flags);
         match &self.body {
             B::Desc
             | B::Table
@@ -440,11 +433,7 @@ impl MultipartRequest {
                 experimenter,
                 exp_type,
                 data,
-            } => {
-                out.put_u32(*experimenter);
-                out.put_u32(*exp_type);
-                out.put_slice(data);
-            }
+            } => encode_experimenter(out, *experimenter, *exp_type, data),
             B::Unknown { data, .. } => out.put_slice(data),
         }
         Ok(())
@@ -777,6 +766,34 @@ pub struct MultipartReply {
     pub body: MultipartReplyBody,
 }
 
+/// The multipart header after the OpenFlow header, the same in requests and replies
+/// (§7.3.5): type, flags, 4 bytes of padding.
+fn decode_header(r: &mut Reader<'_>) -> Result<(u16, u16), DecodeError> {
+    let typ = r.u16()?;
+    let flags = r.u16()?;
+    r.skip(4)?;
+    Ok((typ, flags))
+}
+
+fn encode_header(out: &mut BytesMut, typ: u16, flags: u16) {
+    out.put_u16(typ);
+    out.put_u16(flags);
+    out.put_u32(0);
+}
+
+/// OFPMP_EXPERIMENTER's body, the same in requests and replies (§7.3.5.15): experimenter
+/// id, experimenter type, then data kept raw.
+fn decode_experimenter(r: &mut Reader<'_>) -> Result<(u32, u32, Bytes), DecodeError> {
+    Ok((r.u32()?, r.u32()?, r.rest()))
+}
+
+fn encode_experimenter(out: &mut BytesMut, experimenter: u32, exp_type: u32, data: &[u8]) {
+    out.put_u32(experimenter);
+    out.put_u32(exp_type);
+    out.put_slice(data);
+}
+
+/// Entries decoded with `f` until the body ends.
 fn list<T>(
     r: &mut Reader<'_>,
     f: impl Fn(&mut Reader<'_>) -> Result<T, DecodeError>,
@@ -822,9 +839,7 @@ impl MultipartReply {
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         use MultipartReplyBody as B;
-        let typ = r.u16()?;
-        let flags = r.u16()?;
-        r.skip(4)?;
+        let (typ, flags) = decode_header(r)?;
         let body = match typ {
             mt::DESC => B::Desc(Box::new(Desc {
                 mfr_desc: crate::strings::FixedStr(r.array()?),
@@ -994,11 +1009,14 @@ impl MultipartReply {
                 B::MeterFeatures(f)
             }
             mt::TABLE_FEATURES => B::TableFeatures(list(r, TableFeatures::decode)?),
-            mt::EXPERIMENTER => B::Experimenter {
-                experimenter: r.u32()?,
-                exp_type: r.u32()?,
-                data: r.rest(),
-            },
+            mt::EXPERIMENTER => {
+                let (experimenter, exp_type, data) = decode_experimenter(r)?;
+                B::Experimenter {
+                    experimenter,
+                    exp_type,
+                    data,
+                }
+            }
             _ => B::Unknown {
                 typ,
                 data: r.rest(),
@@ -1009,9 +1027,7 @@ impl MultipartReply {
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         use MultipartReplyBody as B;
-        out.put_u16(self.mp_type());
-        out.put_u16(self.flags);
-        out.put_u32(0);
+        encode_header(out, self.mp_type(), self.flags);
         match &self.body {
             B::Desc(d) => {
                 out.put_slice(&d.mfr_desc.0);
@@ -1162,11 +1178,7 @@ impl MultipartReply {
                 experimenter,
                 exp_type,
                 data,
-            } => {
-                out.put_u32(*experimenter);
-                out.put_u32(*exp_type);
-                out.put_slice(data);
-            }
+            } => encode_experimenter(out, *experimenter, *exp_type, data),
             B::Unknown { data, .. } => out.put_slice(data),
         }
         Ok(())

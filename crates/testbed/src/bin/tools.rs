@@ -22,6 +22,8 @@ enum Cmd {
     Httpd(HttpdArgs),
     /// Send a bounded HTTP load to one URL and print a report.
     Load(LoadArgs),
+    /// Remove the networks of test and lab runs whose process is gone (needs root).
+    Sweep,
 }
 
 /// Completes on SIGTERM or SIGINT.
@@ -56,6 +58,27 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 println!("{report}");
+            }
+        }
+        Cmd::Sweep => {
+            let sw = flowgate_testbed::sweep_orphans()?;
+            for (prefix, c) in &sw.orphans {
+                println!(
+                    "swept {prefix} (owner gone): bridges {:?}, namespaces {:?}, links {:?}",
+                    c.bridges, c.namespaces, c.links
+                );
+            }
+            if !sw.in_use.is_empty() {
+                println!(
+                    "left alone, owner gone but processes still parented (an older build's run?): {}",
+                    sw.in_use.join(" ")
+                );
+            }
+            if !sw.unowned.is_empty() {
+                println!(
+                    "left alone, no owner recorded (remove by hand if stale): {}",
+                    sw.unowned.join(" ")
+                );
             }
         }
     }
