@@ -36,6 +36,14 @@ pub struct Conn {
     /// What the controller itself saw of the backend's side (packets that reached it
     /// while the rules settled), for passive outlier detection.
     pub reply: Reply,
+    /// The client's initial sequence number, from its SYN: a SYN with the same one is a
+    /// retransmission of this connection, a SYN with another is a new connection on the
+    /// same 4-tuple (RFC 9293 §3.4.1: each connection picks a fresh ISN). `None` for a
+    /// connection rebuilt from a switch's rules, whose SYN was never seen.
+    pub isn: Option<u32>,
+    /// Tag of this decision in its rules' cookies, so a FLOW_REMOVED of an earlier
+    /// connection on the same 4-tuple is told apart from this one's.
+    pub tag: u16,
 }
 
 /// The backend's side of a connection, as far as the controller saw it.
@@ -178,6 +186,8 @@ mod tests {
             created_ms: u64::from(i),
             installed: i % 2 == 0,
             reply: Reply::Unseen,
+            isn: Some(i),
+            tag: i as u16,
         }
     }
 

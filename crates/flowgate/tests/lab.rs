@@ -190,28 +190,17 @@ fn check_measured(rows: &[Row]) {
             r.sent
         );
         // The controller's decisions and the servers' answers agree (each connection that
-        // got a response was decided once, to the server that answered). Open bug: on
-        // rare runs a server answers a few more connections than it was picked for (3 of
-        // 2000, 5 of 440 at this stop: a connection the switch carried with no decision;
-        // cause not found yet, see docs/lab.md). Up to 1 % is reported, not failed; more
-        // means the decisions and the answers really disagree.
+        // got a response was decided once, to the server that answered), also when a
+        // client reuses the 4-tuple of a connection whose rules are still in the switch
+        // (every SYN comes up to be decided: see `controller::rules::not_syn`).
         for (i, (resp, picks)) in r
             .shares()
             .iter()
             .zip([r.ctl_srv1, r.ctl_srv2, r.ctl_srv3, r.ctl_srv4])
             .enumerate()
         {
-            let undecided = resp.saturating_sub(picks);
-            if undecided > 0 {
-                eprintln!(
-                    "{} {}: srv{} answered {resp} but was picked {picks} times (open bug)",
-                    r.arm,
-                    r.phase,
-                    i + 1
-                );
-            }
             assert!(
-                undecided * 100 <= *resp,
+                *resp <= picks,
                 "{} {}: srv{} answered {resp} but was picked {picks} times",
                 r.arm,
                 r.phase,

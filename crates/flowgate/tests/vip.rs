@@ -45,10 +45,33 @@ fn ovs_single_switch_round_robin() {
     ctl.wait_backends_ready(Duration::from_secs(15));
 
     let client = &topo0.hosts[0];
+    let conn_log = ctl.dir.join("load-connections.txt");
     let report = load(
         client,
         &format!("http://{VIP}/"),
-        &["--requests", "300", "--concurrency", "4"],
+        &[
+            "--requests",
+            "300",
+            "--concurrency",
+            "4",
+            "--conn-log",
+            conn_log.to_str().expect("utf-8 temp path"),
+        ],
+    );
+    // Every response traced to the controller's decision for its client port, before
+    // the totals, so a mismatch names the connections and what the switch held.
+    let names: Vec<(String, std::net::Ipv4Addr)> = topo0.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (format!("b{}", i + 2), h.ip()))
+        .collect();
+    let untraced = untraced_responses(&ctl, &conn_log, &names);
+    assert!(
+        untraced.is_empty(),
+        "responses without a decision (port, answered by, answers, decisions):\n{untraced:?}\n\
+         flows:\n{}\ndatapath:\n{}",
+        topo0.bridges[0].dump_flows().unwrap_or_default(),
+        dpctl_flows()
     );
     assert_eq!(report["ok"], 300, "every request succeeds: {report}");
     let shares = shares(&report);
@@ -82,9 +105,14 @@ fn ovs_single_switch_round_robin() {
         flows.contains(&format!("set_field:{VIP}->ip_src")),
         "reverse rewrite back to the VIP:\n{flows}"
     );
+    // A rule shows the configured idle timeout until its connection's FIN, then the
+    // fin_timeout's 1 s (OVS rewrites the rule's idle_timeout): by the time the load is
+    // over, every rule may be a closed connection's.
     assert!(
-        flows.contains("idle_timeout=30") && flows.contains("send_flow_rem"),
-        "idle timeout and flow-removed:\n{flows}"
+        (flows.contains("idle_timeout=30") || flows.contains("idle_timeout=1,"))
+            && flows.contains("fin_timeout(idle_timeout=1)")
+            && flows.contains("send_flow_rem"),
+        "idle timeout, fin timeout and flow-removed:\n{flows}"
     );
 
     let services = ctl.get_json("/api/v1/services");
@@ -95,6 +123,148 @@ fn ovs_single_switch_round_robin() {
         .map(|b| b["connections_total"].as_u64().unwrap())
         .sum();
     assert_eq!(total, 300, "one decision per connection: {services}");
+    ctl.assert_no_openflow_errors();
+}
+
+/// The responses in a `flowgate load --conn-log` file that the controller's log does not
+/// account for: `(client port, backend that answered, times it answered on that port,
+/// times the controller chose it for that port)`, where it answered more often than it was
+/// chosen. Counted per port, so a port the client reused for several connections is fine
+/// as long as each of them was decided for the backend that answered it.
+fn untraced_responses(
+    ctl: &Ctl,
+    conn_log: &std::path::Path,
+    names: &[(String, std::net::Ipv4Addr)],
+) -> Vec<(u16, String, u64, u64)> {
+    use std::collections::BTreeMap;
+    let log = ctl.log_plain();
+    let mut decided: BTreeMap<(u16, std::net::Ipv4Addr), u64> = BTreeMap::new();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("new connection service="))
+    {
+        let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k));
+        if let (Some(Ok(p)), Some(Ok(b))) = (
+            field("cport=").map(str::parse::<u16>),
+            field("backend=").map(str::parse),
+        ) {
+            *decided.entry((p, b)).or_default() += 1;
+        }
+    }
+    let text = std::fs::read_to_string(conn_log).expect("connection log");
+    let mut answered: BTreeMap<(u16, String), u64> = BTreeMap::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        // `-`: no response (the failures are the load report's to show).
+        if let (Some(Ok(port)), Some(backend)) = (w.first().map(|p| p.parse::<u16>()), w.get(1)) {
+            if *backend != "-" {
+                *answered.entry((port, backend.to_string())).or_default() += 1;
+            }
+        }
+    }
+    answered
+        .into_iter()
+        .filter_map(|((port, backend), n)| {
+            let ip = names.iter().find(|(b, _)| *b == backend).map(|(_, ip)| *ip);
+            let d = ip.map_or(0, |ip| decided.get(&(port, ip)).copied().unwrap_or(0));
+            (n > d).then_some((port, backend, n, d))
+        })
+        .collect()
+}
+
+/// The userspace datapath's megaflows (what OVS forwards without asking the rules).
+fn dpctl_flows() -> String {
+    std::process::Command::new("ovs-appctl")
+        .args(["dpctl/dump-flows", "-m"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// A client that reuses its source ports (a 256-port ephemeral range for 300 connections;
+/// the kernel also does it on its own when other connections from the same address to the
+/// same service advance its port counter, as in CI): every connection on a reused 4-tuple
+/// is decided and counted, and answered by the backend decided for it, never carried
+/// undecided by the previous connection's rule (or its megaflow) to its backend.
+#[test]
+fn ovs_reused_client_ports_are_each_decided() {
+    let Some(p) = setup("ovs_reused_client_ports_are_each_decided") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let ctl = Ctl::start("reuse", &vip_config(VIP, "round-robin", &backends, ""));
+    t.bridges[0]
+        .set_controller(&[ctl.target()])
+        .expect("set controller");
+    t.bridges[0]
+        .wait_connected(Duration::from_secs(10))
+        .expect("switch connects");
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+
+    let client = &t.hosts[0];
+    // The client often closes first and keeps the port in TIME_WAIT: let it reuse such a
+    // port (after a second), as busy clients are set up to (both sysctls are per netns).
+    for kv in [
+        "net.ipv4.ip_local_port_range=40000 40255",
+        "net.ipv4.tcp_tw_reuse=1",
+    ] {
+        client
+            .exec_checked(&["sysctl", "-w", kv])
+            .expect("client sysctl");
+    }
+    let conn_log = ctl.dir.join("load-connections.txt");
+    let report = load(
+        client,
+        &format!("http://{VIP}/"),
+        &[
+            "--requests",
+            "300",
+            "--concurrency",
+            "4",
+            "--conn-log",
+            conn_log.to_str().expect("utf-8 temp path"),
+        ],
+    );
+    let names: Vec<(String, std::net::Ipv4Addr)> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (format!("b{}", i + 2), h.ip()))
+        .collect();
+    let ports: std::collections::BTreeSet<String> = std::fs::read_to_string(&conn_log)
+        .expect("connection log")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|p| p != "-")
+        .collect();
+    assert!(
+        ports.len() <= 256,
+        "the client used its narrow range: {ports:?}"
+    );
+    let untraced = untraced_responses(&ctl, &conn_log, &names);
+    assert!(
+        untraced.is_empty(),
+        "responses without a decision (port, answered by, answers, decisions):\n{untraced:?}\n\
+         flows:\n{}\ndatapath:\n{}",
+        t.bridges[0].dump_flows().unwrap_or_default(),
+        dpctl_flows()
+    );
+    assert_eq!(report["ok"], 300, "every request succeeds: {report}");
+    let services = ctl.get_json("/api/v1/services");
+    let total: u64 = services[0]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["connections_total"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 300, "one decision per connection: {services}");
+    // A reused 4-tuple keeps its backend, so the shares are round robin's only roughly.
+    assert_eq!(shares(&report).len(), 3, "all three backends served");
     ctl.assert_no_openflow_errors();
 }
 

@@ -64,6 +64,12 @@ pub struct LoadArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write one line per request to this file: the local TCP port it used, the backend
+    /// that answered and the outcome (`PORT BACKEND STATUS|ERROR MS`; `-` where unknown),
+    /// so each response can be traced to the controller's decision for that port.
+    #[arg(long)]
+    #[serde(default)]
+    pub conn_log: Option<std::path::PathBuf>,
 }
 
 impl LoadArgs {
@@ -79,6 +85,7 @@ impl LoadArgs {
             new_connection_per_request: true,
             max_in_flight: 10_000,
             json: false,
+            conn_log: None,
         }
     }
 }
@@ -95,6 +102,9 @@ pub enum LoadError {
     /// An argument is out of range.
     #[error("invalid arguments: {0}")]
     Args(String),
+    /// The `--conn-log` file could not be written.
+    #[error("cannot write the connection log `{path}`: {err}", path = .0.display(), err = .1)]
+    ConnLog(std::path::PathBuf, io::Error),
 }
 
 /// Failed requests by kind.
@@ -289,16 +299,26 @@ struct Response {
     bytes: u64,
 }
 
+/// One request as `--conn-log` writes it.
+struct ConnRecord {
+    port: Option<u16>,
+    backend: Option<String>,
+    outcome: String,
+    took: Duration,
+}
+
 /// Per-worker tallies, merged at the end.
 struct Tally {
     hist: Histogram<u64>,
     /// Time to failure of failed requests.
     fail_hist: Histogram<u64>,
     report: LoadReport,
+    /// Kept only with `--conn-log`.
+    records: Option<Vec<ConnRecord>>,
 }
 
 impl Tally {
-    fn new() -> Self {
+    fn new(record: bool) -> Self {
         // 1 µs .. 1 h, 3 significant digits. Bounds are constants, so this cannot fail.
         #[allow(clippy::unwrap_used)]
         let hist = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
@@ -306,10 +326,23 @@ impl Tally {
             fail_hist: hist.clone(),
             hist,
             report: LoadReport::default(),
+            records: record.then(Vec::new),
         }
     }
 
-    fn add(&mut self, took: Duration, r: Result<Response, Fail>) {
+    fn add(&mut self, took: Duration, port: Option<u16>, r: Result<Response, Fail>) {
+        if let Some(recs) = &mut self.records {
+            let (backend, outcome) = match &r {
+                Ok(resp) => (resp.backend.clone(), resp.status.to_string()),
+                Err(f) => (None, format!("{f:?}")),
+            };
+            recs.push(ConnRecord {
+                port,
+                backend,
+                outcome,
+                took,
+            });
+        }
         let rep = &mut self.report;
         rep.sent += 1;
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
@@ -346,6 +379,9 @@ impl Tally {
     }
 
     fn merge(&mut self, o: Tally) {
+        if let (Some(a), Some(b)) = (&mut self.records, o.records) {
+            a.extend(b);
+        }
         let _ = self.hist.add(&o.hist);
         let _ = self.fail_hist.add(&o.fail_hist);
         let (a, b) = (&mut self.report, o.report);
@@ -409,12 +445,16 @@ impl Drop for AbortOnDrop {
 
 type Sender = SendRequest<Empty<Bytes>>;
 
-async fn connect(t: &Target, deadline: Instant) -> Result<(Sender, AbortOnDrop), Fail> {
+/// A connection to the target: its request sender, the task driving it, its local port.
+type Connected = (Sender, AbortOnDrop, Option<u16>);
+
+async fn connect(t: &Target, deadline: Instant) -> Result<Connected, Fail> {
     let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(t.addr)).await {
         Err(_) => return Err(Fail::ConnectTimeout),
         Ok(Err(e)) => return Err(classify_io(&e, true)),
         Ok(Ok(s)) => s,
     };
+    let port = stream.local_addr().ok().map(|a| a.port());
     let _ = stream.set_nodelay(true);
     let (sender, conn) =
         match tokio::time::timeout_at(deadline, http1::handshake(TokioIo::new(stream))).await {
@@ -425,7 +465,7 @@ async fn connect(t: &Target, deadline: Instant) -> Result<(Sender, AbortOnDrop),
     let task = tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok((sender, AbortOnDrop(task)))
+    Ok((sender, AbortOnDrop(task), port))
 }
 
 async fn send(t: &Target, sender: &mut Sender, close: bool) -> Result<Response, Fail> {
@@ -460,14 +500,19 @@ async fn send(t: &Target, sender: &mut Sender, close: bool) -> Result<Response, 
     })
 }
 
-/// One request on a fresh connection, bounded by `timeout`.
-async fn one_fresh(t: &Target, timeout: Duration) -> Result<Response, Fail> {
+/// One request on a fresh connection, bounded by `timeout`; the connection's local port
+/// when it got one. Never retried: one request is one connection attempt.
+async fn one_fresh(t: &Target, timeout: Duration) -> (Option<u16>, Result<Response, Fail>) {
     let deadline = Instant::now() + timeout;
-    let (mut sender, _conn) = connect(t, deadline).await?;
-    match tokio::time::timeout_at(deadline, send(t, &mut sender, true)).await {
+    let (mut sender, _conn, port) = match connect(t, deadline).await {
+        Ok(c) => c,
+        Err(f) => return (None, Err(f)),
+    };
+    let r = match tokio::time::timeout_at(deadline, send(t, &mut sender, true)).await {
         Err(_) => Err(Fail::Timeout),
         Ok(r) => r,
-    }
+    };
+    (port, r)
 }
 
 fn validate(args: &LoadArgs) -> Result<(), LoadError> {
@@ -497,6 +542,18 @@ fn validate(args: &LoadArgs) -> Result<(), LoadError> {
     Ok(())
 }
 
+fn write_conn_log(path: &std::path::Path, recs: &[ConnRecord]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = io::BufWriter::new(std::fs::File::create(path)?);
+    for r in recs {
+        let port = r.port.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let backend = r.backend.as_deref().unwrap_or("-");
+        let ms = r.took.as_secs_f64() * 1000.0;
+        writeln!(f, "{port} {backend} {} {ms:.3}", r.outcome)?;
+    }
+    f.flush()
+}
+
 /// Runs the load described by `args` and reports what happened.
 pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     validate(args)?;
@@ -504,7 +561,8 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration_secs);
-    let mut total = Tally::new();
+    let record = args.conn_log.is_some();
+    let mut total = Tally::new(record);
 
     if let Some(rate) = args.rate {
         let sem = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
@@ -520,19 +578,19 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
             };
             let t = target.clone();
             set.spawn(async move {
-                let r = one_fresh(&t, timeout).await;
+                let (port, r) = one_fresh(&t, timeout).await;
                 drop(permit);
-                (due.elapsed(), r)
+                (due.elapsed(), port, r)
             });
             while let Some(done) = set.try_join_next() {
-                if let Ok((took, r)) = done {
-                    total.add(took, r);
+                if let Ok((took, port, r)) = done {
+                    total.add(took, port, r);
                 }
             }
         }
         while let Some(done) = set.join_next().await {
-            if let Ok((took, r)) = done {
-                total.add(took, r);
+            if let Ok((took, port, r)) = done {
+                total.add(took, port, r);
             }
         }
     } else {
@@ -549,19 +607,19 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
                 args.new_connection_per_request,
             );
             set.spawn(async move {
-                let mut tally = Tally::new();
-                let mut conn: Option<(Sender, AbortOnDrop)> = None;
+                let mut tally = Tally::new(record);
+                let mut conn: Option<Connected> = None;
                 while next.fetch_add(1, Ordering::Relaxed) < n && Instant::now() < stop_sending {
                     let t0 = Instant::now();
-                    let r = if fresh {
+                    let (port, r) = if fresh {
                         one_fresh(&t, timeout).await
                     } else {
                         let deadline = t0 + timeout;
                         let r = async {
-                            if conn.as_ref().is_none_or(|(s, _)| s.is_closed()) {
+                            if conn.as_ref().is_none_or(|(s, _, _)| s.is_closed()) {
                                 conn = Some(connect(&t, deadline).await?);
                             }
-                            let Some((s, _)) = conn.as_mut() else {
+                            let Some((s, _, _)) = conn.as_mut() else {
                                 return Err(Fail::Other);
                             };
                             match tokio::time::timeout_at(deadline, send(&t, s, false)).await {
@@ -570,12 +628,13 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
                             }
                         }
                         .await;
+                        let port = conn.as_ref().and_then(|c| c.2);
                         if r.is_err() {
                             conn = None;
                         }
-                        r
+                        (port, r)
                     };
-                    tally.add(t0.elapsed(), r);
+                    tally.add(t0.elapsed(), port, r);
                 }
                 tally
             });
@@ -588,6 +647,9 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     }
 
     let elapsed = start.elapsed().as_secs_f64();
+    if let (Some(path), Some(recs)) = (&args.conn_log, &total.records) {
+        write_conn_log(path, recs).map_err(|e| LoadError::ConnLog(path.clone(), e))?;
+    }
     let mut rep = total.report;
     rep.url = args.url.clone();
     rep.elapsed_secs = elapsed;
@@ -614,4 +676,32 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
         rep.failed_ms = summary(&total.fail_hist);
     }
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--conn-log` lines: port, backend, status or failure kind, milliseconds; `-` where
+    /// a field is unknown (no connection, no backend header).
+    #[test]
+    fn conn_log_lines_trace_each_request() {
+        let mut t = Tally::new(true);
+        let ok = Response {
+            status: 200,
+            backend: Some("b2".into()),
+            bytes: 3,
+        };
+        t.add(Duration::from_micros(1500), Some(40000), Ok(ok));
+        t.add(Duration::from_millis(2), None, Err(Fail::Refused));
+        let path = std::env::temp_dir().join(format!("fg-conn-log-{}.txt", std::process::id()));
+        write_conn_log(&path, t.records.as_deref().unwrap_or_default()).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(text, "40000 b2 200 1.500\n- - Refused 2.000\n");
+        assert!(
+            Tally::new(false).records.is_none(),
+            "nothing kept without the option"
+        );
+    }
 }

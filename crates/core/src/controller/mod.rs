@@ -68,6 +68,9 @@ pub struct Counters {
     pub arp_replies_sent: u64,
     pub resets_sent: u64,
     pub connections_rebuilt: u64,
+    /// New connections on the 4-tuple of an earlier one still in the table (a SYN with
+    /// another ISN): decided afresh, the earlier one's accounting ended.
+    pub connections_reopened: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.
@@ -117,6 +120,8 @@ pub struct Controller {
     last_arp_probe: Option<Instant>,
     /// When a decision was last sampled into the event ring (ms since start).
     pub(crate) last_decision_sample_ms: u64,
+    /// The tag of the next decision, in its rules' cookies (wraps; see `rules::conn_tag_bits`).
+    pub(crate) next_conn_tag: u16,
     /// Topology generation the L2 rules were last computed for.
     l2_generation: u64,
     /// The `fin_timeout` action added to connection rules (built once: cloning it is a
@@ -164,6 +169,7 @@ impl Controller {
             last_lldp: None,
             last_arp_probe: None,
             last_decision_sample_ms: 0,
+            next_conn_tag: 0,
             l2_generation: 0,
             fin_timeout_action: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout(config.controller.fin_timeout_secs)),
@@ -368,7 +374,9 @@ impl Controller {
                         self.rebuild_conn(now, fs);
                     }
                 }
-                MultipartReplyBody::Meter(stats) => self.overload_meter_stats(dpid, stats),
+                MultipartReplyBody::Meter(stats) => {
+                    self.overload_meter_stats(dpid, stats, r.more());
+                }
                 _ => {}
             },
             Message::Error(e) => {
@@ -407,9 +415,18 @@ impl Controller {
             return;
         }
         if let Some(key) = vip::conn_key_of_forward_match(&fr.match_) {
-            if let Some(conn) = self.conns.remove(&key) {
-                if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
-                    s.record_end(usize::from(conn.backend));
+            // Only the rule of the connection in the table ends it: the rule of an earlier
+            // connection on the same 4-tuple (replaced by this one's, or expired just as
+            // the new SYN came up) was accounted for when the new one was decided.
+            let current = self
+                .conns
+                .get(&key)
+                .is_some_and(|c| c.tag == rules::conn_tag_of(fr.cookie));
+            if current {
+                if let Some(conn) = self.conns.remove(&key) {
+                    if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
+                        s.record_end(usize::from(conn.backend));
+                    }
                 }
             }
         }
@@ -450,7 +467,10 @@ impl Controller {
         if b.address != src {
             return;
         }
-        let verdict = match self.find_by_backend(src, sport, dst, dport) {
+        let current = self
+            .find_by_backend(src, sport, dst, dport)
+            .filter(|(_, c)| c.tag == rules::conn_tag_of(fr.cookie));
+        let verdict = match current {
             Some((_, conn)) => match conn.reply {
                 crate::conntrack::Reply::Reset => None,
                 crate::conntrack::Reply::Answered => Some(true),

@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 use flowgate_packet::{ETH_TYPE_IPV4, ETH_TYPE_LLDP, IP_PROTO_TCP, MacAddr};
 use ofp::{
     Action, Actions, Bytes, FlowMod, FlowModCommand, FlowModFlags, Instruction, Match, Message,
-    Oxm, PacketOut,
+    Oxm, PacketOut, RawOxm,
 };
 
 use crate::cookie::{self, RuleKind};
@@ -186,6 +186,60 @@ pub(crate) fn tcp_match(
     m
 }
 
+/// `NXM_NX_TCP_FLAGS` field number in the `NXM_1` class (Open vSwitch's `tcp_flags`,
+/// 16 bits, maskable; usable in OpenFlow 1.3 matches as an OXM of that class).
+const NXM_NX_TCP_FLAGS: u8 = 34;
+/// The SYN bit of `tcp_flags`.
+const TCP_FLAG_SYN: u16 = 0x002;
+
+/// `tcp_flags=-syn`: the segment is not a SYN. On a connection's forward rule at the
+/// client's edge it makes every SYN miss the rule and go up through the intercept: a
+/// client that reuses a closed connection's 4-tuple (the kernel picks ports at random,
+/// and another client's connections to the same address advance its counter) gets a
+/// decision of its own, instead of riding the old connection's rule (or Open vSwitch's
+/// cached megaflow of it) to the old backend with none. Prerequisite `ip_proto=6`, as for
+/// `tcp_*` (§7.2.3.8); the fields of other classes are the switch's (§7.2.3.2).
+pub(crate) fn not_syn() -> Oxm {
+    // Value 0, mask SYN (static: no allocation on the PACKET_IN path).
+    const VALUE_MASK: [u8; 4] = {
+        let m = TCP_FLAG_SYN.to_be_bytes();
+        [0, 0, m[0], m[1]]
+    };
+    Oxm::Raw(RawOxm {
+        class: ofp::oxm::class::NXM_1,
+        field: NXM_NX_TCP_FLAGS,
+        hasmask: true,
+        payload: Bytes::from_static(&VALUE_MASK),
+    })
+}
+
+/// Bits 32..46 of a connection rule's cookie: a tag of the decision the rule carries
+/// (below [`cookie::conn::OUTCOME`], above the `(service, backend)` indexes), so the
+/// FLOW_REMOVED of an earlier connection on the same 4-tuple, replaced or expired late,
+/// is not taken for the current one's end.
+pub(crate) const CONN_TAG_SHIFT: u32 = 32;
+pub(crate) const CONN_TAG_MASK: u16 = 0x3fff;
+
+/// The cookie bits carrying `tag`.
+pub(crate) const fn conn_tag_bits(tag: u16) -> u64 {
+    ((tag & CONN_TAG_MASK) as u64) << CONN_TAG_SHIFT
+}
+
+/// The tag a connection rule's cookie carries.
+pub(crate) const fn conn_tag_of(cookie: u64) -> u16 {
+    ((cookie >> CONN_TAG_SHIFT) as u16) & CONN_TAG_MASK
+}
+
+/// Remove exactly one connection rule (same match, same priority), whatever its cookie
+/// (OFPFC_DELETE_STRICT, §6.4).
+pub(crate) fn conn_delete_strict(m: Match) -> Message {
+    let mut fm = FlowMod::delete_strict(m);
+    fm.priority = PRIO_CONN;
+    fm.cookie = RuleKind::Conn.base();
+    fm.cookie_mask = cookie::KIND_MASK;
+    Message::FlowMod(fm)
+}
+
 /// One direction of one connection on one switch.
 pub(crate) struct ConnRule {
     pub(crate) cookie_low: u64,
@@ -204,7 +258,10 @@ impl ConnRule {
             self.actions,
         );
         fm.idle_timeout = self.idle_timeout;
-        fm.flags = FlowModFlags::SEND_FLOW_REM;
+        // RESET_COUNTS: a rule that replaces an earlier connection's on the same 4-tuple
+        // starts from zero ("§6.4: ... otherwise they should be copied from the replaced
+        // flow entry"), so its packet count tells about this connection only.
+        fm.flags = FlowModFlags::SEND_FLOW_REM | FlowModFlags::RESET_COUNTS;
         Message::FlowMod(fm)
     }
 }

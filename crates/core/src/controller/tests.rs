@@ -432,3 +432,194 @@ fn unanswered_connections_eject_a_backend() {
     }
     assert!(seen, "h2 is back after its ejection time");
 }
+
+/// A SYN from `client` to the VIP with initial sequence number `isn`.
+fn syn_isn(client: (std::net::Ipv4Addr, u16), isn: u32) -> ofp::Bytes {
+    packet::ipv4_tcp(&packet::TcpSegment {
+        eth_src: mac(1),
+        eth_dst: VMAC,
+        ip_src: client.0,
+        ip_dst: VIP,
+        src_port: client.1,
+        dst_port: 80,
+        seq: isn,
+        flags: packet::TcpFlags(SYN),
+        ..packet::TcpSegment::default()
+    })
+}
+
+/// A FLOW_REMOVED for the switch's rule with this cookie bit (as the switch would send it
+/// once the rule went).
+fn flow_removed_of(f: &crate::testkit::FlowEntry) -> Message {
+    Message::FlowRemoved(ofp::FlowRemoved {
+        cookie: f.cookie,
+        priority: f.priority,
+        reason: ofp::FlowRemovedReason::IdleTimeout,
+        table_id: 0,
+        duration_sec: 2,
+        duration_nsec: 0,
+        idle_timeout: 1,
+        hard_timeout: 0,
+        packet_count: 5,
+        byte_count: 400,
+        match_: f.match_.clone(),
+    })
+}
+
+fn conn_flows(sim: &Sim, flag: u64) -> Vec<crate::testkit::FlowEntry> {
+    sim.net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn) && f.cookie & flag != 0)
+        .cloned()
+        .collect()
+}
+
+fn active(sim: &Sim) -> u32 {
+    sim.c.services()[0]
+        .backends
+        .iter()
+        .map(|b| b.active_connections)
+        .sum()
+}
+
+/// A client may open a new connection on the 4-tuple of one that is over while its rules
+/// are still in the switch (closed connections' rules linger about a second after the FIN,
+/// and the kernel picks source ports at random: seen on OVS as responses from backends the
+/// controller had not chosen for those ports). The new SYN must not ride the old rule to
+/// the old backend undecided: it comes up, is decided and counted, and keeps the old
+/// connection's backend, whose rules it replaces with identical ones.
+#[test]
+fn a_new_connection_on_a_reused_four_tuple_is_decided_and_counted() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 48000);
+    let first = sim.send("h1", &syn_isn(client, 1000));
+    assert_eq!(first.len(), 1);
+    let old = first[0].0.clone();
+    let b: u8 = old[1..].parse().unwrap();
+    let old_accounting = conn_flows(&sim, cookie::conn::ACCOUNTING);
+    assert_eq!(old_accounting.len(), 1);
+
+    // The old connection is over; its rules are still in the switch. Same 4-tuple, new ISN.
+    let before = sim.packet_ins;
+    let second = sim.send("h1", &syn_isn(client, 777_000));
+    assert_eq!(
+        sim.packet_ins,
+        before + 1,
+        "the new SYN comes up to the controller"
+    );
+    assert_eq!(second.len(), 1, "exactly one backend gets it: {second:?}");
+    assert_eq!(second[0].0, old, "the 4-tuple keeps its backend");
+    assert_eq!(second[0].1.ipv4_dst, Some(ip(b)));
+    assert_eq!(
+        sim.c.services()[0].counters.connections_total,
+        2,
+        "both connections counted"
+    );
+    assert_eq!(sim.c.counters().connections_reopened, 1);
+    assert_eq!(active(&sim), 1, "the old connection's accounting ended");
+    assert!(
+        conn_flows(&sim, cookie::conn::OUTCOME)[0]
+            .flags
+            .contains(ofp::FlowModFlags::RESET_COUNTS),
+        "the replacing reverse rule counts the new connection's packets only"
+    );
+
+    // The rest of the new connection is carried by the switch.
+    let before = sim.packet_ins;
+    let ack = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(ack.len(), 1);
+    assert_eq!(ack[0].0, old);
+    let back = sim.send(&old, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(back[0].1.ipv4_src, Some(VIP));
+    assert_eq!(sim.packet_ins, before, "both directions carried by rules");
+
+    // The old accounting rule's FLOW_REMOVED (a switch may send one for the replaced rule,
+    // or the rule expired just as the SYN came up) does not end the new connection.
+    sim.c.handle_message(
+        sim.now,
+        1,
+        &flow_removed_of(&old_accounting[0]),
+        &mut sim.out,
+    );
+    assert_eq!(sim.c.connections().len(), 1, "the new connection stays");
+    assert_eq!(active(&sim), 1);
+    // Its own does.
+    let new_accounting = conn_flows(&sim, cookie::conn::ACCOUNTING);
+    assert_eq!(new_accounting.len(), 1);
+    assert_ne!(new_accounting[0].cookie, old_accounting[0].cookie);
+    sim.c.handle_message(
+        sim.now,
+        1,
+        &flow_removed_of(&new_accounting[0]),
+        &mut sim.out,
+    );
+    assert_eq!(sim.c.connections().len(), 0);
+    assert_eq!(active(&sim), 0);
+}
+
+/// When the reused 4-tuple's backend can take no new connection, the new one goes
+/// elsewhere: its SYN is held until the client sends it again, so that no packet of it
+/// meets the old rule on its way to the old backend, and nothing the old backend still
+/// sends is passed off as the service's.
+#[test]
+fn a_reused_four_tuple_whose_backend_is_drained_moves_once_the_rules_are_in() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 48200);
+    let first = sim.send("h1", &syn_isn(client, 1000));
+    let old = first[0].0.clone();
+    let old_b: u8 = old[1..].parse().unwrap();
+    let bi = sim.c.services()[0].backend_index(ip(old_b)).unwrap();
+    assert!(sim.c.set_admin(sim.now, 0, bi, AdminState::Draining));
+
+    let held = sim.send("h1", &syn_isn(client, 555_000));
+    assert!(
+        held.is_empty(),
+        "the SYN is held while the rules change: {held:?}"
+    );
+    assert_eq!(sim.c.services()[0].counters.connections_total, 2);
+    assert_eq!(active(&sim), 1);
+    // The client's retransmission (same ISN) goes to the new backend.
+    let again = sim.send("h1", &syn_isn(client, 555_000));
+    assert_eq!(again.len(), 1);
+    let new = again[0].0.clone();
+    let new_b: u8 = new[1..].parse().unwrap();
+    assert_ne!(new, old, "a drained backend takes no new connection");
+    assert_eq!(again[0].1.ipv4_dst, Some(ip(new_b)));
+    assert_eq!(
+        sim.c.services()[0].counters.connections_total,
+        2,
+        "the retransmission is the same connection"
+    );
+    let ack = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(ack[0].0, new, "the old forward rule was replaced");
+    let late = sim.send(
+        &old,
+        &tcp(mac(old_b), mac(1), (ip(old_b), 80), client, 0x04),
+    );
+    assert!(
+        late.iter().all(|(_, f)| f.ipv4_src != Some(VIP)),
+        "a late RST of the old backend is not passed off as the VIP's: {late:?}"
+    );
+}
+
+/// A retransmitted SYN (same ISN) after the rules are in is still the same connection:
+/// same backend, one decision.
+#[test]
+fn a_retransmitted_syn_keeps_its_backend_and_is_counted_once() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 48100);
+    let first = sim.send("h1", &syn_isn(client, 4242));
+    for _ in 0..3 {
+        let again = sim.send("h1", &syn_isn(client, 4242));
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            again[0].0, first[0].0,
+            "the retransmission follows the first"
+        );
+    }
+    assert_eq!(sim.c.services()[0].counters.connections_total, 1);
+    assert_eq!(sim.c.counters().connections_reopened, 0);
+}

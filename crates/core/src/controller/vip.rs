@@ -63,7 +63,12 @@ impl Controller {
                 service_port: tcp.dst_port,
             };
             if let Some(conn) = self.conns.get(&key).copied() {
-                self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+                if tcp.flags.is_initial_syn() && conn.isn != Some(tcp.seq) {
+                    self.reopen(now, dpid, in_port, frame, key, conn, l, tcp.seq, pi, out);
+                } else {
+                    // A retransmitted SYN, or a segment that raced the rules.
+                    self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+                }
             } else if let Some((key, conn)) =
                 self.find_by_backend(dst, tcp.dst_port, src, tcp.src_port)
             {
@@ -74,7 +79,7 @@ impl Controller {
                 // were decided twice, or reset).
                 self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
             } else if tcp.flags.is_initial_syn() {
-                self.new_connection(now, dpid, in_port, frame, key, l, pi, out);
+                self.new_connection(now, dpid, in_port, frame, key, l, tcp.seq, None, pi, out);
             } else {
                 self.unknown_flow(l.service, dpid, in_port, frame, out);
             }
@@ -151,6 +156,64 @@ impl Controller {
         None
     }
 
+    /// A SYN with a new ISN on the 4-tuple of a connection still in the table: the client
+    /// opened a new connection on it, so the old one is over (a client cannot hold two on
+    /// one 4-tuple). Like conntrack, which reopens a connection on a SYN in TIME_WAIT, and
+    /// Katran, which looks up no connection table for a SYN, it is a new connection,
+    /// decided and counted as such (keeping the old backend if it can take it, see
+    /// [`Self::new_connection`]): the old one's accounting ends here, and the new rules
+    /// replace the old ones that have the same match (§6.4: an OFPFC_ADD with identical
+    /// match and priority replaces the entry). A late FLOW_REMOVED of the old rules is
+    /// told apart by the decision tag in their cookie.
+    #[allow(clippy::too_many_arguments)]
+    fn reopen(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        in_port: u32,
+        frame: &Frame<'_>,
+        key: ConnKey,
+        old: Conn,
+        l: Listener,
+        isn: u32,
+        pi: &PacketIn,
+        out: &mut Outbox,
+    ) {
+        self.counters.connections_reopened += 1;
+        tracing::debug!(client = %key.client, cport = key.client_port, "new connection on the 4-tuple of an earlier one");
+        let old_reverse = self
+            .placement(&key, old)
+            .map(|p| (p.client_at.dpid, p.backend_ip));
+        if self.conns.remove(&key).is_some() {
+            if let Some(s) = self.services.get_mut(usize::from(old.service)) {
+                s.record_end(usize::from(old.backend));
+            }
+        }
+        self.new_connection(now, dpid, in_port, frame, key, l, isn, Some(old), pi, out);
+        // The old backend's reverse rule at the client's edge has another match than the
+        // new one's, so nothing replaced it: remove it, so that a late segment of the old
+        // backend (a RST for the new connection's packets that reached it before the new
+        // rules took effect) is not rewritten to the service address and delivered into
+        // the new connection.
+        let new_backend = self.conns.get(&key).and_then(|c| {
+            let s = self.services.get(usize::from(c.service))?;
+            Some(s.backends.get(usize::from(c.backend))?.address)
+        });
+        if let Some((edge, old_ip)) = old_reverse {
+            if new_backend != Some(old_ip) {
+                let m = rules::tcp_match(
+                    Some(old_ip),
+                    Some(key.client),
+                    Some(key.service_port),
+                    Some(key.client_port),
+                );
+                out.push(edge, rules::conn_delete_strict(m));
+            }
+        }
+    }
+
+    /// `isn`: the client's initial sequence number, from the SYN. `reuse`: the earlier
+    /// connection on the same 4-tuple, when [`Self::reopen`] calls.
     #[allow(clippy::too_many_arguments)]
     fn new_connection(
         &mut self,
@@ -160,6 +223,8 @@ impl Controller {
         frame: &Frame<'_>,
         key: ConnKey,
         l: Listener,
+        isn: u32,
+        reuse: Option<Conn>,
         pi: &PacketIn,
         out: &mut Outbox,
     ) {
@@ -183,7 +248,24 @@ impl Controller {
             flow_hash,
             since_refresh,
         };
-        let sel = s.balancer.select(&req, &s.loads);
+        // A new connection on the 4-tuple of an earlier one keeps that one's backend while
+        // it can take connections (as a consistent hash gives a reused 5-tuple the same
+        // backend in Maglev or Katran): its new rules then have the old ones' actions, so
+        // a packet that still meets the old rule, or Open vSwitch's cached megaflow of it,
+        // before the replacement takes effect goes to the right backend anyway. Seen on OVS
+        // when the backend changed: the client's ACK, 50 µs after the new backend's
+        // SYN-ACK, followed the old megaflow to the old backend, which reset it.
+        let sticky = reuse
+            .filter(|o| o.service == l.service)
+            .map(|o| usize::from(o.backend))
+            .filter(|&b| s.loads.get(b).is_some_and(|l| l.eligible));
+        let sel = match sticky {
+            Some(b) => crate::balance::Selection {
+                backend: Some(b),
+                outcome: Outcome::Requested,
+            },
+            None => s.balancer.select(&req, &s.loads),
+        };
         if sel.outcome == Outcome::NoOptimalServer {
             s.counters.no_optimal_server += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
@@ -205,6 +287,8 @@ impl Controller {
             created_ms,
             installed: true,
             reply: Reply::Unseen,
+            isn: Some(isn),
+            tag: self.next_conn_tag & rules::CONN_TAG_MASK,
         };
         // Placement and both paths are worked out once here and reused for the rules and
         // the PACKET_OUT (each costs several hash lookups on the PACKET_IN path).
@@ -221,6 +305,7 @@ impl Controller {
             return;
         };
         s.record_pick(b);
+        self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
         // A sample of decisions for operators: at most four a second, so the event ring
         // shows what the balancer does without costing the PACKET_IN path anything.
@@ -236,6 +321,14 @@ impl Controller {
         }
         self.conns.insert(key, conn);
         self.emit_rules(&key, conn, &p, (true, true), out);
+        if reuse.is_some_and(|o| (o.service, o.backend) != (conn.service, conn.backend)) {
+            // The earlier connection's backend can no longer take it: the rules change
+            // backend, and packets that meet the old rule or its megaflow before the
+            // replacement takes effect would reach the old backend (which resets them).
+            // Hold the SYN: the client sends it again (same ISN) a second later, when the
+            // new rules are in force, and that copy goes on to the new backend.
+            return;
+        }
         self.send_placed(
             dpid,
             in_port,
@@ -313,7 +406,9 @@ impl Controller {
             .services
             .get(usize::from(conn.service))
             .map_or(self.config().idle_timeout_secs, |s| s.cfg.idle_timeout_secs);
-        let low = (u64::from(conn.service) << 16) | u64::from(conn.backend);
+        let low = (u64::from(conn.service) << 16)
+            | u64::from(conn.backend)
+            | rules::conn_tag_bits(conn.tag);
         let rewrite = key.service_addr != p.backend_ip;
         let fin = self.fin_timeout_action.clone();
 
@@ -325,12 +420,16 @@ impl Controller {
                 } else {
                     p.backend_ip
                 };
-                let m = rules::tcp_match(
+                let mut m = rules::tcp_match(
                     Some(key.client),
                     Some(dst),
                     Some(key.client_port),
                     Some(key.service_port),
                 );
+                if first {
+                    // Every SYN comes up to be decided, even on a 4-tuple this rule holds.
+                    m.push(rules::not_syn());
+                }
                 let mut actions = Actions::new();
                 if first && rewrite {
                     rules::push_rewrite_dst(&mut actions, p.backend_mac, p.backend_ip);
@@ -554,6 +653,8 @@ impl Controller {
                 created_ms,
                 installed: true,
                 reply: Reply::Unseen,
+                isn: None,
+                tag: rules::conn_tag_of(fs.cookie),
             },
         );
         self.counters.connections_rebuilt += 1;

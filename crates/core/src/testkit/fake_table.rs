@@ -202,6 +202,9 @@ pub struct PacketFields {
     pub tcp_dst: Option<u16>,
     /// TCP control bits (matchable through OVS's `tcp_flags` extension).
     pub tcp_flags: Option<u16>,
+    /// TCP sequence number (not matchable; carried so a packet that goes up to the
+    /// controller keeps it: a SYN's ISN tells a retransmission from a new connection).
+    pub tcp_seq: Option<u32>,
     /// UDP source port.
     pub udp_src: Option<u16>,
     /// UDP destination port.
@@ -278,6 +281,7 @@ impl PacketFields {
                 p.tcp_src = Some(t.src_port);
                 p.tcp_dst = Some(t.dst_port);
                 p.tcp_flags = Some(u16::from(t.flags.0));
+                p.tcp_seq = Some(t.seq);
             }
             L4::Udp { src_port, dst_port } => {
                 p.udp_src = Some(src_port);

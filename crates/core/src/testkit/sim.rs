@@ -239,6 +239,7 @@ pub fn frame_of(f: &PacketFields) -> ofp::Bytes {
         src_port: f.tcp_src.unwrap_or(0),
         dst_port: f.tcp_dst.unwrap_or(0),
         flags: TcpFlags(f.tcp_flags.unwrap_or(0) as u8),
+        seq: f.tcp_seq.unwrap_or(0),
         ..TcpSegment::default()
     };
     packet::ipv4_tcp(&seg)
