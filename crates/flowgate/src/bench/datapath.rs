@@ -48,6 +48,19 @@ pub enum Case {
     /// backend. What a stateless proactive mode would cost; a bucket change would move
     /// live connections, which is why flowgate's proactive mode pins them with conntrack.
     OvsHash,
+    /// No controller, no conntrack: the `ovs-hash` group, whose chosen bucket also `learn`s
+    /// an exact 5-tuple flow (Nicira NXAST_LEARN) recording the backend, with
+    /// `fin_timeout`; later packets follow the learned flow, so bucket changes do not move
+    /// live connections. Pinning without conntrack, at the price of a slow-path upcall and
+    /// a flow-table change per new connection.
+    OvsLearn,
+    /// `ovs-learn` with the group's `hash` selection method over the 5-tuple instead of
+    /// OVS's default `dp_hash` (no recirculation between the VIP rule and the bucket).
+    OvsLearnHash,
+    /// `ovs-hash` with the `hash` selection method over the 5-tuple: every new connection
+    /// then takes a slow-path upcall (its datapath flow matches the exact 5-tuple) but
+    /// changes no flow table. Separates the upcall's cost from `learn`'s.
+    OvsHashFields,
 }
 
 impl BackendKind {
@@ -69,6 +82,15 @@ impl Case {
             Case::Direct => "direct to one backend",
             Case::OvsGroup => "OVS select group + conntrack (proactive, no controller)",
             Case::OvsHash => "OVS select group, stateless rewrite (no conntrack, no controller)",
+            Case::OvsLearn => {
+                "OVS select group + learn, stateless rewrite (no conntrack, no controller)"
+            }
+            Case::OvsLearnHash => {
+                "OVS select group (hash method) + learn, stateless rewrite (no conntrack, no controller)"
+            }
+            Case::OvsHashFields => {
+                "OVS select group (hash method), stateless rewrite (no conntrack, no controller)"
+            }
         }
     }
 }
@@ -105,6 +127,16 @@ pub struct DatapathArgs {
     /// Write the results table here (Markdown).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// For the by-hand group cases (`ovs-group`, `ovs-hash*`, `ovs-learn*`): rewrite the
+    /// group's bucket weights (`mod-group`) every this many ms while wrk runs, rotating
+    /// which backend gets the most, to see whether live connections keep their backend
+    /// (a moved one is reset: wrk counts socket errors). 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub weight_churn_ms: u64,
+    /// Keep connections open (no `Connection: close`): wrk's connections then live the
+    /// whole run, the strongest test of pinning under `--weight-churn-ms`.
+    #[arg(long)]
+    pub keep_alive: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -220,21 +252,12 @@ fn wrk(client: &Host, args: &DatapathArgs, url: &str, lua: &Path) -> anyhow::Res
     let c = args.connections.to_string();
     let t = args.threads.to_string();
     let lua = lua.to_string_lossy().to_string();
-    let o = client
-        .exec(&[
-            "wrk",
-            "-t",
-            &t,
-            "-c",
-            &c,
-            "-d",
-            &d,
-            "--latency",
-            "-s",
-            &lua,
-            url,
-        ])
-        .context("wrk")?;
+    let mut argv = vec!["wrk", "-t", &t, "-c", &c, "-d", &d, "--latency"];
+    if !args.keep_alive {
+        argv.extend(["-s", lua.as_str()]);
+    }
+    argv.push(url);
+    let o = client.exec(&argv).context("wrk")?;
     let s = String::from_utf8_lossy(&o.stdout).to_string();
     if !o.status.success() {
         bail!("wrk failed: {s}{}", String::from_utf8_lossy(&o.stderr));
@@ -346,8 +369,46 @@ const VIP_MAC: &str = "02:66:67:00:00:01";
 
 /// Group 1, a select group with these buckets.
 fn add_select_group(br: &flowgate_testbed::Bridge, buckets: &[String]) -> anyhow::Result<()> {
+    group_cmd(br, "add-group", Case::OvsGroup, buckets)
+}
+
+/// Lets `ovs-ofctl -O OpenFlow15` in for the cases whose group needs it ([`group_cmd`]).
+fn set_protocols(br: &flowgate_testbed::Bridge, case: Case) -> anyhow::Result<()> {
+    if matches!(case, Case::OvsLearnHash | Case::OvsHashFields) {
+        flowgate_testbed::ovs::vsctl(&[
+            "set",
+            "bridge",
+            br.name(),
+            "protocols=OpenFlow13,OpenFlow15",
+        ])?;
+    }
+    Ok(())
+}
+
+/// `add-group` / `mod-group` of group 1. `ovs-learn-hash` asks for OVS's `hash` selection
+/// method over the 5-tuple, which only OpenFlow 1.5 can carry (`ovs-ofctl -O OpenFlow13`
+/// drops `selection_method` silently, leaving OVS's default, `dp_hash`).
+fn group_cmd(
+    br: &flowgate_testbed::Bridge,
+    cmd: &str,
+    case: Case,
+    buckets: &[String],
+) -> anyhow::Result<()> {
+    if matches!(case, Case::OvsLearnHash | Case::OvsHashFields) {
+        let spec = format!(
+            "group_id=1,type=select,selection_method=hash,fields(ip_src,ip_dst,tcp_src,tcp_dst),{}",
+            buckets.join(",")
+        );
+        let o = Command::new("ovs-ofctl")
+            .args(["-O", "OpenFlow15", cmd, br.name(), &spec])
+            .output()?;
+        if !o.status.success() {
+            bail!("ovs-ofctl {cmd}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        return Ok(());
+    }
     br.ofctl(
-        "add-group",
+        cmd,
         &[&format!("group_id=1,type=select,{}", buckets.join(","))],
     )?;
     Ok(())
@@ -357,11 +418,7 @@ fn add_select_group(br: &flowgate_testbed::Bridge, buckets: &[String]) -> anyhow
 /// commits them to conntrack with a DNAT to its backend; later packets, both ways, follow
 /// the conntrack entry (so a connection never moves when the buckets change).
 fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow::Result<()> {
-    let buckets: Vec<String> = BACKENDS
-        .iter()
-        .map(|b| format!("bucket=weight:100,actions=ct(commit,zone=1,nat(dst={b}:80),table=3)"))
-        .collect();
-    add_select_group(br, &buckets)?;
+    add_select_group(br, &group_buckets(Case::OvsGroup, t, &EVEN_WEIGHTS))?;
     let client_port = t.hosts[0].ofport();
     let mut flows = vec![
         format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=ct(zone=1,nat,table=1)"),
@@ -393,34 +450,138 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
 /// The VIP without conntrack: the select group's bucket (OVS hashes the flow to pick it,
 /// so a connection stays on one bucket while the buckets stay the same) rewrites the
 /// destination to its backend; each backend's answers get the VIP back as their source.
-fn install_stateless_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow::Result<()> {
-    let buckets: Vec<String> = BACKENDS
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let h = &t.hosts[i + 1];
-            format!(
-                "bucket=weight:100,actions=set_field:{}->eth_dst,set_field:{b}->ip_dst,output:{}",
-                h.mac(),
-                h.ofport()
-            )
-        })
-        .collect();
-    add_select_group(br, &buckets)?;
-    let client_port = t.hosts[0].ofport();
+fn install_stateless_lb(
+    br: &flowgate_testbed::Bridge,
+    t: &topo::Topology,
+    case: Case,
+) -> anyhow::Result<()> {
+    set_protocols(br, case)?;
+    group_cmd(
+        br,
+        "add-group",
+        case,
+        &group_buckets(case, t, &EVEN_WEIGHTS),
+    )?;
     let mut flows = vec![
         format!("priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=group:1"),
         "priority=0,actions=NORMAL".to_string(),
     ];
-    for b in BACKENDS {
-        flows.push(format!(
-            "priority=50,tcp,nw_src={b},tp_src=80,nw_dst=10.0.0.1,actions=set_field:{VIP}->ip_src,set_field:{VIP_MAC}->eth_src,output:{client_port}"
-        ));
-    }
+    flows.extend(reverse_rewrites(t));
     for f in flows {
         br.add_flow(&f)?;
     }
     Ok(())
+}
+
+/// Each backend's answers to the client get the VIP back as their source (stateless).
+fn reverse_rewrites(t: &topo::Topology) -> Vec<String> {
+    let client_port = t.hosts[0].ofport();
+    BACKENDS
+        .iter()
+        .map(|b| {
+            format!(
+                "priority=50,tcp,nw_src={b},tp_src=80,nw_dst=10.0.0.1,actions=set_field:{VIP}->ip_src,set_field:{VIP_MAC}->eth_src,output:{client_port}"
+            )
+        })
+        .collect()
+}
+
+/// How long a learned connection flow lives without packets (a FIN or RST cuts it to 1 s).
+const LEARN_IDLE_S: u32 = 300;
+
+/// The VIP without conntrack, pinned by `learn`: table 0 sends VIP traffic through table 1
+/// (learned exact 5-tuple flows that load the chosen backend's number into reg0) and then
+/// table 2, which forwards by reg0 or, for reg0 = 0 (no learned flow: a new connection),
+/// to the select group. A bucket only sets reg0 and resubmits to table 3, which learns the
+/// connection's flow into table 1, then rewrites and forwards like `ovs-hash`. (`learn`
+/// cannot sit in the bucket itself: OVS 3.1 accepts it there but executes a bucket as an
+/// action set, and `ofproto/trace` shows the `learn` silently left out.) The
+/// learned flow carries `fin_timeout`, so it goes a second after the connection's FIN or
+/// RST is seen. Answers: as `ovs-hash`.
+fn install_learn_lb(
+    br: &flowgate_testbed::Bridge,
+    t: &topo::Topology,
+    case: Case,
+) -> anyhow::Result<()> {
+    set_protocols(br, case)?;
+    group_cmd(
+        br,
+        "add-group",
+        case,
+        &group_buckets(case, t, &EVEN_WEIGHTS),
+    )?;
+    let mut flows = vec![
+        format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=resubmit(,1),resubmit(,2)"),
+        "table=0,priority=0,actions=NORMAL".to_string(),
+        "table=2,priority=10,tcp,reg0=0,actions=group:1".to_string(),
+    ];
+    for (i, b) in BACKENDS.iter().enumerate() {
+        let h = &t.hosts[i + 1];
+        let k = i + 1;
+        let fwd = format!(
+            "set_field:{}->eth_dst,set_field:{b}->ip_dst,output:{}",
+            h.mac(),
+            h.ofport()
+        );
+        flows.push(format!("table=2,priority=10,tcp,reg0={k},actions={fwd}"));
+        flows.push(format!(
+            "table=3,priority=10,tcp,reg0={k},actions=learn(table=1,idle_timeout={LEARN_IDLE_S},fin_idle_timeout=1,priority=10,eth_type=0x800,nw_proto=6,NXM_OF_IP_SRC[],NXM_OF_IP_DST[],NXM_OF_TCP_SRC[],NXM_OF_TCP_DST[],load:{k}->NXM_NX_REG0[]),{fwd}"
+        ));
+    }
+    flows.extend(reverse_rewrites(t));
+    for f in flows {
+        br.add_flow(&f)?;
+    }
+    Ok(())
+}
+
+const EVEN_WEIGHTS: [u16; 3] = [100, 100, 100];
+
+/// Group 1's buckets for a by-hand group case, with these weights (one per backend).
+fn group_buckets(case: Case, t: &topo::Topology, weights: &[u16; 3]) -> Vec<String> {
+    BACKENDS
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let h = &t.hosts[i + 1];
+            let w = weights[i];
+            let (mac, port) = (h.mac(), h.ofport());
+            let fwd = format!("set_field:{mac}->eth_dst,set_field:{b}->ip_dst,output:{port}");
+            match case {
+                Case::OvsGroup => {
+                    format!("bucket=weight:{w},actions=ct(commit,zone=1,nat(dst={b}:80),table=3)")
+                }
+                Case::OvsLearn | Case::OvsLearnHash => {
+                    format!(
+                        "bucket=weight:{w},actions=set_field:{}->reg0,resubmit(,3)",
+                        i + 1
+                    )
+                }
+                _ => format!("bucket=weight:{w},actions={fwd}"),
+            }
+        })
+        .collect()
+}
+
+/// While `stop` is unset, every `every`: rewrite group 1's weights, giving the most to
+/// each backend in turn. Returns how many `mod-group`s it sent.
+fn churn_weights(
+    br: &flowgate_testbed::Bridge,
+    case: Case,
+    t: &topo::Topology,
+    every: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<u64> {
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(every);
+        let mut w = [10u16; 3];
+        w[(n % 3) as usize] = 100;
+        let buckets = group_buckets(case, t, &w);
+        group_cmd(br, "mod-group", case, &buckets)?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn start_backends(
@@ -568,8 +729,13 @@ fn measure(
             _proxy = Some(proxy_host.spawn(&["nginx", "-p", &d, "-c", &conf])?);
             format!("http://{PROXY}/")
         }
-        Case::OvsHash => {
-            install_stateless_lb(br, &t)?;
+        Case::OvsHash | Case::OvsHashFields => {
+            install_stateless_lb(br, &t, case)?;
+            client.set_arp(VIP.parse()?, VIP_MAC)?;
+            format!("http://{VIP}/")
+        }
+        Case::OvsLearn | Case::OvsLearnHash => {
+            install_learn_lb(br, &t, case)?;
             client.set_arp(VIP.parse()?, VIP_MAC)?;
             format!("http://{VIP}/")
         }
@@ -606,7 +772,33 @@ fn measure(
         "bench datapath: {case:?} ({backend_label} backends) for {} s",
         args.duration
     );
-    let out = wrk(client, args, &url, lua)?;
+    let churn = args.weight_churn_ms > 0
+        && matches!(
+            case,
+            Case::OvsGroup
+                | Case::OvsHash
+                | Case::OvsHashFields
+                | Case::OvsLearn
+                | Case::OvsLearnHash
+        );
+    let out = if churn {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let every = Duration::from_millis(args.weight_churn_ms);
+        let (out, mods) = std::thread::scope(|s| {
+            let h = s.spawn(|| churn_weights(br, case, &t, every, &stop));
+            let out = wrk(client, args, &url, lua);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let mods = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("weight churn panicked"));
+            (out, mods)
+        });
+        let mods = mods??;
+        eprintln!("bench datapath: {case:?}: {mods} weight changes (mod-group) during the run");
+        out?
+    } else {
+        wrk(client, args, &url, lua)?
+    };
     let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
     let (requests_per_sec, p50_ms, p99_ms, requests, errors) = parse_wrk(&out)?;
     eprintln!("bench datapath: {case:?}: {requests_per_sec:.0} requests/s");
