@@ -57,6 +57,9 @@ pub(crate) struct Overload {
     ctl_services: Vec<SwitchDemand>,
     /// The last refusal was the controller's gate (silent), not the service's.
     last_refusal_by_controller: bool,
+    /// New flows the controller's own gate dropped, ever: the runtime reads it around
+    /// each PACKET_IN to tell the work it shed from the work it did.
+    shed_total: u64,
     /// Per switch: its PACKET_IN demand on the controller and its share of the
     /// controller's admitted rate.
     ctl_switches: BTreeMap<Dpid, CtlSwitch>,
@@ -96,6 +99,7 @@ impl Overload {
             ctl_switches: BTreeMap::new(),
             ctl_services: vec![SwitchDemand::default(); config.services.len()],
             last_refusal_by_controller: false,
+            shed_total: 0,
             ctl_last: None,
             meter_seen: HashMap::new(),
             polls: HashMap::new(),
@@ -316,16 +320,19 @@ impl Controller {
             if let Some(share) = c.share {
                 let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
                 // Not `batch_depth`: with a batch's worth of tokens this gate lets the
-                // controller's whole admitted rate through, and on OVS the flood's
-                // FLOW_MODs then crowd out a quiet service's (9–36 % of its new
-                // connections reset in `ovs_overload_packet_in_flood`); with two tokens
-                // it admits ~2 per batch, far under that rate. The law has to learn what
-                // the switch absorbs before this gate can enforce its rate exactly.
+                // controller's whole admitted rate through, and on OVS the flood's rules
+                // then slow the switch: in `ovs_overload_packet_in_flood` the PACKET_IN
+                // rate OVS delivered sank to a quarter, or a quiet service lost 9–36 % of
+                // its new connections (measured again with the outflow delay in the law).
+                // With two tokens it admits ~2 per batch, under that rate. The law has to
+                // learn what the switch's flow table absorbs before this gate can enforce
+                // its rate exactly.
                 if !c
                     .gate
                     .admit_with_depth(now, Some(gap), super::config::DEFAULT_GATE_BURST)
                 {
                     self.overload.last_refusal_by_controller = true;
+                    self.overload.shed_total += 1;
                     self.overload.controller.law.refused_total += 1;
                     return false;
                 }
@@ -395,6 +402,11 @@ impl Controller {
             }
         }
         v
+    }
+
+    /// New flows the controller's own gate has dropped so far (see [`WorkSample::shed`]).
+    pub fn shed_total(&self) -> u64 {
+        self.overload.shed_total
     }
 
     /// The runtime's measurement of the controller's own PACKET_IN work.
@@ -631,11 +643,22 @@ impl Controller {
     /// counts on OFPMC_MODIFY (measured: `ovs-ofctl meter-stats` shows the band count
     /// since the last modification), so the first reply to a request sent after a
     /// modification counts from zero; a count below the last one is a restart too.
-    pub(crate) fn overload_meter_stats(&mut self, dpid: Dpid, stats: &[ofp::MeterStats]) {
+    ///
+    /// A reply may come in parts (`more`: OFPMPF_REPLY_MORE, §7.3.5); every part answers
+    /// the same request, so they share its reply index, counted when the last part ends it.
+    pub(crate) fn overload_meter_stats(
+        &mut self,
+        dpid: Dpid,
+        stats: &[ofp::MeterStats],
+        more: bool,
+    ) {
         let reply = {
             let p = self.overload.polls.entry(dpid).or_default();
-            p.1 += 1;
-            p.1
+            let index = p.1 + 1;
+            if !more {
+                p.1 = index;
+            }
+            index
         };
         for st in stats {
             let count: u64 = st.band_stats.iter().map(|b| b.packet_band_count).sum();

@@ -8,8 +8,12 @@
 //!   `capacity_rps`, the live connections against `max_active_connections`, the backends'
 //!   response time against `target_response_ms` (the largest of the configured ratios);
 //! - **the controller itself** ([`ControllerGap`]), whose load is the busy fraction of its
-//!   PACKET_IN path against `target_utilization` and the PACKET_IN queueing delay against
-//!   `target_delay_ms`, as measured by the runtime ([`WorkSample`]).
+//!   PACKET_IN path against `target_utilization`, the standing PACKET_IN queue against
+//!   `target_delay_ms` and the bytes queued for a switch against `target_outflow_bytes`,
+//!   as measured by the runtime ([`WorkSample`]). The busy fraction counts only the work
+//!   the gap controls, the flows the controller admitted: refusing a flood's excess costs
+//!   time too, but gapping harder cannot reduce it (only the switches' meters can), and a
+//!   law fed it would gap a controller that is merely busy refusing (or merely busy).
 //!
 //! # The control law (`mode = "adaptive"`)
 //!
@@ -720,8 +724,16 @@ pub fn meter_plan(
 pub struct WorkSample {
     /// PACKET_INs handled in the batch.
     pub packet_ins: u64,
+    /// PACKET_INs the session's own budget dropped unhandled while reading the batch
+    /// (a flood beyond `packet_in_rate`): offered to the controller, so counted in λ.
+    pub budget_dropped: u64,
     /// Time spent handling them (the decision latency of the batch, in total).
     pub busy: Duration,
+    /// The part of `busy` spent on PACKET_INs the controller's own gate dropped (reading,
+    /// decoding and refusing them). Gapping cannot reduce it, only the switches' meters
+    /// can: the law leaves it out of the utilization it controls, or a flood that keeps
+    /// the controller busy merely refusing would drive the admitted rate to its floor.
+    pub shed: Duration,
     /// The longest a message of the batch waited in the controller between being read
     /// off the socket and being handled (its queueing delay).
     pub queueing: Duration,
@@ -731,6 +743,11 @@ pub struct WorkSample {
     /// switch): a switch that cannot read what the controller decides is an overloaded
     /// control channel, whatever the controller's own CPU says.
     pub outflow: u64,
+    /// How long the oldest of those bytes has waited for the switch to take them: the
+    /// control channel's queueing delay, whatever the switch's reading speed.
+    pub outflow_delay: Duration,
+    /// The switch (datapath id) the batch came from.
+    pub switch: u64,
 }
 
 /// The controller's own gap: its PACKET_IN path's load, measured by the runtime, drives
@@ -740,12 +757,17 @@ pub struct ControllerGap {
     pub cfg: ControllerOverloadConfig,
     pub law: GapController,
     busy: Duration,
+    shed: Duration,
     queueing_max: Duration,
     /// The smallest queueing delay of the window's batches (0 for a batch that left
     /// nothing behind): the standing queue, CoDel's signal.
     standing_min: Option<Duration>,
     backlog_max: u64,
     outflow_max: u64,
+    /// Per switch, the least outflow delay of the window's samples: the standing queue
+    /// toward it (a burst the switch drains within the window is not overload). The
+    /// largest of them is the channel's delay: one switch that cannot keep up is enough.
+    outflow_delay_min: Vec<(u64, Duration)>,
     handled_since: u64,
     busy_since: Duration,
     /// Last window's figures, for operators.
@@ -754,6 +776,7 @@ pub struct ControllerGap {
     pub standing_delay: Duration,
     pub backlog: u64,
     pub outflow: u64,
+    pub outflow_delay: Duration,
     pub decision_latency_us: f64,
     /// The highest PACKET_IN rate handled in a window where the controller was saturated.
     pub max_handled_rate: f64,
@@ -767,10 +790,12 @@ impl ControllerGap {
             cfg,
             law,
             busy: Duration::ZERO,
+            shed: Duration::ZERO,
             queueing_max: Duration::ZERO,
             standing_min: None,
             backlog_max: 0,
             outflow_max: 0,
+            outflow_delay_min: Vec::new(),
             handled_since: 0,
             busy_since: Duration::ZERO,
             utilization: 0.0,
@@ -778,6 +803,7 @@ impl ControllerGap {
             standing_delay: Duration::ZERO,
             backlog: 0,
             outflow: 0,
+            outflow_delay: Duration::ZERO,
             decision_latency_us: 0.0,
             max_handled_rate: 0.0,
             handled_rate: 0.0,
@@ -786,6 +812,7 @@ impl ControllerGap {
 
     pub fn record(&mut self, s: WorkSample) {
         self.busy += s.busy;
+        self.shed += s.shed.min(s.busy);
         self.busy_since += s.busy;
         self.handled_since += s.packet_ins;
         // A batch that left nothing behind kept up: its wait was the scheduler's, not a
@@ -802,7 +829,16 @@ impl ControllerGap {
         }
         self.backlog_max = self.backlog_max.max(s.backlog);
         self.outflow_max = self.outflow_max.max(s.outflow);
-        self.law.record_bulk(s.packet_ins, s.packet_ins);
+        match self
+            .outflow_delay_min
+            .iter_mut()
+            .find(|(sw, _)| *sw == s.switch)
+        {
+            Some((_, d)) => *d = (*d).min(s.outflow_delay),
+            None => self.outflow_delay_min.push((s.switch, s.outflow_delay)),
+        }
+        self.law
+            .record_bulk(s.packet_ins + s.budget_dropped, s.packet_ins);
     }
 
     /// PACKET_INs the switches' meters dropped (METER_STATS): offered to the controller,
@@ -827,16 +863,25 @@ impl ControllerGap {
         self.standing_delay = self.standing_min.unwrap_or(Duration::ZERO);
         self.backlog = self.backlog_max;
         self.outflow = self.outflow_max;
+        self.outflow_delay = self
+            .outflow_delay_min
+            .iter()
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or(Duration::ZERO);
         self.handled_rate = self.handled_since as f64 / secs;
         if self.handled_since > 0 {
             self.decision_latency_us =
                 self.busy_since.as_secs_f64() * 1e6 / self.handled_since as f64;
         }
-        let load = (self.utilization / self.cfg.target_utilization)
+        // The work the gate controls: what the controller spent on flows it admitted.
+        let controlled = (self.busy.saturating_sub(self.shed).as_secs_f64() / secs).min(1.0);
+        let load = (controlled / self.cfg.target_utilization)
             // The standing queue (the window's least delay), not its worst: a burst that
             // drains within the window is not overload (CoDel's reasoning).
             .max(self.standing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6))
-            .max(self.outflow as f64 / self.cfg.target_outflow_bytes.max(1) as f64);
+            .max(self.outflow as f64 / self.cfg.target_outflow_bytes.max(1) as f64)
+            .max(self.outflow_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6));
         if load >= 1.0 {
             // The maximum of the smoothed rate (memory `settle`), not of one window: a
             // window that drains a backlog read in one go is not a rate the controller
@@ -844,12 +889,14 @@ impl ControllerGap {
             self.max_handled_rate = self.max_handled_rate.max(self.law.admitted_rate());
         }
         self.busy = Duration::ZERO;
+        self.shed = Duration::ZERO;
         self.busy_since = Duration::ZERO;
         self.handled_since = 0;
         self.queueing_max = Duration::ZERO;
         self.standing_min = None;
         self.backlog_max = 0;
         self.outflow_max = 0;
+        self.outflow_delay_min.clear();
         Some(self.law.control(now, load))
     }
 
@@ -861,6 +908,7 @@ impl ControllerGap {
             standing_queue_ms: self.standing_delay.as_secs_f64() * 1000.0,
             backlog_bytes: self.backlog,
             outflow_bytes: self.outflow,
+            outflow_delay_ms: self.outflow_delay.as_secs_f64() * 1000.0,
             decision_latency_us: self.decision_latency_us,
             handled_rate: self.handled_rate,
             max_handled_rate: self.max_handled_rate,
@@ -884,6 +932,9 @@ pub struct ControllerGapView {
     pub backlog_bytes: u64,
     /// Largest queue of bytes for a switch (written, not yet taken) over the last window.
     pub outflow_bytes: u64,
+    /// The standing delay of that queue over the last window: how long the oldest unread
+    /// bytes had waited, at the least (compared with `target_delay_ms`).
+    pub outflow_delay_ms: f64,
     /// Mean handling time of one PACKET_IN over the last window.
     pub decision_latency_us: f64,
     /// PACKET_INs handled per second over the last window.

@@ -216,6 +216,10 @@ fn controller_load_tightens_the_controller_meters() {
             queueing: Duration::from_millis(20),
             backlog: 500,
             outflow: 0,
+            outflow_delay: Duration::ZERO,
+            switch: 1,
+            budget_dropped: 0,
+            shed: Duration::ZERO,
         });
         sim.tick(Duration::from_millis(100));
     }

@@ -99,6 +99,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.connections_rebuilt,
         ),
         (
+            "flowgate_connections_reopened_total",
+            "New connections on the 4-tuple of one still in the table (a SYN with a new ISN): decided and counted as new.",
+            counters.connections_reopened,
+        ),
+        (
             "flowgate_packet_in_dropped_total",
             "PACKET_INs dropped beyond a switch session's packet_in_rate budget.",
             handle.packet_in_dropped.load(Ordering::Relaxed),
@@ -385,6 +390,12 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
             "gauge",
             "Largest queue of bytes for one switch (written, not yet taken) in the last window.",
             cv.outflow_bytes as f64,
+        ),
+        (
+            "flowgate_controller_outflow_delay_seconds",
+            "gauge",
+            "Standing delay of the queue toward the switches in the last window (the least age of its oldest unread bytes).",
+            cv.outflow_delay_ms / 1000.0,
         ),
         (
             "flowgate_controller_overload_gapping",

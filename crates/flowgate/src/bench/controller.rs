@@ -143,6 +143,8 @@ pub struct RunResult {
     pub valid: u64,
     pub invalid: u64,
     pub lost: u64,
+    /// Open loop: probes the emulated switches dropped, their queue to the controller full.
+    pub not_sent: u64,
     pub vip_arp_answered: bool,
     pub invalid_samples: Vec<String>,
     pub errors: Vec<String>,
@@ -379,6 +381,7 @@ async fn measure_async(
         valid: total(|c| c.valid.load(Ordering::Relaxed)),
         invalid: total(|c| c.invalid.load(Ordering::Relaxed)),
         lost: total(|c| c.lost.load(Ordering::Relaxed)),
+        not_sent: total(|c| c.not_sent.load(Ordering::Relaxed)),
         vip_arp_answered: counters
             .iter()
             .all(|c| c.vip_arp_answered.load(Ordering::Relaxed)),
@@ -794,7 +797,14 @@ pub fn table(report: &Report) -> Table {
                 r.bench_cpu_us_per_setup
                     .map_or("–".into(), |c| format!("{c:.2}"))
             ),
-            format!("{} / {} / {}", r.valid, r.invalid, r.lost),
+            if r.not_sent > 0 {
+                format!(
+                    "{} / {} / {} ({} dropped by the switches, queue full)",
+                    r.valid, r.invalid, r.lost, r.not_sent
+                )
+            } else {
+                format!("{} / {} / {}", r.valid, r.invalid, r.lost)
+            },
         ]);
     }
     t

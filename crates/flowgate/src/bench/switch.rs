@@ -86,6 +86,9 @@ pub struct SwitchCounters {
     pub valid: AtomicU64,
     pub invalid: AtomicU64,
     pub lost: AtomicU64,
+    /// Open loop: probes due while the switch's queue to the controller was full, never
+    /// sent (see [`SEND_QUEUE_LIMIT`]).
+    pub not_sent: AtomicU64,
     /// Handshake done and hosts announced.
     pub ready: AtomicBool,
     /// The VIP's MAC was learned by ARP.
@@ -150,7 +153,16 @@ struct Sw {
     expire_after: usize,
     live: VecDeque<Vec<ofp::FlowRemoved>>,
     by_backend: Vec<(u64, Option<Instant>)>,
+    /// The queue to the controller is full: open-loop probes are not sent.
+    backlogged: bool,
 }
+
+/// Bytes an emulated switch holds for the controller beyond what the socket took; an
+/// open-loop probe due while more is queued is dropped, not sent. A switch's queue of
+/// PACKET_INs is bounded (Open vSwitch holds at most 100 per controller connection,
+/// `rconn_send_with_limit` in `ofproto/connmgr.c`), so a flood beyond what the controller
+/// reads is dropped at the switch rather than queued without end and timed out here.
+const SEND_QUEUE_LIMIT: usize = 256 * 1024;
 
 /// Run one emulated switch until `flags.stop`.
 #[allow(clippy::too_many_arguments)]
@@ -184,6 +196,7 @@ pub async fn run_switch(
         expire_after,
         live: VecDeque::new(),
         by_backend: Vec::new(),
+        backlogged: false,
     };
     sw.by_backend = vec![(0, None); sw.plan.backends.len()];
     let error = sw.run(controller).await.err();
@@ -207,20 +220,22 @@ impl Sw {
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_sweep = Instant::now();
+        let (mut rd, mut wr) = stream.split();
+        // What is being written now; new messages go to `wbuf` meanwhile. Reading and
+        // writing race each other: a switch that stopped reading while its own writes are
+        // held back (the controller's socket full) would queue the controller's answers
+        // and measure its own I/O, not the controller.
+        let mut out = BytesMut::with_capacity(256 * 1024);
         loop {
-            if !self.wbuf.is_empty() {
-                stream
-                    .write_all(&self.wbuf)
-                    .await
-                    .map_err(|e| format!("write: {e}"))?;
-                self.wbuf.clear();
+            if out.is_empty() {
+                std::mem::swap(&mut out, &mut self.wbuf);
             }
             if self.flags.stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
             rbuf.reserve(64 * 1024);
             tokio::select! {
-                r = stream.read_buf(&mut rbuf) => {
+                r = rd.read_buf(&mut rbuf) => {
                     let n = r.map_err(|e| format!("read: {e}"))?;
                     if n == 0 {
                         return Err("the controller closed the connection".into());
@@ -237,9 +252,14 @@ impl Sw {
                         }
                     }
                 }
+                w = wr.write_buf(&mut out), if !out.is_empty() => {
+                    w.map_err(|e| format!("write: {e}"))?;
+                    continue;
+                }
                 _ = tick.tick() => {}
             }
             let now = Instant::now();
+            self.backlogged = out.len() + self.wbuf.len() > SEND_QUEUE_LIMIT;
             if self.flags.go.load(Ordering::Relaxed) {
                 self.pace_probes(now);
             }
@@ -455,7 +475,11 @@ impl Sw {
                 // Latency counts from the moment the probe goes to the socket: the schedule
                 // advances in tokio's 1 ms timer steps, and that lag is the bench's own.
                 while due <= now && n < 100_000 {
-                    self.send_probe(now);
+                    if self.backlogged {
+                        self.counters.not_sent.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.send_probe(now);
+                    }
                     due += every;
                     n += 1;
                 }

@@ -48,7 +48,7 @@ struct SessionTx {
     id: u64,
     xid: u32,
     buf: BytesMut,
-    tx: mpsc::UnboundedSender<Bytes>,
+    tx: mpsc::UnboundedSender<Chunk>,
     out: Arc<Outflow>,
     /// May the core change this switch? Always in single mode; in a cluster only once the
     /// switch confirmed us as MASTER (ROLE_REPLY) and until it demotes us
@@ -56,10 +56,34 @@ struct SessionTx {
     writable: bool,
 }
 
+/// Bytes for one switch's writer, and when they were queued.
+pub(crate) type Chunk = (Instant, Bytes);
+
+impl Outflow {
+    /// How long the oldest unwritten chunk has waited (zero when the writer is idle).
+    pub(crate) fn head_age(&self, now: Instant) -> Duration {
+        self.head_queued_at
+            .lock()
+            .ok()
+            .and_then(|g| *g)
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+
+    fn set_head(&self, at: Option<Instant>) {
+        if let Ok(mut g) = self.head_queued_at.lock() {
+            *g = at;
+        }
+    }
+}
+
 /// Shared between the core (which queues) and a session's writer (which drains).
 #[derive(Default)]
 pub(crate) struct Outflow {
     pub(crate) queued: AtomicUsize,
+    /// When the chunk the writer is on now was queued (`None`: the writer is idle). It is
+    /// the oldest unwritten one, so its age is how long the switch has kept the controller
+    /// waiting: the control channel's queueing delay.
+    pub(crate) head_queued_at: Mutex<Option<Instant>>,
     /// Set when the peer stopped reading; the session's read loop ends on seeing it.
     pub(crate) overflowed: AtomicBool,
 }
@@ -118,14 +142,14 @@ impl CoreCell {
                 }
                 continue;
             }
-            let _ = s.tx.send(chunk);
+            let _ = s.tx.send((Instant::now(), chunk));
         }
     }
 
     fn register(
         &mut self,
         dpid: Dpid,
-        tx: mpsc::UnboundedSender<Bytes>,
+        tx: mpsc::UnboundedSender<Chunk>,
         out: Arc<Outflow>,
         writable: bool,
     ) -> u64 {

@@ -65,6 +65,10 @@ pub(super) async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        // A bounded kernel send buffer: what the switch has not read then waits in our own
+        // queue, where its age is measured (the controller's outflow delay), not in an
+        // autotuned buffer of megabytes that would hide seconds of a slow switch's backlog.
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SWITCH_SEND_BUFFER);
         let handle = handle.clone();
         let stop = stop.clone();
         let tls = tls.clone();
@@ -219,7 +223,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     for m in &opening {
         wr.write_all(&encode_one(3, m)).await?;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<super::Chunk>();
     let outflow = Arc::new(Outflow::default());
     let session_id = {
         let mut core = handle.lock();
@@ -232,11 +236,17 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // The writer: everything for this switch, in order.
     let drained = outflow.clone();
     let writer = tokio::spawn(async move {
-        while let Some(buf) = rx.recv().await {
+        while let Some((queued_at, buf)) = rx.recv().await {
+            drained.set_head(Some(queued_at));
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
             drained.queued.fetch_sub(buf.len(), Ordering::Relaxed);
+            // The next chunk, if one waits, is the head now; until it is received, its
+            // predecessor's time stands in (an overestimate of microseconds).
+            if rx.is_empty() {
+                drained.set_head(None);
+            }
         }
         let _ = wr.shutdown().await;
     });
@@ -260,11 +270,16 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     result
 }
 
+/// `SO_SNDBUF` of a switch connection: a few milliseconds of answers at full rate
+/// (500k setups/s × 330 bytes is 165 MB/s), a fraction of a second of a switch that
+/// installs a few thousand rules a second.
+const SWITCH_SEND_BUFFER: usize = 256 * 1024;
+
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
     features: &ofp::SwitchFeatures,
     handle: &Handle,
-    tx: &mpsc::UnboundedSender<Bytes>,
+    tx: &mpsc::UnboundedSender<super::Chunk>,
     outflow: &Outflow,
     limits: SessionLimits,
     stop: &mut watch::Receiver<bool>,
@@ -274,6 +289,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut echo_sent = false;
     let mut budget = TokenBucket::new(limits.packet_in_rate);
     let mut dropped_packet_ins: u64 = 0;
+    let mut unreported_drops: u64 = 0;
     let mut batch: Vec<(u32, Message)> = Vec::with_capacity(64);
     let dpid = features.datapath_id;
     loop {
@@ -292,7 +308,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     // Counted like the core's messages: the writer subtracts every buffer.
                     let reply = encode_one(xid, &Message::EchoReply(data));
                     outflow.queued.fetch_add(reply.len(), Ordering::Relaxed);
-                    let _ = tx.send(reply);
+                    let _ = tx.send((Instant::now(), reply));
                 }
                 Message::EchoReply(_) => {}
                 // Role replies, role-status and IS_SLAVE/STALE errors: the cluster layer.
@@ -300,6 +316,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 // One clock read per batch: every frame of it was already buffered at `work_start`.
                 Message::PacketIn(_) if !budget.take(work_start) => {
                     dropped_packet_ins += 1;
+                    // Reported with the next batch that reaches the core.
+                    unreported_drops += 1;
                     handle.packet_in_dropped.fetch_add(1, Ordering::Relaxed);
                     if dropped_packet_ins.is_power_of_two() {
                         tracing::warn!(
@@ -328,13 +346,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let now = Instant::now();
             let mut core = handle.lock();
             let locked = Instant::now();
+            let (mut shed_work, mut shed_n) = (Duration::ZERO, 0u32);
             core.with(|c, out| {
                 for (_, m) in &batch {
                     if matches!(m, Message::PacketIn(_)) {
-                        // Decision latency: the core's whole handling of one PACKET_IN.
-                        let t = Instant::now();
+                        let (shed_before, t) = (c.shed_total(), Instant::now());
                         c.handle_message(now, dpid, m, out);
-                        handle.decision_latency.observe(t.elapsed());
+                        let took = t.elapsed();
+                        if c.shed_total() == shed_before {
+                            // Decision latency: the core's whole handling of one PACKET_IN.
+                            handle.decision_latency.observe(took);
+                        } else {
+                            shed_work += took;
+                            shed_n += 1;
+                        }
                     } else {
                         c.handle_message(now, dpid, m, out);
                     }
@@ -348,14 +373,21 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 .iter()
                 .filter(|(_, m)| matches!(m, Message::PacketIn(_)))
                 .count() as u64;
+            // The shed PACKET_INs' part of reading and decoding, pro rata.
+            let decoding = now.saturating_duration_since(work_start);
+            let shed = shed_work + decoding.mul_f64(f64::from(shed_n) / batch.len() as f64);
             core.controller
                 .record_packet_in_work(flowgate_core::overload::WorkSample {
                     packet_ins,
+                    budget_dropped: std::mem::take(&mut unreported_drops),
+                    shed,
                     busy: now.saturating_duration_since(work_start)
                         + done.saturating_duration_since(locked),
                     queueing: done.saturating_duration_since(filled_at),
                     backlog: rd.buf.len() as u64,
                     outflow: outflow.queued.load(Ordering::Relaxed) as u64,
+                    outflow_delay: outflow.head_age(done),
+                    switch: dpid,
                 });
             continue;
         }
@@ -378,7 +410,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                     let echo = encode_one(0xec40, &Message::EchoRequest(Bytes::new()));
                     outflow.queued.fetch_add(echo.len(), Ordering::Relaxed);
-                    let _ = tx.send(echo);
+                    let _ = tx.send((Instant::now(), echo));
                     echo_sent = true;
                     last_heard = Instant::now();
                 }
