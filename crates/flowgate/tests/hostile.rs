@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
@@ -181,12 +180,9 @@ fn switch_count(ctl: &Ctl) -> u64 {
 
 #[test]
 fn ovs_hostile_switch_peers() {
-    let name = "ovs_hostile_switch_peers";
-    if !require_root_ovs(name) {
+    let Some(p) = setup("ovs_hostile_switch_peers") else {
         return;
-    }
-    let p = Prefix::for_test(name);
-    cleanup_stale(p.as_str()).expect("clean leftovers");
+    };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let cfg = vip_config_openflow(
@@ -196,13 +192,8 @@ fn ovs_hostile_switch_peers() {
         "echo_interval_ms = 300\necho_timeout_ms = 900\npacket_in_rate = 20000\n",
     );
     let mut ctl = Ctl::start("hostile", &cfg);
+    ctl.control(&t.bridges[..1]);
     let bridge = &t.bridges[0];
-    bridge
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    bridge
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
     let _servers: Vec<_> = t.hosts[1..]
         .iter()
         .enumerate()

@@ -7,7 +7,6 @@ mod support;
 use std::time::{Duration, Instant};
 
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
@@ -30,12 +29,9 @@ fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
 
 #[test]
 fn ovs_proactive_vip_serves_and_rebalances() {
-    let test = "ovs_proactive_vip_serves_and_rebalances";
-    if !require_root_ovs(test) {
+    let Some(p) = setup("ovs_proactive_vip_serves_and_rebalances") else {
         return;
-    }
-    let p = Prefix::for_test(test);
-    cleanup_stale(p.as_str()).expect("clean leftovers");
+    };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let cfg = vip_config(
@@ -46,10 +42,8 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     )
     .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
     let ctl = Ctl::start("proactive", &cfg);
+    ctl.control(&t.bridges[..1]);
     let br = &t.bridges[0];
-    br.set_controller(&[ctl.target()]).expect("set controller");
-    br.wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
     let _servers: Vec<_> = t.hosts[1..]
         .iter()
         .enumerate()

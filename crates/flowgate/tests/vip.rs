@@ -6,19 +6,9 @@ mod support;
 use std::time::Duration;
 
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
-
-fn setup(test: &str) -> Option<Prefix> {
-    if !require_root_ovs(test) {
-        return None;
-    }
-    let p = Prefix::for_test(test);
-    cleanup_stale(p.as_str()).expect("clean leftovers");
-    Some(p)
-}
 
 /// One switch, a client and three backends: the client finds the VIP by ARP (no static
 /// entry), 300 separate HTTP requests all succeed, round robin gives each backend its
@@ -31,12 +21,7 @@ fn ovs_single_switch_round_robin() {
     let topo0 = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let backends: Vec<_> = topo0.hosts[1..].iter().map(|h| h.ip()).collect();
     let ctl = Ctl::start("single", &vip_config(VIP, "round-robin", &backends, ""));
-    topo0.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    topo0.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
+    ctl.control(&topo0.bridges[..1]);
     let _servers: Vec<_> = topo0.hosts[1..]
         .iter()
         .enumerate()
@@ -194,12 +179,7 @@ fn ovs_reused_client_ports_are_each_decided() {
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let ctl = Ctl::start("reuse", &vip_config(VIP, "round-robin", &backends, ""));
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
+    ctl.control(&t.bridges[..1]);
     let _servers: Vec<_> = t.hosts[1..]
         .iter()
         .enumerate()
@@ -281,13 +261,7 @@ fn ovs_linear_three_switches() {
         "linear",
         &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""),
     );
-    for b in &t.bridges {
-        b.set_controller(&[ctl.target()]).expect("set controller");
-    }
-    for b in &t.bridges {
-        b.wait_connected(Duration::from_secs(10))
-            .expect("switch connects");
-    }
+    ctl.control(&t.bridges);
     let _s2 = httpd(&t.hosts[1], "b2", &[]);
     let _s3 = httpd(&t.hosts[2], "b3", &[]);
     ctl.wait_backends_ready(Duration::from_secs(20));
@@ -334,12 +308,7 @@ fn ovs_controller_restart_keeps_connections() {
         "restart",
         &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""),
     );
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
+    ctl.control(&t.bridges[..1]);
     let _servers = [
         httpd(&t.hosts[1], "b2", &["--rate-bytes-per-sec", "1000000"]),
         httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),
@@ -417,12 +386,7 @@ fn ovs_unknown_connection_is_reset() {
         "unknown",
         &vip_config(VIP, "round-robin", &[t.hosts[1].ip()], ""),
     );
-    t.bridges[0]
-        .set_controller(&[ctl.target()])
-        .expect("set controller");
-    t.bridges[0]
-        .wait_connected(Duration::from_secs(10))
-        .expect("switch connects");
+    ctl.control(&t.bridges[..1]);
     let _s = httpd(&t.hosts[1], "b2", &[]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];

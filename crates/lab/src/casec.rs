@@ -26,7 +26,7 @@ use indicatif::ProgressBar;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::ctl::{Controller, http_get};
+use crate::ctl::{Controller, LISTEN_ANY_PORT, http_get};
 use crate::measure::{self, Interval, Probe, Row};
 use crate::net::{IPERF_PORT, SERVERS, client_ip, spawn_httpd, spawn_iperf_server, wait_httpd};
 use crate::scenario::{Params, Scenario};
@@ -202,11 +202,6 @@ fn cluster_section(role: &str, instance: &str, etcd: &str) -> String {
     )
 }
 
-/// Every controller binds port 0 and reports the ports it got in its ready file: a port
-/// chosen here and bound later could be taken by another process in between.
-const LISTEN_ANY_PORT: &str =
-    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n";
-
 fn global_config(instance: &str, etcd: &str) -> String {
     LISTEN_ANY_PORT.to_owned() + &cluster_section("global", instance, etcd)
 }
@@ -286,7 +281,7 @@ pub fn run(
         pb.set_message(format!("domain controller C_d{}", d + 1));
         let cfg = domain_config(d, *uplink, p, seed, &endpoints);
         let c = Controller::start(flowgate, logs, &format!("{}-d{}", sc.name, d + 1), &cfg)?;
-        net.bridges[d].set_controller(&[format!("tcp:{}", c.openflow)])?;
+        net.bridges[d].set_controller(&[c.target()])?;
         domains.push(c);
     }
     let result = (|| -> Result<CaseCOut> {

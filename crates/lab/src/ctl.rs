@@ -1,7 +1,7 @@
 //! The controller: the real `flowgate controller` process, its config, and its API.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,19 +12,18 @@ use flowgate_testbed::ProcGuard;
 use crate::net::SERVERS;
 use crate::scenario::Params;
 
-/// Two free loopback ports (OpenFlow, API), chosen once so restarts keep them.
-pub fn free_ports() -> Result<(u16, u16)> {
-    let a = TcpListener::bind("127.0.0.1:0")?;
-    let b = TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
-}
+/// The start of every lab controller's config: it binds port 0 and reports the ports it
+/// got in its ready file ([`Controller::openflow`]); a port chosen here and bound later
+/// could be taken by another process in between.
+pub const LISTEN_ANY_PORT: &str =
+    "[openflow]\nlisten = \"127.0.0.1:0\"\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n";
 
 /// The controller config for one arm. Services have no VIP: clients address a backend
 /// (server 2) and the controller intercepts each new connection to any backend (the
 /// paper's Cases A and B; Case D uses the same semantics for every algorithm).
-pub fn config(of_port: u16, api_port: u16, algorithm: &str, p: &Params, seed: u64) -> String {
+pub fn config(algorithm: &str, p: &Params, seed: u64) -> String {
     let mut c = format!(
-        "[openflow]\nlisten = \"127.0.0.1:{of_port}\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\n\n\
+        "{LISTEN_ANY_PORT}\
 [controller]\nidle_timeout_secs = 10\nseed = {seed}\n\n\
 [[service]]\nname = \"web\"\nport = 80\nalgorithm = \"{algorithm}\"\n"
     );
@@ -95,6 +94,11 @@ impl Controller {
             api,
             log,
         })
+    }
+
+    /// `tcp:IP:PORT`, the controller target to give OVS.
+    pub fn target(&self) -> String {
+        format!("tcp:{}", self.openflow)
     }
 
     /// Everything the controller logged.

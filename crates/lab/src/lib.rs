@@ -368,19 +368,17 @@ fn run_arms(
     pb: &ProgressBar,
 ) -> Result<Vec<Row>> {
     let mut clock = Laps::new();
-    let (of_port, api_port) = ctl::free_ports()?;
-    let target = format!("tcp:127.0.0.1:{of_port}");
     let first = &sc.arms[0];
     pb.set_message(format!("controller ({})", first.label));
     let mut controller = Controller::start(
         &opts.flowgate,
         logs,
         &format!("{}-{}", sc.name, first.label),
-        &ctl::config(of_port, api_port, first.algorithm, p, opts.seed),
+        &ctl::config(first.algorithm, p, opts.seed),
     )?;
     clock.lap("controller start (first arm)");
     pb.set_message("building the network (Fig. 9)");
-    let net = LabNet::build(prefix, &target, p, &opts.flowgate, |what| {
+    let net = LabNet::build(prefix, &controller.target(), p, &opts.flowgate, |what| {
         pb.set_message(format!("building the network: {what}"));
     })?;
     clock.lap("network build and servers");
@@ -405,8 +403,12 @@ fn run_arms(
                 &opts.flowgate,
                 logs,
                 &format!("{}-{}", sc.name, arm.label),
-                &ctl::config(of_port, api_port, arm.algorithm, p, opts.seed),
+                &ctl::config(arm.algorithm, p, opts.seed),
             )?;
+            // Each controller has ports of its own (bound, not picked beforehand).
+            for b in &net.bridges {
+                b.set_controller(&[controller.target()])?;
+            }
             clock.lap(&format!("{}: controller restart", arm.label));
         }
         for b in &net.bridges {

@@ -31,7 +31,7 @@ use flowgate_testbed::{Host, ProcGuard};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::ctl::{self, Controller};
+use crate::ctl::{self, Controller, LISTEN_ANY_PORT};
 use crate::net::{spawn_httpd, wait_httpd};
 use crate::{plot, signal};
 
@@ -154,16 +154,9 @@ pub struct Outcome {
 /// `max_active_connections`: the pool's slots plus two waiting), as in the integration
 /// test. The capacity is exact here (fixed delay, fixed concurrency), so the adaptive
 /// gate holds the load between 95 % and 100 % of it rather than the default 90-100 %.
-pub fn config(
-    of_port: u16,
-    api_port: u16,
-    backends: &[Ipv4Addr],
-    mode: &str,
-    capacity: f64,
-    op: &OverloadParams,
-) -> String {
+pub fn config(backends: &[Ipv4Addr], mode: &str, capacity: f64, op: &OverloadParams) -> String {
     let mut c = format!(
-        "[openflow]\nlisten = \"127.0.0.1:{of_port}\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\n\n\
+        "{LISTEN_ANY_PORT}\
          [controller.overload]\nmode = \"off\"\n\n\
          [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n\
          [service.health]\nkind = \"none\"\n[service.metrics]\ninterval_ms = 50\n\
@@ -201,12 +194,9 @@ impl Net {
     }
 }
 
-fn build(prefix: &str, target: &str, op: &OverloadParams, flowgate: &Path) -> Result<Net> {
-    let topo = topo::single(
-        &TopoOptions::new(prefix).controllers(&[target]),
-        1 + op.backends,
-    )
-    .context("topology")?;
+/// Without a controller: each mode's controller is set on the switch when it starts.
+fn build(prefix: &str, op: &OverloadParams, flowgate: &Path) -> Result<Net> {
+    let topo = topo::single(&TopoOptions::new(prefix), 1 + op.backends).context("topology")?;
     signal::check()?;
     let leg = RootLeg::create(prefix, "lg", LEG_CIDR, &topo.bridges[0]).context("root leg")?;
     // The leg's own traffic (scrapes, drain checks) goes with NORMAL, not through the
@@ -338,6 +328,7 @@ fn start_controller(
     br.ofctl("del-flows", &[CONN_RULES])?;
     let _ = br.ofctl("del-meters", &["-O", "OpenFlow13"]);
     let c = Controller::start(flowgate, logs, &format!("overload-{mode}"), cfg)?;
+    br.set_controller(&[c.target()])?;
     br.wait_connected(Duration::from_secs(20))?;
     net.leg.install_bypass(br)?;
     c.wait_backends_ready(Duration::from_secs(20))?;
@@ -369,10 +360,8 @@ pub fn run(
 ) -> Result<Outcome> {
     let op = OverloadParams::new(quick);
     pb.set_length(3 + (MODES.len() * op.multiples.len()) as u64);
-    let (of_port, api_port) = ctl::free_ports()?;
-    let target = format!("tcp:127.0.0.1:{of_port}");
     pb.set_message("building the network (one switch, a client, two backends)");
-    let net = build(prefix, &target, &op, flowgate)?;
+    let net = build(prefix, &op, flowgate)?;
     let backends = net.backends();
     pb.inc(1);
     let say = |line: String| {
@@ -391,7 +380,7 @@ pub fn run(
         logs,
         &net,
         "calibration",
-        &config(of_port, api_port, &backends, "off", nominal, &op),
+        &config(&backends, "off", nominal, &op),
     )?;
     let limit = Duration::from_secs(120);
     let to = op.timeout_ms.to_string();
@@ -452,7 +441,7 @@ pub fn run(
             logs,
             &net,
             mode,
-            &config(of_port, api_port, &backends, mode, capacity, &op),
+            &config(&backends, mode, capacity, &op),
         )?;
         for &x in &op.multiples {
             signal::check()?;

@@ -468,17 +468,13 @@ fn validate(
         60_000,
         errs,
     );
-    let unknown_flow = match ctl.string("unknown_flow", errs) {
-        None | Some("reset") => UnknownFlowPolicy::Reset,
-        Some("drop") => UnknownFlowPolicy::Drop,
-        Some(other) => {
-            errs.push(ConfigError::new(
-                ctl.key_path("unknown_flow"),
-                format!("{other:?} is not one of \"reset\", \"drop\""),
-            ));
-            UnknownFlowPolicy::Reset
-        }
-    };
+    let unknown_flow = choice(
+        &mut ctl,
+        "unknown_flow",
+        ("reset", UnknownFlowPolicy::Reset),
+        &[("drop", UnknownFlowPolicy::Drop)],
+        errs,
+    );
     let fin_timeout_secs = ctl
         .int_in("fin_timeout_secs", 0, 65_535, errs)
         .map(|v| v as u16)
@@ -535,18 +531,16 @@ fn validate(
 
 fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfig {
     let mut cfg = ClusterConfig::single();
-    cfg.role = match c.string("role", errs) {
-        None | Some("single") => ClusterRole::Single,
-        Some("domain") => ClusterRole::Domain,
-        Some("global") => ClusterRole::Global,
-        Some(other) => {
-            errs.push(ConfigError::new(
-                c.key_path("role"),
-                format!("{other:?} is not one of \"single\", \"domain\", \"global\""),
-            ));
-            ClusterRole::Single
-        }
-    };
+    cfg.role = choice(
+        &mut c,
+        "role",
+        ("single", ClusterRole::Single),
+        &[
+            ("domain", ClusterRole::Domain),
+            ("global", ClusterRole::Global),
+        ],
+        errs,
+    );
     let name_ok = |s: &str| {
         !s.is_empty()
             && s.chars()
@@ -687,6 +681,36 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     cfg
 }
 
+/// The value named by `key`: `default` or one of `others`. The default also stands in
+/// (beside an error naming every choice) for a name that is none of them: the config is
+/// refused then, and reading goes on to report its other problems too.
+pub(crate) fn choice<T: Clone>(
+    o: &mut Obj<'_>,
+    key: &str,
+    default: (&str, T),
+    others: &[(&str, T)],
+    errs: &mut Vec<ConfigError>,
+) -> T {
+    let Some(given) = o.string(key, errs) else {
+        return default.1;
+    };
+    if given == default.0 {
+        return default.1;
+    }
+    if let Some((_, v)) = others.iter().find(|(name, _)| *name == given) {
+        return v.clone();
+    }
+    let names: Vec<String> = std::iter::once(default.0)
+        .chain(others.iter().map(|(n, _)| *n))
+        .map(|n| format!("{n:?}"))
+        .collect();
+    errs.push(ConfigError::new(
+        o.key_path(key),
+        format!("{given:?} is not one of {}", names.join(", ")),
+    ));
+    default.1
+}
+
 fn ipv4(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<Ipv4Addr> {
     let s = o.string(key, errs)?;
     match s.parse::<Ipv4Addr>() {
@@ -789,17 +813,13 @@ fn validate_service(
         params.hysteresis = h;
     }
     let none_target = ipv4(&mut s, "none_target", errs);
-    let mode = match s.string("mode", errs) {
-        None | Some("reactive") => ServiceMode::Reactive,
-        Some("proactive") => ServiceMode::Proactive,
-        Some(other) => {
-            errs.push(ConfigError::new(
-                s.key_path("mode"),
-                format!("{other:?} is not one of \"reactive\", \"proactive\""),
-            ));
-            ServiceMode::Reactive
-        }
-    };
+    let mode = choice(
+        &mut s,
+        "mode",
+        ("reactive", ServiceMode::Reactive),
+        &[("proactive", ServiceMode::Proactive)],
+        errs,
+    );
     if mode == ServiceMode::Proactive {
         if matches!(algorithm, AlgorithmKind::Isslm | AlgorithmKind::None) {
             errs.push(ConfigError::new(
@@ -835,18 +855,13 @@ fn validate_service(
     let mut h = s
         .table("health", errs)
         .unwrap_or_else(|| Obj::new(s.key_path("health"), &empty));
-    let kind = match h.string("kind", errs) {
-        None | Some("tcp") => HealthKind::Tcp,
-        Some("http") => HealthKind::Http,
-        Some("none") => HealthKind::None,
-        Some(other) => {
-            errs.push(ConfigError::new(
-                h.key_path("kind"),
-                format!("{other:?} is not one of \"http\", \"tcp\", \"none\""),
-            ));
-            HealthKind::None
-        }
-    };
+    let kind = choice(
+        &mut h,
+        "kind",
+        ("tcp", HealthKind::Tcp),
+        &[("http", HealthKind::Http), ("none", HealthKind::None)],
+        errs,
+    );
     let path = h.string("path", errs).unwrap_or("/").to_string();
     if !path.starts_with('/') {
         errs.push(ConfigError::new(h.key_path("path"), "must start with '/'"));
@@ -876,17 +891,13 @@ fn validate_service(
     let mut m = s
         .table("metrics", errs)
         .unwrap_or_else(|| Obj::new(s.key_path("metrics"), &empty));
-    let mut names = match m.string("preset", errs) {
-        None | Some("flowgate") => crate::metrics_text::MetricNames::default(),
-        Some("nginx") => crate::metrics_text::MetricNames::nginx(),
-        Some(other) => {
-            errs.push(ConfigError::new(
-                m.key_path("preset"),
-                format!("{other:?} is not one of \"flowgate\", \"nginx\""),
-            ));
-            crate::metrics_text::MetricNames::default()
-        }
-    };
+    let mut names = choice(
+        &mut m,
+        "preset",
+        ("flowgate", crate::metrics_text::MetricNames::default()),
+        &[("nginx", crate::metrics_text::MetricNames::nginx())],
+        errs,
+    );
     if let Some(list) = m.strings("active", errs) {
         names.active = list;
     }

@@ -158,3 +158,40 @@ address = "100.0.0.2"
     assert_eq!(cfg.services[0].vip, None);
     assert_eq!(cfg.services[0].params.threshold_rps, Some(50.0));
 }
+
+#[test]
+fn a_choice_key_takes_its_names_and_a_wrong_one_is_told_every_name() {
+    let config = |unknown_flow: &str, mode: &str, kind: &str, preset: &str| {
+        // The service's own keys go before its backends.
+        let service = EXAMPLE.replacen("port = 80\n", &format!("port = 80\nmode = {mode:?}\n"), 1);
+        format!(
+            "[controller]\nunknown_flow = {unknown_flow:?}\n{service}\
+             [service.health]\nkind = {kind:?}\n[service.metrics]\npreset = {preset:?}\n"
+        )
+    };
+    let good = config("drop", "proactive", "http", "nginx");
+    let c = Config::from_toml(&good, &no_env).expect("valid");
+    assert_eq!(c.controller.unknown_flow, UnknownFlowPolicy::Drop);
+    assert_eq!(c.services[0].mode, ServiceMode::Proactive);
+    assert_eq!(c.services[0].health.kind, HealthKind::Http);
+    assert_eq!(
+        c.services[0].metrics.names,
+        crate::metrics_text::MetricNames::nginx()
+    );
+
+    let bad = format!("[cluster]\nrole = \"x\"\n{}", config("x", "x", "x", "x"));
+    let errs = Config::from_toml(&bad, &no_env).expect_err("invalid").0;
+    for (path, names) in [
+        ("controller.unknown_flow", r#""reset", "drop""#),
+        ("cluster.role", r#""single", "domain", "global""#),
+        ("service[0].mode", r#""reactive", "proactive""#),
+        ("service[0].health.kind", r#""tcp", "http", "none""#),
+        ("service[0].metrics.preset", r#""flowgate", "nginx""#),
+    ] {
+        let want = format!("\"x\" is not one of {names}");
+        assert!(
+            errs.iter().any(|e| e.path == path && e.message == want),
+            "{path}: {want} in {errs:?}"
+        );
+    }
+}

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{AIN_ACG_GAPS_MS, LawParams, Mode};
-use crate::config::ConfigError;
 use crate::config::reader::Obj;
+use crate::config::{ConfigError, choice};
 
 /// Control interval: ACCM adapts at every measurement; 50 ms sits in the 10–100 ms range
 /// and holds a few new flows per interval at the rates an HTTP pool serves.
@@ -335,30 +335,6 @@ impl ControllerOverloadConfig {
         o.finish(errs);
         c
     }
-}
-
-/// The value named by `key`: `default` or one of `others`. The default also stands in
-/// (beside an error naming every choice) for a name that is none of them.
-fn choice<T: Copy>(
-    o: &mut Obj<'_>,
-    key: &str,
-    default: (&str, T),
-    others: &[(&str, T)],
-    errs: &mut Vec<ConfigError>,
-) -> T {
-    let Some(given) = o.string(key, errs) else {
-        return default.1;
-    };
-    let choices = std::iter::once(&default).chain(others);
-    if let Some(&(_, v)) = choices.clone().find(|(name, _)| *name == given) {
-        return v;
-    }
-    let names: Vec<String> = choices.map(|(n, _)| format!("{n:?}")).collect();
-    errs.push(ConfigError::new(
-        o.key_path(key),
-        format!("{given:?} is not one of {}", names.join(", ")),
-    ));
-    default.1
 }
 
 /// The switch meter's burst, `burst_ms`, in both gates.

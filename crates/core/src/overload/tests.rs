@@ -591,3 +591,114 @@ fn a_gate_admits_its_rate_when_arrivals_come_in_batches() {
         );
     }
 }
+
+/// A METER_STATS reply in parts (OFPMPF_REPLY_MORE) answers one request, so its parts
+/// share one reply index. A reply to a poll sent before an OFPMC_MODIFY carries the
+/// meter's old band count even in a later part; counted part by part, that part would
+/// pass for the first reply after the modification (whose count OVS restarted), and its
+/// whole count for new drops.
+#[test]
+fn a_meter_stats_reply_in_parts_counts_as_one_reply() {
+    use crate::testkit::sim::{Sim, VIP, ip};
+    use ofp::{Message, MultipartReply, MultipartReplyBody, MultipartRequestBody};
+
+    // The service's intercept meter, capped by the controller's share: a saturated
+    // controller modifies it, then not again for its hold time (1 s, 10 polls).
+    const METER: u32 = SERVICE_METER_BASE;
+    let config = format!(
+        "[controller.overload]\nmode = \"adaptive\"\n\
+         [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n[service.overload]\nmeter_hold_ms = 1000\n\
+         [[service.backend]]\naddress = \"{}\"\n",
+        ip(2)
+    );
+    let stats = |meter_id: u32, band: u64| ofp::MeterStats {
+        meter_id,
+        flow_count: 1,
+        packet_in_count: band,
+        byte_in_count: 0,
+        duration_sec: 1,
+        duration_nsec: 0,
+        band_stats: vec![ofp::MeterBandStats {
+            packet_band_count: band,
+            byte_band_count: 0,
+        }],
+    };
+    let reply = |sim: &mut Sim, flags: u16, meter: ofp::MeterStats| {
+        let msg = Message::MultipartReply(MultipartReply {
+            flags,
+            body: MultipartReplyBody::Meter(vec![meter]),
+        });
+        let now = sim.now;
+        sim.c.handle_message(now, 1, &msg, &mut sim.out);
+    };
+    // One controller interval: (METER_STATS polls sent, whether METER was modified).
+    let tick = |sim: &mut Sim| {
+        sim.now += Duration::from_millis(100);
+        let now = sim.now;
+        sim.c.handle_tick(now, &mut sim.out);
+        let msgs: Vec<(u64, Message)> = sim.out.drain().collect();
+        let polls = msgs
+            .iter()
+            .filter(|(_, m)| {
+                matches!(m, Message::MultipartRequest(r)
+                    if matches!(r.body, MultipartRequestBody::Meter { .. }))
+            })
+            .count();
+        let modified = msgs.iter().any(|(_, m)| {
+            matches!(m, Message::MeterMod(mm)
+                if mm.command == ofp::MeterModCommand::Modify && mm.meter_id == METER)
+        });
+        for (d, m) in msgs {
+            sim.carry_out(d, m);
+        }
+        sim.pump();
+        (polls, modified)
+    };
+    // The table-miss meter drops nothing here: every drop counted is METER's.
+    let dropped = |sim: &Sim| sim.c.controller_gap_view().gap.meter_dropped_total;
+
+    let mut sim = Sim::new(&config, &[(1, 3)], &[], &[]);
+    // METER's band count before the modification. Every poll is answered in its own tick
+    // (the fake switch answers none), starting with the one of `Sim::new`'s tick.
+    const OLD: u64 = 1_000;
+    reply(&mut sim, 0, stats(METER, OLD));
+    assert_eq!(dropped(&sim), OLD);
+    let mut modified = false;
+    for _ in 0..50 {
+        sim.c.record_packet_in_work(WorkSample {
+            packet_ins: 200,
+            busy: Duration::from_millis(100),
+            queueing: Duration::from_millis(20),
+            backlog: 500,
+            switch: 1,
+            ..WorkSample::default()
+        });
+        let polls;
+        (polls, modified) = tick(&mut sim);
+        assert_eq!(polls, 1, "a poll every controller interval");
+        if modified {
+            break;
+        }
+        reply(&mut sim, 0, stats(METER, OLD));
+    }
+    assert!(modified, "the saturated controller modified the meter");
+    assert_eq!(dropped(&sim), OLD, "no drops since the first reply");
+
+    // This tick's poll went out before the OFPMC_MODIFY: its reply, in two parts, still
+    // counts from OLD.
+    reply(&mut sim, ofp::MULTIPART_MORE, stats(TABLE_MISS_METER, 0));
+    reply(&mut sim, 0, stats(METER, OLD + 10));
+    assert_eq!(dropped(&sim), OLD + 10, "10 new drops, not OLD + 10");
+
+    // The next poll's reply is the first after the modification: counted from zero,
+    // though above the last count.
+    let (polls, modified) = tick(&mut sim);
+    assert_eq!((polls, modified), (1, false));
+    reply(&mut sim, 0, stats(METER, OLD + 500));
+    assert_eq!(
+        dropped(&sim),
+        2 * OLD + 510,
+        "the restarted count is all new"
+    );
+}

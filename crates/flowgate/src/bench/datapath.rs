@@ -367,11 +367,6 @@ fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Con
 
 const VIP_MAC: &str = "02:66:67:00:00:01";
 
-/// Group 1, a select group with these buckets.
-fn add_select_group(br: &flowgate_testbed::Bridge, buckets: &[String]) -> anyhow::Result<()> {
-    group_cmd(br, "add-group", Case::OvsGroup, buckets)
-}
-
 /// Lets `ovs-ofctl -O OpenFlow15` in for the cases whose group needs it ([`group_cmd`]).
 fn set_protocols(br: &flowgate_testbed::Bridge, case: Case) -> anyhow::Result<()> {
     if matches!(case, Case::OvsLearnHash | Case::OvsHashFields) {
@@ -418,7 +413,7 @@ fn group_cmd(
 /// commits them to conntrack with a DNAT to its backend; later packets, both ways, follow
 /// the conntrack entry (so a connection never moves when the buckets change).
 fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow::Result<()> {
-    add_select_group(br, &group_buckets(Case::OvsGroup, t, &EVEN_WEIGHTS))?;
+    add_even_group(br, t, Case::OvsGroup)?;
     let client_port = t.hosts[0].ofport();
     let mut flows = vec![
         format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=ct(zone=1,nat,table=1)"),
@@ -441,10 +436,7 @@ fn install_group_lb(br: &flowgate_testbed::Bridge, t: &topo::Topology) -> anyhow
             h.ofport()
         ));
     }
-    for f in flows {
-        br.add_flow(&f)?;
-    }
-    Ok(())
+    add_flows(br, &flows)
 }
 
 /// The VIP without conntrack: the select group's bucket (OVS hashes the flow to pick it,
@@ -455,20 +447,35 @@ fn install_stateless_lb(
     t: &topo::Topology,
     case: Case,
 ) -> anyhow::Result<()> {
+    add_even_group(br, t, case)?;
+    let mut flows = vec![
+        format!("priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=group:1"),
+        "priority=0,actions=NORMAL".to_string(),
+    ];
+    flows.extend(reverse_rewrites(t));
+    add_flows(br, &flows)
+}
+
+/// Group 1 for a by-hand case, every backend's bucket at the same weight (after letting in
+/// the OpenFlow version the case's group needs).
+fn add_even_group(
+    br: &flowgate_testbed::Bridge,
+    t: &topo::Topology,
+    case: Case,
+) -> anyhow::Result<()> {
     set_protocols(br, case)?;
     group_cmd(
         br,
         "add-group",
         case,
         &group_buckets(case, t, &EVEN_WEIGHTS),
-    )?;
-    let mut flows = vec![
-        format!("priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=group:1"),
-        "priority=0,actions=NORMAL".to_string(),
-    ];
-    flows.extend(reverse_rewrites(t));
+    )
+}
+
+/// Adds each flow, stopping at the first that OVS refuses.
+fn add_flows(br: &flowgate_testbed::Bridge, flows: &[String]) -> anyhow::Result<()> {
     for f in flows {
-        br.add_flow(&f)?;
+        br.add_flow(f)?;
     }
     Ok(())
 }
@@ -503,13 +510,7 @@ fn install_learn_lb(
     t: &topo::Topology,
     case: Case,
 ) -> anyhow::Result<()> {
-    set_protocols(br, case)?;
-    group_cmd(
-        br,
-        "add-group",
-        case,
-        &group_buckets(case, t, &EVEN_WEIGHTS),
-    )?;
+    add_even_group(br, t, case)?;
     let mut flows = vec![
         format!("table=0,priority=50,tcp,nw_dst={VIP},tp_dst=80,actions=resubmit(,1),resubmit(,2)"),
         "table=0,priority=0,actions=NORMAL".to_string(),
@@ -529,10 +530,7 @@ fn install_learn_lb(
         ));
     }
     flows.extend(reverse_rewrites(t));
-    for f in flows {
-        br.add_flow(&f)?;
-    }
-    Ok(())
+    add_flows(br, &flows)
 }
 
 const EVEN_WEIGHTS: [u16; 3] = [100, 100, 100];
