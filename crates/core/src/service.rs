@@ -120,6 +120,9 @@ pub struct ServiceState {
     /// Passive outlier detection over the pool: connections the backend never answered,
     /// or answered only with a RST, as the switch reports them.
     pub outliers: PoolOutliers,
+    /// Connections admitted without rules while the controller gaps (see
+    /// [`crate::controller::handshake`]).
+    pub handshakes: crate::controller::handshake::ServiceHandshakes,
     last_refresh: Option<Instant>,
 }
 
@@ -143,6 +146,7 @@ impl ServiceState {
             loads: Vec::new(),
             counters: ServiceCounters::default(),
             outliers: PoolOutliers::new(OutlierConfig::default(), n),
+            handshakes: Default::default(),
             last_refresh: None,
         };
         s.rebuild_loads(None);

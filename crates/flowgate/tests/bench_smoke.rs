@@ -33,6 +33,11 @@ fn flowgate_bin() -> PathBuf {
 /// Runs the controller bench through the real binary (so the peer is the real
 /// `flowgate controller`), writes the Markdown table, and returns it.
 fn run_bench_controller(extra: &[&str]) -> (String, String) {
+    run_bench_controller_loops(&["-l", "1", "-m", "400", "-w", "0"], extra)
+}
+
+/// [`run_bench_controller`] with its own loops (`-l`, `-m`, `-w`).
+fn run_bench_controller_loops(loops: &[&str], extra: &[&str]) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("flowgate-bench-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let out = dir.join(format!(
@@ -40,22 +45,9 @@ fn run_bench_controller(extra: &[&str]) -> (String, String) {
         extra.join("_").replace(['/', ' '], "")
     ));
     let o = std::process::Command::new(flowgate_bin())
-        .args([
-            "--log",
-            "warn",
-            "bench",
-            "controller",
-            "-s",
-            "2",
-            "-l",
-            "1",
-            "-m",
-            "400",
-            "-w",
-            "0",
-            "-q",
-            "--out",
-        ])
+        .args(["--log", "warn", "bench", "controller", "-s", "2"])
+        .args(loops)
+        .args(["-q", "--out"])
         .arg(&out)
         .args(extra)
         .output()
@@ -74,15 +66,57 @@ fn counts(table: &str, controller: &str) -> Vec<(u64, u64, u64)> {
         .filter(|l| l.starts_with(&format!("| {controller} |")))
         .map(|l| {
             let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            // "valid / invalid / lost", perhaps followed by notes in parentheses.
             let v: Vec<u64> = cells
                 .last()
                 .expect("cells")
                 .split('/')
-                .map(|x| x.trim().parse().expect("count"))
+                .map(|x| leading_number(x).expect("count"))
                 .collect();
             (v[0], v[1], v[2])
         })
         .collect()
+}
+
+fn leading_number(s: &str) -> Option<u64> {
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// A flood far beyond what the controller serves, with its own overload control on: it
+/// gaps itself, and while it does the rules of what it admits wait for the clients'
+/// ACKs (`controller::handshake`; the emulated switches play the backend's SYN-ACK and
+/// the client's ACK). Every answer, deferred or not, must still be right, and the session
+/// must survive (the bench fails if a switch is disconnected).
+#[test]
+fn bench_controller_flood_defers_rules_to_the_handshake() {
+    let (_, table) = run_bench_controller_loops(
+        &["-l", "2", "-m", "1000", "-w", "1"],
+        &[
+            "--peers",
+            "flowgate",
+            "--rate",
+            "400000",
+            "--timeout-ms",
+            "1000",
+            "--controller-overload",
+            "adaptive",
+        ],
+    );
+    let rows = counts(&table, "flowgate");
+    assert_eq!(rows.len(), 1, "{table}");
+    let (valid, invalid, lost) = rows[0];
+    assert!(valid > 0, "no setups under the flood:\n{table}");
+    assert_eq!(invalid, 0, "wrong answers:\n{table}");
+    assert!(lost > 0, "a flood of 400,000/s was all served?\n{table}");
+    let deferred = table
+        .split(" with rules deferred to the ACK")
+        .next()
+        .and_then(|head| head.rsplit('(').next())
+        .and_then(leading_number);
+    assert!(
+        deferred.is_some_and(|d| d > 0),
+        "the gapping controller deferred no rules:\n{table}"
+    );
 }
 
 #[test]

@@ -58,7 +58,14 @@ impl Controller {
             L3::Arp(arp) if self.handle_arp(now, dpid, in_port, &frame, arp, pi, out) => return,
             L3::Ipv4(ip) => {
                 if let Some(tcp) = frame.tcp() {
-                    if self.handle_tcp(now, dpid, in_port, &frame, ip.src, ip.dst, tcp, pi, out) {
+                    let at = super::vip::Arrival {
+                        dpid,
+                        in_port,
+                        frame: &frame,
+                        tcp,
+                        pi,
+                    };
+                    if self.handle_tcp(now, &at, ip.src, ip.dst, out) {
                         return;
                     }
                 }

@@ -6,6 +6,7 @@
 //! no I/O and reads no clock. The runtime owns the sockets and the timers; tests, the
 //! benchmark and the simulator drive the same state machine directly.
 
+pub mod handshake;
 mod l2;
 mod nicira;
 mod proactive;
@@ -129,6 +130,8 @@ pub struct Controller {
     pub(crate) fin_timeout_action: Option<ofp::Action>,
     /// Overload control: the gaps of the services and of the controller itself.
     pub(crate) overload: crate::overload::enforce::Overload,
+    /// Connections admitted without rules, waiting for their client's ACK.
+    pub(crate) handshakes: handshake::Handshakes,
     /// Scratch buffers, reused so the PACKET_IN path does not allocate.
     pub(crate) scratch_path: Vec<(Dpid, u32)>,
     /// The reverse path of the connection being installed.
@@ -174,6 +177,7 @@ impl Controller {
             fin_timeout_action: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout(config.controller.fin_timeout_secs)),
             overload: crate::overload::enforce::Overload::new(config),
+            handshakes: handshake::Handshakes::default(),
             scratch_path: Vec::with_capacity(16),
             scratch_rev: Vec::with_capacity(16),
             scratch_ports: Vec::with_capacity(64),
@@ -536,6 +540,8 @@ impl Controller {
             self.probe_unlocated_backends(out);
         }
         self.overload_tick(now, out);
+        // After the gaps moved: a service that began gapping gets its reply-catch rules now.
+        self.handshake_tick(now, out);
         self.maybe_recompute_l2(out);
     }
 

@@ -7,6 +7,7 @@
 //! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
 //! | 250 | overload OFF period: drop new connections to a service address | `Gap` |
 //! | 200 | new connections to a service address, to the controller | `Intercept` |
+//! | 150 | while rules wait for handshakes: a backend's replies, to the controller | `Gap` |
 //! | 100 | L2: to a learned host's MAC, toward it | `L2` |
 //! | 0 | table-miss, to the controller | `TableMiss` |
 
@@ -24,6 +25,7 @@ pub(crate) const PRIO_LLDP: u16 = 500;
 pub(crate) const PRIO_CONN: u16 = 300;
 pub(crate) const PRIO_GAP: u16 = 250;
 pub(crate) const PRIO_INTERCEPT: u16 = 200;
+pub(crate) const PRIO_REPLY_CATCH: u16 = 150;
 pub(crate) const PRIO_L2: u16 = 100;
 pub(crate) const PRIO_TABLE_MISS: u16 = 0;
 
@@ -109,6 +111,34 @@ pub(crate) fn gap_drop(service: u16, addr: Ipv4Addr, port: u16, hard_timeout: u1
     let mut fm = FlowMod::add(m);
     fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(service));
     fm.priority = PRIO_GAP;
+    fm.hard_timeout = hard_timeout;
+    Message::FlowMod(fm)
+}
+
+/// Cookie bit of a [`reply_catch`] rule among a service's `Gap` rules ([`gap_delete`],
+/// which matches the whole cookie, leaves it alone).
+const REPLY_CATCH_BIT: u64 = 1 << 16;
+
+/// While a service's connection rules wait for the client's ACK (`handshake`), the
+/// backend's SYN-ACK must come up to be rewritten to the service address; without this it
+/// would follow the L2 rules to the client unrewritten. Connections with rules have their
+/// own reverse rule above it (priority 300). It ends by itself after `hard_timeout`
+/// seconds (§6.5), and is sent again while deferring goes on (an identical ADD restarts
+/// it, §6.4).
+pub(crate) fn reply_catch(
+    service: u16,
+    backend: Ipv4Addr,
+    port: u16,
+    hard_timeout: u16,
+) -> Message {
+    let m = tcp_match(Some(backend), None, Some(port), None);
+    let mut fm = flow(
+        RuleKind::Gap,
+        u64::from(service) | REPLY_CATCH_BIT,
+        PRIO_REPLY_CATCH,
+        m,
+        to_controller(),
+    );
     fm.hard_timeout = hard_timeout;
     Message::FlowMod(fm)
 }

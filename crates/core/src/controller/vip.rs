@@ -40,21 +40,35 @@ struct Placement {
     service_mac: MacAddr,
 }
 
+/// A TCP segment that reached the controller, and where it came in.
+#[derive(Clone, Copy)]
+pub(crate) struct Arrival<'a> {
+    pub(crate) dpid: Dpid,
+    pub(crate) in_port: u32,
+    pub(crate) frame: &'a Frame<'a>,
+    pub(crate) tcp: &'a Tcp<'a>,
+    pub(crate) pi: &'a PacketIn,
+}
+
+impl Arrival<'_> {
+    /// The client's ACK of a handshake (or any later segment of it): neither a SYN nor
+    /// a RST. Only such a segment installs a deferred connection's rules.
+    fn completes_handshake(&self) -> bool {
+        !self.tcp.flags.syn() && !self.tcp.flags.rst()
+    }
+}
+
 impl Controller {
     /// Returns true when the segment belonged to a service and was dealt with.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle_tcp(
         &mut self,
         now: Instant,
-        dpid: Dpid,
-        in_port: u32,
-        frame: &Frame<'_>,
+        at: &Arrival<'_>,
         src: Ipv4Addr,
         dst: Ipv4Addr,
-        tcp: &Tcp<'_>,
-        pi: &PacketIn,
         out: &mut Outbox,
     ) -> bool {
+        let tcp = at.tcp;
         if let Some(&l) = self.listeners.get(&(dst, tcp.dst_port)) {
             let key = ConnKey {
                 client: src,
@@ -64,10 +78,17 @@ impl Controller {
             };
             if let Some(conn) = self.conns.get(&key).copied() {
                 if tcp.flags.is_initial_syn() && conn.isn != Some(tcp.seq) {
-                    self.reopen(now, dpid, in_port, frame, key, conn, l, tcp.seq, pi, out);
+                    self.reopen(now, at, key, conn, l, out);
+                } else if !conn.installed && tcp.flags.rst() {
+                    // The client refused the backend's SYN-ACK (it never sent the SYN: a
+                    // spoofed source): send the RST on, so the backend drops its half-open
+                    // connection, and forget the connection.
+                    self.send_known(at, &key, conn, Dir::Forward, dst, out);
+                    self.abandon(&key, conn);
                 } else {
-                    // A retransmitted SYN, or a segment that raced the rules.
-                    self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+                    // A retransmitted SYN, a segment that raced the rules, or the client's
+                    // ACK of a deferred handshake.
+                    self.send_known(at, &key, conn, Dir::Forward, dst, out);
                 }
             } else if let Some((key, conn)) =
                 self.find_by_backend(dst, tcp.dst_port, src, tcp.src_port)
@@ -77,23 +98,24 @@ impl Controller {
                 // one (at a switch further along, before its rule took effect) is that
                 // connection's, not a new one (found in the lab: redirected connections
                 // were decided twice, or reset).
-                self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+                self.send_known(at, &key, conn, Dir::Forward, dst, out);
             } else if tcp.flags.is_initial_syn() {
-                self.new_connection(now, dpid, in_port, frame, key, l, tcp.seq, None, pi, out);
+                self.new_connection(now, at, key, l, None, out);
             } else {
-                self.unknown_flow(l.service, dpid, in_port, frame, out);
+                self.unknown_flow(l.service, at, out);
             }
             return true;
         }
         // A packet of a known connection, already rewritten, at a switch further along.
         if let Some((key, conn)) = self.find_by_backend(dst, tcp.dst_port, src, tcp.src_port) {
-            self.send_known(dpid, in_port, &key, conn, Dir::Forward, dst, pi, out);
+            self.send_known(at, &key, conn, Dir::Forward, dst, out);
             return true;
         }
-        // The backend's answer (its SYN-ACK, often) before the reverse rule took effect.
+        // The backend's answer (its SYN-ACK, often) before the reverse rule took effect,
+        // or while the connection waits for its client's ACK.
         if let Some((key, conn)) = self.find_by_backend(src, tcp.src_port, dst, tcp.dst_port) {
             self.note_reply(now, &key, conn, tcp.flags.rst());
-            self.send_known(dpid, in_port, &key, conn, Dir::Reverse, dst, pi, out);
+            self.send_known(at, &key, conn, Dir::Reverse, dst, out);
             return true;
         }
         false
@@ -165,18 +187,13 @@ impl Controller {
     /// replace the old ones that have the same match (§6.4: an OFPFC_ADD with identical
     /// match and priority replaces the entry). A late FLOW_REMOVED of the old rules is
     /// told apart by the decision tag in their cookie.
-    #[allow(clippy::too_many_arguments)]
     fn reopen(
         &mut self,
         now: Instant,
-        dpid: Dpid,
-        in_port: u32,
-        frame: &Frame<'_>,
+        at: &Arrival<'_>,
         key: ConnKey,
         old: Conn,
         l: Listener,
-        isn: u32,
-        pi: &PacketIn,
         out: &mut Outbox,
     ) {
         self.counters.connections_reopened += 1;
@@ -189,7 +206,7 @@ impl Controller {
                 s.record_end(usize::from(old.backend));
             }
         }
-        self.new_connection(now, dpid, in_port, frame, key, l, isn, Some(old), pi, out);
+        self.new_connection(now, at, key, l, Some(old), out);
         // The old backend's reverse rule at the client's edge has another match than the
         // new one's, so nothing replaced it: remove it, so that a late segment of the old
         // backend (a RST for the new connection's packets that reached it before the new
@@ -200,7 +217,8 @@ impl Controller {
             Some(s.backends.get(usize::from(c.backend))?.address)
         });
         if let Some((edge, old_ip)) = old_reverse {
-            if new_backend != Some(old_ip) {
+            // (A deferred connection never had rules.)
+            if new_backend != Some(old_ip) && old.installed {
                 let m = rules::tcp_match(
                     Some(old_ip),
                     Some(key.client),
@@ -212,22 +230,18 @@ impl Controller {
         }
     }
 
-    /// `isn`: the client's initial sequence number, from the SYN. `reuse`: the earlier
-    /// connection on the same 4-tuple, when [`Self::reopen`] calls.
-    #[allow(clippy::too_many_arguments)]
+    /// `at` is the client's SYN. `reuse`: the earlier connection on the same 4-tuple,
+    /// when [`Self::reopen`] calls.
     fn new_connection(
         &mut self,
         now: Instant,
-        dpid: Dpid,
-        in_port: u32,
-        frame: &Frame<'_>,
+        at: &Arrival<'_>,
         key: ConnKey,
         l: Listener,
-        isn: u32,
         reuse: Option<Conn>,
-        pi: &PacketIn,
         out: &mut Outbox,
     ) {
+        let dpid = at.dpid;
         let since_refresh = self.since_refresh(now);
         let created_ms = self.ms_since_start(now);
         let flow_hash = flow_hash(&key);
@@ -236,10 +250,13 @@ impl Controller {
         // at once (or silently, if so configured).
         if !self.overload_admit(now, dpid, si, out) {
             if self.overload_refusal_resets(si) {
-                self.reset(dpid, in_port, frame, out);
+                self.reset(at, out);
             }
             return;
         }
+        // While the controller gaps this service, its rules may wait for the client's
+        // ACK (see `handshake`): a flood's SYNs then leave nothing in the switch.
+        let gapping = self.overload_controller_gapping(si);
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -276,7 +293,7 @@ impl Controller {
         else {
             s.counters.refused_no_backend += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "no backend can take the connection");
-            self.reset(dpid, in_port, frame, out);
+            self.reset(at, out);
             return;
         };
         // A connection we cannot route (client or backend unreachable from each other)
@@ -287,7 +304,7 @@ impl Controller {
             created_ms,
             installed: true,
             reply: Reply::Unseen,
-            isn: Some(isn),
+            isn: Some(at.tcp.seq),
             tag: self.next_conn_tag & rules::CONN_TAG_MASK,
         };
         // Placement and both paths are worked out once here and reused for the rules and
@@ -298,13 +315,16 @@ impl Controller {
             if let Some(s) = self.services.get_mut(si) {
                 s.counters.refused_no_backend += 1;
             }
-            self.reset(dpid, in_port, frame, out);
+            self.reset(at, out);
             return;
         };
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
         s.record_pick(b);
+        // Not on the 4-tuple of a connection that has rules: its forward rule would carry
+        // the client's ACK past the controller.
+        let defer = reuse.is_none_or(|o| !o.installed) && s.handshakes.defer(gapping);
         self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
         // A sample of decisions for operators: at most four a second, so the event ring
@@ -319,6 +339,17 @@ impl Controller {
             );
             self.event(now, "decision", detail);
         }
+        if defer {
+            // No rules yet: the SYN goes on alone, and the client's ACK installs them.
+            let conn = Conn {
+                installed: false,
+                ..conn
+            };
+            self.conns.insert(key, conn);
+            self.handshakes.wait(created_ms, key, conn.tag);
+            self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
+            return;
+        }
         self.conns.insert(key, conn);
         self.emit_rules(&key, conn, &p, (true, true), out);
         if reuse.is_some_and(|o| (o.service, o.backend) != (conn.service, conn.backend)) {
@@ -329,16 +360,7 @@ impl Controller {
             // new rules are in force, and that copy goes on to the new backend.
             return;
         }
-        self.send_placed(
-            dpid,
-            in_port,
-            &key,
-            &p,
-            Dir::Forward,
-            key.service_addr,
-            pi,
-            out,
-        );
+        self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
     }
 
     /// Where the client and the backend of a connection are, if both are known.
@@ -501,40 +523,97 @@ impl Controller {
     }
 
     /// Send one packet of a known connection on, with the rewrite its position calls for.
-    #[allow(clippy::too_many_arguments)]
+    /// A deferred connection's rules go out first when this is its client's ACK.
     fn send_known(
         &mut self,
-        dpid: Dpid,
-        in_port: u32,
+        at: &Arrival<'_>,
         key: &ConnKey,
         conn: Conn,
         dir: Dir,
         pkt_dst: Ipv4Addr,
-        pi: &PacketIn,
         out: &mut Outbox,
     ) {
-        if !conn.installed {
+        if !conn.installed && dir == Dir::Forward && at.completes_handshake() {
             self.install(key, out);
+            if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
+                s.handshakes.outcome(true);
+            }
         }
         let Some(p) = self.placement(key, conn) else {
             return;
         };
-        self.send_placed(dpid, in_port, key, &p, dir, pkt_dst, pi, out);
+        self.send_placed(at, key, &p, dir, pkt_dst, out);
+    }
+
+    /// A deferred connection whose client never completed: its accounting ends, and
+    /// nothing is left in the switch (it never had rules).
+    fn abandon(&mut self, key: &ConnKey, conn: Conn) {
+        if self.conns.remove(key).is_none() {
+            return;
+        }
+        if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
+            s.record_end(usize::from(conn.backend));
+            s.handshakes.outcome(false);
+        }
+    }
+
+    /// Forget the deferred connections whose client's ACK did not come in time, and keep
+    /// the reply-catch rules of services whose rules wait for handshakes in place.
+    pub(crate) fn handshake_tick(&mut self, now: Instant, out: &mut Outbox) {
+        let now_ms = self.ms_since_start(now);
+        for si in 0..self.services.len() {
+            let gapping = self.overload_controller_gapping(si);
+            let due = self
+                .services
+                .get_mut(si)
+                .is_some_and(|s| s.handshakes.catch_due(now_ms, gapping));
+            let Some(s) = self.services.get(si).filter(|_| due) else {
+                continue;
+            };
+            let msgs: Vec<ofp::Message> = s
+                .backends
+                .iter()
+                .map(|b| {
+                    rules::reply_catch(
+                        si as u16,
+                        b.address,
+                        s.cfg.port,
+                        super::handshake::CATCH_HARD_TIMEOUT_S,
+                    )
+                })
+                .map(|m| self.overload_table_miss(m))
+                .collect();
+            let dpids: Vec<Dpid> = self.switch_ids().collect();
+            for d in dpids {
+                for m in &msgs {
+                    out.push(d, m.clone());
+                }
+            }
+        }
+        while let Some(w) = self.handshakes.next_due(now_ms) {
+            // Still the same connection, still waiting (not completed, reset or reopened).
+            if let Some(conn) = self
+                .conns
+                .get(&w.key)
+                .copied()
+                .filter(|c| c.tag == w.tag && !c.installed)
+            {
+                self.abandon(&w.key, conn);
+            }
+        }
     }
 
     /// [`Self::send_known`] with the connection's placement already worked out.
-    #[allow(clippy::too_many_arguments)]
     fn send_placed(
         &mut self,
-        dpid: Dpid,
-        in_port: u32,
+        at: &Arrival<'_>,
         key: &ConnKey,
         p: &Placement,
         dir: Dir,
         pkt_dst: Ipv4Addr,
-        pi: &PacketIn,
         out: &mut Outbox,
     ) {
+        let dpid = at.dpid;
         let mut actions = Actions::new();
         match dir {
             Dir::Forward => {
@@ -568,19 +647,15 @@ impl Controller {
                 actions.push(Action::output(port));
             }
         }
-        out.push(dpid, rules::packet_out(in_port, actions, pi.data.clone()));
+        out.push(
+            dpid,
+            rules::packet_out(at.in_port, actions, at.pi.data.clone()),
+        );
     }
 
     /// A non-SYN segment of a connection nobody decided: never send it to an arbitrary
     /// backend (that backend would reset it anyway, after a round trip).
-    fn unknown_flow(
-        &mut self,
-        service: u16,
-        dpid: Dpid,
-        in_port: u32,
-        frame: &Frame<'_>,
-        out: &mut Outbox,
-    ) {
+    fn unknown_flow(&mut self, service: u16, at: &Arrival<'_>, out: &mut Outbox) {
         if let Some(s) = self.services.get_mut(usize::from(service)) {
             s.counters.unknown_flow_packets += 1;
         }
@@ -591,17 +666,17 @@ impl Controller {
             return;
         }
         if self.config().unknown_flow == UnknownFlowPolicy::Reset {
-            self.reset(dpid, in_port, frame, out);
+            self.reset(at, out);
         }
     }
 
     /// Answer a segment with the RST its destination would send (RFC 9293 §3.10.7.1).
-    fn reset(&mut self, dpid: Dpid, in_port: u32, frame: &Frame<'_>, out: &mut Outbox) {
-        if let Some(rst) = packet::tcp_rst(frame) {
+    fn reset(&mut self, at: &Arrival<'_>, out: &mut Outbox) {
+        if let Some(rst) = packet::tcp_rst(at.frame) {
             self.counters.resets_sent += 1;
             out.push(
-                dpid,
-                rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), rst),
+                at.dpid,
+                rules::packet_out(ofp::port::CONTROLLER, rules::output(at.in_port), rst),
             );
         }
     }

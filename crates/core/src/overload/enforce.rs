@@ -294,6 +294,15 @@ impl Controller {
         }
     }
 
+    /// Whether the controller is gapping service `si`'s new flows (its share of the
+    /// controller's admitted rate is limited).
+    pub(crate) fn overload_controller_gapping(&self, si: usize) -> bool {
+        self.overload
+            .ctl_services
+            .get(si)
+            .is_some_and(|c| c.share.is_some())
+    }
+
     pub(crate) fn overload_switch_down(&mut self, dpid: Dpid) {
         self.overload.forget_switch(dpid);
     }
@@ -319,18 +328,19 @@ impl Controller {
             c.arrival();
             if let Some(share) = c.share {
                 let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
-                // Not `batch_depth`: with a batch's worth of tokens this gate lets the
-                // controller's whole admitted rate through, and on OVS the flood's rules
-                // then slow the switch: in `ovs_overload_packet_in_flood` the PACKET_IN
-                // rate OVS delivered sank to a quarter, or a quiet service lost 9–36 % of
-                // its new connections (measured again with the outflow delay in the law).
-                // With two tokens it admits ~2 per batch, under that rate. The law has to
-                // learn what the switch's flow table absorbs before this gate can enforce
-                // its rate exactly.
-                if !c
-                    .gate
-                    .admit_with_depth(now, Some(gap), super::config::DEFAULT_GATE_BURST)
-                {
+                // A batch's worth of tokens (`batch_depth`): the runtime hands the core a
+                // batch of PACKET_INs at one timestamp, and a bucket of two tokens then
+                // admits ~2 per batch, far under the law's rate (7–10k/s of a 40–100k/s
+                // rate, measured). The whole rate used to slow OVS under a flood, each
+                // admitted SYN leaving two rules in its flow table (the PACKET_IN rate OVS
+                // delivered sank to a quarter in `ovs_overload_packet_in_flood`); while
+                // the controller gaps, a connection's rules now wait for its client's ACK
+                // (`controller::handshake`), so a flood's SYNs leave none.
+                if !c.gate.admit_with_depth(
+                    now,
+                    Some(gap),
+                    batch_depth(super::config::DEFAULT_GATE_BURST, Some(gap)),
+                ) {
                     self.overload.last_refusal_by_controller = true;
                     self.overload.shed_total += 1;
                     self.overload.controller.law.refused_total += 1;
@@ -595,6 +605,7 @@ impl Controller {
             .iter()
             .map(|(&d, s)| self.share_view(d, Some(id), &s.demand_view()))
             .collect();
+        v.handshakes = self.services.get(service).map(|s| s.handshakes);
         Some(v)
     }
 
@@ -715,8 +726,7 @@ use crate::controller::Outbox;
 /// at 800k/s, the controller's gate let through 7k/s under an admitted rate of 900k/s.
 /// A service gate's bucket therefore also holds [`GATE_BATCH_WINDOW`] of admissions, so
 /// a batch gets what its interval earned; at the gaps of seconds to tens of milliseconds
-/// that service pools see, `burst` still decides. (The controller's own gate does not
-/// use it yet: see `overload_admit`.)
+/// that service pools see, `burst` still decides.
 pub(crate) fn batch_depth(burst: f64, gap: Option<Duration>) -> f64 {
     match gap {
         Some(g) if !g.is_zero() => burst.max(GATE_BATCH_WINDOW.as_secs_f64() / g.as_secs_f64()),

@@ -413,6 +413,7 @@ impl GapController {
             refused_total: self.refused_total,
             meter_dropped_total: self.meter_dropped_total,
             switches: Vec::new(),
+            handshakes: None,
         }
     }
 }
@@ -445,6 +446,9 @@ pub struct GapView {
     pub meter_dropped_total: u64,
     /// Per switch: its offered demand and its share of the admitted rate.
     pub switches: Vec<SwitchShareView>,
+    /// A service's connections admitted while the controller gapped it, whose rules
+    /// waited for the client's ACK (`controller::handshake`); `null` for the controller.
+    pub handshakes: Option<crate::controller::handshake::ServiceHandshakes>,
 }
 
 /// One switch's part of a destination's gap, for the API.

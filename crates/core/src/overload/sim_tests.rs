@@ -367,3 +367,124 @@ fn the_service_rate_is_split_across_switches_by_demand() {
 }
 
 type GapViewT = super::GapView;
+
+/// Saturate the controller's own law for `rounds` ticks of 100 ms, so that it gaps.
+fn saturate(sim: &mut Sim, rounds: usize) {
+    for _ in 0..rounds {
+        sim.c.record_packet_in_work(super::WorkSample {
+            packet_ins: 200,
+            busy: Duration::from_millis(100),
+            queueing: Duration::from_millis(20),
+            backlog: 500,
+            outflow: 0,
+            outflow_delay: Duration::ZERO,
+            switch: 1,
+            budget_dropped: 0,
+            shed: Duration::ZERO,
+        });
+        sim.tick(Duration::from_millis(100));
+    }
+}
+
+fn conn_rules(s: &Sim) -> usize {
+    table(s)
+        .flows()
+        .filter(|e| cookie::kind_of(e.cookie) == Some(RuleKind::Conn))
+        .count()
+}
+
+/// While the controller gaps itself, a SYN is decided and sent on without rules; the
+/// client's ACK installs them; a client that never answers, or answers the SYN-ACK with
+/// a RST, leaves nothing behind (see `controller::handshake`).
+#[test]
+fn while_gapping_rules_wait_for_the_clients_ack() {
+    let mut sim = overload_sim("mode = \"off\"", "mode = \"adaptive\"");
+    // Before any gapping: rules at once.
+    let got = syn(&mut sim, 4000);
+    assert!(
+        got.iter().any(|(h, _)| h != "h1"),
+        "the SYN reached a backend"
+    );
+    assert_eq!(conn_rules(&sim), 2, "rules with the SYN when not gapping");
+    saturate(&mut sim, 30);
+    assert!(sim.c.controller_gap_view().gap.gapping);
+
+    // A client that completes: SYN (no rules), SYN-ACK back through the controller, ACK.
+    let got = syn(&mut sim, 5000);
+    let (backend, _) = got
+        .iter()
+        .find(|(h, f)| h != "h1" && !is_rst(f))
+        .cloned()
+        .expect("the SYN reached a backend without waiting for rules");
+    assert_eq!(conn_rules(&sim), 2, "no rules for the SYN");
+    let key = crate::conntrack::ConnKey {
+        client: ip(1),
+        client_port: 5000,
+        service_addr: VIP,
+        service_port: 80,
+    };
+    let c = *sim.c.connections().get(&key).expect("decided");
+    assert!(!c.installed);
+    let b: u8 = backend[1..].parse().expect("backend host");
+    let back = sim.send(
+        &backend,
+        &tcp(mac(b), mac(1), (ip(b), 80), (ip(1), 5000), sim::SYN_ACK),
+    );
+    let (h, f) = back.first().expect("the SYN-ACK went back");
+    assert_eq!((h.as_str(), f.ipv4_src), ("h1", Some(VIP)), "as the VIP");
+    assert_eq!(conn_rules(&sim), 2, "no rules for the SYN-ACK");
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 5000), (VIP, 80), sim::ACK));
+    assert!(
+        got.iter().any(|(h, _)| *h == backend),
+        "the ACK reached {backend}"
+    );
+    assert_eq!(conn_rules(&sim), 4, "the ACK installed both rules");
+    assert!(sim.c.connections().get(&key).expect("kept").installed);
+    // Its later packets follow the rules, not the controller.
+    let before = sim.packet_ins;
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 5000), (VIP, 80), sim::ACK));
+    assert!(got.iter().any(|(h, _)| *h == backend));
+    assert_eq!(sim.packet_ins, before, "carried by the switch");
+
+    // A client that answers the SYN-ACK with a RST (a spoofed source): forgotten at once,
+    // the RST passed on to the backend.
+    saturate(&mut sim, 1);
+    let got = syn(&mut sim, 5001);
+    let (backend, _) = got.iter().find(|(h, _)| h != "h1").cloned().expect("sent");
+    let rst = tcp(mac(1), VMAC, (ip(1), 5001), (VIP, 80), 0x04);
+    let got = sim.send("h1", &rst);
+    assert!(
+        got.iter().any(|(h, f)| *h == backend && is_rst(f)),
+        "{got:?}"
+    );
+    let gone = |sim: &Sim, port| {
+        sim.c
+            .connections()
+            .get(&crate::conntrack::ConnKey {
+                client_port: port,
+                ..key
+            })
+            .is_none()
+    };
+    assert!(gone(&sim, 5001), "reset: forgotten");
+
+    // A client that never answers: forgotten after the timeout, no rules ever.
+    saturate(&mut sim, 1); // (the gate's tokens refill)
+    syn(&mut sim, 5002);
+    assert!(!gone(&sim, 5002));
+    let ms = super::super::controller::handshake::HANDSHAKE_TIMEOUT_MS;
+    saturate(&mut sim, (ms / 100) as usize + 1);
+    assert!(gone(&sim, 5002), "timed out: forgotten");
+    assert_eq!(conn_rules(&sim), 4, "nothing left in the switch");
+    let s = &sim.c.services()[0];
+    assert_eq!(
+        (
+            s.handshakes.deferred,
+            s.handshakes.completed,
+            s.handshakes.abandoned
+        ),
+        (3, 1, 2)
+    );
+    let active: u32 = s.backends.iter().map(|b| b.active_connections).sum();
+    assert_eq!(active, 2, "the two completed connections");
+}

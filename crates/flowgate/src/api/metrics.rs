@@ -182,7 +182,7 @@ pub(crate) fn render(handle: &Handle) -> String {
     family(&mut o, "flowgate_switches", "gauge", "Connected switches.");
     let _ = writeln!(o, "flowgate_switches {}", c.switch_ids().count());
 
-    let per_service: [(&str, &str, &str); 4] = [
+    let per_service: [(&str, &str, &str); 7] = [
         (
             "flowgate_service_connections_total",
             "counter",
@@ -203,6 +203,21 @@ pub(crate) fn render(handle: &Handle) -> String {
             "counter",
             "Non-SYN packets of unknown connections.",
         ),
+        (
+            "flowgate_service_handshakes_deferred_total",
+            "counter",
+            "Connections admitted while the controller gapped, their rules deferred to the client's ACK.",
+        ),
+        (
+            "flowgate_service_handshakes_completed_total",
+            "counter",
+            "Deferred connections whose client's ACK installed the rules.",
+        ),
+        (
+            "flowgate_service_handshakes_abandoned_total",
+            "counter",
+            "Deferred connections whose client never completed (timed out or reset).",
+        ),
     ];
     for (i, (name, kind, help)) in per_service.iter().enumerate() {
         family(&mut o, name, kind, help);
@@ -211,7 +226,10 @@ pub(crate) fn render(handle: &Handle) -> String {
                 0 => s.counters.connections_total,
                 1 => s.counters.no_optimal_server,
                 2 => s.counters.refused_no_backend,
-                _ => s.counters.unknown_flow_packets,
+                3 => s.counters.unknown_flow_packets,
+                4 => s.handshakes.deferred,
+                5 => s.handshakes.completed,
+                _ => s.handshakes.abandoned,
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
         }

@@ -1,5 +1,6 @@
 //! `flowgate bench controller`: cbench for OpenFlow 1.3, with VIP-balancer answers checked.
 
+use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -145,6 +146,12 @@ pub struct RunResult {
     pub lost: u64,
     /// Open loop: probes the emulated switches dropped, their queue to the controller full.
     pub not_sent: u64,
+    /// Probes whose rules the controller deferred to the client's ACK (it gapped itself).
+    pub deferred: u64,
+    /// PACKET_INs per second the controller took from the switches over the measured
+    /// loops (probes plus the handshakes' SYN-ACKs and ACKs; see
+    /// `SwitchCounters::packet_ins`).
+    pub packet_in_rate: f64,
     pub vip_arp_answered: bool,
     pub invalid_samples: Vec<String>,
     pub errors: Vec<String>,
@@ -303,9 +310,12 @@ async fn measure_async(
     let mut cpu_start = None;
     let mut bench_cpu_start = None;
     let mut valid_start = 0;
+    let (mut packet_in_start, mut measured_from) = (0, Instant::now());
     for l in 0..(args.warmup + args.loops) {
         if l == args.warmup {
             flags.measuring.store(true, Ordering::Relaxed);
+            packet_in_start = total(|c| c.packet_ins.load(Ordering::Relaxed));
+            measured_from = Instant::now();
             cpu_start = pid.and_then(cpu_secs);
             bench_cpu_start = cpu_secs(std::process::id());
             valid_start = total(|c| c.valid.load(Ordering::Relaxed));
@@ -341,6 +351,8 @@ async fn measure_async(
         }
     }
     let setups = total(|c| c.valid.load(Ordering::Relaxed)) - valid_start;
+    let packet_in_rate = (total(|c| c.packet_ins.load(Ordering::Relaxed)) - packet_in_start) as f64
+        / measured_from.elapsed().as_secs_f64().max(1e-9);
     let per_setup = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if setups > 0 => Some((b - a) * 1e6 / setups as f64),
         _ => None,
@@ -382,6 +394,8 @@ async fn measure_async(
         invalid: total(|c| c.invalid.load(Ordering::Relaxed)),
         lost: total(|c| c.lost.load(Ordering::Relaxed)),
         not_sent: total(|c| c.not_sent.load(Ordering::Relaxed)),
+        deferred: total(|c| c.deferred.load(Ordering::Relaxed)),
+        packet_in_rate,
         vip_arp_answered: counters
             .iter()
             .all(|c| c.vip_arp_answered.load(Ordering::Relaxed)),
@@ -754,6 +768,7 @@ pub fn table(report: &Report) -> Table {
         "load",
         "switches",
         "setups/s avg (min–max, stdev)",
+        "PACKET_INs/s taken",
         "flowgate ÷ this",
         "p50 µs",
         "p99 µs",
@@ -787,6 +802,7 @@ pub fn table(report: &Report) -> Table {
                 fmt_rate(r.max),
                 fmt_rate(r.stdev)
             ),
+            fmt_rate(r.packet_in_rate),
             ratio,
             r.p50_us.to_string(),
             r.p99_us.to_string(),
@@ -797,13 +813,15 @@ pub fn table(report: &Report) -> Table {
                 r.bench_cpu_us_per_setup
                     .map_or("–".into(), |c| format!("{c:.2}"))
             ),
-            if r.not_sent > 0 {
-                format!(
-                    "{} / {} / {} ({} dropped by the switches, queue full)",
-                    r.valid, r.invalid, r.lost, r.not_sent
-                )
-            } else {
-                format!("{} / {} / {}", r.valid, r.invalid, r.lost)
+            {
+                let mut v = format!("{} / {} / {}", r.valid, r.invalid, r.lost);
+                if r.not_sent > 0 {
+                    let _ = write!(v, " ({} dropped by the switches, queue full)", r.not_sent);
+                }
+                if r.deferred > 0 {
+                    let _ = write!(v, " ({} with rules deferred to the ACK)", r.deferred);
+                }
+                v
             },
         ]);
     }

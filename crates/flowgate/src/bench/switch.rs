@@ -83,12 +83,19 @@ impl SwitchPlan {
 #[derive(Debug, Default)]
 pub struct SwitchCounters {
     pub sent: AtomicU64,
+    /// Every PACKET_IN queued for the controller (probes, and the handshakes' SYN-ACKs
+    /// and ACKs). The queue is bounded ([`SEND_QUEUE_LIMIT`]), so over a run this is what
+    /// the controller read, within a queue's worth.
+    pub packet_ins: AtomicU64,
     pub valid: AtomicU64,
     pub invalid: AtomicU64,
     pub lost: AtomicU64,
     /// Open loop: probes due while the switch's queue to the controller was full, never
     /// sent (see [`SEND_QUEUE_LIMIT`]).
     pub not_sent: AtomicU64,
+    /// Probes whose rules the controller deferred to the client's ACK (it sent the SYN
+    /// on alone); the switch then plays the backend's SYN-ACK and the client's ACK.
+    pub deferred: AtomicU64,
     /// Handshake done and hosts announced.
     pub ready: AtomicBool,
     /// The VIP's MAC was learned by ARP.
@@ -112,6 +119,11 @@ struct Pending {
     fwd: Option<usize>,
     rev: bool,
     out: Option<usize>,
+    /// The controller sent the SYN on without rules (`controller::handshake`): the
+    /// probe completes with the rules and the PACKET_OUT of the client's ACK.
+    deferred: bool,
+    /// The client's SYN's sequence number.
+    isn: u32,
     /// The rules that asked for OFPFF_SEND_FLOW_REM, to report when they "idle out".
     removals: Vec<ofp::FlowRemoved>,
 }
@@ -280,6 +292,7 @@ impl Sw {
     }
 
     fn packet_in(&mut self, in_port: u32, data: Bytes) {
+        self.counters.packet_ins.fetch_add(1, Ordering::Relaxed);
         let total_len = data.len() as u16;
         self.send(&Message::PacketIn(PacketIn {
             buffer_id: ofp::NO_BUFFER,
@@ -425,9 +438,67 @@ impl Sw {
             dst_mac,
             SocketAddrV4::new(ip, port),
             SocketAddrV4::new(self.plan.vip, self.plan.vport),
-            (k as u32).wrapping_mul(2_654_435_761),
+            probe_isn(k),
         );
         (ip, port, data)
+    }
+
+    /// The controller sent probe `key`'s SYN to backend `b` without rules: play the
+    /// backend's SYN-ACK, which must come back rewritten to the VIP.
+    fn answer_syn(&mut self, key: (Ipv4Addr, u16), b: usize) {
+        let Some(p) = self.pending.get_mut(&key) else {
+            return;
+        };
+        p.deferred = true;
+        let isn = p.isn;
+        self.counters.deferred.fetch_add(1, Ordering::Relaxed);
+        let (bip, bmac, bport) = self.plan.backends[b];
+        let syn_ack = packet::ipv4_tcp(&packet::TcpSegment {
+            eth_src: bmac,
+            eth_dst: self.plan.client_mac,
+            ip_src: bip,
+            ip_dst: key.0,
+            src_port: self.plan.vport,
+            dst_port: key.1,
+            seq: isn ^ 0x5a5a_5a5a,
+            ack: isn.wrapping_add(1),
+            flags: packet::TcpFlags(0x12),
+            ..packet::TcpSegment::default()
+        });
+        self.packet_in(bport, syn_ack);
+    }
+
+    /// The SYN-ACK of a deferred probe came back through the controller: check it, and
+    /// play the client's ACK.
+    fn answer_syn_ack(&mut self, key: (Ipv4Addr, u16), actions: &[Action], seq: u32) {
+        let Some(isn) = self.pending.get(&key).filter(|p| p.deferred).map(|p| p.isn) else {
+            return;
+        };
+        let set_src = actions.iter().find_map(|a| match a {
+            Action::SetField(Oxm::Ipv4Src { value, .. }) => Some(*value),
+            _ => None,
+        });
+        let out = output_port(actions);
+        if set_src != Some(self.plan.vip) || out != Some(self.plan.client_port) {
+            self.invalid(
+                Some(key),
+                format!("SYN-ACK of {key:?}: set ipv4_src {set_src:?}, output {out:?}"),
+            );
+            return;
+        }
+        let ack = packet::ipv4_tcp(&packet::TcpSegment {
+            eth_src: self.plan.client_mac,
+            eth_dst: self.vip_mac,
+            ip_src: key.0,
+            ip_dst: self.plan.vip,
+            src_port: key.1,
+            dst_port: self.plan.vport,
+            seq: isn.wrapping_add(1),
+            ack: seq.wrapping_add(1),
+            flags: packet::TcpFlags::ACK,
+            ..packet::TcpSegment::default()
+        });
+        self.packet_in(self.plan.client_port, ack);
     }
 
     fn send_probe(&mut self, sent: Instant) {
@@ -443,6 +514,8 @@ impl Sw {
                         fwd: None,
                         rev: false,
                         out: None,
+                        deferred: false,
+                        isn: probe_isn(k),
                         removals: Vec::new(),
                     },
                 );
@@ -711,11 +784,32 @@ impl Sw {
                         self.invalid(Some(key), format!("PACKET_OUT of {key:?}: {e}"));
                         return;
                     }
-                    if !tcp.flags.is_initial_syn() {
-                        self.invalid(Some(key), format!("PACKET_OUT of {key:?} is not the SYN"));
+                    let Some(p) = self.pending.get(&key) else {
                         return;
+                    };
+                    let syn = tcp.flags.is_initial_syn();
+                    match (syn, p.deferred) {
+                        // Rules first, then the SYN: the usual answer. The SYN alone: rules
+                        // deferred to the client's ACK.
+                        (true, false) if p.fwd.is_none() && !p.rev => self.answer_syn(key, b),
+                        (true, false) | (false, true) => {
+                            self.part(now, key, |p| p.out = Some(b), Some(b));
+                        }
+                        // A retransmission: the switch sends none.
+                        (true, true) => {}
+                        (false, false) => {
+                            self.invalid(
+                                Some(key),
+                                format!("PACKET_OUT of {key:?} is not the SYN"),
+                            );
+                        }
                     }
-                    self.part(now, key, |p| p.out = Some(b), Some(b));
+                } else if self.plan.backend_by_ip(ip.src).is_some()
+                    && tcp.src_port == self.plan.vport
+                    && tcp.flags.syn()
+                    && tcp.flags.ack()
+                {
+                    self.answer_syn_ack((ip.dst, tcp.dst_port), &actions, tcp.seq);
                 } else if ip.src == self.plan.vip || ip.dst != self.plan.vip {
                     // Something sent to a client instead (a RST, say): a wrong answer.
                     let key = (ip.dst, tcp.dst_port);
@@ -772,6 +866,11 @@ impl Sw {
             self.record(now, sent);
         }
     }
+}
+
+/// Probe `k`'s client ISN.
+fn probe_isn(k: u64) -> u32 {
+    (k as u32).wrapping_mul(2_654_435_761)
 }
 
 /// The FLOW_REMOVED a switch sends when this rule idles out, if the rule asked for one.

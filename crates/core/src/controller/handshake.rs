@@ -1,0 +1,222 @@
+//! Rules after the handshake, while the controller gaps itself.
+//!
+//! Each connection the controller admits costs the switch two exact-match rules at its
+//! edge (more along a path), held for the idle timeout; on Open vSwitch every flow-table
+//! change also makes ovs-vswitchd revalidate its datapath flows. A SYN flood admitted at
+//! the controller's rate fills the flow table with rules of connections that never
+//! complete, and the switch slows for everyone: in `ovs_overload_packet_in_flood` the
+//! PACKET_IN rate OVS delivered sank to a quarter, and a quiet service lost 9–36 % of its
+//! new connections, when the controller's gate let its whole admitted rate through.
+//!
+//! So while the controller gaps a service's new flows, it may decide a SYN and send it
+//! on (PACKET_OUT) *without* rules, as a SYN proxy defers its state: the backend's
+//! SYN-ACK comes up and is sent back the same way, and the client's ACK, the proof that a
+//! client is there and answered, installs the rules. A connection whose client never
+//! answers is forgotten after [`HANDSHAKE_TIMEOUT_MS`] and leaves nothing in the switch; one
+//! whose client answers the SYN-ACK with a RST (a spoofed source that is a real host) is
+//! forgotten at once, the RST sent on so the backend drops its half-open connection.
+//!
+//! Deferring costs an admitted connection two more PACKET_INs, which real clients (a
+//! flash crowd) would pay for nothing. The controller therefore measures who it serves:
+//! each gapping episode starts deferring every admission, and after every
+//! [`WINDOW`] outcomes (handshakes completed or abandoned) it defers all admissions only
+//! while most clients abandon; otherwise one in [`SAMPLE_EVERY`], to keep measuring.
+
+use std::collections::VecDeque;
+
+use crate::conntrack::ConnKey;
+
+/// How long a deferred connection waits for its client's ACK: a client retransmits its
+/// SYN after 1 s and a backend its SYN-ACK after 1 s (Linux), so this outlasts one loss
+/// of either, and the PACKET_INs a meter dropped.
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
+
+/// The reply-catch rules' hard timeout (seconds), and how often they are sent again.
+pub const CATCH_HARD_TIMEOUT_S: u16 = 5;
+const CATCH_REFRESH_MS: u64 = 2_000;
+
+/// Outcomes per verdict on whether the clients complete.
+const WINDOW: u32 = 16;
+
+/// While the clients complete, one admission in this many is still deferred.
+const SAMPLE_EVERY: u32 = 8;
+
+/// One service's handshake state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServiceHandshakes {
+    /// The last window of outcomes found most clients complete: only a sample of
+    /// admissions is deferred.
+    pub clients_complete: bool,
+    /// Admissions since the last sampled one.
+    #[serde(skip)]
+    since_sample: u32,
+    #[serde(skip)]
+    window_completed: u32,
+    #[serde(skip)]
+    window_abandoned: u32,
+    /// When the backends' reply-catch rules were last sent (`rules::reply_catch`).
+    #[serde(skip)]
+    catch_sent_ms: Option<u64>,
+    /// Connections admitted without rules, ever.
+    pub deferred: u64,
+    /// Deferred connections whose client's ACK installed the rules.
+    pub completed: u64,
+    /// Deferred connections the client never completed (timed out or reset).
+    pub abandoned: u64,
+}
+
+impl ServiceHandshakes {
+    /// Whether the rules of a connection admitted now wait for the handshake. `gapping`:
+    /// the controller is gapping this service's new flows.
+    pub fn defer(&mut self, gapping: bool) -> bool {
+        if !gapping {
+            // The next episode starts distrusting again.
+            self.clients_complete = false;
+            self.since_sample = 0;
+            self.window_completed = 0;
+            self.window_abandoned = 0;
+            return false;
+        }
+        let defer = if self.clients_complete {
+            self.since_sample += 1;
+            if self.since_sample >= SAMPLE_EVERY {
+                self.since_sample = 0;
+                true
+            } else {
+                false
+            }
+        } else {
+            true
+        };
+        if defer {
+            self.deferred += 1;
+        }
+        defer
+    }
+
+    /// A deferred connection's client completed the handshake (`true`) or never did.
+    pub fn outcome(&mut self, completed: bool) {
+        if completed {
+            self.completed += 1;
+            self.window_completed += 1;
+        } else {
+            self.abandoned += 1;
+            self.window_abandoned += 1;
+        }
+        if self.window_completed + self.window_abandoned >= WINDOW {
+            self.clients_complete = self.window_completed > self.window_abandoned;
+            self.window_completed = 0;
+            self.window_abandoned = 0;
+        }
+    }
+
+    /// Whether the reply-catch rules are due at `now_ms` (`gapping`: as for [`Self::defer`]):
+    /// while gapping, at once and then every [`CATCH_REFRESH_MS`], before they end.
+    pub fn catch_due(&mut self, now_ms: u64, gapping: bool) -> bool {
+        if !gapping {
+            // They end by themselves.
+            self.catch_sent_ms = None;
+            return false;
+        }
+        if self
+            .catch_sent_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) < CATCH_REFRESH_MS)
+        {
+            return false;
+        }
+        self.catch_sent_ms = Some(now_ms);
+        true
+    }
+
+    /// Whether every admission is deferred now (for views).
+    pub fn deferring_all(&self) -> bool {
+        !self.clients_complete
+    }
+}
+
+/// A connection admitted without rules, waiting for its client's ACK.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waiting {
+    pub(crate) due_ms: u64,
+    pub(crate) key: ConnKey,
+    pub(crate) tag: u16,
+}
+
+/// The deferred connections of all services, oldest first (they share one timeout, so
+/// the queue is in deadline order and the expiry scan stops at the first not yet due).
+#[derive(Debug, Default)]
+pub(crate) struct Handshakes {
+    pub(crate) waiting: VecDeque<Waiting>,
+}
+
+impl Handshakes {
+    pub(crate) fn wait(&mut self, created_ms: u64, key: ConnKey, tag: u16) {
+        self.waiting.push_back(Waiting {
+            due_ms: created_ms + HANDSHAKE_TIMEOUT_MS,
+            key,
+            tag,
+        });
+    }
+
+    /// The next waiting connection whose time is up at `now_ms`.
+    pub(crate) fn next_due(&mut self, now_ms: u64) -> Option<Waiting> {
+        if self.waiting.front()?.due_ms <= now_ms {
+            self.waiting.pop_front()
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_episode_defers_everything_until_clients_prove_themselves() {
+        let mut h = ServiceHandshakes::default();
+        assert!(!h.defer(false), "not gapping: rules at once");
+        assert!((0..WINDOW).all(|_| h.defer(true)), "distrust at first");
+        for _ in 0..WINDOW {
+            h.outcome(true);
+        }
+        let deferred: usize = (0..8 * SAMPLE_EVERY).filter(|_| h.defer(true)).count();
+        assert_eq!(deferred, 8, "then one in {SAMPLE_EVERY}");
+        // A flood: the sampled clients abandon, and everything is deferred again.
+        for _ in 0..WINDOW {
+            h.outcome(false);
+        }
+        assert!(h.deferring_all());
+        assert!((0..100).all(|_| h.defer(true)));
+        // A mixed window decides by majority; a tie keeps distrusting.
+        for i in 0..WINDOW {
+            h.outcome(i % 2 == 0);
+        }
+        assert!(h.deferring_all());
+        // The episode ends; the next one starts distrusting whatever the last window said.
+        for _ in 0..WINDOW {
+            h.outcome(true);
+        }
+        assert!(!h.deferring_all());
+        assert!(!h.defer(false));
+        assert!(h.defer(true));
+        assert_eq!(h.completed + h.abandoned, 4 * u64::from(WINDOW));
+    }
+
+    #[test]
+    fn waiting_connections_come_due_in_order() {
+        let mut w = Handshakes::default();
+        let key = |p| ConnKey {
+            client: [10, 0, 0, 1].into(),
+            client_port: p,
+            service_addr: [10, 0, 0, 100].into(),
+            service_port: 80,
+        };
+        w.wait(0, key(1), 1);
+        w.wait(10, key(2), 2);
+        assert!(w.next_due(HANDSHAKE_TIMEOUT_MS - 1).is_none());
+        assert_eq!(w.next_due(HANDSHAKE_TIMEOUT_MS).map(|x| x.tag), Some(1));
+        assert!(w.next_due(HANDSHAKE_TIMEOUT_MS).is_none());
+        assert_eq!(w.next_due(u64::MAX).map(|x| x.key), Some(key(2)));
+    }
+}
