@@ -31,7 +31,8 @@ pub struct Conn {
     pub backend: u16,
     /// When the decision was made, in controller-relative milliseconds.
     pub created_ms: u64,
-    /// Whether the rules for it have been sent (false while the path is still unknown).
+    /// Whether the rules for it have been sent (false while they wait for the client's
+    /// ACK: `controller::handshake`).
     pub installed: bool,
     /// What the controller itself saw of the backend's side (packets that reached it
     /// while the rules settled), for passive outlier detection.

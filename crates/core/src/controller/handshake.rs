@@ -110,14 +110,10 @@ impl ServiceHandshakes {
         }
     }
 
-    /// Whether the reply-catch rules are due at `now_ms` (`gapping`: as for [`Self::defer`]):
-    /// while gapping, at once and then every [`CATCH_REFRESH_MS`], before they end.
-    pub fn catch_due(&mut self, now_ms: u64, gapping: bool) -> bool {
-        if !gapping {
-            // They end by themselves.
-            self.catch_sent_ms = None;
-            return false;
-        }
+    /// Whether the reply-catch rules are due at `now_ms`, as a connection is deferred: the
+    /// first time, and again every [`CATCH_REFRESH_MS`] while deferrals go on (before
+    /// they end by themselves).
+    pub fn catch_due(&mut self, now_ms: u64) -> bool {
         if self
             .catch_sent_ms
             .is_some_and(|t| now_ms.saturating_sub(t) < CATCH_REFRESH_MS)
@@ -126,6 +122,11 @@ impl ServiceHandshakes {
         }
         self.catch_sent_ms = Some(now_ms);
         true
+    }
+
+    /// A switch (re)connected and lost its rules: send them at the next deferral.
+    pub fn catch_lost(&mut self) {
+        self.catch_sent_ms = None;
     }
 
     /// Whether every admission is deferred now (for views).

@@ -293,6 +293,11 @@ impl Controller {
     /// restart or a switch reconnect, and their flow stats rebuild the table.
     pub fn handle_switch_up(&mut self, now: Instant, features: SwitchFeatures, out: &mut Outbox) {
         let dpid = features.datapath_id;
+        // Its resync deletes every `Gap` rule: the reply-catch rules go out again with the
+        // next deferred connection.
+        for s in &mut self.services {
+            s.handshakes.catch_lost();
+        }
         self.ms_since_start(now);
         self.switches.insert(
             dpid,
@@ -539,9 +544,8 @@ impl Controller {
             self.last_arp_probe = Some(now);
             self.probe_unlocated_backends(out);
         }
+        self.expire_handshakes(now);
         self.overload_tick(now, out);
-        // After the gaps moved: a service that began gapping gets its reply-catch rules now.
-        self.handshake_tick(now, out);
         self.maybe_recompute_l2(out);
     }
 

@@ -84,7 +84,7 @@ impl Controller {
                     // spoofed source): send the RST on, so the backend drops its half-open
                     // connection, and forget the connection.
                     self.send_known(at, &key, conn, Dir::Forward, dst, out);
-                    self.abandon(&key, conn);
+                    self.abandon(&key, conn, true);
                 } else {
                     // A retransmitted SYN, a segment that raced the rules, or the client's
                     // ACK of a deferred handshake.
@@ -114,8 +114,17 @@ impl Controller {
         // The backend's answer (its SYN-ACK, often) before the reverse rule took effect,
         // or while the connection waits for its client's ACK.
         if let Some((key, conn)) = self.find_by_backend(src, tcp.src_port, dst, tcp.dst_port) {
-            self.note_reply(now, &key, conn, tcp.flags.rst());
+            if conn.installed {
+                self.note_reply(now, &key, conn, tcp.flags.rst());
+            }
             self.send_known(at, &key, conn, Dir::Reverse, dst, out);
+            if !conn.installed && tcp.flags.rst() {
+                // The backend reset a handshake the client has not completed: under a
+                // flood, usually its answer to the flooder's segments (a new SYN on the
+                // 4-tuple of its half-open connection), so no verdict on the backend
+                // (counted, a flood ejected the backend in `ovs_overload_packet_in_flood`).
+                self.abandon(&key, conn, false);
+            }
             return true;
         }
         false
@@ -255,8 +264,10 @@ impl Controller {
             return;
         }
         // While the controller gaps this service, its rules may wait for the client's
-        // ACK (see `handshake`): a flood's SYNs then leave nothing in the switch.
-        let gapping = self.overload_controller_gapping(si);
+        // ACK (see `handshake`): a flood's SYNs then leave nothing in the switch. Not
+        // while the service's own OFF-period rule is out: it drops every segment to the
+        // service address that no connection rule takes, the ACK included.
+        let gapping = self.overload_controller_gapping(si) && !self.overload_off_rules_out(si);
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -341,6 +352,7 @@ impl Controller {
         }
         if defer {
             // No rules yet: the SYN goes on alone, and the client's ACK installs them.
+            self.send_reply_catch(si, created_ms, out);
             let conn = Conn {
                 installed: false,
                 ..conn
@@ -400,18 +412,25 @@ impl Controller {
     }
 
     /// Install the connection's rules on every switch of its path, both directions.
-    fn install(&mut self, key: &ConnKey, out: &mut Outbox) {
+    /// Returns false, installing nothing, when the connection can no longer be placed or
+    /// routed (a path broke since it was decided): without its forward rule nothing would
+    /// ever report its end.
+    fn install(&mut self, key: &ConnKey, out: &mut Outbox) -> bool {
         let Some(conn) = self.conns.get(key).copied() else {
-            return;
+            return false;
         };
         let Some(p) = self.placement(key, conn) else {
-            return;
+            return false;
         };
         let found = self.compute_paths(&p);
+        if found != (true, true) {
+            return false;
+        }
         self.emit_rules(key, conn, &p, found, out);
         if let Some(c) = self.conns.get_mut(key) {
             c.installed = true;
         }
+        true
     }
 
     /// The rules of a placed connection along the paths [`Self::compute_paths`] found
@@ -534,7 +553,10 @@ impl Controller {
         out: &mut Outbox,
     ) {
         if !conn.installed && dir == Dir::Forward && at.completes_handshake() {
-            self.install(key, out);
+            if !self.install(key, out) {
+                self.abandon(key, conn, false);
+                return;
+            }
             if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
                 s.handshakes.outcome(true);
             }
@@ -545,51 +567,24 @@ impl Controller {
         self.send_placed(at, key, &p, dir, pkt_dst, out);
     }
 
-    /// A deferred connection whose client never completed: its accounting ends, and
-    /// nothing is left in the switch (it never had rules).
-    fn abandon(&mut self, key: &ConnKey, conn: Conn) {
+    /// A deferred connection that will not complete: its accounting ends, and nothing is
+    /// left in the switch (it never had rules). `client`: its client abandoned it (counted
+    /// toward whether clients complete), rather than its backend or its path.
+    fn abandon(&mut self, key: &ConnKey, conn: Conn, client: bool) {
         if self.conns.remove(key).is_none() {
             return;
         }
         if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
             s.record_end(usize::from(conn.backend));
-            s.handshakes.outcome(false);
+            if client {
+                s.handshakes.outcome(false);
+            }
         }
     }
 
-    /// Forget the deferred connections whose client's ACK did not come in time, and keep
-    /// the reply-catch rules of services whose rules wait for handshakes in place.
-    pub(crate) fn handshake_tick(&mut self, now: Instant, out: &mut Outbox) {
+    /// Forget the deferred connections whose client's ACK did not come in time.
+    pub(crate) fn expire_handshakes(&mut self, now: Instant) {
         let now_ms = self.ms_since_start(now);
-        for si in 0..self.services.len() {
-            let gapping = self.overload_controller_gapping(si);
-            let due = self
-                .services
-                .get_mut(si)
-                .is_some_and(|s| s.handshakes.catch_due(now_ms, gapping));
-            let Some(s) = self.services.get(si).filter(|_| due) else {
-                continue;
-            };
-            let msgs: Vec<ofp::Message> = s
-                .backends
-                .iter()
-                .map(|b| {
-                    rules::reply_catch(
-                        si as u16,
-                        b.address,
-                        s.cfg.port,
-                        super::handshake::CATCH_HARD_TIMEOUT_S,
-                    )
-                })
-                .map(|m| self.overload_table_miss(m))
-                .collect();
-            let dpids: Vec<Dpid> = self.switch_ids().collect();
-            for d in dpids {
-                for m in &msgs {
-                    out.push(d, m.clone());
-                }
-            }
-        }
         while let Some(w) = self.handshakes.next_due(now_ms) {
             // Still the same connection, still waiting (not completed, reset or reopened).
             if let Some(conn) = self
@@ -598,7 +593,38 @@ impl Controller {
                 .copied()
                 .filter(|c| c.tag == w.tag && !c.installed)
             {
-                self.abandon(&w.key, conn);
+                self.abandon(&w.key, conn, true);
+            }
+        }
+    }
+
+    /// Service `si` defers its rules: make sure its backends' replies come up, so the
+    /// SYN-ACK can be rewritten to the service address (`rules::reply_catch`), sent before
+    /// the SYN goes on and again while deferrals go on; they end by themselves after.
+    ///
+    /// They carry no meter: the backends answer only SYNs the controller admitted, so its
+    /// gate already bounds what they bring up; behind the table-miss meter a flood's
+    /// SYN-ACKs crowded out a quiet service's (3 of 90 new connections timed out in
+    /// `ovs_overload_packet_in_flood`, their SYN-ACKs dropped).
+    fn send_reply_catch(&mut self, si: usize, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.services.get_mut(si) else {
+            return;
+        };
+        if !s.handshakes.catch_due(now_ms) {
+            return;
+        }
+        let s = &self.services[si];
+        for d in self.switch_ids() {
+            for b in &s.backends {
+                out.push(
+                    d,
+                    rules::reply_catch(
+                        si as u16,
+                        b.address,
+                        s.cfg.port,
+                        super::handshake::CATCH_HARD_TIMEOUT_S,
+                    ),
+                );
             }
         }
     }

@@ -303,6 +303,14 @@ impl Controller {
             .is_some_and(|c| c.share.is_some())
     }
 
+    /// Whether service `si`'s OFF-period rules may be on the switches.
+    pub(crate) fn overload_off_rules_out(&self, si: usize) -> bool {
+        self.overload
+            .services
+            .get(si)
+            .is_some_and(|g| g.off_rules_out)
+    }
+
     pub(crate) fn overload_switch_down(&mut self, dpid: Dpid) {
         self.overload.forget_switch(dpid);
     }
