@@ -208,21 +208,7 @@ fn off_period_rules_are_installed_and_withdrawn() {
 fn controller_load_tightens_the_controller_meters() {
     let mut sim = overload_sim("mode = \"off\"", "mode = \"adaptive\"");
     let open = meter_rate(table(&sim), TABLE_MISS_METER).expect("meter");
-    for _ in 0..30 {
-        // Saturated: 100% busy handling 2000 PACKET_INs per 100 ms.
-        sim.c.record_packet_in_work(super::WorkSample {
-            packet_ins: 200,
-            busy: Duration::from_millis(100),
-            queueing: Duration::from_millis(20),
-            backlog: 500,
-            outflow: 0,
-            outflow_delay: Duration::ZERO,
-            switch: 1,
-            budget_dropped: 0,
-            shed: Duration::ZERO,
-        });
-        sim.tick(Duration::from_millis(100));
-    }
+    saturate(&mut sim, 30);
     let v = sim.c.controller_gap_view();
     assert!(v.gap.gapping, "{v:?}");
     let miss = meter_rate(table(&sim), TABLE_MISS_METER).expect("meter");
@@ -368,7 +354,8 @@ fn the_service_rate_is_split_across_switches_by_demand() {
 
 type GapViewT = super::GapView;
 
-/// Saturate the controller's own law for `rounds` ticks of 100 ms, so that it gaps.
+/// Saturate the controller's own law for `rounds` ticks of 100 ms, so that it gaps:
+/// 100 % busy handling 200 PACKET_INs per 100 ms, with a queue.
 fn saturate(sim: &mut Sim, rounds: usize) {
     for _ in 0..rounds {
         sim.c.record_packet_in_work(super::WorkSample {
