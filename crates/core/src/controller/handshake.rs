@@ -22,7 +22,7 @@
 //! [`WINDOW`] outcomes (handshakes completed or abandoned) it defers all admissions only
 //! while most clients abandon; otherwise one in [`SAMPLE_EVERY`], to keep measuring.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use crate::conntrack::ConnKey;
 
@@ -148,6 +148,13 @@ pub(crate) struct Waiting {
 #[derive(Debug, Default)]
 pub(crate) struct Handshakes {
     pub(crate) waiting: VecDeque<Waiting>,
+    /// The backend's initial sequence number of each deferred connection whose SYN-ACK
+    /// passed through the controller: the client's ACK must acknowledge it (SEG.ACK =
+    /// ISN + 1, RFC 9293 §3.10.7.3) to install the rules, so a blind ACK from a spoofed
+    /// source (its sender knows its own 4-tuple, not the backend's ISN) installs nothing,
+    /// as a SYN cookie must be echoed. Only deferred connections are here, and each
+    /// leaves with its connection.
+    pub(crate) syn_acks: HashMap<ConnKey, u32, ahash::RandomState>,
 }
 
 impl Handshakes {

@@ -82,9 +82,13 @@ impl Controller {
                 } else if !conn.installed && tcp.flags.rst() {
                     // The client refused the backend's SYN-ACK (it never sent the SYN: a
                     // spoofed source): send the RST on, so the backend drops its half-open
-                    // connection, and forget the connection.
-                    self.send_known(at, &key, conn, Dir::Forward, dst, out);
-                    self.abandon(&key, conn, true);
+                    // connection, and forget the connection. Only a RST in the window
+                    // (the SYN-ACK acknowledged the ISN: SEG.SEQ = ISN + 1), not a blind
+                    // one aimed at a real client's handshake.
+                    if conn.isn.is_some_and(|isn| tcp.seq == isn.wrapping_add(1)) {
+                        self.send_known(at, &key, conn, Dir::Forward, dst, out);
+                        self.abandon(&key, conn, true);
+                    }
                 } else {
                     // A retransmitted SYN, a segment that raced the rules, or the client's
                     // ACK of a deferred handshake.
@@ -116,6 +120,8 @@ impl Controller {
         if let Some((key, conn)) = self.find_by_backend(src, tcp.src_port, dst, tcp.dst_port) {
             if conn.installed {
                 self.note_reply(now, &key, conn, tcp.flags.rst());
+            } else if tcp.flags.syn() && tcp.flags.ack() {
+                self.handshakes.syn_acks.insert(key, tcp.seq);
             }
             self.send_known(at, &key, conn, Dir::Reverse, dst, out);
             if !conn.installed && tcp.flags.rst() {
@@ -215,6 +221,7 @@ impl Controller {
                 s.record_end(usize::from(old.backend));
             }
         }
+        self.handshakes.syn_acks.remove(&key);
         self.new_connection(now, at, key, l, Some(old), out);
         // The old backend's reverse rule at the client's edge has another match than the
         // new one's, so nothing replaced it: remove it, so that a late segment of the old
@@ -553,6 +560,13 @@ impl Controller {
         out: &mut Outbox,
     ) {
         if !conn.installed && dir == Dir::Forward && at.completes_handshake() {
+            let backend_isn = self.handshakes.syn_acks.get(key).copied();
+            if !at.tcp.flags.ack() || backend_isn != Some(at.tcp.ack.wrapping_sub(1)) {
+                // Not an answer to the SYN-ACK the controller passed on (a blind ACK, or
+                // one whose SYN-ACK it never saw): dropped, the rules still wait.
+                return;
+            }
+            self.handshakes.syn_acks.remove(key);
             if !self.install(key, out) {
                 self.abandon(key, conn, false);
                 return;
@@ -574,6 +588,7 @@ impl Controller {
         if self.conns.remove(key).is_none() {
             return;
         }
+        self.handshakes.syn_acks.remove(key);
         if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
             s.record_end(usize::from(conn.backend));
             if client {

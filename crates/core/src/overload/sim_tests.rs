@@ -373,6 +373,22 @@ fn saturate(sim: &mut Sim, rounds: usize) {
     }
 }
 
+/// h1's ACK from `port`, acknowledging `ack`.
+fn client_ack(port: u16, ack: u32) -> ofp::Bytes {
+    flowgate_packet::ipv4_tcp(&flowgate_packet::TcpSegment {
+        eth_src: mac(1),
+        eth_dst: VMAC,
+        ip_src: ip(1),
+        ip_dst: VIP,
+        src_port: port,
+        dst_port: 80,
+        seq: 1001,
+        ack,
+        flags: flowgate_packet::TcpFlags::ACK,
+        ..Default::default()
+    })
+}
+
 fn conn_rules(s: &Sim) -> usize {
     table(s)
         .flows()
@@ -420,7 +436,12 @@ fn while_gapping_rules_wait_for_the_clients_ack() {
     let (h, f) = back.first().expect("the SYN-ACK went back");
     assert_eq!((h.as_str(), f.ipv4_src), ("h1", Some(VIP)), "as the VIP");
     assert_eq!(conn_rules(&sim), 2, "no rules for the SYN-ACK");
-    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 5000), (VIP, 80), sim::ACK));
+    // An ACK that does not acknowledge the backend's SYN-ACK (seq 1000 in this harness)
+    // is blind: dropped, no rules.
+    let got = sim.send("h1", &client_ack(5000, 7777));
+    assert!(got.is_empty(), "a blind ACK goes nowhere: {got:?}");
+    assert_eq!(conn_rules(&sim), 2, "and installs nothing");
+    let got = sim.send("h1", &client_ack(5000, 1001));
     assert!(
         got.iter().any(|(h, _)| *h == backend),
         "the ACK reached {backend}"
@@ -429,21 +450,10 @@ fn while_gapping_rules_wait_for_the_clients_ack() {
     assert!(sim.c.connections().get(&key).expect("kept").installed);
     // Its later packets follow the rules, not the controller.
     let before = sim.packet_ins;
-    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 5000), (VIP, 80), sim::ACK));
+    let got = sim.send("h1", &client_ack(5000, 1001));
     assert!(got.iter().any(|(h, _)| *h == backend));
     assert_eq!(sim.packet_ins, before, "carried by the switch");
 
-    // A client that answers the SYN-ACK with a RST (a spoofed source): forgotten at once,
-    // the RST passed on to the backend.
-    saturate(&mut sim, 1);
-    let got = syn(&mut sim, 5001);
-    let (backend, _) = got.iter().find(|(h, _)| h != "h1").cloned().expect("sent");
-    let rst = tcp(mac(1), VMAC, (ip(1), 5001), (VIP, 80), 0x04);
-    let got = sim.send("h1", &rst);
-    assert!(
-        got.iter().any(|(h, f)| *h == backend && is_rst(f)),
-        "{got:?}"
-    );
     let gone = |sim: &Sim, port| {
         sim.c
             .connections()
@@ -453,6 +463,35 @@ fn while_gapping_rules_wait_for_the_clients_ack() {
             })
             .is_none()
     };
+    // A client that answers the SYN-ACK with a RST (a spoofed source): forgotten at once,
+    // the RST passed on to the backend.
+    saturate(&mut sim, 1);
+    let got = syn(&mut sim, 5001);
+    let (backend, _) = got.iter().find(|(h, _)| h != "h1").cloned().expect("sent");
+    let rst = |seq| {
+        flowgate_packet::ipv4_tcp(&flowgate_packet::TcpSegment {
+            eth_src: mac(1),
+            eth_dst: VMAC,
+            ip_src: ip(1),
+            ip_dst: VIP,
+            src_port: 5001,
+            dst_port: 80,
+            seq,
+            flags: flowgate_packet::TcpFlags(0x04),
+            ..Default::default()
+        })
+    };
+    let got = sim.send("h1", &rst(12345));
+    assert!(
+        got.is_empty(),
+        "a RST out of the window is ignored: {got:?}"
+    );
+    assert!(!gone(&sim, 5001));
+    let got = sim.send("h1", &rst(1001));
+    assert!(
+        got.iter().any(|(h, f)| *h == backend && is_rst(f)),
+        "{got:?}"
+    );
     assert!(gone(&sim, 5001), "reset: forgotten");
 
     // A client that never answers: forgotten after the timeout, no rules ever.

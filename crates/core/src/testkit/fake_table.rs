@@ -205,6 +205,9 @@ pub struct PacketFields {
     /// TCP sequence number (not matchable; carried so a packet that goes up to the
     /// controller keeps it: a SYN's ISN tells a retransmission from a new connection).
     pub tcp_seq: Option<u32>,
+    /// TCP acknowledgement number (not matchable; carried for the same reason: a
+    /// deferred handshake's ACK must acknowledge the backend's ISN).
+    pub tcp_ack: Option<u32>,
     /// UDP source port.
     pub udp_src: Option<u16>,
     /// UDP destination port.
@@ -282,6 +285,7 @@ impl PacketFields {
                 p.tcp_dst = Some(t.dst_port);
                 p.tcp_flags = Some(u16::from(t.flags.0));
                 p.tcp_seq = Some(t.seq);
+                p.tcp_ack = Some(t.ack);
             }
             L4::Udp { src_port, dst_port } => {
                 p.udp_src = Some(src_port);

@@ -240,6 +240,7 @@ pub fn frame_of(f: &PacketFields) -> ofp::Bytes {
         dst_port: f.tcp_dst.unwrap_or(0),
         flags: TcpFlags(f.tcp_flags.unwrap_or(0) as u8),
         seq: f.tcp_seq.unwrap_or(0),
+        ack: f.tcp_ack.unwrap_or(0),
         ..TcpSegment::default()
     };
     packet::ipv4_tcp(&seg)
