@@ -6,7 +6,6 @@
 //! | 500 | LLDP to the controller | `Lldp` |
 //! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
 //! | 250 | overload OFF period: drop new connections to a service address | `Gap` |
-//! | 210 | while rules wait for handshakes: non-SYN segments to a service address, to the controller | `Gap` |
 //! | 200 | new connections to a service address, to the controller | `Intercept` |
 //! | 150 | while rules wait for handshakes: a backend's replies, to the controller | `Gap` |
 //! | 100 | L2: to a learned host's MAC, toward it | `L2` |
@@ -25,7 +24,6 @@ use crate::cookie::{self, RuleKind};
 pub(crate) const PRIO_LLDP: u16 = 500;
 pub(crate) const PRIO_CONN: u16 = 300;
 pub(crate) const PRIO_GAP: u16 = 250;
-pub(crate) const PRIO_ACK_CATCH: u16 = 210;
 pub(crate) const PRIO_INTERCEPT: u16 = 200;
 pub(crate) const PRIO_REPLY_CATCH: u16 = 150;
 pub(crate) const PRIO_L2: u16 = 100;
@@ -138,28 +136,6 @@ pub(crate) fn reply_catch(
         RuleKind::Gap,
         u64::from(service) | REPLY_CATCH_BIT,
         PRIO_REPLY_CATCH,
-        m,
-        to_controller(),
-    );
-    fm.hard_timeout = hard_timeout;
-    Message::FlowMod(fm)
-}
-
-/// Cookie bit of an [`ack_catch`] rule among a service's `Gap` rules.
-const ACK_CATCH_BIT: u64 = 1 << 17;
-
-/// While a service's connection rules wait for the client's ACK, its non-SYN segments
-/// (the ACK, the request) come up by this rule rather than the intercept rule, so they do
-/// not compete with a flood's SYNs at the service's meter: the caller gives it the
-/// controller's own (table-miss) meter. Above the intercept rule, below connection rules
-/// and OFF-period rules; ends by itself like [`reply_catch`].
-pub(crate) fn ack_catch(service: u16, addr: Ipv4Addr, port: u16, hard_timeout: u16) -> Message {
-    let mut m = tcp_match(None, Some(addr), None, Some(port));
-    m.push(not_syn());
-    let mut fm = flow(
-        RuleKind::Gap,
-        u64::from(service) | ACK_CATCH_BIT,
-        PRIO_ACK_CATCH,
         m,
         to_controller(),
     );

@@ -614,8 +614,7 @@ impl Controller {
     }
 
     /// Service `si` defers its rules: make sure its backends' replies come up, so the
-    /// SYN-ACK can be rewritten to the service address (`rules::reply_catch`), and its
-    /// clients' ACKs come up past the service's meter (`rules::ack_catch`); sent before
+    /// SYN-ACK can be rewritten to the service address (`rules::reply_catch`), sent before
     /// the SYN goes on and again while deferrals go on; they end by themselves after.
     ///
     /// They carry no meter: the backends answer only SYNs the controller admitted, so its
@@ -630,21 +629,17 @@ impl Controller {
             return;
         }
         let s = &self.services[si];
-        let t = super::handshake::CATCH_HARD_TIMEOUT_S;
-        let mut msgs: Vec<ofp::Message> = s
-            .backends
-            .iter()
-            .map(|b| rules::reply_catch(si as u16, b.address, s.cfg.port, t))
-            .collect();
-        for (&(addr, port), l) in &self.listeners {
-            if usize::from(l.service) == si {
-                let m = rules::ack_catch(l.service, addr, port, t);
-                msgs.push(self.overload_table_miss(m));
-            }
-        }
         for d in self.switch_ids() {
-            for m in &msgs {
-                out.push(d, m.clone());
+            for b in &s.backends {
+                out.push(
+                    d,
+                    rules::reply_catch(
+                        si as u16,
+                        b.address,
+                        s.cfg.port,
+                        super::handshake::CATCH_HARD_TIMEOUT_S,
+                    ),
+                );
             }
         }
     }
