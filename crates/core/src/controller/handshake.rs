@@ -128,11 +128,6 @@ impl ServiceHandshakes {
     pub fn catch_lost(&mut self) {
         self.catch_sent_ms = None;
     }
-
-    /// Whether every admission is deferred now (for views).
-    pub fn deferring_all(&self) -> bool {
-        !self.clients_complete
-    }
 }
 
 /// A connection admitted without rules, waiting for its client's ACK.
@@ -194,18 +189,18 @@ mod tests {
         for _ in 0..WINDOW {
             h.outcome(false);
         }
-        assert!(h.deferring_all());
+        assert!(!h.clients_complete);
         assert!((0..100).all(|_| h.defer(true)));
         // A mixed window decides by majority; a tie keeps distrusting.
         for i in 0..WINDOW {
             h.outcome(i % 2 == 0);
         }
-        assert!(h.deferring_all());
+        assert!(!h.clients_complete);
         // The episode ends; the next one starts distrusting whatever the last window said.
         for _ in 0..WINDOW {
             h.outcome(true);
         }
-        assert!(!h.deferring_all());
+        assert!(h.clients_complete);
         assert!(!h.defer(false));
         assert!(h.defer(true));
         assert_eq!(h.completed + h.abandoned, 4 * u64::from(WINDOW));

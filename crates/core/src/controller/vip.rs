@@ -1,7 +1,8 @@
 //! Service connections: the decision for a new connection, the two rules that carry it
 //! (forward rewrite to the backend, reverse rewrite back to the service address) on every
 //! switch of its path, and the same decision applied to every later packet of it that
-//! still reaches the controller, in both directions.
+//! still reaches the controller, in both directions. While the controller gaps a service,
+//! the rules may wait for the client's ACK (`handshake`).
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::Ipv4Addr;
