@@ -30,16 +30,19 @@ pub enum RuleKind {
     /// replaced make-before-break by their own generation bit (`controller::proactive`),
     /// never deleted wholesale.
     Proactive = 0x07,
+    /// A partitioned service's wildcard and moving rules (`controller::partition`).
+    Partition = 0x08,
 }
 
 impl RuleKind {
     /// Proactive kinds: re-installed from controller state on every (re)connection.
-    pub const PROACTIVE: [RuleKind; 5] = [
+    pub const PROACTIVE: [RuleKind; 6] = [
         RuleKind::TableMiss,
         RuleKind::Lldp,
         RuleKind::L2,
         RuleKind::Intercept,
         RuleKind::Gap,
+        RuleKind::Partition,
     ];
 
     /// The cookie value with only the kind byte set (for cookie-masked deletes).
@@ -63,6 +66,7 @@ pub fn kind_of(cookie: u64) -> Option<RuleKind> {
         0x05 => RuleKind::Conn,
         0x06 => RuleKind::Gap,
         0x07 => RuleKind::Proactive,
+        0x08 => RuleKind::Partition,
         _ => return None,
     })
 }

@@ -212,6 +212,18 @@ impl ServiceState {
     }
 
     /// A connection's accounting rule is gone.
+    /// A live connection the controller had not tracked (a partitioned service's, placed
+    /// by its partition's rule) now has rules of its own: counted as active, so that its
+    /// end balances, but not as a new connection.
+    pub fn record_adopted(&mut self, backend: usize) {
+        if let Some(b) = self.backends.get_mut(backend) {
+            b.active_connections += 1;
+        }
+        if let Some(l) = self.loads.get_mut(backend) {
+            l.active_connections += 1;
+        }
+    }
+
     pub fn record_end(&mut self, backend: usize) {
         if let Some(b) = self.backends.get_mut(backend) {
             b.active_connections = b.active_connections.saturating_sub(1);

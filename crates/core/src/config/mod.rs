@@ -272,13 +272,56 @@ pub enum ServiceMode {
     /// controller sets from live load, conntrack DNAT, established traffic pinned by
     /// conntrack (Open vSwitch only; see `controller::proactive`).
     Proactive,
+    /// New connections stay in the switch, stateless: wildcard rules over partitions of
+    /// the client-port space, each owned by one backend, the counts per backend set from
+    /// live load; a partition changing owner goes through the controller for a while, so
+    /// no live connection moves. Backends return directly (they hold the VIP), see
+    /// `controller::partition`.
+    Partitioned,
 }
+
+impl ServiceMode {
+    /// The mode's name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceMode::Reactive => "reactive",
+            ServiceMode::Proactive => "proactive",
+            ServiceMode::Partitioned => "partitioned",
+        }
+    }
+}
+
+/// `partition_bits` and `transition_secs` of a `mode = "partitioned"` service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionConfig {
+    /// The client-port space is split into `2^bits` partitions.
+    pub bits: u8,
+    /// How long a partition that changed owner goes through the controller.
+    pub transition: Duration,
+}
+
+impl Default for PartitionConfig {
+    fn default() -> Self {
+        PartitionConfig {
+            bits: DEFAULT_PARTITION_BITS,
+            transition: Duration::from_secs(DEFAULT_TRANSITION_SECS),
+        }
+    }
+}
+
+/// 64 partitions: a backend's share in steps of 1/64, at most 64 rules per switch.
+pub const DEFAULT_PARTITION_BITS: u8 = 6;
+/// Gone Wild's soft deadline: a connection idle for longer than this while its partition
+/// moves is moved with it.
+pub const DEFAULT_TRANSITION_SECS: u64 = 60;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {
     pub name: String,
-    /// `mode = "reactive" | "proactive"`.
+    /// `mode = "reactive" | "proactive" | "partitioned"`.
     pub mode: ServiceMode,
+    /// The partitioned mode's settings (defaults for the other modes).
+    pub partitions: PartitionConfig,
     /// The service's own address; `None` means clients address backends directly and the
     /// controller intercepts new connections to them (the paper's Cases A and B).
     pub vip: Option<Ipv4Addr>,
@@ -817,15 +860,36 @@ fn validate_service(
         &mut s,
         "mode",
         ("reactive", ServiceMode::Reactive),
-        &[("proactive", ServiceMode::Proactive)],
+        &[
+            ("proactive", ServiceMode::Proactive),
+            ("partitioned", ServiceMode::Partitioned),
+        ],
         errs,
     );
-    if mode == ServiceMode::Proactive {
+    let mut partitions = PartitionConfig::default();
+    if let Some(b) = s.int_in("partition_bits", 1, 8, errs) {
+        partitions.bits = b as u8;
+    }
+    if let Some(t) = s.int_in("transition_secs", 1, 3_600, errs) {
+        partitions.transition = Duration::from_secs(t as u64);
+    }
+    if mode != ServiceMode::Partitioned {
+        for key in ["partition_bits", "transition_secs"] {
+            if s.has(key) {
+                errs.push(ConfigError::new(
+                    s.key_path(key),
+                    "only a mode = \"partitioned\" service has partitions",
+                ));
+            }
+        }
+    }
+    if mode != ServiceMode::Reactive {
+        let name = mode.as_str();
         if matches!(algorithm, AlgorithmKind::Isslm | AlgorithmKind::None) {
             errs.push(ConfigError::new(
                 s.key_path("mode"),
                 format!(
-                    "\"proactive\" cannot run algorithm {algorithm:?}: it decides per \
+                    "\"{name}\" cannot run algorithm {algorithm:?}: it decides per \
                      connection (requested server, per-request thresholds), which only the \
                      reactive mode does; use mode = \"reactive\" or a load-weighted \
                      algorithm (round-robin, weighted-round-robin, least-connections, \
@@ -837,7 +901,7 @@ fn validate_service(
         if vip.is_none() {
             errs.push(ConfigError::new(
                 s.key_path("mode"),
-                "\"proactive\" needs a vip (the select group answers for one address)",
+                format!("\"{name}\" needs a vip (the switch answers for one address)"),
             ));
         }
     }
@@ -972,10 +1036,14 @@ fn validate_service(
             )),
         }
     }
-    if mode == ServiceMode::Proactive && overload.mode != crate::overload::Mode::Off {
+    if mode != ServiceMode::Reactive && overload.mode != crate::overload::Mode::Off {
         errs.push(ConfigError::new(
             s.key_path("overload"),
-            "overload control gaps the controller's intercept rule; a \"proactive\" service has none",
+            format!(
+                "overload control gaps the controller's intercept rule; a \"{}\" service's \
+                 new connections do not reach it",
+                mode.as_str()
+            ),
         ));
     }
     s.finish(errs);
@@ -985,6 +1053,7 @@ fn validate_service(
     Some(ServiceConfig {
         name: name?,
         mode,
+        partitions,
         vip,
         virtual_mac,
         port: port?,

@@ -184,7 +184,10 @@ fn a_choice_key_takes_its_names_and_a_wrong_one_is_told_every_name() {
     for (path, names) in [
         ("controller.unknown_flow", r#""reset", "drop""#),
         ("cluster.role", r#""single", "domain", "global""#),
-        ("service[0].mode", r#""reactive", "proactive""#),
+        (
+            "service[0].mode",
+            r#""reactive", "proactive", "partitioned""#,
+        ),
         ("service[0].health.kind", r#""tcp", "http", "none""#),
         ("service[0].metrics.preset", r#""flowgate", "nginx""#),
     ] {

@@ -9,6 +9,8 @@
 pub mod handshake;
 mod l2;
 mod nicira;
+mod partition;
+pub use partition::PartitionView;
 mod proactive;
 pub(crate) mod rules;
 mod vip;
@@ -139,6 +141,8 @@ pub struct Controller {
     pub(crate) scratch_ports: Vec<u32>,
     /// What the switches hold for the proactive services (`mode = "proactive"`).
     pub(crate) proactive: proactive::ProactiveState,
+    /// The partitioned services' partitions (`mode = "partitioned"`).
+    pub(crate) partitions: partition::PartitionState,
 }
 
 /// The balancer weighs a backend's measured `rps` over `rps_window` (default: the 10 ms
@@ -182,6 +186,7 @@ impl Controller {
             scratch_rev: Vec::with_capacity(16),
             scratch_ports: Vec::with_capacity(64),
             proactive: proactive::ProactiveState::default(),
+            partitions: partition::PartitionState::default(),
         };
         for (i, s) in config.services.iter().enumerate() {
             c.services.push(ServiceState::new(
@@ -332,6 +337,7 @@ impl Controller {
             out.push(dpid, m);
         }
         self.proactive_switch_up(dpid, out);
+        self.partition_switch_up(dpid, out);
         out.push(dpid, rules::port_desc_request());
         out.push(dpid, rules::conn_flow_stats_request());
         out.push(dpid, Message::BarrierRequest);
@@ -529,6 +535,7 @@ impl Controller {
                 s.refresh(now, stale);
             }
             self.proactive_tick(now, out);
+            self.partition_tick(now, out);
         }
         if due(self.last_lldp, self.cfg.lldp_interval) {
             self.last_lldp = Some(now);
@@ -697,6 +704,7 @@ impl Controller {
         // Pools or modes may have changed: the proactive services' groups and rules too
         // (make before break: they are not among the deletes above).
         self.proactive_resync(out);
+        self.partition_resync(out);
     }
 
     /// Replace the services with a new configuration's, keeping every live connection and

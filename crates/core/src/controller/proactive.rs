@@ -395,8 +395,9 @@ impl Controller {
         }
     }
 
-    /// Bucket weights from the service's balancer (see the module doc).
-    fn compute_weights(&mut self, now: Instant, service: usize) -> Vec<u16> {
+    /// Bucket weights from the service's balancer (see the module doc); the partitioned
+    /// mode's shares too.
+    pub(crate) fn compute_weights(&mut self, now: Instant, service: usize) -> Vec<u16> {
         let since_refresh = self
             .last_refresh
             .map(|t| now.saturating_duration_since(t))

@@ -13,7 +13,7 @@ use ofp::{Action, Actions, Instruction, Match, Oxm, PacketIn};
 
 use super::{Controller, Listener, Outbox, rules};
 use crate::balance::{Outcome, SelectRequest};
-use crate::config::UnknownFlowPolicy;
+use crate::config::{ServiceMode, UnknownFlowPolicy};
 use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
 use crate::topology::{Dpid, PortRef};
@@ -106,7 +106,7 @@ impl Controller {
                 self.send_known(at, &key, conn, Dir::Forward, dst, out);
             } else if tcp.flags.is_initial_syn() {
                 self.new_connection(now, at, key, l, None, out);
-            } else {
+            } else if !self.adopt(now, at, key, l, out) {
                 self.unknown_flow(l.service, at, out);
             }
             return true;
@@ -229,10 +229,11 @@ impl Controller {
         // backend (a RST for the new connection's packets that reached it before the new
         // rules took effect) is not rewritten to the service address and delivered into
         // the new connection.
-        let new_backend = self.conns.get(&key).and_then(|c| {
-            let s = self.services.get(usize::from(c.service))?;
-            Some(s.backends.get(usize::from(c.backend))?.address)
-        });
+        let new_backend = self
+            .conns
+            .get(&key)
+            .and_then(|c| self.placement(&key, *c))
+            .map(|p| p.backend_ip);
         if let Some((edge, old_ip)) = old_reverse {
             // (A deferred connection never had rules.)
             if new_backend != Some(old_ip) && old.installed {
@@ -276,6 +277,9 @@ impl Controller {
         // while the service's own OFF-period rule is out: it drops every segment to the
         // service address that no connection rule takes, the ACK included.
         let gapping = self.overload_controller_gapping(si) && !self.overload_off_rules_out(si);
+        // A partitioned service's SYN that reached the controller (its partition is moving,
+        // or has no rule yet) goes where the partition's rule will send the next ones.
+        let partition_owner = self.partition_backend(si, key.client_port, true);
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -294,6 +298,7 @@ impl Controller {
         let sticky = reuse
             .filter(|o| o.service == l.service)
             .map(|o| usize::from(o.backend))
+            .or(partition_owner)
             .filter(|&b| s.loads.get(b).is_some_and(|l| l.eligible));
         let sel = match sticky {
             Some(b) => crate::balance::Selection {
@@ -396,9 +401,16 @@ impl Controller {
             // The client asked for this backend by its own address: answer as it.
             None => self.topo.mac_of(key.service_addr)?,
         };
+        // A partitioned service's backends hold the VIP and answer from it (direct
+        // return, see `partition`): its connections' rules keep the VIP and lead to the
+        // backend's MAC, as its partition rules do.
+        let backend_ip = match (s.cfg.mode, s.cfg.vip) {
+            (ServiceMode::Partitioned, Some(vip)) => vip,
+            _ => b.address,
+        };
         Some(Placement {
             client_at,
-            backend_ip: b.address,
+            backend_ip,
             backend_mac,
             backend_at,
             service_mac,
@@ -693,6 +705,51 @@ impl Controller {
             dpid,
             rules::packet_out(at.in_port, actions, at.pi.data.clone()),
         );
+    }
+
+    /// A non-SYN segment, to a partitioned service, of a connection the controller never
+    /// saw: one its partition's wildcard rule placed, now at the controller because the
+    /// partition moves (or its rules are being rewritten). It belongs to the backend the
+    /// partition is moving from, or else to its owner: give it its own rules to that
+    /// backend, so it stays there whatever the partition's rule becomes. Returns false
+    /// when the service is not partitioned or the backend cannot be placed.
+    fn adopt(
+        &mut self,
+        now: Instant,
+        at: &Arrival<'_>,
+        key: ConnKey,
+        l: Listener,
+        out: &mut Outbox,
+    ) -> bool {
+        let si = usize::from(l.service);
+        let Some(b) = self.partition_backend(si, key.client_port, false) else {
+            return false;
+        };
+        let conn = Conn {
+            service: l.service,
+            backend: b as u16,
+            created_ms: self.ms_since_start(now),
+            installed: true,
+            // Established: the backend answered it long ago.
+            reply: Reply::Answered,
+            isn: None,
+            tag: self.next_conn_tag & rules::CONN_TAG_MASK,
+        };
+        let Some(p) = self.placement(&key, conn) else {
+            return false;
+        };
+        let found = self.compute_paths(&p);
+        if found != (true, true) {
+            return false;
+        }
+        self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
+        if let Some(s) = self.services.get_mut(si) {
+            s.record_adopted(b);
+        }
+        self.conns.insert(key, conn);
+        self.emit_rules(&key, conn, &p, found, out);
+        self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
+        true
     }
 
     /// A non-SYN segment of a connection nobody decided: never send it to an arbitrary

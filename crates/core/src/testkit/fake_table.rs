@@ -493,6 +493,23 @@ fn term(oxm: &Oxm) -> Result<Term, FakeTableError> {
         Oxm::Ipv6Dst { value, mask } => (F::Ipv6Dst, u128::from(*value), mask.map(u128::from)),
         Oxm::Icmpv6Type(v) => (F::Icmpv6Type, u128::from(*v), None),
         Oxm::Icmpv6Code(v) => (F::Icmpv6Code, u128::from(*v), None),
+        Oxm::Raw(r)
+            if (r.class, r.field) == (ofp::oxm::class::OPENFLOW_BASIC, ofp::oxm::ofb::TCP_SRC) =>
+        {
+            // A masked tcp_src: unmaskable in OpenFlow 1.3 (§7.2.3.7), accepted by OVS.
+            match (&r.payload[..], r.hasmask) {
+                ([a, b, c, d], true) => (
+                    F::TcpSrc,
+                    u128::from(u16::from_be_bytes([*a, *b])),
+                    Some(u128::from(u16::from_be_bytes([*c, *d]))),
+                ),
+                _ => {
+                    return Err(FakeTableError::UnsupportedMatchField(
+                        "raw tcp_src".to_string(),
+                    ));
+                }
+            }
+        }
         Oxm::Raw(r) => {
             // tcp_flags, as OVS accepts it in OpenFlow 1.3: ONF experimenter OXM or NXM.
             let p = &r.payload[..];

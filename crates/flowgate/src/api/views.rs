@@ -34,6 +34,8 @@ pub struct ServiceView {
     pub active_connections: u64,
     /// Overload (gap) control: mode, admitted rate or gap, refused count.
     pub gap: Option<flowgate_core::overload::GapView>,
+    /// Partitioned mode: the partitions, who owns them, how many move.
+    pub partitions: Option<flowgate_core::controller::PartitionView>,
     pub backends: Vec<BackendView>,
 }
 
@@ -67,6 +69,8 @@ pub struct BackendView {
     pub metrics_fresh: bool,
     /// Proactive mode: this backend's bucket weight in the service's select group.
     pub group_weight: Option<u16>,
+    /// Partitioned mode: how many of the service's partitions this backend owns.
+    pub partitions: Option<usize>,
     /// The pool's overload (gap) control state: the gap applies to the service's new
     /// connections, so every backend of the service shows the same one.
     pub gap: Option<flowgate_core::overload::GapView>,
@@ -78,6 +82,7 @@ fn backend_view(
     b: &BackendState,
     gap: Option<&flowgate_core::overload::GapView>,
     group_weights: Option<&[u16]>,
+    partitions: Option<&flowgate_core::controller::PartitionView>,
 ) -> BackendView {
     let load = s.loads.get(i);
     BackendView {
@@ -100,6 +105,7 @@ fn backend_view(
         cpu: b.cpu,
         metrics_fresh: load.map(|l| l.metrics_fresh).unwrap_or(true),
         group_weight: group_weights.and_then(|w| w.get(i).copied()),
+        partitions: partitions.and_then(|p| p.owned.get(i).copied()),
         gap: gap.cloned(),
     }
 }
@@ -107,11 +113,12 @@ fn backend_view(
 fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
     let gap = c.gap_view(si);
     let group_weights = c.proactive_weights(si);
+    let partitions = c.partition_view(si);
     let backends: Vec<BackendView> = s
         .backends
         .iter()
         .enumerate()
-        .map(|(i, b)| backend_view(s, i, b, gap.as_ref(), group_weights))
+        .map(|(i, b)| backend_view(s, i, b, gap.as_ref(), group_weights, partitions.as_ref()))
         .collect();
     ServiceView {
         name: s.cfg.name.clone(),
@@ -130,6 +137,7 @@ fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
             .map(|b| u64::from(b.active_connections))
             .sum(),
         gap,
+        partitions,
         backends,
     }
 }
@@ -179,6 +187,7 @@ pub(crate) fn backend_json(c: &Controller, si: usize, bi: usize) -> Response {
             b,
             c.gap_view(si).as_ref(),
             c.proactive_weights(si),
+            c.partition_view(si).as_ref(),
         ))
         .into_response(),
         None => error(StatusCode::NOT_FOUND, "no such backend"),

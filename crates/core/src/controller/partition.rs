@@ -1,0 +1,737 @@
+//! The partitioned mode (`mode = "partitioned"` on a `[[service]]`): new connections stay
+//! in the switch without any per-connection state, as in "OpenFlow-Based Server Load
+//! Balancing Gone Wild" (Wang, Butnariu, Rexford, Hot-ICE 2011).
+//!
+//! **Partitions.** The client-port space is split into `2^b` partitions (`partition_bits`):
+//! partition `p` holds the source ports whose bits 1..=b equal `p`. Gone Wild splits client
+//! addresses; ports split one client's connections too, and bit 0 is left out because
+//! Linux's `connect()` allocates even ports in sequence (bits 1..=b cycle through every
+//! value). Each partition is owned by one backend, and each switch holds one wildcard rule
+//! per partition:
+//!
+//! | prio | match | actions |
+//! | --- | --- | --- |
+//! | [`PRIO_MOVING`] | `tcp, ip_dst=V, tcp_dst=P, tcp_src=p<<1/mask`, while `p` moves | to the controller |
+//! | [`PRIO_PARTITION`] | `tcp, ip_dst=V, tcp_dst=P, tcp_src=p<<1/mask` | `eth_dst:=MAC(owner)`, output toward the owner |
+//!
+//! Both lie between the connection rules (300) and the service's intercept rule (200), which
+//! stays as the fallback: a packet of a partition that has no rule (no owner located yet, a
+//! switch being resynced) reaches the controller and is placed there with the partition's
+//! owner, as an exact per-connection rule.
+//!
+//! **Direct return.** The rule rewrites only the Ethernet destination: the backends hold
+//! the VIP themselves (on their loopback, not answering ARP for it, as in IPVS's direct
+//! routing) and answer from it, so the reverse direction needs no rule at all and the
+//! switch does per packet what it does for plain L2 forwarding. (A stateless reverse
+//! rewrite would also rewrite the backend's answers to anyone reaching it directly, its
+//! health probes included; conntrack is what tells them apart, and it is what the
+//! `proactive` mode pays for.) Connections placed at the controller get the same shape:
+//! their rules send to the backend's MAC with the VIP kept.
+//!
+//! **Live load.** Every refresh the service's own balancer gives the shares it would give
+//! the next picks (the proactive mode's bucket weights, `proactive::compute_weights`), and
+//! the partition counts follow them by largest remainders. When the counts drift by at
+//! least an eighth of the partitions (at most once per [`REBALANCE_MIN`]), or a backend
+//! that owns partitions can no longer take connections (unhealthy, drained, ejected), the
+//! fewest partitions that close the gap change owner.
+//!
+//! **Transitions: no live connection moves.** A partition that changes owner first gets a
+//! rule sending it to the controller ([`PRIO_MOVING`]), then, after a barrier, its wildcard
+//! rule names the new owner. For `transition_secs` the controller places what arrives: a
+//! SYN is a new connection, for the new owner; any other segment belongs to a connection
+//! of the old owner, which keeps it (an exact rule each, so each connection costs one trip
+//! to the controller). Then the moving rule is deleted. A connection idle for the whole
+//! transition is moved with its partition (Gone Wild's soft deadline; its next segment
+//! reaches the new owner, which resets it).
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
+use ofp::{Action, Actions, FlowMod, Instruction, Match, Message, Oxm, RawOxm};
+
+use super::{Controller, Outbox};
+use crate::config::ServiceMode;
+use crate::cookie::{self, RuleKind};
+use crate::topology::{Dpid, PortRef};
+
+/// Above the intercept (200) and the gap rules (250 would be above, but a partitioned
+/// service has no gap), below every connection's own rules (300).
+pub(crate) const PRIO_PARTITION: u16 = 220;
+/// A moving partition's trip to the controller, above its wildcard rule.
+pub(crate) const PRIO_MOVING: u16 = 240;
+/// Partition counts are not changed more often than this...
+const REBALANCE_MIN: Duration = Duration::from_secs(1);
+/// ...nor for a drift below `partitions / REBALANCE_DRIFT_DIV` (in partitions, L1).
+const REBALANCE_DRIFT_DIV: usize = 8;
+
+/// The partition of a client port, for a service with `bits` partition bits.
+pub(crate) fn partition_of(client_port: u16, bits: u8) -> usize {
+    usize::from((client_port >> 1) & ((1u16 << bits) - 1))
+}
+
+/// The client-port bits a partition rule matches.
+fn port_mask(bits: u8) -> u16 {
+    ((1u16 << bits) - 1) << 1
+}
+
+/// A partition changing owner: its connections of `from` keep `from` until `until_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Move {
+    pub(crate) from: Ipv4Addr,
+    pub(crate) until_ms: u64,
+}
+
+/// One partitioned service's partitions.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Partitions {
+    /// The service's name (the state follows it across reloads).
+    name: String,
+    bits: u8,
+    /// The owner of each partition, by address (indexes change on reloads).
+    pub(crate) owner: Vec<Option<Ipv4Addr>>,
+    pub(crate) moving: Vec<Option<Move>>,
+    /// The backends, their MACs and where they are, as the rules were last built.
+    sig: Vec<(Ipv4Addr, Option<MacAddr>, Option<PortRef>)>,
+    /// The topology generation the rules were last built for.
+    topo_generation: u64,
+    rebalanced_at: Option<Instant>,
+    /// Partitions that changed owner since the controller started.
+    pub(crate) moves_total: u64,
+}
+
+impl Partitions {
+    fn new(name: &str, bits: u8) -> Self {
+        let n = 1usize << bits;
+        Partitions {
+            name: name.to_string(),
+            bits,
+            owner: vec![None; n],
+            moving: vec![None; n],
+            ..Partitions::default()
+        }
+    }
+
+    /// The backend a segment of this partition goes to: a SYN (a new connection) to the
+    /// owner, anything else to the owner the partition is moving from, if it moves.
+    fn backend_for(&self, client_port: u16, syn: bool) -> Option<Ipv4Addr> {
+        let p = partition_of(client_port, self.bits);
+        match self.moving.get(p).copied().flatten() {
+            Some(m) if !syn => Some(m.from),
+            _ => self.owner.get(p).copied().flatten(),
+        }
+    }
+}
+
+/// Per-service state of the partitioned mode (indexed like `Controller::services`).
+#[derive(Debug, Default)]
+pub(crate) struct PartitionState {
+    pub(crate) services: Vec<Option<Partitions>>,
+}
+
+/// Largest-remainder shares of `n` partitions by `weights` (all zero: all zero).
+pub(crate) fn apportion(n: usize, weights: &[u16]) -> Vec<usize> {
+    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+    if total == 0 {
+        return vec![0; weights.len()];
+    }
+    let n64 = n as u64;
+    let mut counts: Vec<usize> = weights
+        .iter()
+        .map(|&w| (u64::from(w) * n64 / total) as usize)
+        .collect();
+    let mut left = n - counts.iter().sum::<usize>();
+    // Remainders, largest first; ties to the lower index, so the result is stable.
+    let mut order: Vec<usize> = (0..weights.len()).filter(|&i| weights[i] > 0).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(u64::from(weights[i]) * n64 % total), i));
+    for i in order.into_iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        counts[i] += 1;
+        left -= 1;
+    }
+    counts
+}
+
+/// The fewest owner changes that bring the partitions to `target` counts (by backend
+/// index into `backends`): partitions of over-served or unknown owners go, lowest first,
+/// to backends short of their count. Partitions already moving stay put unless their owner
+/// has a target of zero (it can no longer take connections). Returns `(partition, new)`.
+pub(crate) fn rebalance(
+    owner: &[Option<Ipv4Addr>],
+    moving: &[Option<Move>],
+    backends: &[Ipv4Addr],
+    target: &[usize],
+) -> Vec<(usize, Ipv4Addr)> {
+    let index = |a: Ipv4Addr| backends.iter().position(|&b| b == a);
+    let mut have = vec![0usize; backends.len()];
+    for o in owner.iter().flatten() {
+        if let Some(i) = index(*o) {
+            have[i] += 1;
+        }
+    }
+    let mut free = Vec::new();
+    for (p, o) in owner.iter().enumerate() {
+        match o.and_then(index) {
+            None => free.push(p),
+            Some(i) if target[i] == 0 => {
+                have[i] -= 1;
+                free.push(p);
+            }
+            Some(i) if have[i] > target[i] && moving[p].is_none() => {
+                have[i] -= 1;
+                free.push(p);
+            }
+            Some(_) => {}
+        }
+    }
+    let mut moves = Vec::new();
+    let mut free = free.into_iter();
+    for (i, &b) in backends.iter().enumerate() {
+        while have[i] < target[i] {
+            let Some(p) = free.next() else {
+                return moves;
+            };
+            have[i] += 1;
+            if owner[p] != Some(b) {
+                moves.push((p, b));
+            }
+        }
+    }
+    moves
+}
+
+/// The partition's match: TCP to `vip:port` from client ports of partition `p`. OpenFlow
+/// 1.3 lists TCP_SRC as unmaskable (§7.2.3.7); Open vSwitch accepts a mask on it (as
+/// `ovs-ofctl` writes `tp_src=value/mask`), so the masked OXM is written raw.
+fn partition_match(vip: Ipv4Addr, port: u16, p: usize, bits: u8) -> Match {
+    let value = ((p as u16) << 1) & port_mask(bits);
+    let mut payload = Vec::with_capacity(4);
+    payload.extend_from_slice(&value.to_be_bytes());
+    payload.extend_from_slice(&port_mask(bits).to_be_bytes());
+    Match::new()
+        .with(Oxm::EthType(ETH_TYPE_IPV4))
+        .with(Oxm::IpProto(IP_PROTO_TCP))
+        .with(Oxm::Ipv4Dst {
+            value: vip,
+            mask: None,
+        })
+        .with(Oxm::TcpDst(port))
+        .with(Oxm::Raw(RawOxm {
+            class: ofp::oxm::class::OPENFLOW_BASIC,
+            field: ofp::oxm::ofb::TCP_SRC,
+            hasmask: true,
+            payload: Bytes::from(payload),
+        }))
+}
+
+fn partition_cookie(service: usize, p: usize) -> u64 {
+    cookie::cookie(
+        RuleKind::Partition,
+        ((service as u64 & 0xffff) << 16) | (p as u64 & 0xffff),
+    )
+}
+
+fn rule(service: usize, p: usize, priority: u16, m: Match, actions: Actions) -> Message {
+    let mut fm = FlowMod::add(m);
+    fm.cookie = partition_cookie(service, p);
+    fm.priority = priority;
+    fm.instructions.push(Instruction::ApplyActions(actions));
+    Message::FlowMod(fm)
+}
+
+fn moving_delete(m: Match) -> Message {
+    let mut fm = FlowMod::delete_strict(m);
+    fm.priority = PRIO_MOVING;
+    fm.cookie = RuleKind::Partition.base();
+    fm.cookie_mask = cookie::KIND_MASK;
+    Message::FlowMod(fm)
+}
+
+/// A partitioned service's partitions, for operators (`/api/v1/services`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionView {
+    /// `2^partition_bits`.
+    pub partitions: usize,
+    /// Partitions each backend owns (by backend index).
+    pub owned: Vec<usize>,
+    /// Partitions now moving (their packets go through the controller).
+    pub moving: usize,
+    /// Owner changes since the controller started.
+    pub moves_total: u64,
+}
+
+impl Controller {
+    /// The partitions of a partitioned service, `None` for the other modes.
+    pub fn partition_view(&self, service: usize) -> Option<PartitionView> {
+        let st = self.partitions.services.get(service)?.as_ref()?;
+        let s = self.services.get(service)?;
+        Some(PartitionView {
+            partitions: st.owner.len(),
+            owned: s
+                .backends
+                .iter()
+                .map(|b| st.owner.iter().filter(|&&o| o == Some(b.address)).count())
+                .collect(),
+            moving: st.moving.iter().flatten().count(),
+            moves_total: st.moves_total,
+        })
+    }
+
+    pub(crate) fn is_partitioned(&self, service: usize) -> bool {
+        self.services
+            .get(service)
+            .is_some_and(|s| s.cfg.mode == ServiceMode::Partitioned && s.cfg.vip.is_some())
+    }
+
+    /// The backend (index) a segment of a partitioned service's connection goes to, by its
+    /// partition (see [`Partitions::backend_for`]); `None` for other services, or when the
+    /// partition has no owner that can be found in the pool.
+    pub(crate) fn partition_backend(
+        &self,
+        service: usize,
+        client_port: u16,
+        syn: bool,
+    ) -> Option<usize> {
+        let st = self.partitions.services.get(service)?.as_ref()?;
+        let addr = st.backend_for(client_port, syn)?;
+        let s = self.services.get(service)?;
+        s.backends.iter().position(|b| b.address == addr)
+    }
+
+    /// The rules of one partition on one switch: the wildcard rule toward its owner, and
+    /// the trip to the controller while it moves. Nothing when the owner is not located
+    /// or not reachable from the switch (the intercept rule then takes the partition).
+    fn partition_rules(&self, dpid: Dpid, service: usize, p: usize, v: &mut Vec<Message>) {
+        let (Some(s), Some(Some(st))) = (
+            self.services.get(service),
+            self.partitions.services.get(service),
+        ) else {
+            return;
+        };
+        let Some(vip) = s.cfg.vip else { return };
+        let m = partition_match(vip, s.cfg.port, p, st.bits);
+        if st.moving.get(p).copied().flatten().is_some() {
+            let mut a = Actions::new();
+            // OFPCML_NO_BUFFER: the whole packet, so it can go on by PACKET_OUT (§7.2.5).
+            a.push(Action::Output {
+                port: ofp::port::CONTROLLER,
+                max_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER,
+            });
+            v.push(rule(service, p, PRIO_MOVING, m.clone(), a));
+            // §6.2: the trip to the controller must be in force before the wildcard rule
+            // names the new owner, or a moving connection's segment could reach it.
+            v.push(Message::BarrierRequest);
+        }
+        let Some(owner) = st.owner.get(p).copied().flatten() else {
+            return;
+        };
+        let Some(b) = s.backends.iter().find(|b| b.address == owner) else {
+            return;
+        };
+        let Some(mac) = b.mac else { return };
+        let Some(at) = self.topo.host(mac).map(|h| h.at) else {
+            return;
+        };
+        let Some(port) = self.topo.egress_toward(dpid, at) else {
+            return;
+        };
+        let mut a = Actions::new();
+        a.push(Action::SetField(Oxm::EthDst {
+            value: mac.0,
+            mask: None,
+        }));
+        a.push(Action::output(port));
+        v.push(rule(service, p, PRIO_PARTITION, m, a));
+    }
+
+    /// Every partition rule of every partitioned service, for one switch.
+    fn partition_switch_rules(&self, dpid: Dpid) -> Vec<Message> {
+        let mut v = Vec::new();
+        for (si, st) in self.partitions.services.iter().enumerate() {
+            let Some(st) = st else { continue };
+            for p in 0..st.owner.len() {
+                self.partition_rules(dpid, si, p, &mut v);
+            }
+        }
+        v
+    }
+
+    /// A switch (re)connected (its `Partition` rules were deleted with the other
+    /// controller-derived kinds): install the current ones.
+    pub(crate) fn partition_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
+        for m in self.partition_switch_rules(dpid) {
+            out.push(dpid, m);
+        }
+    }
+
+    /// The services were replaced (a reload): keep each partitioned service's owners by
+    /// name, and rewrite every switch's partition rules from scratch (the intercept rule
+    /// takes the few packets that arrive in between, and the controller places them by
+    /// their partition as the rules would).
+    pub(crate) fn partition_resync(&mut self, out: &mut Outbox) {
+        let mut old = std::mem::take(&mut self.partitions.services);
+        let n = self.services.len();
+        self.partitions.services = (0..n)
+            .map(|i| {
+                if !self.is_partitioned(i) {
+                    return None;
+                }
+                let s = &self.services[i];
+                let bits = s.cfg.partitions.bits;
+                let kept = old
+                    .iter_mut()
+                    .find(|o| {
+                        o.as_ref()
+                            .is_some_and(|o| o.name == s.cfg.name && o.bits == bits)
+                    })
+                    .and_then(Option::take);
+                let mut st = kept.unwrap_or_else(|| Partitions::new(&s.cfg.name, bits));
+                // Rebuilt below for the new pool.
+                st.sig.clear();
+                Some(st)
+            })
+            .collect();
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for d in dpids {
+            out.push(
+                d,
+                crate::controller::rules::delete_kind(RuleKind::Partition),
+            );
+            out.push(d, Message::BarrierRequest);
+            for m in self.partition_switch_rules(d) {
+                out.push(d, m);
+            }
+        }
+    }
+
+    /// On each refresh: rebuild a service's rules when its backends moved or the topology
+    /// changed, end transitions that are due, and follow live load.
+    pub(crate) fn partition_tick(&mut self, now: Instant, out: &mut Outbox) {
+        let n = self.services.len();
+        if self.partitions.services.len() != n {
+            self.partitions.services.resize_with(n, || None);
+        }
+        let now_ms = self.ms_since_start(now);
+        let generation = self.topo.generation();
+        for si in 0..n {
+            if !self.is_partitioned(si) {
+                continue;
+            }
+            if self.partitions.services[si].is_none() {
+                let s = &self.services[si];
+                self.partitions.services[si] =
+                    Some(Partitions::new(&s.cfg.name, s.cfg.partitions.bits));
+            }
+            let sig: Vec<(Ipv4Addr, Option<MacAddr>, Option<PortRef>)> = self.services[si]
+                .backends
+                .iter()
+                .map(|b| {
+                    let at = b.mac.and_then(|m| self.topo.host(m)).map(|h| h.at);
+                    (b.address, b.mac, at)
+                })
+                .collect();
+            let weights = self.compute_weights(now, si);
+            let transition = self.services[si].cfg.partitions.transition;
+            let Some(st) = self.partitions.services[si].as_mut() else {
+                continue;
+            };
+            let mut changed: Vec<usize> = Vec::new();
+            let mut ended: Vec<usize> = Vec::new();
+            for (p, m) in st.moving.iter_mut().enumerate() {
+                if m.is_some_and(|m| m.until_ms <= now_ms) {
+                    *m = None;
+                    ended.push(p);
+                }
+            }
+            // Follow live load.
+            let addrs: Vec<Ipv4Addr> = sig.iter().map(|s| s.0).collect();
+            let target = apportion(st.owner.len(), &weights);
+            let have = |a: Ipv4Addr| st.owner.iter().filter(|&&o| o == Some(a)).count();
+            let drift: usize = addrs
+                .iter()
+                .zip(&target)
+                .map(|(&a, &t)| have(a).abs_diff(t))
+                .sum::<usize>()
+                + st.owner.iter().filter(|o| o.is_none()).count();
+            // A partition without an owner, or whose owner can take nothing now.
+            let lost = st.owner.iter().any(|o| match o {
+                None => true,
+                Some(a) => addrs
+                    .iter()
+                    .position(|x| x == a)
+                    .is_none_or(|i| target[i] == 0),
+            });
+            let due = st
+                .rebalanced_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= REBALANCE_MIN);
+            let enough = drift >= (st.owner.len() / REBALANCE_DRIFT_DIV).max(1);
+            if target.iter().any(|&t| t > 0) && (lost || (enough && due)) {
+                let moves = rebalance(&st.owner, &st.moving, &addrs, &target);
+                if !moves.is_empty() {
+                    st.rebalanced_at = Some(now);
+                }
+                for (p, to) in moves {
+                    // A partition with no owner had no wildcard rule: nothing of it lives
+                    // in the switch, so it needs no transition.
+                    if let Some(from) = st.owner[p] {
+                        let from = st.moving[p].map_or(from, |m| m.from);
+                        st.moving[p] = Some(Move {
+                            from,
+                            until_ms: now_ms + transition.as_millis() as u64,
+                        });
+                        st.moves_total += 1;
+                    }
+                    st.owner[p] = Some(to);
+                    changed.push(p);
+                }
+            }
+            // A partition that moved again as its transition ended keeps its moving rule.
+            ended.retain(|&p| st.moving[p].is_none());
+            let rebuild = st.sig != sig || st.topo_generation != generation;
+            st.sig = sig;
+            st.topo_generation = generation;
+            let (bits, all) = (st.bits, st.owner.len());
+            if ended.is_empty() && changed.is_empty() && !rebuild {
+                continue;
+            }
+            let Some(vip) = self.services[si].cfg.vip else {
+                continue;
+            };
+            let port = self.services[si].cfg.port;
+            let dpids: Vec<Dpid> = self.switch_ids().collect();
+            for &d in &dpids {
+                let mut v = Vec::new();
+                if rebuild {
+                    for p in 0..all {
+                        self.partition_rules(d, si, p, &mut v);
+                    }
+                } else {
+                    for &p in &changed {
+                        self.partition_rules(d, si, p, &mut v);
+                    }
+                }
+                for &p in &ended {
+                    v.push(moving_delete(partition_match(vip, port, p, bits)));
+                }
+                for m in v {
+                    out.push(d, m);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::AdminState;
+    use crate::testkit::sim::{self, ACK, SYN, Sim, VIP, VMAC, ip, mac};
+
+    fn a(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, n)
+    }
+
+    #[test]
+    fn partitions_split_client_ports_on_bits_one_and_up() {
+        // Even ports in sequence (Linux connect()) visit every partition in turn.
+        let seen: Vec<usize> = (0..8u16).map(|i| partition_of(40_000 + 2 * i, 3)).collect();
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..8).collect::<Vec<_>>(), "{seen:?}");
+        assert_eq!(partition_of(40_000, 3), partition_of(40_001, 3));
+        assert_eq!(port_mask(6), 0x7e);
+    }
+
+    #[test]
+    fn apportion_gives_every_partition_by_largest_remainder() {
+        assert_eq!(apportion(64, &[1, 1, 1]), vec![22, 21, 21]);
+        assert_eq!(apportion(8, &[3, 4, 1]), vec![3, 4, 1]);
+        assert_eq!(apportion(64, &[0, 50, 50]), vec![0, 32, 32]);
+        assert_eq!(apportion(16, &[0, 0]), vec![0, 0]);
+        for w in [[7u16, 0, 3], [1, 99, 0], [33, 33, 34]] {
+            assert_eq!(apportion(64, &w).iter().sum::<usize>(), 64, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn rebalance_moves_only_what_the_new_counts_need() {
+        let backends = [a(2), a(3), a(4)];
+        let owner: Vec<Option<Ipv4Addr>> = (0..12).map(|p| Some(backends[p % 3])).collect();
+        let moving = vec![None; 12];
+        // 4/4/4 to 6/3/3: two partitions move, both to the first backend.
+        let moves = rebalance(&owner, &moving, &backends, &[6, 3, 3]);
+        assert_eq!(moves.len(), 2, "{moves:?}");
+        assert!(
+            moves
+                .iter()
+                .all(|&(p, to)| to == a(2) && owner[p] != Some(a(2)))
+        );
+        // A backend that can take nothing gives up all its partitions, moving or not.
+        let mut moving = vec![None; 12];
+        moving[1] = Some(Move {
+            from: a(4),
+            until_ms: 10,
+        });
+        let moves = rebalance(&owner, &moving, &backends, &[6, 0, 6]);
+        let from_b: Vec<usize> = (0..12).filter(|&p| owner[p] == Some(a(3))).collect();
+        let moved: Vec<usize> = moves.iter().map(|&(p, _)| p).collect();
+        assert_eq!(moved, from_b);
+        // Unowned partitions are placed first.
+        let none = vec![None; 4];
+        let moves = rebalance(&none, &[None; 4], &backends, &[2, 1, 1]);
+        assert_eq!(moves, vec![(0, a(2)), (1, a(2)), (2, a(3)), (3, a(4))]);
+        // Counts already right: nothing moves.
+        assert!(rebalance(&owner, &[None; 12], &backends, &[4, 4, 4]).is_empty());
+    }
+
+    /// One switch, client h1 on port 1, backends h2..h4 (holding the VIP) on ports 2..4;
+    /// 8 partitions, transitions of 2 s.
+    fn partitioned() -> Sim {
+        let mut c = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\nmode = \"partitioned\"\npartition_bits = 3\ntransition_secs = 2\n[service.health]\nkind = \"none\"\n"
+        );
+        for b in 2..=4 {
+            c += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(b));
+        }
+        let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+        let mut sim = Sim::new(&c, &[(1, 4)], &[], &hosts);
+        for i in 1..=4u8 {
+            sim.send(&format!("h{i}"), &sim::arp_request(i, ip(9)));
+        }
+        sim.tick(Duration::from_millis(10));
+        sim
+    }
+
+    /// Where a segment from h1's `port` to the VIP ends up, and whether it went to the
+    /// controller.
+    fn send(sim: &mut Sim, port: u16, flags: u8) -> (String, bool) {
+        let before = sim.packet_ins;
+        let got = sim.send(
+            "h1",
+            &sim::tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), flags),
+        );
+        assert_eq!(got.len(), 1, "one backend gets it: {got:?}");
+        let (who, seen) = &got[0];
+        let b: u8 = who[1..].parse().expect("a host");
+        assert_eq!(seen.ipv4_dst, Some(VIP), "direct return: the VIP is kept");
+        assert_eq!(seen.eth_dst, mac(b));
+        (who.clone(), sim.packet_ins != before)
+    }
+
+    #[test]
+    fn partitions_carry_new_connections_without_the_controller() {
+        let mut sim = partitioned();
+        let mut per = std::collections::BTreeMap::new();
+        for i in 0..8u16 {
+            let (who, asked) = send(&mut sim, 40_000 + 2 * i, SYN);
+            assert!(!asked, "port {}: no PACKET_IN", 40_000 + 2 * i);
+            *per.entry(who).or_insert(0) += 1;
+        }
+        // Round robin: 8 partitions over three backends, 3/3/2.
+        let mut counts: Vec<i32> = per.values().copied().collect();
+        counts.sort_unstable();
+        assert_eq!(counts, [2, 3, 3], "{per:?}");
+        // The backend answers from the VIP, straight to the client: plain L2.
+        let before = sim.packet_ins;
+        let got = sim.send(
+            "h2",
+            &sim::tcp(mac(2), mac(1), (VIP, 80), (ip(1), 40_000), ACK),
+        );
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0.as_str(), got[0].1.ipv4_src), ("h1", Some(VIP)));
+        assert_eq!(sim.packet_ins, before);
+    }
+
+    #[test]
+    fn a_drained_backend_keeps_its_connections_while_its_partitions_move() {
+        let mut sim = partitioned();
+        // One live connection in every partition.
+        let owners: Vec<String> = (0..8u16)
+            .map(|i| send(&mut sim, 40_000 + 2 * i, SYN).0)
+            .collect();
+        let drained = owners[0].clone();
+        let b: usize = drained[1..].parse::<usize>().unwrap() - 2;
+        assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Draining));
+        sim.tick(Duration::from_millis(10));
+        let moved: Vec<usize> = (0..8).filter(|&p| owners[p] == drained).collect();
+        assert!(!moved.is_empty());
+        for &p in &moved {
+            let port = 40_000 + 2 * p as u16;
+            // The live connection's next segment goes up once, and stays with its backend.
+            let (who, asked) = send(&mut sim, port, ACK);
+            assert_eq!(
+                (who.as_str(), asked),
+                (drained.as_str(), true),
+                "partition {p}"
+            );
+            let (who, asked) = send(&mut sim, port, ACK);
+            assert_eq!(
+                (who.as_str(), asked),
+                (drained.as_str(), false),
+                "its own rule now"
+            );
+            // A new connection in the same partition (same bits 1..=3) avoids the drained
+            // backend, placed by the controller for the transition.
+            let (who, asked) = send(&mut sim, port + 16, SYN);
+            assert!(asked && who != drained, "partition {p}: {who}");
+        }
+        // Partitions that did not move still need no controller.
+        for p in (0..8).filter(|p| !moved.contains(p)) {
+            let (who, asked) = send(&mut sim, 40_000 + 2 * p as u16, ACK);
+            assert_eq!((who.as_str(), asked), (owners[p].as_str(), false));
+        }
+        // After the transition the moved partitions are the switch's again.
+        sim.tick(Duration::from_millis(2_100));
+        for &p in &moved {
+            let (who, asked) = send(&mut sim, 40_000 + 2 * p as u16 + 32, SYN);
+            assert!(!asked && who != drained, "partition {p}: {who}");
+            // The connection kept through the transition still reaches its backend.
+            let (who, _) = send(&mut sim, 40_000 + 2 * p as u16, ACK);
+            assert_eq!(who, drained);
+        }
+        let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+        assert_eq!(st.moves_total, moved.len() as u64);
+        assert!(st.moving.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn config_checks_partition_keys() {
+        use crate::config::Config;
+        let base = format!("[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n");
+        let backend = "[[service.backend]]\naddress = \"10.0.0.2\"\n";
+        let e = Config::from_toml(
+            &format!(
+                "{base}mode = \"partitioned\"\npartition_bits = 9\ntransition_secs = 0\n{backend}"
+            ),
+            &|_| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("service[0].partition_bits") && e.contains("service[0].transition_secs"),
+            "{e}"
+        );
+        let e = Config::from_toml(&format!("{base}partition_bits = 4\n{backend}"), &|_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only a mode = \"partitioned\""), "{e}");
+        let e = Config::from_toml(
+            &format!("{base}mode = \"partitioned\"\nalgorithm = \"isslm\"\nthreshold_rps = 5.0\n{backend}"),
+            &|_| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"partitioned\" cannot run algorithm"), "{e}");
+        let cfg = Config::from_toml(&format!("{base}mode = \"partitioned\"\n{backend}"), &|_| {
+            None
+        })
+        .expect("valid");
+        assert_eq!(
+            cfg.services[0].partitions,
+            crate::config::PartitionConfig::default()
+        );
+    }
+}
