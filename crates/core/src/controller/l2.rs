@@ -87,7 +87,10 @@ impl Controller {
             L3::Arp(a) => Some(a.spa),
             L3::Ipv4(ip) => Some(ip.src),
             _ => None,
-        };
+        }
+        // A service address is the controller's, never a host's: a partitioned service's
+        // backends answer from it (direct return), and must not become "the VIP's host".
+        .filter(|&a| !self.services.iter().any(|s| s.cfg.vip == Some(a)));
         // Frames we sent ourselves as a VIP must not teach anything.
         if self.is_virtual_mac(frame.eth_src) {
             return;

@@ -646,6 +646,21 @@ mod tests {
     }
 
     #[test]
+    fn a_backends_answer_from_the_vip_teaches_nothing_about_the_vip() {
+        let mut sim = partitioned();
+        // A direct-return answer that misses every rule comes up to the controller.
+        sim.packet_in(
+            1,
+            2,
+            sim::tcp(mac(2), mac(9), (VIP, 80), (ip(1), 40_000), ACK),
+        );
+        assert_eq!(sim.c.topo.mac_of(VIP), None);
+        sim.tick(Duration::from_millis(10));
+        let (_, asked) = send(&mut sim, 40_002, SYN);
+        assert!(!asked, "the partition rules stay");
+    }
+
+    #[test]
     fn a_drained_backend_keeps_its_connections_while_its_partitions_move() {
         let mut sim = partitioned();
         // One live connection in every partition.
