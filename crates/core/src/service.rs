@@ -275,7 +275,11 @@ impl ServiceState {
                 (None, _) => b.metrics_url.is_none(),
                 (Some(_), None) => true,
             };
-            loads_push(&mut self.loads, b, weight, metrics_fresh);
+            // Only the reactive mode sees every connection; the others' own counts hold
+            // the few that reached the controller (a partition moving), a sample whose
+            // bias would steer their weights (seen on OVS: partitions that kept moving).
+            let counted = self.cfg.mode == crate::config::ServiceMode::Reactive;
+            loads_push(&mut self.loads, b, weight, metrics_fresh, counted);
         }
     }
 
@@ -295,18 +299,26 @@ impl ServiceState {
     }
 }
 
-fn loads_push(loads: &mut Vec<BackendLoad>, b: &BackendState, weight: u32, metrics_fresh: bool) {
+fn loads_push(
+    loads: &mut Vec<BackendLoad>,
+    b: &BackendState,
+    weight: u32,
+    metrics_fresh: bool,
+    counted: bool,
+) {
     loads.push(BackendLoad {
         eligible: b.eligible(),
         weight,
         // What the backend itself reports in progress is the truer figure for short
         // requests (the switch reports a connection's end about a second after its FIN);
-        // the flow count stands in when there is no fresh report.
+        // the flow count stands in when there is no fresh report, if the controller
+        // counts every connection.
         active_connections: match b.reported_active {
             Some(a) if metrics_fresh && a.is_finite() && a >= 0.0 => {
                 (a.round() as u32).saturating_add(b.picks_since_metrics)
             }
-            _ => b.active_connections,
+            _ if counted => b.active_connections,
+            _ => 0,
         },
         rps: b.reported_rps.unwrap_or(b.rps),
         picks_since_refresh: b.picks_since_refresh,

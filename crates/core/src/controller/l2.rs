@@ -261,8 +261,13 @@ impl Controller {
     pub(crate) fn probe_unlocated_backends(&mut self, out: &mut Outbox) {
         let mut asks: Vec<(MacAddr, Ipv4Addr, Ipv4Addr)> = Vec::new();
         for s in &self.services {
-            // Ask as the service: its VIP, or no address at all (an RFC 5227 probe).
-            let spa = s.cfg.vip.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            // Ask as the service: its VIP, or no address at all (an RFC 5227 probe). A
+            // partitioned service's backends hold its VIP and drop a request that claims
+            // to come from their own address: no address for them either.
+            let spa = match (s.cfg.mode, s.cfg.vip) {
+                (crate::config::ServiceMode::Partitioned, _) | (_, None) => Ipv4Addr::UNSPECIFIED,
+                (_, Some(vip)) => vip,
+            };
             for b in &s.backends {
                 if b.mac.is_none() && !asks.iter().any(|(_, _, t)| *t == b.address) {
                     asks.push((s.cfg.virtual_mac, spa, b.address));

@@ -30,10 +30,13 @@
 //!
 //! **Live load.** Every refresh the service's own balancer gives the shares it would give
 //! the next picks (the proactive mode's bucket weights, `proactive::compute_weights`), and
-//! the partition counts follow them by largest remainders. When the counts drift by at
-//! least an eighth of the partitions (at most once per [`REBALANCE_MIN`]), or a backend
-//! that owns partitions can no longer take connections (unhealthy, drained, ejected), the
-//! fewest partitions that close the gap change owner.
+//! the partition counts follow their moving average (time constant [`SMOOTHING`]) by
+//! largest remainders. When some backend's count is off by at least a sixteenth of the
+//! partitions (two at least; at most once per [`REBALANCE_MIN`]), or a backend that owns
+//! partitions can no longer take connections (unhealthy, drained, ejected: at once), the
+//! fewest partitions that close the gap change owner. Both brakes matter: every move costs
+//! a transition through the controller, and a weight that flips by one pick between
+//! refreshes must not move a partition back and forth.
 //!
 //! **Transitions: no live connection moves.** A partition that changes owner first gets a
 //! rule sending it to the controller ([`PRIO_MOVING`]), then, after a barrier, its wildcard
@@ -63,8 +66,10 @@ pub(crate) const PRIO_PARTITION: u16 = 220;
 pub(crate) const PRIO_MOVING: u16 = 240;
 /// Partition counts are not changed more often than this...
 const REBALANCE_MIN: Duration = Duration::from_secs(1);
-/// ...nor for a drift below `partitions / REBALANCE_DRIFT_DIV` (in partitions, L1).
-const REBALANCE_DRIFT_DIV: usize = 8;
+/// ...nor while no backend is off by `partitions / REBALANCE_DEVIATION_DIV` (at least 2).
+const REBALANCE_DEVIATION_DIV: usize = 16;
+/// The time constant of the weights' moving average.
+const SMOOTHING: Duration = Duration::from_secs(1);
 
 /// The partition of a client port, for a service with `bits` partition bits.
 pub(crate) fn partition_of(client_port: u16, bits: u8) -> usize {
@@ -97,6 +102,9 @@ pub(crate) struct Partitions {
     /// The topology generation the rules were last built for.
     topo_generation: u64,
     rebalanced_at: Option<Instant>,
+    /// The balancer's weights, averaged ([`SMOOTHING`]), and when last updated.
+    smoothed: Vec<f64>,
+    smoothed_at: Option<Instant>,
     /// Partitions that changed owner since the controller started.
     pub(crate) moves_total: u64,
 }
@@ -111,6 +119,30 @@ impl Partitions {
             moving: vec![None; n],
             ..Partitions::default()
         }
+    }
+
+    /// Fold this refresh's weights into the moving average and return it, rounded. A
+    /// backend whose weight goes to or from zero (it can no longer, or can again, take
+    /// connections) resets the average: that change is acted on at once.
+    fn smooth(&mut self, now: Instant, weights: &[u16]) -> Vec<u16> {
+        let zeros_moved = self.smoothed.len() != weights.len()
+            || self
+                .smoothed
+                .iter()
+                .zip(weights)
+                .any(|(&a, &w)| (a == 0.0) != (w == 0));
+        match self.smoothed_at {
+            Some(at) if !zeros_moved => {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                let alpha = 1.0 - (-dt / SMOOTHING.as_secs_f64()).exp();
+                for (a, &w) in self.smoothed.iter_mut().zip(weights) {
+                    *a += alpha * (f64::from(w) - *a);
+                }
+            }
+            _ => self.smoothed = weights.iter().map(|&w| f64::from(w)).collect(),
+        }
+        self.smoothed_at = Some(now);
+        self.smoothed.iter().map(|&a| a.round() as u16).collect()
     }
 
     /// The backend a segment of this partition goes to: a SYN (a new connection) to the
@@ -448,14 +480,15 @@ impl Controller {
             }
             // Follow live load.
             let addrs: Vec<Ipv4Addr> = sig.iter().map(|s| s.0).collect();
-            let target = apportion(st.owner.len(), &weights);
+            let smoothed = st.smooth(now, &weights);
+            let target = apportion(st.owner.len(), &smoothed);
             let have = |a: Ipv4Addr| st.owner.iter().filter(|&&o| o == Some(a)).count();
-            let drift: usize = addrs
+            let deviation = addrs
                 .iter()
                 .zip(&target)
                 .map(|(&a, &t)| have(a).abs_diff(t))
-                .sum::<usize>()
-                + st.owner.iter().filter(|o| o.is_none()).count();
+                .max()
+                .unwrap_or(0);
             // A partition without an owner, or whose owner can take nothing now.
             let lost = st.owner.iter().any(|o| match o {
                 None => true,
@@ -467,7 +500,7 @@ impl Controller {
             let due = st
                 .rebalanced_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= REBALANCE_MIN);
-            let enough = drift >= (st.owner.len() / REBALANCE_DRIFT_DIV).max(1);
+            let enough = deviation >= (st.owner.len() / REBALANCE_DEVIATION_DIV).max(2);
             if target.iter().any(|&t| t > 0) && (lost || (enough && due)) {
                 let moves = rebalance(&st.owner, &st.moving, &addrs, &target);
                 if !moves.is_empty() {
@@ -590,8 +623,12 @@ mod tests {
     /// One switch, client h1 on port 1, backends h2..h4 (holding the VIP) on ports 2..4;
     /// 8 partitions, transitions of 2 s.
     fn partitioned() -> Sim {
+        partitioned_with("round-robin", 3)
+    }
+
+    fn partitioned_with(algorithm: &str, bits: u8) -> Sim {
         let mut c = format!(
-            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\nmode = \"partitioned\"\npartition_bits = 3\ntransition_secs = 2\n[service.health]\nkind = \"none\"\n"
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"partitioned\"\npartition_bits = {bits}\ntransition_secs = 2\n[service.health]\nkind = \"none\"\n"
         );
         for b in 2..=4 {
             c += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(b));
@@ -643,6 +680,36 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].0.as_str(), got[0].1.ipv4_src), ("h1", Some(VIP)));
         assert_eq!(sim.packet_ins, before);
+    }
+
+    #[test]
+    fn partitions_stay_put_while_the_load_does_not_change() {
+        // Found on OVS: with least connections, 16 partitions moved about once a second
+        // with no traffic at all (its weights flip by a pick between refreshes), and under
+        // load the connections placed during transitions steered the weights into moving
+        // every partition, again and again.
+        for (algorithm, bits) in [
+            ("least-connections", 4),
+            ("least-connections", 6),
+            ("p2c", 4),
+        ] {
+            let mut sim = partitioned_with(algorithm, bits);
+            let placed = sim.c.partition_view(0).expect("partitioned");
+            assert_eq!(placed.owned.iter().sum::<usize>(), 1 << bits);
+            assert!(
+                placed.owned.iter().all(|&n| n > 0),
+                "{algorithm}: {placed:?}"
+            );
+            // Connections through moving partitions, then 20 s of refreshes.
+            for i in 0..40u16 {
+                send(&mut sim, 41_000 + 2 * i, SYN);
+            }
+            for _ in 0..2_000 {
+                sim.tick(Duration::from_millis(10));
+            }
+            let view = sim.c.partition_view(0).expect("partitioned");
+            assert_eq!(view.moves_total, 0, "{algorithm}, {bits} bits: {view:?}");
+        }
     }
 
     #[test]
