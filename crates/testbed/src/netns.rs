@@ -269,6 +269,19 @@ impl Host {
         .map(drop)
     }
 
+    /// Makes the host a direct-server-return backend for `vip`: the address on `lo` (so it
+    /// accepts packets a load balancer hands it by MAC with the VIP still their destination,
+    /// and answers from the VIP), while it never answers ARP for it (`arp_ignore=1`: only
+    /// for addresses of the asking interface) nor uses it as the source of its own ARP
+    /// requests (`arp_announce=2`), which would teach the network the VIP's MAC is its.
+    /// The sysctls come first, so the host never answers for the VIP in between.
+    pub fn add_loopback_vip(&self, vip: Ipv4Addr) -> Result<()> {
+        self.exec_checked(&["sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1"])?;
+        self.exec_checked(&["sysctl", "-qw", "net.ipv4.conf.all.arp_announce=2"])?;
+        let addr = format!("{vip}/32");
+        cmd::run("ip", &["-n", &self.ns, "addr", "add", &addr, "dev", "lo"]).map(drop)
+    }
+
     /// Adds a route (`ip route add DEST via GW` or `dev eth0` when `via` is `None`).
     pub fn add_route(&self, dest: &str, via: Option<Ipv4Addr>) -> Result<()> {
         match via {

@@ -471,7 +471,14 @@ impl Controller {
             | u64::from(conn.backend)
             | rules::conn_tag_bits(conn.tag);
         let rewrite = key.service_addr != p.backend_ip;
-        let fin = self.fin_timeout_action.clone();
+        let fin = self.fin_timeout_body;
+        // One rule, refilled for each switch: the match and actions stay in place.
+        let mut rule = rules::ConnRule {
+            cookie_low: low,
+            idle_timeout: idle,
+            m: Match::new(),
+            actions: Actions::new(),
+        };
 
         if found.0 {
             for (i, &(d, port)) in self.scratch_path.iter().enumerate() {
@@ -481,7 +488,9 @@ impl Controller {
                 } else {
                     p.backend_ip
                 };
-                let mut m = rules::tcp_match(
+                let (m, actions) = (&mut rule.m, &mut rule.actions);
+                rules::set_tcp_match(
+                    m,
                     Some(key.client),
                     Some(dst),
                     Some(key.client_port),
@@ -491,49 +500,42 @@ impl Controller {
                     // Every SYN comes up to be decided, even on a 4-tuple this rule holds.
                     m.push(rules::not_syn());
                 }
-                let mut actions = Actions::new();
+                actions.clear();
                 if first && rewrite {
-                    rules::push_rewrite_dst(&mut actions, p.backend_mac, p.backend_ip);
+                    rules::push_rewrite_dst(actions, p.backend_mac, p.backend_ip);
                 } else if first && p.service_mac != p.backend_mac {
                     actions.push(Action::SetField(Oxm::EthDst {
                         value: p.backend_mac.0,
                         mask: None,
                     }));
                 }
-                if let Some(fin) = &fin {
-                    actions.push(fin.clone());
+                if let Some(fin) = fin {
+                    actions.push(rules::fin_timeout_of(fin));
                 }
                 actions.push(Action::output(port));
-                let cookie_low = if first {
+                rule.cookie_low = if first {
                     low | cookie::conn::ACCOUNTING
                 } else {
                     low
                 };
-                out.push(
-                    d,
-                    rules::ConnRule {
-                        cookie_low,
-                        idle_timeout: idle,
-                        m,
-                        actions,
-                    }
-                    .into_message(),
-                );
+                out.push_conn_rule(d, &rule);
             }
         }
         if found.1 {
             let last = self.scratch_rev.len().saturating_sub(1);
             for (i, &(d, port)) in self.scratch_rev.iter().enumerate() {
-                let m = rules::tcp_match(
+                let actions = &mut rule.actions;
+                rules::set_tcp_match(
+                    &mut rule.m,
                     Some(p.backend_ip),
                     Some(key.client),
                     Some(key.service_port),
                     Some(key.client_port),
                 );
-                let mut actions = Actions::new();
+                actions.clear();
                 if i == last {
                     if rewrite {
-                        rules::push_rewrite_src(&mut actions, p.service_mac, key.service_addr);
+                        rules::push_rewrite_src(actions, p.service_mac, key.service_addr);
                     } else if p.service_mac != p.backend_mac {
                         actions.push(Action::SetField(Oxm::EthSrc {
                             value: p.service_mac.0,
@@ -541,22 +543,13 @@ impl Controller {
                         }));
                     }
                 }
-                if let Some(fin) = &fin {
-                    actions.push(fin.clone());
+                if let Some(fin) = fin {
+                    actions.push(rules::fin_timeout_of(fin));
                 }
                 actions.push(Action::output(port));
-                out.push(
-                    d,
-                    rules::ConnRule {
-                        cookie_low: low
-                            | cookie::conn::REVERSE
-                            | if i == last { cookie::conn::OUTCOME } else { 0 },
-                        idle_timeout: idle,
-                        m,
-                        actions,
-                    }
-                    .into_message(),
-                );
+                rule.cookie_low =
+                    low | cookie::conn::REVERSE | if i == last { cookie::conn::OUTCOME } else { 0 };
+                out.push_conn_rule(d, &rule);
             }
         }
     }
@@ -745,6 +738,7 @@ impl Controller {
         self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
         if let Some(s) = self.services.get_mut(si) {
             s.record_adopted(b);
+            tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, "connection adopted from its partition");
         }
         self.conns.insert(key, conn);
         self.emit_rules(&key, conn, &p, found, out);

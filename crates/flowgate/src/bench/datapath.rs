@@ -5,6 +5,8 @@
 //! adding `Connection: close`, so every request is a new TCP connection (a new flow).
 //!
 //! h1 = client 10.0.0.1, h2..h4 = backends 10.0.0.2-4, h5 = proxy 10.0.0.5; VIP 10.0.0.100.
+//! In `flowgate-partitioned` the backends answer the client directly (DSR): each holds the
+//! VIP on its loopback and its server listens on the VIP too.
 //! Needs root and Open vSwitch; everything it makes is removed when it ends.
 
 use std::path::{Path, PathBuf};
@@ -33,6 +35,11 @@ pub enum Case {
     /// flowgate's VIP in `mode = "proactive"`: a select group + conntrack the controller
     /// keeps weighted from live load; new connections stay in the switch.
     FlowgateProactive,
+    /// flowgate's VIP in `mode = "partitioned"`: one wildcard rule per client-port
+    /// partition hands the connection's packets to the partition's backend by MAC, no
+    /// rewrite, no conntrack; the backends hold the VIP and answer directly (DSR). The
+    /// controller moves partitions between backends from live load.
+    FlowgatePartitioned,
     /// HAProxy, `balance leastconn`, on its own host.
     Haproxy,
     /// nginx `least_conn` as a reverse proxy on its own host.
@@ -77,6 +84,9 @@ impl Case {
         match self {
             Case::Flowgate => "flowgate VIP (reactive)",
             Case::FlowgateProactive => "flowgate VIP (proactive: group + conntrack)",
+            Case::FlowgatePartitioned => {
+                "flowgate VIP (partitioned: source-port wildcard rules, DSR backends)"
+            }
             Case::Haproxy => "HAProxy leastconn (proxy host)",
             Case::Nginx => "nginx least_conn (proxy host)",
             Case::Direct => "direct to one backend",
@@ -159,9 +169,12 @@ const VIP: &str = "10.0.0.100";
 const BACKENDS: [&str; 3] = ["10.0.0.2", "10.0.0.3", "10.0.0.4"];
 const PROXY: &str = "10.0.0.5";
 
-fn nginx_backend_conf(dir: &Path, ip: &str, name: &str) -> String {
+/// A backend's nginx config: `return 200 NAME` on `ip:80`, and on `vip:80` too when given
+/// (a DSR backend, which holds the VIP on its loopback).
+fn nginx_backend_conf(dir: &Path, ip: &str, vip: Option<&str>, name: &str) -> String {
+    let vip_listen = vip.map_or(String::new(), |v| format!(" listen {v}:80 backlog=4096;"));
     format!(
-        "worker_processes auto;\ndaemon off;\npid {d}/nginx-{name}.pid;\nerror_log {d}/nginx-{name}.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-{name};\n  proxy_temp_path {d}/tmp-{name};\n  fastcgi_temp_path {d}/tmp-{name};\n  uwsgi_temp_path {d}/tmp-{name};\n  scgi_temp_path {d}/tmp-{name};\n  server {{ listen {ip}:80 backlog=4096; location / {{ return 200 \"{name}\\n\"; }} }}\n}}\n",
+        "worker_processes auto;\ndaemon off;\npid {d}/nginx-{name}.pid;\nerror_log {d}/nginx-{name}.err warn;\nevents {{ worker_connections 8192; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/tmp-{name};\n  proxy_temp_path {d}/tmp-{name};\n  fastcgi_temp_path {d}/tmp-{name};\n  uwsgi_temp_path {d}/tmp-{name};\n  scgi_temp_path {d}/tmp-{name};\n  server {{ listen {ip}:80 backlog=4096;{vip_listen} location / {{ return 200 \"{name}\\n\"; }} }}\n}}\n",
         d = dir.display()
     )
 }
@@ -302,6 +315,21 @@ impl Drop for Controller {
 }
 
 impl Controller {
+    /// The VIP's partitions (`partitions` of `/api/v1/services`), for a partitioned one.
+    fn partitions(&self) -> Option<serde_json::Value> {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "-m",
+                "2",
+                &format!("http://{}/api/v1/services", self.api),
+            ])
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        Some(v.get(0)?.get("partitions")?.clone())
+    }
+
     fn packet_ins(&self) -> Option<u64> {
         let o = Command::new("curl")
             .args(["-s", "-m", "2", &format!("http://{}/metrics", self.api)])
@@ -318,9 +346,19 @@ impl Controller {
     }
 }
 
+/// A partitioned VIP's `transition_secs`: the partitions the first backend located took
+/// all of move to the others through the controller for this long, which the bench waits
+/// out before measuring (the default, 60 s, would add a minute to every run).
+const PARTITION_TRANSITION_SECS: u64 = 2;
+
 fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Controller> {
+    let partition = if mode == "partitioned" {
+        format!("transition_secs = {PARTITION_TRANSITION_SECS}\n")
+    } else {
+        String::new()
+    };
     let mut cfg = format!(
-        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"{mode}\"\n\n[service.health]\nkind = \"none\"\n"
+        "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"{mode}\"\n{partition}\n[service.health]\nkind = \"none\"\n"
     );
     for b in BACKENDS {
         cfg += &format!("\n[[service.backend]]\naddress = \"{b}\"\n");
@@ -582,10 +620,13 @@ fn churn_weights(
     Ok(n)
 }
 
+/// The three backend servers; with `dsr`, each also serves the VIP (which the caller has
+/// put on its loopback).
 fn start_backends(
     t: &topo::Topology,
     kind: BackendKind,
     dir: &Path,
+    dsr: bool,
 ) -> anyhow::Result<Vec<ProcGuard>> {
     let mut v = Vec::new();
     for (i, ip) in BACKENDS.iter().enumerate() {
@@ -595,14 +636,20 @@ fn start_backends(
             BackendKind::Nginx => {
                 let conf = dir.join(format!("nginx-{name}.conf"));
                 std::fs::create_dir_all(dir.join(format!("tmp-{name}")))?;
-                std::fs::write(&conf, nginx_backend_conf(dir, ip, &name))?;
+                let vip = dsr.then_some(VIP);
+                std::fs::write(&conf, nginx_backend_conf(dir, ip, vip, &name))?;
                 let conf = conf.to_string_lossy().to_string();
                 let d = dir.to_string_lossy().to_string();
                 v.push(h.spawn(&["nginx", "-p", &d, "-c", &conf])?);
             }
             BackendKind::FlowgateHttpd => {
                 let exe = flowgate_exe()?.to_string_lossy().to_string();
-                let listen = format!("{ip}:80");
+                // httpd takes one address: the wildcard covers the VIP on lo as well.
+                let listen = if dsr {
+                    "0.0.0.0:80".to_string()
+                } else {
+                    format!("{ip}:80")
+                };
                 v.push(h.spawn(&[
                     &exe, "--log", "warn", "httpd", "--listen", &listen, "--name", &name,
                 ])?);
@@ -701,7 +748,13 @@ fn measure(
         h.exec_checked(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535"])?;
         h.exec_checked(&["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
     }
-    let _servers = start_backends(&t, kind, dir)?;
+    let dsr = case == Case::FlowgatePartitioned;
+    if dsr {
+        for h in &t.hosts[1..=BACKENDS.len()] {
+            h.add_loopback_vip(VIP.parse()?)?;
+        }
+    }
+    let _servers = start_backends(&t, kind, dir, dsr)?;
     let mut ctl = None;
     let mut _proxy = None;
     let url = match case {
@@ -742,17 +795,24 @@ fn measure(
             client.set_arp(VIP.parse()?, VIP_MAC)?;
             format!("http://{VIP}/")
         }
-        Case::Flowgate | Case::FlowgateProactive => {
-            let (algorithm, mode) = if case == Case::Flowgate {
-                (args.algorithm.as_str(), "reactive")
-            } else {
-                // ISSLM decides per connection: proactive mode takes the others.
-                let a = if args.algorithm == "isslm" {
-                    "least-connections"
-                } else {
-                    args.algorithm.as_str()
-                };
-                (a, "proactive")
+        Case::Flowgate | Case::FlowgateProactive | Case::FlowgatePartitioned => {
+            let (algorithm, mode) = match case {
+                Case::Flowgate => (args.algorithm.as_str(), "reactive"),
+                _ => {
+                    // ISSLM (and `none`) decide per connection: proactive and partitioned
+                    // modes take the load-weighted others.
+                    let a = if matches!(args.algorithm.as_str(), "isslm" | "none") {
+                        "least-connections"
+                    } else {
+                        args.algorithm.as_str()
+                    };
+                    let mode = if case == Case::FlowgateProactive {
+                        "proactive"
+                    } else {
+                        "partitioned"
+                    };
+                    (a, mode)
+                }
             };
             let c = start_flowgate(dir, algorithm, mode)?;
             br.set_controller(&[format!("tcp:{}", c.openflow)])?;
@@ -764,6 +824,9 @@ fn measure(
     if let Err(e) = wait_http(client, &url, Duration::from_secs(20)) {
         let proxy_log = _proxy.as_ref().map(|p| p.output()).unwrap_or_default();
         bail!("{case:?} with {backend_label} backends: {e}\n{proxy_log}");
+    }
+    if let Some(c) = ctl.as_ref().filter(|_| dsr) {
+        wait_partitions_settled(c, Duration::from_secs(10 + 2 * PARTITION_TRANSITION_SECS))?;
     }
     let pi_before = ctl.as_ref().and_then(|c| c.packet_ins());
     eprintln!(
@@ -798,6 +861,9 @@ fn measure(
         wrk(client, args, &url, lua)?
     };
     let pi_after = ctl.as_ref().and_then(|c| c.packet_ins());
+    if let Some(p) = ctl.as_ref().filter(|_| dsr).and_then(|c| c.partitions()) {
+        eprintln!("bench datapath: {case:?}: partitions after the run: {p}");
+    }
     let (requests_per_sec, p50_ms, p99_ms, requests, errors) = parse_wrk(&out)?;
     eprintln!("bench datapath: {case:?}: {requests_per_sec:.0} requests/s");
     Ok(Measured {
@@ -811,6 +877,30 @@ fn measure(
             _ => None,
         },
     })
+}
+
+/// Waits until every backend owns partitions and none is moving (a moving partition's
+/// packets go through the controller): the steady state the case measures. (The first
+/// backend located owns every partition until the others are.)
+fn wait_partitions_settled(ctl: &Controller, timeout: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        let p = ctl.partitions().unwrap_or_default();
+        let owned: Vec<u64> = p["owned"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+            .unwrap_or_default();
+        if p["moving"].as_u64() == Some(0)
+            && owned.len() == BACKENDS.len()
+            && owned.iter().all(|&n| n > 0)
+        {
+            return Ok(());
+        }
+        if t0.elapsed() > timeout {
+            bail!("partitions not settled within {timeout:?}: {p}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
