@@ -95,7 +95,7 @@ fn bench_controller_flood_defers_rules_to_the_handshake() {
             "--peers",
             "flowgate",
             "--rate",
-            "400000",
+            "100000",
             "--timeout-ms",
             "1000",
             "--controller-overload",

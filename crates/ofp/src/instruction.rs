@@ -134,17 +134,8 @@ impl Instruction {
                 out.put_u64(*metadata);
                 out.put_u64(*mask);
             }
-            Instruction::WriteActions(a) | Instruction::ApplyActions(a) => {
-                out.put_u16(if matches!(self, Instruction::WriteActions(_)) {
-                    WRITE_ACTIONS
-                } else {
-                    APPLY_ACTIONS
-                });
-                let mark = LenMark::at(out, start);
-                out.put_u32(0);
-                encode_actions(a, out)?;
-                mark.finish(out, "instruction")?;
-            }
+            Instruction::WriteActions(a) => encode_actions_instruction(WRITE_ACTIONS, a, out)?,
+            Instruction::ApplyActions(a) => encode_actions_instruction(APPLY_ACTIONS, a, out)?,
             Instruction::ClearActions => {
                 out.put_u16(CLEAR_ACTIONS);
                 out.put_u16(8);
@@ -169,6 +160,22 @@ impl Instruction {
         }
         Ok(())
     }
+}
+
+/// OFPIT_WRITE_ACTIONS or OFPIT_APPLY_ACTIONS (`typ`) with `actions` (§7.2.4: type,
+/// length, 4 bytes of padding, the actions).
+pub(crate) fn encode_actions_instruction(
+    typ: u16,
+    actions: &[crate::Action],
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let start = out.len();
+    out.put_u16(typ);
+    let mark = LenMark::at(out, start);
+    out.put_u32(0);
+    encode_actions(actions, out)?;
+    mark.finish(out, "instruction")?;
+    Ok(())
 }
 
 pub(crate) fn decode_instructions(mut r: Reader<'_>) -> Result<Instructions, DecodeError> {

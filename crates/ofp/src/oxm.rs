@@ -801,6 +801,11 @@ impl Match {
     pub fn push(&mut self, oxm: Oxm) {
         self.fields.push(oxm);
     }
+    /// Remove every field (a match reused for another rule keeps its place).
+    #[inline]
+    pub fn clear(&mut self) {
+        self.fields.clear();
+    }
     /// Append a field, builder style.
     #[inline]
     pub fn with(mut self, oxm: Oxm) -> Self {

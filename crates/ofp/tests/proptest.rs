@@ -383,6 +383,35 @@ proptest! {
         prop_assert_eq!(&again[..], &bytes[..]);
     }
 
+    /// The borrowed form encodes to the owned FLOW_MOD's bytes, whatever the fields.
+    #[test]
+    fn flow_mod_apply_encodes_as_the_flow_mod(xid in any::<u32>(), fm in arb_flow_mod(), actions in arb_actions()) {
+        let mut owned = fm.clone();
+        owned.instructions = std::iter::once(Instruction::ApplyActions(actions.clone())).collect();
+        let borrowed = FlowModApply {
+            fixed: FlowModFixed {
+                cookie: fm.cookie,
+                cookie_mask: fm.cookie_mask,
+                table_id: fm.table_id,
+                command: fm.command,
+                idle_timeout: fm.idle_timeout,
+                hard_timeout: fm.hard_timeout,
+                priority: fm.priority,
+                buffer_id: fm.buffer_id,
+                out_port: fm.out_port,
+                out_group: fm.out_group,
+                flags: fm.flags,
+            },
+            match_: &fm.match_,
+            actions: &actions,
+        };
+        let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+        let ra = encode(xid, &owned, &mut a);
+        let rb = encode(xid, &borrowed, &mut b);
+        prop_assert_eq!(ra, rb);
+        prop_assert_eq!(&a[..], &b[..]);
+    }
+
     #[test]
     fn framer_is_independent_of_chunking(msgs in vec((any::<u32>(), arb_message()), 1..6), cuts in vec(1usize..200, 1..20)) {
         let mut stream = BytesMut::new();

@@ -12,7 +12,9 @@ use anyhow::{Context, bail};
 use flowgate_packet::MacAddr;
 use hdrhistogram::Histogram;
 
-use super::switch::{CheckMode, Pace, RunFlags, SwitchCounters, SwitchPlan, run_switch};
+use super::switch::{
+    CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, run_switch_in,
+};
 use super::{Table, fmt_rate};
 
 /// The os-ken peer app, written out next to its plan when the peer is started.
@@ -255,6 +257,13 @@ async fn measure_async(
         Pace::Window(w) => Pace::Window(w),
         Pace::Rate(r) => Pace::Rate(r / n as f64),
     };
+    // Open loop: one schedule for all the switches, so that their probes interleave
+    // evenly instead of each switch keeping time on its own.
+    let open = match pace {
+        Pace::Rate(r) => Some(OpenLoop::new(r, n)),
+        Pace::Window(_) => None,
+    };
+    let driver = open.as_ref().map(|o| o.spawn(flags.clone()));
     let mut pace_label = match pace {
         Pace::Window(1) => "latency (1 outstanding/switch)".to_string(),
         Pace::Window(w) => format!("throughput ({w} outstanding/switch)"),
@@ -269,8 +278,9 @@ async fn measure_async(
     let handles: Vec<_> = plans
         .into_iter()
         .zip(&counters)
-        .map(|(p, c)| {
-            tokio::spawn(run_switch(
+        .enumerate()
+        .map(|(i, (p, c))| {
+            tokio::spawn(run_switch_in(
                 addr,
                 p,
                 mode,
@@ -279,6 +289,7 @@ async fn measure_async(
                 args.expire_after,
                 c.clone(),
                 flags.clone(),
+                open.clone().map(|o| (o, i)),
             ))
         })
         .collect();
@@ -368,6 +379,13 @@ async fn measure_async(
         hist.add(&r.hist)?;
         samples.extend(r.samples);
         errors.extend(r.error);
+    }
+    if let Some(d) = driver {
+        match d.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("open-loop schedule: {e}")),
+        }
     }
     samples.truncate(5);
     let (min, max, avg, stdev) = stats(&loops);

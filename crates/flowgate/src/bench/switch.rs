@@ -11,6 +11,7 @@
 //! any OpenFlow 1.3 VIP balancer can be measured. In L2 mode (learning switches) every
 //! FLOW_MOD ADD and every non-LLDP PACKET_OUT counts as one response, as in cbench.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -42,8 +43,164 @@ pub enum Pace {
     /// Keep this many probes outstanding per switch (1 = cbench's latency mode).
     Window(usize),
     /// Open loop: this many probes per second from this switch, on a fixed schedule
-    /// (kept in 1 ms steps, whatever the answers do); latency counts from the send.
+    /// ([`OpenLoop`], whatever the answers do); latency counts from the send.
     Rate(f64),
+}
+
+/// The open-loop schedule of a group of switches, whatever the answers do: probe `j` of
+/// the group is due `j / rate` seconds after the start; probes go in batches of `batch`
+/// consecutive ones (about [`STEP`]'s worth), batch `g` from switch `g mod n`, all of it
+/// when its first probe falls due.
+///
+/// tokio's timers step in whole milliseconds, which sent every switch's millisecond of
+/// probes at once (at 260,000/s, 260 at the controller together every millisecond: the
+/// latency measured that burst). Here the switches take turns: at 260,000/s a batch of
+/// 16 every 62 µs (16 switches: as many probes per write as before) (the controller's and the bench's
+/// CPU per setup depend on it) but never more than one batch at once. Each switch sends
+/// its batches as they fall due whenever it runs anyway (reading answers), and a thread
+/// of its own wakes those that have a batch due and did not run, on a timerfd: exact to
+/// microseconds where a timeout in tokio's reactor rounds to a millisecond.
+pub struct OpenLoop {
+    rate: f64,
+    batch: u64,
+    slots: Vec<Slot>,
+    /// When probe 0 was due (set by the stepping thread at `RunFlags::go`).
+    start: std::sync::OnceLock<Instant>,
+    /// The switches are gone: stop stepping (as at `RunFlags::stop`).
+    done: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// Probes of this switch sent (or dropped, its queue full) so far.
+    taken: AtomicU64,
+    wake: tokio::sync::Notify,
+}
+
+/// The schedule's step: a batch per step, of as many probes as fall due in it, one
+/// probe at least (below 16,000/s, a probe per step at its exact time).
+const STEP: Duration = Duration::from_micros(62);
+/// The stepping thread's longest sleep: it notices the end of the run within this.
+const MAX_STEP: Duration = Duration::from_millis(10);
+
+impl OpenLoop {
+    /// `rate` probes per second over `switches` switches.
+    pub fn new(rate: f64, switches: usize) -> Arc<OpenLoop> {
+        let rate = rate.max(1e-3);
+        Arc::new(OpenLoop {
+            rate,
+            batch: (rate * STEP.as_secs_f64()).round().max(1.0) as u64,
+            slots: (0..switches.max(1)).map(|_| Slot::default()).collect(),
+            start: std::sync::OnceLock::new(),
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// Step the schedule from `flags.go` until `flags.stop` (or [`OpenLoop::finish`]), on
+    /// a thread of its own (`spawn_blocking`).
+    pub fn spawn(
+        self: &Arc<Self>,
+        flags: Arc<RunFlags>,
+    ) -> tokio::task::JoinHandle<Result<(), String>> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.drive(&flags))
+    }
+
+    /// The switches are done with the schedule.
+    pub fn finish(&self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+
+    fn over(&self, flags: &RunFlags) -> bool {
+        flags.stop.load(Ordering::Relaxed) || self.done.load(Ordering::Relaxed)
+    }
+
+    /// Probes of switch `i` due by `now` since the start (all of them, sent or not).
+    fn due(&self, i: usize, now: Instant) -> u64 {
+        let Some(start) = self.start.get() else {
+            return 0;
+        };
+        // Probe j is the last one due; batches 0..=j / batch have started.
+        let j = (now.saturating_duration_since(*start).as_secs_f64() * self.rate) as u64;
+        let (g, n, i) = (j / self.batch, self.slots.len() as u64, i as u64);
+        // Batch g is switch g mod n's.
+        let batches = if g >= i { (g - i) / n + 1 } else { 0 };
+        batches * self.batch
+    }
+
+    fn drive(&self, flags: &RunFlags) -> Result<(), String> {
+        while !flags.go.load(Ordering::Relaxed) {
+            if self.over(flags) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let step = Duration::from_secs_f64(self.batch as f64 / self.rate).min(MAX_STEP);
+        let timer = step_timer(step).map_err(|e| format!("open-loop timer: {e}"))?;
+        let _ = self.start.set(Instant::now());
+        // Per switch, the probes it was last woken for: no second wake-up for them.
+        let mut woken = vec![0u64; self.slots.len()];
+        let mut expirations = [0u8; 8];
+        while !self.over(flags) {
+            let now = Instant::now();
+            for (i, (s, w)) in self.slots.iter().zip(&mut woken).enumerate() {
+                let due = self.due(i, now);
+                if due > s.taken.load(Ordering::Relaxed).max(*w) {
+                    *w = due;
+                    s.wake.notify_one();
+                }
+            }
+            // Blocks until the next expiry; their count is not needed (the clock is read).
+            rustix::io::read(&timer, &mut expirations[..])
+                .map_err(|e| format!("open-loop timer: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Switch `i` sends its probes due by `now`: how many (at most 100,000 at once, so a
+    /// stalled bench catches up over several turns).
+    fn take(&self, i: usize, now: Instant) -> u64 {
+        let Some(s) = self.slots.get(i) else {
+            return 0;
+        };
+        let taken = s.taken.load(Ordering::Relaxed);
+        let k = self.due(i, now).saturating_sub(taken).min(100_000);
+        s.taken.store(taken + k, Ordering::Relaxed);
+        k
+    }
+
+    async fn woken(&self, i: usize) {
+        match self.slots.get(i) {
+            Some(s) => s.wake.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Wakes when the open-loop schedule has probes for this switch (never without one).
+async fn probes_due(open: Option<&(Arc<OpenLoop>, usize)>) {
+    match open {
+        Some((o, i)) => o.woken(*i).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A periodic timerfd, read blocking: its expiries are exact (timer slack applies to
+/// sleeps and timeouts, not to it).
+fn step_timer(step: Duration) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags};
+    let fd = rustix::time::timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC)?;
+    let ts = rustix::time::Timespec::try_from(step)
+        .map_err(|_| std::io::Error::other("step out of range"))?;
+    rustix::time::timerfd_settime(
+        &fd,
+        TimerfdTimerFlags::empty(),
+        &Itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        },
+    )?;
+    Ok(fd)
 }
 
 /// The addresses one switch's hosts use.
@@ -155,8 +312,8 @@ struct Sw {
     vip_mac: MacAddr,
     hist: Histogram<u64>,
     samples: Samples,
-    /// Open loop: when the next probe is due.
-    next_due: Option<Instant>,
+    /// Open loop: the schedule and this switch's place in it.
+    open: Option<(Arc<OpenLoop>, usize)>,
     hello_seen: bool,
     /// A probe without a complete answer after this long is lost.
     timeout: Duration,
@@ -176,7 +333,7 @@ struct Sw {
 /// reads is dropped at the switch rather than queued without end and timed out here.
 const SEND_QUEUE_LIMIT: usize = 256 * 1024;
 
-/// Run one emulated switch until `flags.stop`.
+/// Run one emulated switch until `flags.stop` (open loop: on a schedule of its own).
 #[allow(clippy::too_many_arguments)]
 pub async fn run_switch(
     controller: SocketAddr,
@@ -187,6 +344,46 @@ pub async fn run_switch(
     expire_after: usize,
     counters: Arc<SwitchCounters>,
     flags: Arc<RunFlags>,
+) -> SwitchResult {
+    let open = match pace {
+        Pace::Rate(r) => Some(OpenLoop::new(r, 1)),
+        Pace::Window(_) => None,
+    };
+    let driver = open.as_ref().map(|o| o.spawn(flags.clone()));
+    let mut r = run_switch_in(
+        controller,
+        plan,
+        check,
+        pace,
+        timeout,
+        expire_after,
+        counters,
+        flags,
+        open.clone().map(|o| (o, 0)),
+    )
+    .await;
+    if let (Some(d), Some(o)) = (driver, open) {
+        o.finish();
+        if let Ok(Err(e)) = d.await {
+            r.error.get_or_insert(e);
+        }
+    }
+    r
+}
+
+/// Run one emulated switch until `flags.stop`; open loop, as switch `i` of the schedule
+/// `open` (driven by the caller, [`OpenLoop::spawn`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_switch_in(
+    controller: SocketAddr,
+    plan: SwitchPlan,
+    check: CheckMode,
+    pace: Pace,
+    timeout: Duration,
+    expire_after: usize,
+    counters: Arc<SwitchCounters>,
+    flags: Arc<RunFlags>,
+    open: Option<(Arc<OpenLoop>, usize)>,
 ) -> SwitchResult {
     let mut sw = Sw {
         plan,
@@ -202,7 +399,7 @@ pub async fn run_switch(
         vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
         hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
         samples: Vec::new(),
-        next_due: None,
+        open,
         hello_seen: false,
         timeout,
         expire_after,
@@ -229,7 +426,10 @@ impl Sw {
         let mut rbuf = BytesMut::with_capacity(256 * 1024);
         let mut framer = ofp::Framer::new();
         self.send(&Message::Hello(ofp::Hello::ours()));
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        // Probes go out on answers (windows) or on the open-loop schedule's wake-ups: the
+        // tick only starts windows, notices `stop` and times out the lost.
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let open = self.open.clone();
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_sweep = Instant::now();
         let (mut rd, mut wr) = stream.split();
@@ -269,6 +469,7 @@ impl Sw {
                     continue;
                 }
                 _ = tick.tick() => {}
+                () = probes_due(open.as_ref()) => {}
             }
             let now = Instant::now();
             self.backlogged = out.len() + self.wbuf.len() > SEND_QUEUE_LIMIT;
@@ -540,23 +741,15 @@ impl Sw {
                     self.send_probe(now);
                 }
             }
-            Pace::Rate(r) => {
-                let every = Duration::from_secs_f64(1.0 / r.max(1e-3));
-                let mut due = *self.next_due.get_or_insert(now);
-                // Never more than 100 ms of catch-up in one go.
-                let mut n = 0;
-                // Latency counts from the moment the probe goes to the socket: the schedule
-                // advances in tokio's 1 ms timer steps, and that lag is the bench's own.
-                while due <= now && n < 100_000 {
+            Pace::Rate(_) => {
+                let due = self.open.as_ref().map_or(0, |(o, i)| o.take(*i, now));
+                for _ in 0..due {
                     if self.backlogged {
                         self.counters.not_sent.fetch_add(1, Ordering::Relaxed);
                     } else {
                         self.send_probe(now);
                     }
-                    due += every;
-                    n += 1;
                 }
-                self.next_due = Some(due);
             }
         }
     }
@@ -633,7 +826,7 @@ impl Sw {
             if !self.pending.contains_key(&key) {
                 return;
             }
-            let removal = removal_of(fm);
+            let removal = removal_of(self.expire_after, fm);
             match self.check_forward(m, &actions, key) {
                 Ok(b) => self.part(
                     now,
@@ -665,7 +858,7 @@ impl Sw {
                 );
                 return;
             }
-            let removal = removal_of(fm);
+            let removal = removal_of(self.expire_after, fm);
             self.part(
                 now,
                 key,
@@ -763,7 +956,7 @@ impl Sw {
                 let Some(tcp) = frame.tcp() else {
                     return;
                 };
-                let actions: Vec<Action> = po.actions.iter().cloned().collect();
+                let actions: &[Action] = &po.actions;
                 if ip.dst == self.plan.vip && tcp.dst_port == self.plan.vport {
                     let key = (ip.src, tcp.src_port);
                     if !self.pending.contains_key(&key) {
@@ -780,7 +973,7 @@ impl Sw {
                         );
                         return;
                     };
-                    if let Err(e) = self.check_backend_actions(&actions, b) {
+                    if let Err(e) = self.check_backend_actions(actions, b) {
                         self.invalid(Some(key), format!("PACKET_OUT of {key:?}: {e}"));
                         return;
                     }
@@ -809,7 +1002,7 @@ impl Sw {
                     && tcp.flags.syn()
                     && tcp.flags.ack()
                 {
-                    self.answer_syn_ack((ip.dst, tcp.dst_port), &actions, tcp.seq);
+                    self.answer_syn_ack((ip.dst, tcp.dst_port), actions, tcp.seq);
                 } else if ip.src == self.plan.vip || ip.dst != self.plan.vip {
                     // Something sent to a client instead (a RST, say): a wrong answer.
                     let key = (ip.dst, tcp.dst_port);
@@ -873,9 +1066,10 @@ fn probe_isn(k: u64) -> u32 {
     (k as u32).wrapping_mul(2_654_435_761)
 }
 
-/// The FLOW_REMOVED a switch sends when this rule idles out, if the rule asked for one.
-fn removal_of(fm: &ofp::FlowMod) -> Option<ofp::FlowRemoved> {
-    if !fm.flags.contains(ofp::FlowModFlags::SEND_FLOW_REM) {
+/// The FLOW_REMOVED a switch sends when this rule idles out, if the rule asked for one
+/// and connections end in this run (`--expire-after`).
+fn removal_of(expire_after: usize, fm: &ofp::FlowMod) -> Option<ofp::FlowRemoved> {
+    if expire_after == 0 || !fm.flags.contains(ofp::FlowModFlags::SEND_FLOW_REM) {
         return None;
     }
     Some(ofp::FlowRemoved {
@@ -893,14 +1087,25 @@ fn removal_of(fm: &ofp::FlowMod) -> Option<ofp::FlowRemoved> {
     })
 }
 
-fn apply_actions(instructions: &ofp::Instructions) -> Vec<Action> {
-    let mut v = Vec::new();
-    for i in instructions.iter() {
-        if let Instruction::ApplyActions(a) | Instruction::WriteActions(a) = i {
-            v.extend(a.iter().cloned());
+/// The actions of the rule's apply- and write-actions instructions, in order; borrowed
+/// when there is one list (the usual rule), copied only to join several.
+fn apply_actions(instructions: &ofp::Instructions) -> Cow<'_, [Action]> {
+    let mut lists = instructions.iter().filter_map(|i| match i {
+        Instruction::ApplyActions(a) | Instruction::WriteActions(a) => Some(a.as_slice()),
+        _ => None,
+    });
+    let Some(first) = lists.next() else {
+        return Cow::Borrowed(&[]);
+    };
+    match lists.next() {
+        None => Cow::Borrowed(first),
+        Some(second) => {
+            let mut v = first.to_vec();
+            v.extend_from_slice(second);
+            lists.for_each(|l| v.extend_from_slice(l));
+            Cow::Owned(v)
         }
     }
-    v
 }
 
 fn output_port(actions: &[Action]) -> Option<u32> {
@@ -908,4 +1113,51 @@ fn output_port(actions: &[Action]) -> Option<u32> {
         Action::Output { port, .. } => Some(*port),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schedule hands out every batch that has started, in turn over the switches
+    /// (each within one batch of the others at every moment), and what a switch takes adds
+    /// up to what fell due (nothing twice, nothing skipped).
+    #[test]
+    fn the_open_loop_schedule_interleaves_the_switches_evenly() {
+        for (switches, batch) in [(1usize, 1u64), (16, 1), (16, 16), (3, 5)] {
+            let rate = 260_000.0;
+            let open = OpenLoop {
+                rate,
+                batch,
+                slots: (0..switches).map(|_| Slot::default()).collect(),
+                start: std::sync::OnceLock::new(),
+                done: AtomicBool::new(false),
+            };
+            let t0 = Instant::now();
+            assert_eq!(open.due(0, t0), 0, "nothing is due before the start");
+            assert!(open.start.set(t0).is_ok());
+            let mut taken = vec![0u64; switches];
+            for us in (0..20_000).step_by(7) {
+                let now = t0 + Duration::from_micros(us);
+                let due: Vec<u64> = (0..switches).map(|i| open.due(i, now)).collect();
+                // Every batch that has started, the one of the last probe due included.
+                let last = (Duration::from_micros(us).as_secs_f64() * rate) as u64;
+                let all = (last / batch + 1) * batch;
+                assert_eq!(
+                    due.iter().sum::<u64>(),
+                    all,
+                    "{switches} switches at {us} µs"
+                );
+                let (lo, hi) = (due.iter().min(), due.iter().max());
+                assert!(
+                    hi.zip(lo).is_some_and(|(h, l)| h - l <= batch),
+                    "{switches} switches, batch {batch}, at {us} µs: {due:?}"
+                );
+                for (i, t) in taken.iter_mut().enumerate() {
+                    *t += open.take(i, now);
+                    assert_eq!(*t, due[i]);
+                }
+            }
+        }
+    }
 }

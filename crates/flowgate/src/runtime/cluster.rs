@@ -30,7 +30,7 @@ use flowgate_coord::spill::{DomainSummary, SpillDecision, SpillParams, SpillPoli
 use flowgate_coord::{CoordError, Kv, Leadership, LeaseId, Store, keys};
 use flowgate_core::config::{ClusterConfig, ClusterRole};
 use flowgate_core::topology::Dpid;
-use ofp::{ControllerRole, Message, RoleMsg};
+use ofp::{ControllerRole, Message, MsgType, RoleMsg};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -45,15 +45,20 @@ const ONF_ROLE_STATUS: u32 = 1911;
 /// Messages a SLAVE may not send (§6.3.6: the switch answers them with
 /// `BAD_REQUEST/IS_SLAVE`). Reads (multipart, barrier, echo, role) stay allowed.
 pub(crate) fn is_write(msg: &Message) -> bool {
+    is_write_type(msg.msg_type())
+}
+
+/// [`is_write`] by the message's type alone (for messages already encoded).
+pub(crate) fn is_write_type(t: MsgType) -> bool {
     matches!(
-        msg,
-        Message::FlowMod(_)
-            | Message::GroupMod(_)
-            | Message::PortMod(_)
-            | Message::TableMod(_)
-            | Message::MeterMod(_)
-            | Message::PacketOut(_)
-            | Message::SetConfig(_)
+        t,
+        MsgType::FlowMod
+            | MsgType::GroupMod
+            | MsgType::PortMod
+            | MsgType::TableMod
+            | MsgType::MeterMod
+            | MsgType::PacketOut
+            | MsgType::SetConfig
     )
 }
 

@@ -4,7 +4,9 @@ use bytes::{BufMut, BytesMut};
 
 use crate::action::Action;
 use crate::error::{DecodeError, EncodeError};
-use crate::instruction::{Instruction, Instructions, decode_instructions, encode_instructions};
+use crate::instruction::{
+    Instruction, Instructions, decode_instructions, encode_actions_instruction, encode_instructions,
+};
 use crate::oxm::Match;
 use crate::wire::Reader;
 use crate::{NO_BUFFER, group, port, table};
@@ -206,6 +208,77 @@ impl FlowMod {
     }
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
+        self.fixed().encode(out);
+        self.match_.encode(out)?;
+        encode_instructions(&self.instructions, out)
+    }
+
+    #[inline]
+    fn fixed(&self) -> FlowModFixed {
+        FlowModFixed {
+            cookie: self.cookie,
+            cookie_mask: self.cookie_mask,
+            table_id: self.table_id,
+            command: self.command,
+            idle_timeout: self.idle_timeout,
+            hard_timeout: self.hard_timeout,
+            priority: self.priority,
+            buffer_id: self.buffer_id,
+            out_port: self.out_port,
+            out_group: self.out_group,
+            flags: self.flags,
+        }
+    }
+}
+
+/// The fixed part of a FLOW_MOD: every field but the match and the instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowModFixed {
+    /// Opaque controller cookie.
+    pub cookie: u64,
+    /// For modify/delete: which cookie bits must match (§7.3.4.1).
+    pub cookie_mask: u64,
+    /// Table.
+    pub table_id: u8,
+    /// Command.
+    pub command: FlowModCommand,
+    /// Idle timeout in seconds (0 = none).
+    pub idle_timeout: u16,
+    /// Hard timeout in seconds (0 = none).
+    pub hard_timeout: u16,
+    /// Priority.
+    pub priority: u16,
+    /// Buffered packet to apply to, or NO_BUFFER.
+    pub buffer_id: u32,
+    /// For delete: only flows that output to this port (ANY = no filter).
+    pub out_port: u32,
+    /// For delete: only flows that output to this group (ANY = no filter).
+    pub out_group: u32,
+    /// Flags.
+    pub flags: FlowModFlags,
+}
+
+impl FlowModFixed {
+    /// What [`FlowMod::add`] sets: OFPFC_ADD in table 0, priority 0x8000, NO_BUFFER, no
+    /// cookie, no timeouts, no flags.
+    #[inline]
+    pub const fn add() -> Self {
+        FlowModFixed {
+            cookie: 0,
+            cookie_mask: 0,
+            table_id: 0,
+            command: FlowModCommand::Add,
+            idle_timeout: 0,
+            hard_timeout: 0,
+            priority: 0x8000, // OFP_DEFAULT_PRIORITY
+            buffer_id: NO_BUFFER,
+            out_port: port::ANY,
+            out_group: group::ANY,
+            flags: FlowModFlags::empty(),
+        }
+    }
+
+    fn encode(&self, out: &mut BytesMut) {
         out.put_u64(self.cookie);
         out.put_u64(self.cookie_mask);
         out.put_u8(self.table_id);
@@ -218,8 +291,33 @@ impl FlowMod {
         out.put_u32(self.out_group);
         out.put_u16(self.flags.0);
         out.put_u16(0);
+    }
+}
+
+/// A FLOW_MOD with a single apply-actions instruction, its match and actions borrowed.
+/// It encodes to the bytes of the [`FlowMod`] with the same fields and
+/// `instructions = [ApplyActions(actions)]`, through the same code, without building one:
+/// a `FlowMod` is 792 bytes with its inline match and instructions, and moving such
+/// values was 10 % of flowgate's controller CPU (`encode(xid, &flow_mod_apply, out)`).
+#[derive(Debug, Clone, Copy)]
+pub struct FlowModApply<'a> {
+    /// Every field but the match and the instructions.
+    pub fixed: FlowModFixed,
+    /// Match.
+    pub match_: &'a Match,
+    /// The actions of the one OFPIT_APPLY_ACTIONS instruction.
+    pub actions: &'a [Action],
+}
+
+impl FlowModApply<'_> {
+    pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
+        self.fixed.encode(out);
         self.match_.encode(out)?;
-        encode_instructions(&self.instructions, out)
+        encode_actions_instruction(
+            crate::instruction::instruction_type::APPLY_ACTIONS,
+            self.actions,
+            out,
+        )
     }
 }
 
@@ -294,5 +392,15 @@ impl FlowRemoved {
         out.put_u64(self.packet_count);
         out.put_u64(self.byte_count);
         self.match_.encode(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_add_is_what_flow_mod_add_sets() {
+        assert_eq!(FlowModFixed::add(), FlowMod::add(Match::new()).fixed());
     }
 }
