@@ -350,6 +350,29 @@ pub fn shares(report: &serde_json::Value) -> Vec<(String, u64)> {
     v
 }
 
+/// A switch-placed VIP (proactive or partitioned) served `report`'s 300 requests from
+/// all three backends, each at least a tenth, with at most 10 PACKET_INs (`during`) in
+/// all: new connections stayed off the controller. `flows` is shown on failure.
+pub fn assert_spread_off_controller(
+    mode: &str,
+    report: &serde_json::Value,
+    during: u64,
+    flows: impl FnOnce() -> String,
+) {
+    assert_eq!(report["ok"], 300, "every request succeeds: {report}");
+    let sh = shares(report);
+    eprintln!("{mode} shares {sh:?}, PACKET_INs during 300 requests: {during}");
+    assert_eq!(sh.len(), 3, "all three backends served: {sh:?}");
+    for (name, n) in &sh {
+        assert!(*n >= 30, "{name} served only {n} of 300: {sh:?}");
+    }
+    assert!(
+        during <= 10,
+        "new connections stayed off the controller: {during} PACKET_INs for 300 requests\n{}",
+        flows()
+    );
+}
+
 pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
