@@ -147,6 +147,9 @@ pub struct DatapathArgs {
     /// whole run, the strongest test of pinning under `--weight-churn-ms`.
     #[arg(long)]
     pub keep_alive: bool,
+    /// `flowgate-partitioned`: the VIP's `partition_bits` (2^bits partitions).
+    #[arg(long, default_value_t = flowgate_core::config::DEFAULT_PARTITION_BITS, value_parser = clap::value_parser!(u8).range(1..=8))]
+    pub partition_bits: u8,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -351,9 +354,16 @@ impl Controller {
 /// out before measuring (the default, 60 s, would add a minute to every run).
 const PARTITION_TRANSITION_SECS: u64 = 2;
 
-fn start_flowgate(dir: &Path, algorithm: &str, mode: &str) -> anyhow::Result<Controller> {
+fn start_flowgate(
+    dir: &Path,
+    algorithm: &str,
+    mode: &str,
+    partition_bits: u8,
+) -> anyhow::Result<Controller> {
     let partition = if mode == "partitioned" {
-        format!("transition_secs = {PARTITION_TRANSITION_SECS}\n")
+        format!(
+            "transition_secs = {PARTITION_TRANSITION_SECS}\npartition_bits = {partition_bits}\n"
+        )
     } else {
         String::new()
     };
@@ -814,7 +824,7 @@ fn measure(
                     (a, mode)
                 }
             };
-            let c = start_flowgate(dir, algorithm, mode)?;
+            let c = start_flowgate(dir, algorithm, mode, args.partition_bits)?;
             br.set_controller(&[format!("tcp:{}", c.openflow)])?;
             br.wait_connected(Duration::from_secs(10))?;
             ctl = Some(c);
