@@ -125,7 +125,9 @@ impl Outbox {
     pub(crate) fn push_conn_rule(&mut self, dpid: Dpid, rule: &rules::ConnRule) {
         match &mut self.encoded {
             Some(e) => e.push(dpid, &rule.flow_mod()),
-            None => self.msgs.push((dpid, rule.clone().into_message())),
+            None => self
+                .msgs
+                .push((dpid, Message::FlowMod(rule.flow_mod().to_flow_mod()))),
         }
     }
 

@@ -160,6 +160,9 @@ impl Partitions {
 #[derive(Debug, Default)]
 pub(crate) struct PartitionState {
     pub(crate) services: Vec<Option<Partitions>>,
+    /// The `(vip, port, partition_bits)` of every partitioned service, as the switches'
+    /// rules were last written for them (what decides whether a reload leaves stale ones).
+    shapes: Vec<(Ipv4Addr, u16, u8)>,
 }
 
 /// Largest-remainder shares of `n` partitions by `weights` (all zero: all zero).
@@ -400,9 +403,11 @@ impl Controller {
     }
 
     /// The services were replaced (a reload): keep each partitioned service's owners by
-    /// name, and rewrite every switch's partition rules from scratch (the intercept rule
-    /// takes the few packets that arrive in between, and the controller places them by
-    /// their partition as the rules would).
+    /// name, and rewrite every switch's partition rules. An ADD with the same match and
+    /// priority replaces a rule in place (§6.4), so the rules are deleted first only when
+    /// some would be left stale (a partitioned service gone, or its VIP, port or partition
+    /// count changed); the intercept rule then takes the few packets that arrive in
+    /// between, and the controller places them by their partition as the rules would.
     pub(crate) fn partition_resync(&mut self, out: &mut Outbox) {
         let mut old = std::mem::take(&mut self.partitions.services);
         let n = self.services.len();
@@ -426,13 +431,28 @@ impl Controller {
                 Some(st)
             })
             .collect();
+        let shapes: Vec<(Ipv4Addr, u16, u8)> = (0..n)
+            .filter(|&i| self.is_partitioned(i))
+            .filter_map(|i| {
+                let c = &self.services[i].cfg;
+                Some((c.vip?, c.port, c.partitions.bits))
+            })
+            .collect();
+        let stale = self
+            .partitions
+            .shapes
+            .iter()
+            .any(|old| !shapes.contains(old));
+        self.partitions.shapes = shapes;
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
-            out.push(
-                d,
-                crate::controller::rules::delete_kind(RuleKind::Partition),
-            );
-            out.push(d, Message::BarrierRequest);
+            if stale {
+                out.push(
+                    d,
+                    crate::controller::rules::delete_kind(RuleKind::Partition),
+                );
+                out.push(d, Message::BarrierRequest);
+            }
             for m in self.partition_switch_rules(d) {
                 out.push(d, m);
             }
@@ -453,9 +473,13 @@ impl Controller {
                 continue;
             }
             if self.partitions.services[si].is_none() {
-                let s = &self.services[si];
-                self.partitions.services[si] =
-                    Some(Partitions::new(&s.cfg.name, s.cfg.partitions.bits));
+                let c = &self.services[si].cfg;
+                self.partitions.services[si] = Some(Partitions::new(&c.name, c.partitions.bits));
+                if let Some(shape) = c.vip.map(|v| (v, c.port, c.partitions.bits)) {
+                    if !self.partitions.shapes.contains(&shape) {
+                        self.partitions.shapes.push(shape);
+                    }
+                }
             }
             let sig: Vec<(Ipv4Addr, Option<MacAddr>, Option<PortRef>)> = self.services[si]
                 .backends
@@ -777,6 +801,44 @@ mod tests {
         let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
         assert_eq!(st.moves_total, moved.len() as u64);
         assert!(st.moving.iter().all(Option::is_none));
+    }
+
+    /// Whether `msgs` hold a delete of every partition rule.
+    fn deletes_partition_rules(msgs: &[(u64, ofp::Message)]) -> bool {
+        msgs.iter().any(|(_, m)| {
+            matches!(m, ofp::Message::FlowMod(fm)
+                if fm.command == ofp::FlowModCommand::Delete
+                    && fm.cookie == RuleKind::Partition.base()
+                    && fm.cookie_mask == cookie::KIND_MASK)
+        })
+    }
+
+    #[test]
+    fn a_reload_deletes_partition_rules_only_when_some_would_be_stale() {
+        let mut sim = partitioned();
+        let cfg = |bits: u8| {
+            format!(
+                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\nmode = \"partitioned\"\npartition_bits = {bits}\ntransition_secs = 2\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"{}\"\n[[service.backend]]\naddress = \"{}\"\n",
+                ip(2),
+                ip(3)
+            )
+        };
+        let reload = |sim: &mut Sim, text: &str| {
+            let c = crate::config::Config::from_toml(text, &|_| None).expect("valid");
+            sim.c.reload(sim.now, &c, &mut sim.out);
+            let msgs: Vec<(u64, ofp::Message)> = sim.out.drain().collect();
+            deletes_partition_rules(&msgs)
+        };
+        // Same VIP, port and partitions (a backend fewer): the rules are replaced in place.
+        assert!(!reload(&mut sim, &cfg(3)));
+        // Another partition count: the old partitions' rules would stay behind.
+        assert!(reload(&mut sim, &cfg(4)));
+        // The service is reactive now: its partition rules go.
+        let reactive = cfg(4).replace(
+            "mode = \"partitioned\"\npartition_bits = 4\ntransition_secs = 2\n",
+            "",
+        );
+        assert!(reload(&mut sim, &reactive));
     }
 
     #[test]

@@ -283,7 +283,6 @@ pub(crate) fn conn_delete_strict(m: Match) -> Message {
 }
 
 /// One direction of one connection on one switch.
-#[derive(Clone)]
 pub(crate) struct ConnRule {
     pub(crate) cookie_low: u64,
     pub(crate) idle_timeout: u16,
@@ -292,7 +291,7 @@ pub(crate) struct ConnRule {
 }
 
 impl ConnRule {
-    /// The FLOW_MOD of [`Self::into_message`], borrowed from the rule's parts.
+    /// The rule's FLOW_MOD, borrowed from the rule's parts.
     #[inline]
     pub(crate) fn flow_mod(&self) -> FlowModApply<'_> {
         FlowModApply {
@@ -300,28 +299,16 @@ impl ConnRule {
                 cookie: cookie::cookie(RuleKind::Conn, self.cookie_low),
                 priority: PRIO_CONN,
                 idle_timeout: self.idle_timeout,
+                // RESET_COUNTS: a rule that replaces an earlier connection's on the same
+                // 4-tuple starts from zero ("§6.4: ... otherwise they should be copied
+                // from the replaced flow entry"), so its packet count tells about this
+                // connection only.
                 flags: FlowModFlags::SEND_FLOW_REM | FlowModFlags::RESET_COUNTS,
                 ..FlowModFixed::add()
             },
             match_: &self.m,
             actions: &self.actions,
         }
-    }
-
-    pub(crate) fn into_message(self) -> Message {
-        let mut fm = flow(
-            RuleKind::Conn,
-            self.cookie_low,
-            PRIO_CONN,
-            self.m,
-            self.actions,
-        );
-        fm.idle_timeout = self.idle_timeout;
-        // RESET_COUNTS: a rule that replaces an earlier connection's on the same 4-tuple
-        // starts from zero ("§6.4: ... otherwise they should be copied from the replaced
-        // flow entry"), so its packet count tells about this connection only.
-        fm.flags = FlowModFlags::SEND_FLOW_REM | FlowModFlags::RESET_COUNTS;
-        Message::FlowMod(fm)
     }
 }
 
@@ -467,7 +454,8 @@ mod tests {
             for first in [false, true] {
                 for fin in [false, true] {
                     let r = rule(rewrite, first, fin, dpid as u32);
-                    let msg = rule(rewrite, first, fin, dpid as u32).into_message();
+                    // The same rule as an owned FLOW_MOD, encoded by `FlowMod`'s code.
+                    let msg = Message::FlowMod(r.flow_mod().to_flow_mod());
                     let mut b = BytesMut::new();
                     ofp::encode(0, &msg, &mut b).expect("a connection rule encodes");
                     want.push((dpid, b.to_vec()));

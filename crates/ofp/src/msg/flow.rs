@@ -75,20 +75,29 @@ pub struct FlowMod {
 impl FlowMod {
     #[inline]
     fn base(command: FlowModCommand, table_id: u8, match_: Match) -> Self {
-        FlowMod {
-            cookie: 0,
-            cookie_mask: 0,
-            table_id,
-            command,
-            idle_timeout: 0,
-            hard_timeout: 0,
-            priority: 0x8000, // OFP_DEFAULT_PRIORITY
-            buffer_id: NO_BUFFER,
-            out_port: port::ANY,
-            out_group: group::ANY,
-            flags: FlowModFlags::empty(),
+        Self::from_fixed(
+            FlowModFixed::base(command, table_id),
             match_,
-            instructions: Instructions::new(),
+            Instructions::new(),
+        )
+    }
+
+    #[inline]
+    fn from_fixed(f: FlowModFixed, match_: Match, instructions: Instructions) -> Self {
+        FlowMod {
+            cookie: f.cookie,
+            cookie_mask: f.cookie_mask,
+            table_id: f.table_id,
+            command: f.command,
+            idle_timeout: f.idle_timeout,
+            hard_timeout: f.hard_timeout,
+            priority: f.priority,
+            buffer_id: f.buffer_id,
+            out_port: f.out_port,
+            out_group: f.out_group,
+            flags: f.flags,
+            match_,
+            instructions,
         }
     }
     /// OFPFC_ADD in table 0, priority 0x8000, NO_BUFFER, no instructions.
@@ -175,36 +184,11 @@ impl FlowMod {
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let cookie = r.u64()?;
-        let cookie_mask = r.u64()?;
-        let table_id = r.u8()?;
-        let command = FlowModCommand::from_raw(r.u8()?);
-        let idle_timeout = r.u16()?;
-        let hard_timeout = r.u16()?;
-        let priority = r.u16()?;
-        let buffer_id = r.u32()?;
-        let out_port = r.u32()?;
-        let out_group = r.u32()?;
-        let flags = FlowModFlags(r.u16()?);
-        r.skip(2)?;
+        let fixed = FlowModFixed::decode(r)?;
         let match_ = Match::decode(r)?;
         let n = r.remaining();
         let instructions = decode_instructions(r.sub(n)?)?;
-        Ok(FlowMod {
-            cookie,
-            cookie_mask,
-            table_id,
-            command,
-            idle_timeout,
-            hard_timeout,
-            priority,
-            buffer_id,
-            out_port,
-            out_group,
-            flags,
-            match_,
-            instructions,
-        })
+        Ok(Self::from_fixed(fixed, match_, instructions))
     }
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
@@ -263,11 +247,18 @@ impl FlowModFixed {
     /// cookie, no timeouts, no flags.
     #[inline]
     pub const fn add() -> Self {
+        Self::base(FlowModCommand::Add, 0)
+    }
+
+    /// The defaults of every [`FlowMod`] constructor: no cookie, no timeouts, priority
+    /// 0x8000, NO_BUFFER, any out_port/out_group, no flags.
+    #[inline]
+    const fn base(command: FlowModCommand, table_id: u8) -> Self {
         FlowModFixed {
             cookie: 0,
             cookie_mask: 0,
-            table_id: 0,
-            command: FlowModCommand::Add,
+            table_id,
+            command,
             idle_timeout: 0,
             hard_timeout: 0,
             priority: 0x8000, // OFP_DEFAULT_PRIORITY
@@ -276,6 +267,24 @@ impl FlowModFixed {
             out_group: group::ANY,
             flags: FlowModFlags::empty(),
         }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let f = FlowModFixed {
+            cookie: r.u64()?,
+            cookie_mask: r.u64()?,
+            table_id: r.u8()?,
+            command: FlowModCommand::from_raw(r.u8()?),
+            idle_timeout: r.u16()?,
+            hard_timeout: r.u16()?,
+            priority: r.u16()?,
+            buffer_id: r.u32()?,
+            out_port: r.u32()?,
+            out_group: r.u32()?,
+            flags: FlowModFlags(r.u16()?),
+        };
+        r.skip(2)?;
+        Ok(f)
     }
 
     fn encode(&self, out: &mut BytesMut) {
@@ -310,6 +319,15 @@ pub struct FlowModApply<'a> {
 }
 
 impl FlowModApply<'_> {
+    /// The owned [`FlowMod`] this encodes as.
+    pub fn to_flow_mod(&self) -> FlowMod {
+        let mut i = Instructions::new();
+        i.push(Instruction::ApplyActions(
+            self.actions.iter().cloned().collect(),
+        ));
+        FlowMod::from_fixed(self.fixed, self.match_.clone(), i)
+    }
+
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
         self.fixed.encode(out);
         self.match_.encode(out)?;
