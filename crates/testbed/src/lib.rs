@@ -428,13 +428,19 @@ mod tests {
         std::fs::write(dir.join("fgbbbb"), "1\n")?;
         assert!(try_take_over(&dir.join("fgbbbb"))?.is_some());
 
-        // An owner holding the lock, then SIGKILLed: the kernel frees the lock. (`-o`: the
-        // lock stays with `flock`, not its child, as O_CLOEXEC keeps ours from our children.)
+        // An owner holding the lock, then SIGKILLed: the kernel frees the lock. The owner is
+        // one process (`sh` exec'ing `sleep` with the locked descriptor 9), so once it is
+        // reaped nothing else holds the lock; `flock(1)` itself forks a child that might not
+        // yet have closed its copy when the parent is killed.
         if cmd::have("flock") {
             let path = dir.join("fgcccc");
             let path_s = path.to_string_lossy().into_owned();
-            let mut owner = std::process::Command::new("flock")
-                .args(["-o", path_s.as_str(), "sleep", "30"])
+            let mut owner = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    r#"exec 9>>"$0" && flock 9 && exec sleep 30"#,
+                    path_s.as_str(),
+                ])
                 .spawn()?;
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while !path.exists() || try_take_over(&path)?.is_some() {
