@@ -82,7 +82,7 @@ fn leading_number(s: &str) -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// A flood far beyond what the controller serves, with its own overload control on: it
+/// A flood beyond what the controller serves, with its own overload control on: it
 /// gaps itself, and while it does the rules of what it admits wait for the clients'
 /// ACKs (`controller::handshake`; the emulated switches play the backend's SYN-ACK and
 /// the client's ACK). Every answer, deferred or not, must still be right, and the session
@@ -95,9 +95,12 @@ fn bench_controller_flood_defers_rules_to_the_handshake() {
             "--peers",
             "flowgate",
             "--rate",
-            "100000",
+            // Several times what this test's debug build serves (measured: 5–12k/s while
+            // taking all 30k), and not so much that the bench's own sending (in the same
+            // debug build) starves the controller on a loaded CI machine.
+            "30000",
             "--timeout-ms",
-            "1000",
+            "2000",
             "--controller-overload",
             "adaptive",
         ],
@@ -107,7 +110,7 @@ fn bench_controller_flood_defers_rules_to_the_handshake() {
     let (valid, invalid, lost) = rows[0];
     assert!(valid > 0, "no setups under the flood:\n{table}");
     assert_eq!(invalid, 0, "wrong answers:\n{table}");
-    assert!(lost > 0, "a flood of 400,000/s was all served?\n{table}");
+    assert!(lost > 0, "a flood of 30,000/s was all served?\n{table}");
     let deferred = table
         .split(" with rules deferred to the ACK")
         .next()

@@ -68,7 +68,14 @@ pub(super) async fn accept_loop(
         // A bounded kernel send buffer: what the switch has not read then waits in our own
         // queue, where its age is measured (the controller's outflow delay), not in an
         // autotuned buffer of megabytes that would hide seconds of a slow switch's backlog.
-        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SWITCH_SEND_BUFFER);
+        let sock = socket2::SockRef::from(&stream);
+        let _ = sock.set_send_buffer_size(SWITCH_SEND_BUFFER);
+        // And a bounded receive buffer: what the controller has not read yet waits at the
+        // switch, which bounds its queue of PACKET_INs and drops beyond it (Open vSwitch
+        // keeps 100 per connection), so what the controller reads is fresh. An autotuned
+        // buffer grows to megabytes: under a flood, seconds of stale SYNs whose clients
+        // have long retransmitted, each answered too late, and no answer ever in time.
+        let _ = sock.set_recv_buffer_size(SWITCH_RECV_BUFFER);
         let handle = handle.clone();
         let stop = stop.clone();
         let tls = tls.clone();
@@ -274,6 +281,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 /// (500k setups/s × 330 bytes is 165 MB/s), a fraction of a second of a switch that
 /// installs a few thousand rules a second.
 const SWITCH_SEND_BUFFER: usize = 256 * 1024;
+
+/// `SO_RCVBUF` of a switch connection: about 2,000 PACKET_INs of a SYN, a few milliseconds
+/// of work at full rate.
+const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
