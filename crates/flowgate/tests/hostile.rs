@@ -1,6 +1,6 @@
-//! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version and a
-//! PACKET_IN flood. Each may end only its own session; the real switch stays connected and
-//! the VIP keeps serving.
+//! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version, a
+//! malformed PACKET_IN and a PACKET_IN flood. Each may end only its own session; the real
+//! switch stays connected and the VIP keeps serving.
 
 mod support;
 
@@ -312,6 +312,32 @@ fn ovs_hostile_switch_peers() {
         "(c) closed after the ERROR"
     );
     healthy(&mut ctl, "(c) version 1.0");
+
+    // (c2) A good handshake, then a whole PACKET_IN that is malformed: after a real one,
+    // one whose body is 4 bytes (§7.4.1 needs 32 before the match). The session decodes
+    // PACKET_INs while the core handles its batch; this one must end the session there.
+    let mut bad = handshake(ctl.openflow, 0xbad);
+    let bad_port = bad.local_addr().expect("addr").port();
+    wait_until("0xbad registered", Duration::from_secs(5), || {
+        switch_count(&ctl) == 2
+    });
+    let mut chunk = packet_in_syn(7, 40_001);
+    chunk.extend_from_slice(&header(4, OFPT_PACKET_IN, 12, 8));
+    chunk.extend_from_slice(&[0, 0, 0, 1]);
+    bad.write_all(&chunk).expect("send a malformed PACKET_IN");
+    assert!(
+        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
+        "(c2) the session of a malformed PACKET_IN is still open after 5 s"
+    );
+    wait_log(
+        &ctl,
+        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
+        Duration::from_secs(3),
+    );
+    wait_until("0xbad gone", Duration::from_secs(5), || {
+        switch_count(&ctl) == 1
+    });
+    healthy(&mut ctl, "(c2) malformed PACKET_IN");
 
     // (d) A flood of PACKET_INs (SYNs to the VIP) from a fake switch, with the real client
     // loading the VIP meanwhile.
