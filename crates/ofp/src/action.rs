@@ -338,12 +338,18 @@ fn raw_of(oxm: &Oxm) -> Result<Oxm, DecodeError> {
 }
 
 /// Decode a list of actions filling the reader.
-pub(crate) fn decode_actions(mut r: Reader<'_>) -> Result<Actions, DecodeError> {
+pub(crate) fn decode_actions(r: Reader<'_>) -> Result<Actions, DecodeError> {
     let mut v = Actions::new();
+    decode_actions_into(r, &mut v)?;
+    Ok(v)
+}
+
+/// Append the actions in `r` to `v`.
+pub(crate) fn decode_actions_into(mut r: Reader<'_>, v: &mut Actions) -> Result<(), DecodeError> {
     while !r.is_empty() {
         v.push(Action::decode(&mut r)?);
     }
-    Ok(v)
+    Ok(())
 }
 
 pub(crate) fn encode_actions(actions: &[Action], out: &mut BytesMut) -> Result<(), EncodeError> {

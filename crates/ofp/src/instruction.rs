@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::action::{
-    Actions, decode_actions, encode_actions, encode_raw_tlv, fixed_len, take_tlv8,
+    Actions, decode_actions_into, encode_actions, encode_raw_tlv, fixed_len, take_tlv8,
 };
 use crate::error::{DecodeError, EncodeError};
 use crate::wire::{LenMark, Reader};
@@ -89,12 +89,16 @@ impl Instruction {
             }
             WRITE_ACTIONS | APPLY_ACTIONS => {
                 b.skip(4)?;
-                let acts = decode_actions(b)?;
-                if typ == WRITE_ACTIONS {
-                    Instruction::WriteActions(acts)
+                // Decoded in place: an `Actions` is 200 bytes.
+                let mut i = if typ == WRITE_ACTIONS {
+                    Instruction::WriteActions(Actions::new())
                 } else {
-                    Instruction::ApplyActions(acts)
+                    Instruction::ApplyActions(Actions::new())
+                };
+                if let Instruction::WriteActions(a) | Instruction::ApplyActions(a) = &mut i {
+                    decode_actions_into(b, a)?;
                 }
+                i
             }
             CLEAR_ACTIONS => {
                 fixed(8)?;
@@ -178,12 +182,21 @@ pub(crate) fn encode_actions_instruction(
     Ok(())
 }
 
-pub(crate) fn decode_instructions(mut r: Reader<'_>) -> Result<Instructions, DecodeError> {
+pub(crate) fn decode_instructions(r: Reader<'_>) -> Result<Instructions, DecodeError> {
     let mut v = Instructions::new();
+    decode_instructions_into(r, &mut v)?;
+    Ok(v)
+}
+
+/// Append the instructions in `r` to `v`.
+pub(crate) fn decode_instructions_into(
+    mut r: Reader<'_>,
+    v: &mut Instructions,
+) -> Result<(), DecodeError> {
     while !r.is_empty() {
         v.push(Instruction::decode(&mut r)?);
     }
-    Ok(v)
+    Ok(())
 }
 
 pub(crate) fn encode_instructions(

@@ -5,7 +5,8 @@ use bytes::{BufMut, BytesMut};
 use crate::action::Action;
 use crate::error::{DecodeError, EncodeError};
 use crate::instruction::{
-    Instruction, Instructions, decode_instructions, encode_actions_instruction, encode_instructions,
+    Instruction, Instructions, decode_instructions_into, encode_actions_instruction,
+    encode_instructions,
 };
 use crate::oxm::Match;
 use crate::wire::Reader;
@@ -183,12 +184,25 @@ impl FlowMod {
         self
     }
 
-    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let fixed = FlowModFixed::decode(r)?;
-        let match_ = Match::decode(r)?;
+    /// Decode into `self`, which must be empty ([`FlowMod::add`] of an empty match, no
+    /// instructions): in place, since a `FlowMod` is 792 bytes and moving each decoded one
+    /// through `decode`'s results was a quarter of the bench's CPU (it checks every answer).
+    pub(crate) fn decode_into(&mut self, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        let f = FlowModFixed::decode(r)?;
+        self.cookie = f.cookie;
+        self.cookie_mask = f.cookie_mask;
+        self.table_id = f.table_id;
+        self.command = f.command;
+        self.idle_timeout = f.idle_timeout;
+        self.hard_timeout = f.hard_timeout;
+        self.priority = f.priority;
+        self.buffer_id = f.buffer_id;
+        self.out_port = f.out_port;
+        self.out_group = f.out_group;
+        self.flags = f.flags;
+        self.match_.decode_into(r)?;
         let n = r.remaining();
-        let instructions = decode_instructions(r.sub(n)?)?;
-        Ok(Self::from_fixed(fixed, match_, instructions))
+        decode_instructions_into(r.sub(n)?, &mut self.instructions)
     }
 
     pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {

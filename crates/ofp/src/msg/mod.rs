@@ -21,6 +21,7 @@ pub mod role;
 pub mod switch;
 pub mod table;
 
+use crate::oxm::Match;
 use async_config::AsyncConfig;
 use flow::{FlowMod, FlowRemoved};
 use group::GroupMod;
@@ -161,7 +162,13 @@ pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
         MsgType::FlowRemoved => M::FlowRemoved(FlowRemoved::decode(r)?),
         MsgType::PortStatus => M::PortStatus(PortStatus::decode(r)?),
         MsgType::PacketOut => M::PacketOut(PacketOut::decode(r)?),
-        MsgType::FlowMod => M::FlowMod(FlowMod::decode(r)?),
+        MsgType::FlowMod => {
+            let mut m = M::FlowMod(FlowMod::add(Match::new()));
+            if let M::FlowMod(f) = &mut m {
+                f.decode_into(r)?;
+            }
+            m
+        }
         MsgType::GroupMod => M::GroupMod(GroupMod::decode(r)?),
         MsgType::PortMod => M::PortMod(PortMod::decode(r)?),
         MsgType::TableMod => M::TableMod(TableMod::decode(r)?),
