@@ -632,14 +632,18 @@ fn ovs_partitioned_partitions_settle_under_load() {
         "the partitions stayed put under the load: {} moves in 4 s, {v:?}",
         v.0 - m0
     );
-    // Known limit, measured: with 44 partition moves under this load, 0-6 of ~26,000
-    // requests failed (a backend's reset or a 5 s timeout) across runs, none without moves
-    // (same load, no drain). Not yet explained; bounded here at 1 in 1,000 so that a
-    // systematic break of the transitions (every moving connection lost) fails the test.
+    // Every request succeeds. Found here (client ports reused within 1.3 s, see
+    // `partition`'s module doc), each a SYN and its ACK reaching two backends, the second
+    // resetting it or holding it to a 5 s timeout from TIME_WAIT: connection rules that
+    // outlived their connection (its FIN went by the controller, or it was adopted after
+    // it) under a reused port whose SYN followed the partition's rule; and SYNs placed on
+    // the new owner while Open vSwitch still carried their ACKs to the old one by flows
+    // cached from the old partition rule. Before the fixes 0-6 of ~26,000 requests failed
+    // per run; after, none in 10 runs (300,868 requests).
     let sent = rep["sent"].as_u64().unwrap_or(0);
     let failed = sent.saturating_sub(rep["ok"].as_u64().unwrap_or(0));
     assert!(
-        sent > 5_000 && failed <= sent / 1_000,
+        sent > 5_000 && failed == 0,
         "{failed} of {sent} requests failed: {rep}"
     );
     ctl.assert_no_openflow_errors();

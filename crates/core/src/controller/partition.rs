@@ -46,6 +46,22 @@
 //! to the controller). Then the moving rule is deleted. A connection idle for the whole
 //! transition is moved with its partition (Gone Wild's soft deadline; its next segment
 //! reaches the new owner, which resets it).
+//!
+//! **What the switch still caches.** A barrier covers Open vSwitch's flow table, not the
+//! flows its datapath cached from it: each is brought up to date in its revalidators' next
+//! round (up to 198 ms measured under load), and the SYN and the ACK of one connection can
+//! be cached apart (connection rules match the SYN bit). So for [`SETTLE`] after a move
+//! starts, a SYN that comes up goes to the old owner, where the rest of its connection may
+//! still be carried (held, for the client to send again, when the old owner can no longer
+//! take it). And every SYN on the 4-tuple of a connection rule must be decided where its
+//! ACK will go: the client reuses ports within a second or two, and the partition's rule,
+//! not the intercept, takes a SYN that misses the connection rules (`tcp_flags=-syn`). So a
+//! partitioned connection's rules include one that brings such a SYN up
+//! (`rules::only_syn`); a connection rule whose FIN or RST went by the controller (so its
+//! `fin_timeout` never fired) or was adopted on one is shortened as `fin_timeout` would
+//! have; and a SYN that comes up goes where the partition's rule sends the partition's
+//! packets, its owner's even if that one was drained since the last refresh, held when a
+//! connection rule on its 4-tuple names another backend (`vip::new_connection`).
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -70,6 +86,15 @@ const REBALANCE_MIN: Duration = Duration::from_secs(1);
 const REBALANCE_DEVIATION_DIV: usize = 16;
 /// The time constant of the weights' moving average.
 const SMOOTHING: Duration = Duration::from_secs(1);
+/// How long after a partition starts moving the switch may still forward its packets by
+/// flows it cached from the old wildcard rule. A barrier covers the flow table, not Open
+/// vSwitch's datapath: its revalidators bring each cached flow up to date in their next
+/// round, which took up to 198 ms under `ovs_partitioned_partitions_settle_under_load`
+/// (`ovs-appctl upcall/show`, ~8,000 datapath flows), and a change in the middle of a
+/// round waits for the next one; 500 ms is also Open vSwitch's default `max-revalidator`.
+/// Meanwhile a SYN placed by the controller on the new owner could have its ACK carried to
+/// the old one by such a flow, which resets it (seen: up to 77 ms after the move).
+const SETTLE: Duration = Duration::from_millis(500);
 
 /// The partition of a client port, for a service with `bits` partition bits.
 pub(crate) fn partition_of(client_port: u16, bits: u8) -> usize {
@@ -81,11 +106,13 @@ fn port_mask(bits: u8) -> u16 {
     ((1u16 << bits) - 1) << 1
 }
 
-/// A partition changing owner: its connections of `from` keep `from` until `until_ms`.
+/// A partition changing owner: its connections of `from` keep `from` until `until_ms`;
+/// until `settled_ms` its new connections do too (see [`SETTLE`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Move {
     pub(crate) from: Ipv4Addr,
     pub(crate) until_ms: u64,
+    pub(crate) settled_ms: u64,
 }
 
 /// One partitioned service's partitions.
@@ -153,6 +180,17 @@ impl Partitions {
             Some(m) if !syn => Some(m.from),
             _ => self.owner.get(p).copied().flatten(),
         }
+    }
+
+    /// The owner this partition is moving from, while the move settles ([`SETTLE`]).
+    fn settling_from(&self, client_port: u16, now_ms: u64) -> Option<Ipv4Addr> {
+        let p = partition_of(client_port, self.bits);
+        self.moving
+            .get(p)
+            .copied()
+            .flatten()
+            .filter(|m| now_ms < m.settled_ms)
+            .map(|m| m.from)
     }
 }
 
@@ -334,6 +372,20 @@ impl Controller {
         let addr = st.backend_for(client_port, syn)?;
         let s = self.services.get(service)?;
         s.backends.iter().position(|b| b.address == addr)
+    }
+
+    /// While the move of a partitioned service's partition settles ([`SETTLE`]): the
+    /// backend (index) it moves from, `None` when that one left the pool. `None` outside.
+    pub(crate) fn partition_settling(
+        &self,
+        service: usize,
+        client_port: u16,
+        now_ms: u64,
+    ) -> Option<Option<usize>> {
+        let st = self.partitions.services.get(service)?.as_ref()?;
+        let addr = st.settling_from(client_port, now_ms)?;
+        let s = self.services.get(service)?;
+        Some(s.backends.iter().position(|b| b.address == addr))
     }
 
     /// The rules of one partition on one switch: the wildcard rule toward its owner, and
@@ -534,10 +586,16 @@ impl Controller {
                     // A partition with no owner had no wildcard rule: nothing of it lives
                     // in the switch, so it needs no transition.
                     if let Some(from) = st.owner[p] {
-                        let from = st.moving[p].map_or(from, |m| m.from);
+                        // Moving again: its trip to the controller stayed in force, so the
+                        // switch holds no flow of the previous owner to settle.
+                        let (from, settled_ms) = st.moving[p]
+                            .map_or((from, now_ms + SETTLE.as_millis() as u64), |m| {
+                                (m.from, m.settled_ms)
+                            });
                         st.moving[p] = Some(Move {
                             from,
                             until_ms: now_ms + transition.as_millis() as u64,
+                            settled_ms,
                         });
                         st.moves_total += 1;
                     }
@@ -585,7 +643,7 @@ impl Controller {
 mod tests {
     use super::*;
     use crate::service::AdminState;
-    use crate::testkit::sim::{self, ACK, SYN, Sim, VIP, VMAC, ip, mac};
+    use crate::testkit::sim::{self, ACK, FIN, SYN, Sim, VIP, VMAC, ip, mac};
 
     fn a(n: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 0, 0, n)
@@ -631,6 +689,7 @@ mod tests {
         moving[1] = Some(Move {
             from: a(4),
             until_ms: 10,
+            settled_ms: 5,
         });
         let moves = rebalance(&owner, &moving, &backends, &[6, 0, 6]);
         let from_b: Vec<usize> = (0..12).filter(|&p| owner[p] == Some(a(3))).collect();
@@ -764,6 +823,8 @@ mod tests {
         sim.tick(Duration::from_millis(10));
         let moved: Vec<usize> = (0..8).filter(|&p| owners[p] == drained).collect();
         assert!(!moved.is_empty());
+        // Past the moves' settling (new connections meanwhile: see below).
+        sim.tick(SETTLE);
         for &p in &moved {
             let port = 40_000 + 2 * p as u16;
             // The live connection's next segment goes up once, and stays with its backend.
@@ -801,6 +862,213 @@ mod tests {
         let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
         assert_eq!(st.moves_total, moved.len() as u64);
         assert!(st.moving.iter().all(Option::is_none));
+    }
+
+    /// A SYN from h1's `port` with its own ISN (`sim::tcp` always sends 1000).
+    fn syn_with_isn(port: u16, isn: u32) -> ofp::Bytes {
+        flowgate_packet::ipv4_tcp(&flowgate_packet::TcpSegment {
+            eth_src: mac(1),
+            eth_dst: VMAC,
+            ip_src: ip(1),
+            ip_dst: VIP,
+            src_port: port,
+            dst_port: 80,
+            seq: isn,
+            flags: flowgate_packet::TcpFlags(SYN),
+            ..flowgate_packet::TcpSegment::default()
+        })
+    }
+
+    /// The idle timeout of the forward (accounting) rule of h1's connection from `port`.
+    fn forward_idle(sim: &Sim, port: u16) -> Option<u16> {
+        sim.net
+            .switch(1)
+            .expect("switch 1")
+            .flows()
+            .find(|e| {
+                cookie::kind_of(e.cookie) == Some(RuleKind::Conn)
+                    && e.cookie & cookie::conn::ACCOUNTING != 0
+                    && e.match_.iter().any(|o| *o == Oxm::TcpSrc(port))
+            })
+            .map(|e| e.idle_timeout)
+    }
+
+    /// Drains partition 0's owner; returns the owners of partitions 0..8 from before.
+    fn drain_partition_0(sim: &mut Sim) -> Vec<String> {
+        let owners: Vec<String> = (0..8u16)
+            .map(|i| send(sim, 40_000 + 2 * i, SYN).0)
+            .collect();
+        let b = owners[0][1..].parse::<usize>().expect("a host") - 2;
+        assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Draining));
+        sim.tick(Duration::from_millis(10));
+        owners
+    }
+
+    #[test]
+    fn a_syn_stays_off_the_new_owner_while_the_move_settles() {
+        // Found on OVS: a SYN that came up in the first tens of milliseconds of a move went
+        // to the new owner; the client's ACK, 10 µs after the SYN-ACK, followed the flow
+        // Open vSwitch had cached from the old partition rule to the old owner, which
+        // reset it. The fake switch has no such cache: this checks the decisions.
+        let mut sim = partitioned();
+        let owners = drain_partition_0(&mut sim);
+        // The old owner is drained: the SYN is held, and its retransmission once the move
+        // has settled goes to the new owner.
+        let before = sim.packet_ins;
+        let got = sim.send("h1", &syn_with_isn(40_016, 7));
+        assert!(got.is_empty() && sim.packet_ins > before, "{got:?}");
+        let key = crate::conntrack::ConnKey {
+            client: ip(1),
+            client_port: 40_016,
+            service_addr: VIP,
+            service_port: 80,
+        };
+        assert!(
+            sim.c.conns.get(&key).is_none(),
+            "nothing is kept of a held SYN"
+        );
+        sim.tick(SETTLE);
+        let got = sim.send("h1", &syn_with_isn(40_016, 7));
+        let got: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
+        assert!(got.len() == 1 && got[0] != owners[0], "{got:?}");
+        // Back to the drained backend, which can take connections again: while that move
+        // settles, a SYN goes where the switch may still send the rest of its connection.
+        sim.tick(Duration::from_millis(2_100));
+        let b = owners[0][1..].parse::<usize>().expect("a host") - 2;
+        assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Active));
+        sim.tick(Duration::from_millis(10));
+        let back: Vec<usize> = (0..8)
+            .filter(|&p| {
+                let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+                st.moving[p].is_some()
+            })
+            .collect();
+        assert!(!back.is_empty());
+        for &p in &back {
+            let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+            let from = st.moving[p].expect("moving").from;
+            let to = st.owner[p].expect("an owner");
+            assert_ne!(from, to);
+            let (who, asked) = send(&mut sim, 40_032 + 2 * p as u16, SYN);
+            assert_eq!((who, asked), (format!("h{}", from.octets()[3]), true));
+        }
+        sim.tick(SETTLE);
+        for &p in &back {
+            let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+            let to = st.owner[p].expect("an owner");
+            let (who, asked) = send(&mut sim, 40_048 + 2 * p as u16, SYN);
+            assert_eq!((who, asked), (format!("h{}", to.octets()[3]), true));
+        }
+        // Once the moves are over, the next connection on the 4-tuple of one placed while
+        // they settled goes to the partition's owner (its SYN comes up by the connection's
+        // rules): not at once, since until the switch has caught up the old backend may
+        // get its ACK by the old rule, or the owner by the partition's.
+        sim.tick(Duration::from_millis(2_000));
+        for &p in &back {
+            let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+            let to = format!("h{}", st.owner[p].expect("an owner").octets()[3]);
+            let port = 40_032 + 2 * p as u16;
+            let got = sim.send("h1", &syn_with_isn(port, 9));
+            assert!(got.is_empty(), "port {port}: {got:?}");
+            let got = sim.send("h1", &syn_with_isn(port, 9));
+            let got: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
+            assert_eq!(got, [to.as_str()], "port {port}");
+            let (who, _) = send(&mut sim, port, ACK);
+            assert_eq!(who, to, "port {port}");
+        }
+    }
+
+    #[test]
+    fn a_syn_at_the_controller_goes_where_its_partitions_rule_still_sends() {
+        // Found on OVS: just after a drain, before the refresh that moves the drained
+        // backend's partitions, a SYN that came up by an earlier connection's rules went to
+        // the balancer's pick; its ACK followed the partition's rule to the drained owner,
+        // which reset it.
+        let mut sim = partitioned();
+        let owners: Vec<String> = (0..8u16)
+            .map(|i| send(&mut sim, 40_000 + 2 * i, SYN).0)
+            .collect();
+        let b = owners[0][1..].parse::<usize>().expect("a host") - 2;
+        assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Draining));
+        // No refresh yet: partition 0's rule still names its owner...
+        let (who, asked) = send(&mut sim, 40_016, SYN);
+        assert_eq!((who.as_str(), asked), (owners[0].as_str(), false));
+        // ...and so does the controller for a SYN of it that comes up.
+        sim.received.clear();
+        sim.packet_in(1, 1, syn_with_isn(40_032, 3));
+        let got: Vec<&str> = sim.received.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(got, [owners[0].as_str()]);
+    }
+
+    #[test]
+    fn a_fin_that_went_by_the_controller_shortens_its_connections_rule() {
+        // Found on OVS (`ovs_partitioned_partitions_settle_under_load`): a connection the
+        // controller placed during a transition can live its whole life through Open
+        // vSwitch's cached flow to the controller, FIN included; its rule never saw the
+        // FIN and stayed for its whole idle timeout (n_packets=0 after 7 s in dump-flows).
+        let mut sim = partitioned();
+        let owners = drain_partition_0(&mut sim);
+        sim.tick(SETTLE);
+        let port = 40_000 + 16;
+        let (placed_on, asked) = send(&mut sim, port, SYN);
+        assert!(asked && placed_on != owners[0], "{placed_on}");
+        assert_eq!(forward_idle(&sim, port), Some(30));
+        sim.received.clear();
+        sim.packet_in(
+            1,
+            1,
+            sim::tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), ACK | FIN),
+        );
+        let got: Vec<&str> = sim.received.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(got, [placed_on.as_str()]);
+        // What the rule's fin_timeout would have made of it had it seen the FIN.
+        assert_eq!(forward_idle(&sim, port), Some(1));
+        // A connection adopted on its FIN (its rule will not see that one either).
+        let (who, asked) = send(&mut sim, 40_000, ACK | FIN);
+        assert_eq!((who.as_str(), asked), (owners[0].as_str(), true));
+        assert_eq!(forward_idle(&sim, 40_000), Some(1));
+    }
+
+    #[test]
+    fn a_syn_on_the_4_tuple_of_a_connection_rule_is_decided_by_the_controller() {
+        // Found on OVS (client ports reused within 1.3 s): a connection adopted on its
+        // last ACK (its FIN had gone by the partition's rule) kept a rule to the old owner
+        // for its idle timeout. The next connection on the port sent its SYN by the
+        // partition's rule to the new owner, and its ACK by that rule to the old one, in
+        // TIME_WAIT: a 5 s timeout.
+        let mut sim = partitioned();
+        let owners = drain_partition_0(&mut sim);
+        // Two connections of partition 0, adopted (the balancer, round robin, would give
+        // their successors one backend each).
+        let ports = [40_000, 40_016];
+        for port in ports {
+            let (who, asked) = send(&mut sim, port, ACK);
+            assert_eq!((who.as_str(), asked), (owners[0].as_str(), true));
+        }
+        // The transition ends; the adopted connections' rules stay.
+        sim.tick(Duration::from_millis(2_100));
+        let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
+        let owner = st.owner[0].expect("partition 0 has an owner");
+        let owner = format!("h{}", owner.octets()[3]);
+        assert_ne!(owner, owners[0]);
+        for port in ports {
+            assert_eq!(forward_idle(&sim, port), Some(30));
+            // The new connection's SYN comes up: a new connection on the 4-tuple, for the
+            // partition's owner (the old backend is drained), whose next SYNs go there by
+            // the partition's rule. The rules change backend, so the SYN is held; its
+            // retransmission comes up too, and goes on.
+            let before = sim.packet_ins;
+            let got = sim.send("h1", &syn_with_isn(port, 5_000));
+            assert!(got.is_empty() && sim.packet_ins > before, "{got:?}");
+            let got = sim.send("h1", &syn_with_isn(port, 5_000));
+            let got: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
+            assert_eq!(got, [owner.as_str()], "port {port}");
+            let (who, _) = send(&mut sim, port, ACK);
+            assert_eq!(
+                who, owner,
+                "port {port}: the handshake's ACK follows its SYN"
+            );
+        }
     }
 
     /// Whether `msgs` hold a delete of every partition rule.

@@ -32,7 +32,7 @@ pub(crate) const PRIO_TABLE_MISS: u16 = 0;
 /// OFPTT_ALL: "wildcard table used for table config, flow stats and flow deletes" (§7.3.4.1).
 pub(crate) const TABLE_ALL: u8 = 0xff;
 
-fn to_controller() -> Actions {
+pub(crate) fn to_controller() -> Actions {
     let mut a = Actions::new();
     // OFPCML_NO_BUFFER: send the whole packet, buffer nothing (§7.2.5), so the packet
     // can be sent on with PACKET_OUT whatever the switch's buffering.
@@ -246,6 +246,24 @@ pub(crate) fn not_syn() -> Oxm {
     const VALUE_MASK: [u8; 4] = {
         let m = TCP_FLAG_SYN.to_be_bytes();
         [0, 0, m[0], m[1]]
+    };
+    Oxm::Raw(RawOxm {
+        class: ofp::oxm::class::NXM_1,
+        field: NXM_NX_TCP_FLAGS,
+        hasmask: true,
+        payload: Bytes::from_static(&VALUE_MASK),
+    })
+}
+
+/// `tcp_flags=+syn`: the segment is a SYN (with or without ACK). On a partitioned
+/// service's connection, beside its forward rule at the client's edge, it sends a SYN on
+/// the connection's 4-tuple up to the controller: [`not_syn`] keeps SYNs off the forward
+/// rule, and there they would follow the partition's wildcard rule rather than the
+/// intercept (see `vip::Controller::emit_rules`).
+pub(crate) fn only_syn() -> Oxm {
+    const VALUE_MASK: [u8; 4] = {
+        let m = TCP_FLAG_SYN.to_be_bytes();
+        [m[0], m[1], m[0], m[1]]
     };
     Oxm::Raw(RawOxm {
         class: ofp::oxm::class::NXM_1,

@@ -280,6 +280,7 @@ impl Controller {
         // A partitioned service's SYN that reached the controller (its partition is moving,
         // or has no rule yet) goes where the partition's rule will send the next ones.
         let partition_owner = self.partition_backend(si, key.client_port, true);
+        let settling = self.partition_settling(si, key.client_port, created_ms);
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
@@ -295,11 +296,39 @@ impl Controller {
         // before the replacement takes effect goes to the right backend anyway. Seen on OVS
         // when the backend changed: the client's ACK, 50 µs after the new backend's
         // SYN-ACK, followed the old megaflow to the old backend, which reset it.
-        let sticky = reuse
+        //
+        // Not in a partitioned service: there the switch may also hold flows cached from
+        // the partition's rule, and once the old connection's rule has expired they can
+        // cover this 4-tuple (seen on OVS: a reopened connection kept its old backend, and
+        // its ACK followed the partition's rule to the owner, which reset it). Its SYN goes
+        // where the partition's rule sends them, and when that is not the old backend, it
+        // is held (below) until the switch has caught up with the new rules. Even when the
+        // owner can no longer take connections (drained, or failed, since the last
+        // refresh): until the refresh moves the partition its rule sends every other SYN
+        // there, and the switch may send this connection's ACK there by a flow it cached
+        // from that rule (seen on OVS: a SYN caught by an earlier connection's rules just
+        // after a drain went to the balancer's pick, its ACK to the drained owner).
+        let eligible = |b: &usize| s.loads.get(*b).is_some_and(|l| l.eligible);
+        let kept = reuse
             .filter(|o| o.service == l.service)
             .map(|o| usize::from(o.backend))
-            .or(partition_owner)
-            .filter(|&b| s.loads.get(b).is_some_and(|l| l.eligible));
+            .filter(eligible);
+        let sticky = match (settling, partition_owner) {
+            // The partition has just started moving: the switch may still carry this
+            // connection's next segments to the old owner by flows it cached from the old
+            // partition rule (see `partition::SETTLE`), so the connection goes there too.
+            // When that one can no longer take it, the SYN is held: the client sends it
+            // again a second later, when the switch has caught up.
+            (Some(from), _) => match from.filter(eligible) {
+                Some(b) => Some(b),
+                None => {
+                    tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, "SYN held while its partition's move settles");
+                    return;
+                }
+            },
+            (None, Some(owner)) => Some(owner),
+            (None, None) => kept,
+        };
         let sel = match sticky {
             Some(b) => crate::balance::Selection {
                 backend: Some(b),
@@ -376,10 +405,11 @@ impl Controller {
             return;
         }
         self.conns.insert(key, conn);
-        self.emit_rules(&key, conn, &p, (true, true), out);
+        self.emit_rules(&key, conn, &p, (true, true), false, out);
         if reuse.is_some_and(|o| (o.service, o.backend) != (conn.service, conn.backend)) {
-            // The earlier connection's backend can no longer take it: the rules change
-            // backend, and packets that meet the old rule or its megaflow before the
+            // The earlier connection's backend can no longer take it (or the partition's
+            // rule names another): the rules change backend, and packets that meet the
+            // old rule or its megaflow before the
             // replacement takes effect would reach the old backend (which resets them).
             // Hold the SYN: the client sends it again (same ISN) a second later, when the
             // new rules are in force, and that copy goes on to the new backend.
@@ -446,7 +476,7 @@ impl Controller {
         if found != (true, true) {
             return false;
         }
-        self.emit_rules(key, conn, &p, found, out);
+        self.emit_rules(key, conn, &p, found, false, out);
         if let Some(c) = self.conns.get_mut(key) {
             c.installed = true;
         }
@@ -454,19 +484,29 @@ impl Controller {
     }
 
     /// The rules of a placed connection along the paths [`Self::compute_paths`] found
-    /// (`found`: whether the forward and the reverse one exist).
+    /// (`found`: whether the forward and the reverse one exist). `closing`: the connection's
+    /// FIN or RST went by the controller, so the rules get the idle timeout their
+    /// `fin_timeout` would have set had they seen it.
     fn emit_rules(
         &mut self,
         key: &ConnKey,
         conn: Conn,
         p: &Placement,
         found: (bool, bool),
+        closing: bool,
         out: &mut Outbox,
     ) {
-        let idle = self
+        let service_idle = self
             .services
             .get(usize::from(conn.service))
             .map_or(self.config().idle_timeout_secs, |s| s.cfg.idle_timeout_secs);
+        let fin_secs = self.config().fin_timeout_secs;
+        let idle = if closing && fin_secs > 0 {
+            fin_secs
+        } else {
+            service_idle
+        };
+        let catch_syn = self.is_partitioned(usize::from(conn.service));
         let low = (u64::from(conn.service) << 16)
             | u64::from(conn.backend)
             | rules::conn_tag_bits(conn.tag);
@@ -519,6 +559,30 @@ impl Controller {
                     low
                 };
                 out.push_conn_rule(d, &rule);
+                if first && catch_syn {
+                    // A partitioned service's SYNs follow the partition's rule, not the
+                    // intercept: a client that reuses this 4-tuple while the forward rule
+                    // is still here (its FIN went by the controller, or the connection was
+                    // adopted after it, or the FIN timeout has not run out) would send its
+                    // SYN to the partition's owner and its ACK by this rule to the
+                    // connection's backend. Seen on OVS with ports reused within 1.3 s: a
+                    // RST, or a 5 s timeout against the old backend's TIME_WAIT. This rule
+                    // brings such a SYN up to be decided (`reopen`). Not an accounting
+                    // rule: its end says nothing about the connection's.
+                    rules::set_tcp_match(
+                        &mut rule.m,
+                        Some(key.client),
+                        Some(dst),
+                        Some(key.client_port),
+                        Some(key.service_port),
+                    );
+                    rule.m.push(rules::only_syn());
+                    rule.actions = rules::to_controller();
+                    rule.cookie_low = low;
+                    rule.idle_timeout = service_idle;
+                    out.push_conn_rule(d, &rule);
+                    rule.idle_timeout = idle;
+                }
             }
         }
         if found.1 {
@@ -585,6 +649,18 @@ impl Controller {
             return;
         };
         self.send_placed(at, key, &p, dir, pkt_dst, out);
+        if dir == Dir::Forward && conn.installed && closes(at.tcp) {
+            // The client's FIN or RST came here, not through the connection's rule (Open
+            // vSwitch still held a cached flow to the controller from before the rule, or
+            // the rule had not taken effect): the rule's fin_timeout never fired, and the
+            // rule would outlive the connection by its whole idle timeout. In a partitioned
+            // service that is what breaks the next connection on the 4-tuple (its SYN
+            // follows the partition's rule, its ACK this one, to another backend); and the
+            // connection's accounting would last as long. Shorten the rule as the switch
+            // would have.
+            let found = self.compute_paths(&p);
+            self.emit_rules(key, conn, &p, (found.0, false), true, out);
+        }
     }
 
     /// A deferred connection that will not complete: its accounting ends, and nothing is
@@ -741,7 +817,8 @@ impl Controller {
             tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, "connection adopted from its partition");
         }
         self.conns.insert(key, conn);
-        self.emit_rules(&key, conn, &p, found, out);
+        // Adopted on its FIN or RST: its rules will not see that segment.
+        self.emit_rules(&key, conn, &p, found, closes(at.tcp), out);
         self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
         true
     }
@@ -859,6 +936,11 @@ fn rewritten_ipv4_dst(instructions: &ofp::Instructions) -> Option<Ipv4Addr> {
         }
         _ => None,
     })
+}
+
+/// Whether a segment ends its sender's side of the connection (what `fin_timeout` acts on).
+fn closes(tcp: &Tcp<'_>) -> bool {
+    tcp.flags.fin() || tcp.flags.rst()
 }
 
 /// A per-process keyed hash of the connection, for algorithms that hash.

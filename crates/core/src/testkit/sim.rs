@@ -31,6 +31,7 @@ pub fn ip(i: u8) -> Ipv4Addr {
 pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const SYN_ACK: u8 = 0x12;
+pub const FIN: u8 = 0x01;
 
 /// A controller wired to a fake network.
 pub struct Sim {
