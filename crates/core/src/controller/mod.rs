@@ -6,6 +6,7 @@
 //! no I/O and reads no clock. The runtime owns the sockets and the timers; tests, the
 //! benchmark and the simulator drive the same state machine directly.
 
+mod conn_rule;
 pub mod handshake;
 mod l2;
 mod nicira;
@@ -118,16 +119,20 @@ impl Outbox {
         }
     }
 
-    /// A connection rule: encoded from its parts when encoding, without building the
-    /// FLOW_MOD (the same bytes: `rules::tests`). By reference, so the caller can reuse
-    /// the rule's match and actions for the next one.
+    /// A connection rule: encoded straight from its fields when encoding, without
+    /// building the FLOW_MOD (the same bytes: `conn_rule::tests`).
     #[inline]
-    pub(crate) fn push_conn_rule(&mut self, dpid: Dpid, rule: &rules::ConnRule) {
+    pub(crate) fn push_conn_rule(&mut self, dpid: Dpid, rule: &conn_rule::ConnRule) {
         match &mut self.encoded {
-            Some(e) => e.push(dpid, &rule.flow_mod()),
-            None => self
-                .msgs
-                .push((dpid, Message::FlowMod(rule.flow_mod().to_flow_mod()))),
+            Some(e) => {
+                rule.encode(&mut e.bytes);
+                e.frames.push(EncodedFrame {
+                    dpid,
+                    msg_type: ofp::MsgType::FlowMod,
+                    end: e.bytes.len(),
+                });
+            }
+            None => self.msgs.push((dpid, Message::FlowMod(rule.flow_mod()))),
         }
     }
 

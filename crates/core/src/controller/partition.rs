@@ -57,7 +57,7 @@
 //! ACK will go: the client reuses ports within a second or two, and the partition's rule,
 //! not the intercept, takes a SYN that misses the connection rules (`tcp_flags=-syn`). So a
 //! partitioned connection's rules include one that brings such a SYN up
-//! (`rules::only_syn`); a connection rule whose FIN or RST went by the controller (so its
+//! (`conn_rule::Syn::Only`); a connection rule whose FIN or RST went by the controller (so its
 //! `fin_timeout` never fired) or was adopted on one is shortened as `fin_timeout` would
 //! have; and a SYN that comes up goes where the partition's rule sends the partition's
 //! packets, its owner's even if that one was drained since the last refresh, held when a

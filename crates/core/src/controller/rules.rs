@@ -15,8 +15,7 @@ use std::net::Ipv4Addr;
 
 use flowgate_packet::{ETH_TYPE_IPV4, ETH_TYPE_LLDP, IP_PROTO_TCP, MacAddr};
 use ofp::{
-    Action, Actions, Bytes, FlowMod, FlowModApply, FlowModCommand, FlowModFixed, FlowModFlags,
-    Instruction, Match, Message, Oxm, PacketOut, RawOxm,
+    Action, Actions, Bytes, FlowMod, FlowModCommand, Instruction, Match, Message, Oxm, PacketOut,
 };
 
 use crate::cookie::{self, RuleKind};
@@ -191,21 +190,6 @@ pub(crate) fn tcp_match(
     dport: Option<u16>,
 ) -> Match {
     let mut m = Match::new();
-    set_tcp_match(&mut m, src, dst, sport, dport);
-    m
-}
-
-/// [`tcp_match`] into `m`, whatever it held: the connection rules reuse one match, which
-/// is 328 bytes to move each time one is returned.
-#[inline]
-pub(crate) fn set_tcp_match(
-    m: &mut Match,
-    src: Option<Ipv4Addr>,
-    dst: Option<Ipv4Addr>,
-    sport: Option<u16>,
-    dport: Option<u16>,
-) {
-    m.clear();
     m.push(Oxm::EthType(ETH_TYPE_IPV4));
     m.push(Oxm::IpProto(IP_PROTO_TCP));
     if let Some(a) = src {
@@ -226,51 +210,7 @@ pub(crate) fn set_tcp_match(
     if let Some(p) = dport {
         m.push(Oxm::TcpDst(p));
     }
-}
-
-/// `NXM_NX_TCP_FLAGS` field number in the `NXM_1` class (Open vSwitch's `tcp_flags`,
-/// 16 bits, maskable; usable in OpenFlow 1.3 matches as an OXM of that class).
-const NXM_NX_TCP_FLAGS: u8 = 34;
-/// The SYN bit of `tcp_flags`.
-const TCP_FLAG_SYN: u16 = 0x002;
-
-/// `tcp_flags=-syn`: the segment is not a SYN. On a connection's forward rule at the
-/// client's edge it makes every SYN miss the rule and go up through the intercept: a
-/// client that reuses a closed connection's 4-tuple (the kernel picks ports at random,
-/// and another client's connections to the same address advance its counter) gets a
-/// decision of its own, instead of riding the old connection's rule (or Open vSwitch's
-/// cached megaflow of it) to the old backend with none. Prerequisite `ip_proto=6`, as for
-/// `tcp_*` (§7.2.3.8); the fields of other classes are the switch's (§7.2.3.2).
-pub(crate) fn not_syn() -> Oxm {
-    // Value 0, mask SYN (static: no allocation on the PACKET_IN path).
-    const VALUE_MASK: [u8; 4] = {
-        let m = TCP_FLAG_SYN.to_be_bytes();
-        [0, 0, m[0], m[1]]
-    };
-    Oxm::Raw(RawOxm {
-        class: ofp::oxm::class::NXM_1,
-        field: NXM_NX_TCP_FLAGS,
-        hasmask: true,
-        payload: Bytes::from_static(&VALUE_MASK),
-    })
-}
-
-/// `tcp_flags=+syn`: the segment is a SYN (with or without ACK). On a partitioned
-/// service's connection, beside its forward rule at the client's edge, it sends a SYN on
-/// the connection's 4-tuple up to the controller: [`not_syn`] keeps SYNs off the forward
-/// rule, and there they would follow the partition's wildcard rule rather than the
-/// intercept (see `vip::Controller::emit_rules`).
-pub(crate) fn only_syn() -> Oxm {
-    const VALUE_MASK: [u8; 4] = {
-        let m = TCP_FLAG_SYN.to_be_bytes();
-        [m[0], m[1], m[0], m[1]]
-    };
-    Oxm::Raw(RawOxm {
-        class: ofp::oxm::class::NXM_1,
-        field: NXM_NX_TCP_FLAGS,
-        hasmask: true,
-        payload: Bytes::from_static(&VALUE_MASK),
-    })
+    m
 }
 
 /// Bits 32..46 of a connection rule's cookie: a tag of the decision the rule carries
@@ -298,36 +238,6 @@ pub(crate) fn conn_delete_strict(m: Match) -> Message {
     fm.cookie = RuleKind::Conn.base();
     fm.cookie_mask = cookie::KIND_MASK;
     Message::FlowMod(fm)
-}
-
-/// One direction of one connection on one switch.
-pub(crate) struct ConnRule {
-    pub(crate) cookie_low: u64,
-    pub(crate) idle_timeout: u16,
-    pub(crate) m: Match,
-    pub(crate) actions: Actions,
-}
-
-impl ConnRule {
-    /// The rule's FLOW_MOD, borrowed from the rule's parts.
-    #[inline]
-    pub(crate) fn flow_mod(&self) -> FlowModApply<'_> {
-        FlowModApply {
-            fixed: FlowModFixed {
-                cookie: cookie::cookie(RuleKind::Conn, self.cookie_low),
-                priority: PRIO_CONN,
-                idle_timeout: self.idle_timeout,
-                // RESET_COUNTS: a rule that replaces an earlier connection's on the same
-                // 4-tuple starts from zero ("§6.4: ... otherwise they should be copied
-                // from the replaced flow entry"), so its packet count tells about this
-                // connection only.
-                flags: FlowModFlags::SEND_FLOW_REM | FlowModFlags::RESET_COUNTS,
-                ..FlowModFixed::add()
-            },
-            match_: &self.m,
-            actions: &self.actions,
-        }
-    }
 }
 
 /// Rewrite the destination to `(mac, ip)`: the forward rewrite, client to backend.
@@ -430,75 +340,7 @@ pub(crate) fn port_desc_request() -> Message {
 
 #[cfg(test)]
 mod tests {
-    use bytes::BytesMut;
-
     use super::*;
-    use crate::controller::Outbox;
-
-    fn rule(rewrite: bool, first: bool, fin: bool, port: u32) -> ConnRule {
-        let (client, vip, backend) = (
-            Ipv4Addr::new(10, 0, 0, 1),
-            Ipv4Addr::new(10, 0, 0, 100),
-            Ipv4Addr::new(10, 0, 0, 2),
-        );
-        let mut m = tcp_match(Some(client), Some(vip), Some(40000), Some(80));
-        if first {
-            m.push(not_syn());
-        }
-        let mut actions = Actions::new();
-        if rewrite {
-            push_rewrite_dst(&mut actions, MacAddr([2, 0, 0, 0, 0, 2]), backend);
-        }
-        if fin {
-            actions.push(fin_timeout_of(fin_timeout_body(5)));
-        }
-        actions.push(Action::output(port));
-        ConnRule {
-            cookie_low: 0x1234_0001_0002 | u64::from(first),
-            idle_timeout: 30,
-            m,
-            actions,
-        }
-    }
-
-    /// An encoding outbox sends a connection rule as the bytes of its FLOW_MOD, and keeps
-    /// the order and the switch of everything pushed around it.
-    #[test]
-    fn encoded_conn_rules_are_their_flow_mods() {
-        let mut out = Outbox::encoding();
-        let mut want: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut dpid = 1;
-        for rewrite in [false, true] {
-            for first in [false, true] {
-                for fin in [false, true] {
-                    let r = rule(rewrite, first, fin, dpid as u32);
-                    // The same rule as an owned FLOW_MOD, encoded by `FlowMod`'s code.
-                    let msg = Message::FlowMod(r.flow_mod().to_flow_mod());
-                    let mut b = BytesMut::new();
-                    ofp::encode(0, &msg, &mut b).expect("a connection rule encodes");
-                    want.push((dpid, b.to_vec()));
-                    out.push_conn_rule(dpid, &r);
-                    // A whole message between two rules, to another switch.
-                    let other = packet_out(1, output(2), Bytes::from_static(b"frame"));
-                    let mut b = BytesMut::new();
-                    ofp::encode(0, &other, &mut b).expect("a PACKET_OUT encodes");
-                    want.push((dpid + 100, b.to_vec()));
-                    out.push(dpid + 100, other);
-                    dpid += 1;
-                }
-            }
-        }
-        assert!(out.msgs.is_empty());
-        assert_eq!(out.len(), want.len());
-        let enc = out.encoded_mut().expect("an encoding outbox");
-        let got: Vec<(u64, Vec<u8>)> = enc.iter().map(|(d, _, b)| (d, b.to_vec())).collect();
-        assert_eq!(got, want);
-        let types: Vec<ofp::MsgType> = enc.iter().map(|(_, t, _)| t).collect();
-        assert_eq!(types[0], ofp::MsgType::FlowMod);
-        assert_eq!(types[1], ofp::MsgType::PacketOut);
-        enc.clear();
-        assert!(out.is_empty());
-    }
 
     /// The `fin_timeout` body is built once per value and reads as Open vSwitch expects.
     #[test]

@@ -11,6 +11,7 @@ use std::time::Instant;
 use flowgate_packet::{self as packet, Frame, MacAddr, Tcp};
 use ofp::{Action, Actions, Instruction, Match, Oxm, PacketIn};
 
+use super::conn_rule::{ConnRule, Out, Syn};
 use super::{Controller, Listener, Outbox, rules};
 use crate::balance::{Outcome, SelectRequest};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
@@ -512,51 +513,34 @@ impl Controller {
             | rules::conn_tag_bits(conn.tag);
         let rewrite = key.service_addr != p.backend_ip;
         let fin = self.fin_timeout_body;
-        // One rule, refilled for each switch: the match and actions stay in place.
-        let mut rule = rules::ConnRule {
-            cookie_low: low,
-            idle_timeout: idle,
-            m: Match::new(),
-            actions: Actions::new(),
-        };
 
         if found.0 {
             for (i, &(d, port)) in self.scratch_path.iter().enumerate() {
                 let first = i == 0;
-                let dst = if first {
-                    key.service_addr
-                } else {
-                    p.backend_ip
-                };
-                let (m, actions) = (&mut rule.m, &mut rule.actions);
-                rules::set_tcp_match(
-                    m,
-                    Some(key.client),
-                    Some(dst),
-                    Some(key.client_port),
-                    Some(key.service_port),
-                );
-                if first {
+                let mut rule = ConnRule {
+                    cookie_low: if first {
+                        low | cookie::conn::ACCOUNTING
+                    } else {
+                        low
+                    },
+                    idle_timeout: idle,
+                    src: key.client,
+                    dst: if first {
+                        key.service_addr
+                    } else {
+                        p.backend_ip
+                    },
+                    sport: key.client_port,
+                    dport: key.service_port,
                     // Every SYN comes up to be decided, even on a 4-tuple this rule holds.
-                    m.push(rules::not_syn());
-                }
-                actions.clear();
-                if first && rewrite {
-                    rules::push_rewrite_dst(actions, p.backend_mac, p.backend_ip);
-                } else if first && p.service_mac != p.backend_mac {
-                    actions.push(Action::SetField(Oxm::EthDst {
-                        value: p.backend_mac.0,
-                        mask: None,
-                    }));
-                }
-                if let Some(fin) = fin {
-                    actions.push(rules::fin_timeout_of(fin));
-                }
-                actions.push(Action::output(port));
-                rule.cookie_low = if first {
-                    low | cookie::conn::ACCOUNTING
-                } else {
-                    low
+                    syn: if first { Syn::Not } else { Syn::Any },
+                    set_eth_dst: (first && (rewrite || p.service_mac != p.backend_mac))
+                        .then_some(p.backend_mac),
+                    set_ipv4_dst: (first && rewrite).then_some(p.backend_ip),
+                    set_eth_src: None,
+                    set_ipv4_src: None,
+                    fin,
+                    out: Out::Port(port),
                 };
                 out.push_conn_rule(d, &rule);
                 if first && catch_syn {
@@ -569,50 +553,39 @@ impl Controller {
                     // RST, or a 5 s timeout against the old backend's TIME_WAIT. This rule
                     // brings such a SYN up to be decided (`reopen`). Not an accounting
                     // rule: its end says nothing about the connection's.
-                    rules::set_tcp_match(
-                        &mut rule.m,
-                        Some(key.client),
-                        Some(dst),
-                        Some(key.client_port),
-                        Some(key.service_port),
-                    );
-                    rule.m.push(rules::only_syn());
-                    rule.actions = rules::to_controller();
+                    rule.syn = Syn::Only;
+                    rule.set_eth_dst = None;
+                    rule.set_ipv4_dst = None;
+                    rule.fin = None;
+                    rule.out = Out::Controller;
                     rule.cookie_low = low;
                     rule.idle_timeout = service_idle;
                     out.push_conn_rule(d, &rule);
-                    rule.idle_timeout = idle;
                 }
             }
         }
         if found.1 {
             let last = self.scratch_rev.len().saturating_sub(1);
             for (i, &(d, port)) in self.scratch_rev.iter().enumerate() {
-                let actions = &mut rule.actions;
-                rules::set_tcp_match(
-                    &mut rule.m,
-                    Some(p.backend_ip),
-                    Some(key.client),
-                    Some(key.service_port),
-                    Some(key.client_port),
-                );
-                actions.clear();
-                if i == last {
-                    if rewrite {
-                        rules::push_rewrite_src(actions, p.service_mac, key.service_addr);
-                    } else if p.service_mac != p.backend_mac {
-                        actions.push(Action::SetField(Oxm::EthSrc {
-                            value: p.service_mac.0,
-                            mask: None,
-                        }));
-                    }
-                }
-                if let Some(fin) = fin {
-                    actions.push(rules::fin_timeout_of(fin));
-                }
-                actions.push(Action::output(port));
-                rule.cookie_low =
-                    low | cookie::conn::REVERSE | if i == last { cookie::conn::OUTCOME } else { 0 };
+                let is_last = i == last;
+                let rule = ConnRule {
+                    cookie_low: low
+                        | cookie::conn::REVERSE
+                        | if is_last { cookie::conn::OUTCOME } else { 0 },
+                    idle_timeout: idle,
+                    src: p.backend_ip,
+                    dst: key.client,
+                    sport: key.service_port,
+                    dport: key.client_port,
+                    syn: Syn::Any,
+                    set_eth_dst: None,
+                    set_ipv4_dst: None,
+                    set_eth_src: (is_last && (rewrite || p.service_mac != p.backend_mac))
+                        .then_some(p.service_mac),
+                    set_ipv4_src: (is_last && rewrite).then_some(key.service_addr),
+                    fin,
+                    out: Out::Port(port),
+                };
                 out.push_conn_rule(d, &rule);
             }
         }
