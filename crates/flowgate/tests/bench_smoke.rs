@@ -135,7 +135,15 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         ][..],
         &["--peers", "flowgate", "--latency"][..],
         &["--peers", "flowgate", "--rate", "2000"][..],
+        // Controller and switches on CPUs of their own (needs two).
+        &["--peers", "flowgate", "--rate", "2000", "--pin"][..],
     ] {
+        if extra.contains(&"--pin")
+            && std::thread::available_parallelism().map_or(1, usize::from) < 2
+        {
+            eprintln!("--pin skipped: fewer than two CPUs");
+            continue;
+        }
         let (stdout, table) = run_bench_controller(extra);
         assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
         let rows = counts(&table, "flowgate");
@@ -154,6 +162,12 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             assert_eq!(lost, 0, "lost probes ({extra:?}):\n{table}");
         }
         assert!(table.contains("p99"), "{table}");
+        // The bench checked the controller's affinity before it measured.
+        assert_eq!(
+            extra.contains(&"--pin"),
+            table.contains("pinned (controller on CPU"),
+            "{table}"
+        );
     }
 }
 

@@ -367,7 +367,7 @@ fn setup_runs(
                 }
                 r
             } else {
-                let p = controller::spawn_peer(Peer::Flowgate, &cargs)?;
+                let p = controller::spawn_peer(Peer::Flowgate, &cargs, None)?;
                 controller::measure(rt, "flowgate single", p.addr, &cargs, CheckMode::Vip, pace)?
             };
             let mode = if domain { "domain" } else { "single" };

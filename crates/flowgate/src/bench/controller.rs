@@ -85,6 +85,12 @@ pub struct ControllerArgs {
     /// measured (e.g. 0.5 for the "p99 at half the peak rate" figure).
     #[arg(long)]
     pub also_rate_fraction: Option<f64>,
+    /// Give the controller under test and the emulated switches CPUs of their own: the
+    /// controller the first CPU this process may use, the switches the others. cbench's
+    /// method runs them on separate machines; sharing the cores, the two preempt each
+    /// other and the latency measures the scheduler. Needs two CPUs; applies to every peer.
+    #[arg(long)]
+    pub pin: bool,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -549,7 +555,75 @@ fn flowgate_exe() -> anyhow::Result<PathBuf> {
     bail!("cannot find the flowgate binary (set FLOWGATE_BIN)")
 }
 
-pub fn spawn_peer(peer: Peer, args: &ControllerArgs) -> anyhow::Result<Spawned> {
+/// The CPUs of `--pin`: the controller's, and the emulated switches'.
+#[derive(Debug, Clone)]
+pub struct Pinning {
+    controller: usize,
+    switches: rustix::thread::CpuSet,
+}
+
+impl Pinning {
+    /// Split the CPUs this process may use: the first for the controller, the rest here.
+    pub fn from_affinity() -> anyhow::Result<Self> {
+        let mine = rustix::thread::sched_getaffinity(None).context("sched_getaffinity")?;
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| mine.is_set(c))
+            .collect();
+        let [controller, rest @ ..] = cpus.as_slice() else {
+            bail!("--pin: no CPU to run on");
+        };
+        if rest.is_empty() {
+            bail!("--pin needs two CPUs; this process may use only CPU {controller}");
+        }
+        let mut switches = rustix::thread::CpuSet::new();
+        for &c in rest {
+            switches.set(c);
+        }
+        Ok(Pinning {
+            controller: *controller,
+            switches,
+        })
+    }
+
+    /// Check that the controller under test (`pid`) runs on its CPU alone.
+    fn check(&self, pid: u32) -> anyhow::Result<()> {
+        let pid = rustix::thread::Pid::from_raw(pid as i32).context("pid 0")?;
+        let set = rustix::thread::sched_getaffinity(Some(pid)).context("sched_getaffinity")?;
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect();
+        if cpus != [self.controller] {
+            bail!(
+                "--pin: the controller runs on CPUs {cpus:?}, not CPU {}",
+                self.controller
+            );
+        }
+        Ok(())
+    }
+
+    /// Move this thread (and the threads it starts from now on) to the switches' CPUs.
+    pub fn pin_switches(&self) -> anyhow::Result<()> {
+        rustix::thread::sched_setaffinity(None, &self.switches).context("sched_setaffinity")
+    }
+}
+
+/// `prog`, or `taskset -c CPU prog` when pinned (`taskset` execs it: the same process).
+fn command(prog: impl AsRef<std::ffi::OsStr>, pin: Option<&Pinning>) -> Command {
+    match pin {
+        Some(p) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(p.controller.to_string()).arg(prog);
+            c
+        }
+        None => Command::new(prog),
+    }
+}
+
+pub fn spawn_peer(
+    peer: Peer,
+    args: &ControllerArgs,
+    pin: Option<&Pinning>,
+) -> anyhow::Result<Spawned> {
     let dir = TempDir::new(match peer {
         Peer::Flowgate => "flowgate",
         Peer::Osken => "osken",
@@ -563,7 +637,7 @@ pub fn spawn_peer(peer: Peer, args: &ControllerArgs) -> anyhow::Result<Spawned> 
             std::fs::write(&cfg, flowgate_config(args)?)?;
             let ready = dir.0.join("ready.json");
             let exe = flowgate_exe()?;
-            let mut child = Command::new(&exe)
+            let mut child = command(&exe, pin)
                 .args(["--log", "warn", "controller", "--config"])
                 .arg(&cfg)
                 .arg("--ready-file")
@@ -628,7 +702,7 @@ pub fn spawn_peer(peer: Peer, args: &ControllerArgs) -> anyhow::Result<Spawned> 
                         .to_string()
                 })
                 .unwrap_or_else(|_| "os-ken ?".into());
-            let mut child = Command::new(&manager)
+            let mut child = command(&manager, pin)
                 .args(["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port"])
                 .arg(port.to_string())
                 .arg(&app)
@@ -665,7 +739,7 @@ pub fn spawn_peer(peer: Peer, args: &ControllerArgs) -> anyhow::Result<Spawned> 
                         .to_string()
                 })
                 .context("ovs-testcontroller not found: run scripts/setup-bench-peers.sh")?;
-            let mut child = Command::new("ovs-testcontroller")
+            let mut child = command("ovs-testcontroller", pin)
                 .args(["-O", "OpenFlow13", "--no-chdir", "-vconsole:off"])
                 .arg(format!("ptcp:{port}:127.0.0.1"))
                 .stdin(Stdio::null())
@@ -713,6 +787,13 @@ pub struct Report {
 }
 
 pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
+    let pin = if args.pin {
+        let p = Pinning::from_affinity()?;
+        p.pin_switches()?;
+        Some(p)
+    } else {
+        None
+    };
     // One thread for all the emulated switches, as cbench: the other core is the
     // controller's.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -736,7 +817,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             args.mode
         };
         let spawned = match t {
-            Some(p) => Some(spawn_peer(p, args)?),
+            Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
             None => None,
         };
         let (name, addr) = match &spawned {
@@ -753,7 +834,18 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             ),
         };
         let pid = spawned.as_ref().map(Spawned::pid);
-        let r = measure_with_cpu(&rt, &name, addr, args, mode, base_pace, pid)?;
+        if let (Some(p), Some(pid)) = (&pin, pid) {
+            p.check(pid)?;
+        }
+        let pinned = |mut r: RunResult| {
+            if let Some(p) = &pin {
+                let _ = write!(r.pace, ", pinned (controller on CPU {})", p.controller);
+            }
+            r
+        };
+        let r = pinned(measure_with_cpu(
+            &rt, &name, addr, args, mode, base_pace, pid,
+        )?);
         let peak = r.avg;
         runs.push(r);
         if let (Some(f), Pace::Window(w)) = (args.also_rate_fraction, base_pace) {
@@ -761,13 +853,15 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 // A fresh controller, so the open-loop run starts from the same state.
                 drop(spawned);
                 let spawned = match t {
-                    Some(p) => Some(spawn_peer(p, args)?),
+                    Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
                     None => None,
                 };
                 let addr = spawned.as_ref().map_or(addr, |s| s.addr);
                 let pid = spawned.as_ref().map(Spawned::pid);
                 let pace = Pace::Rate(peak * f);
-                runs.push(measure_with_cpu(&rt, &name, addr, args, mode, pace, pid)?);
+                runs.push(pinned(measure_with_cpu(
+                    &rt, &name, addr, args, mode, pace, pid,
+                )?));
             }
         }
     }
