@@ -162,11 +162,6 @@ impl Writer {
         self.put(&v.to_be_bytes());
     }
 
-    #[inline(always)]
-    fn u64(&mut self, v: u64) {
-        self.put(&v.to_be_bytes());
-    }
-
     /// An OXM (§7.2.3.2): class, field, hasmask, payload length, payload.
     #[inline(always)]
     fn oxm(&mut self, class: u16, field: u8, hasmask: bool, payload: &[u8]) {
@@ -246,18 +241,7 @@ impl ConnRule {
         w.u16(total as u16);
         w.skip(4);
         // The fixed fields (§7.3.4.1).
-        let f = self.fixed();
-        w.u64(f.cookie);
-        w.u64(f.cookie_mask);
-        w.put(&[f.table_id, f.command.to_raw()]);
-        w.u16(f.idle_timeout);
-        w.u16(f.hard_timeout);
-        w.u16(f.priority);
-        w.u32(f.buffer_id);
-        w.u32(f.out_port);
-        w.u32(f.out_group);
-        w.u16(f.flags.0);
-        w.skip(2);
+        w.put(&self.fixed().to_bytes());
 
         // The match (§7.2.3): OFPMT_OXM, its length before padding, the OXMs, zeros.
         w.u16(ofp::oxm::OFPMT_OXM);

@@ -643,7 +643,7 @@ impl Controller {
 mod tests {
     use super::*;
     use crate::service::AdminState;
-    use crate::testkit::sim::{self, ACK, FIN, SYN, Sim, VIP, VMAC, ip, mac};
+    use crate::testkit::sim::{self, ACK, FIN, SYN, Sim, VIP, VMAC, client_segment, ip, mac};
 
     fn a(n: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 0, 0, n)
@@ -866,17 +866,7 @@ mod tests {
 
     /// A SYN from h1's `port` with its own ISN (`sim::tcp` always sends 1000).
     fn syn_with_isn(port: u16, isn: u32) -> ofp::Bytes {
-        flowgate_packet::ipv4_tcp(&flowgate_packet::TcpSegment {
-            eth_src: mac(1),
-            eth_dst: VMAC,
-            ip_src: ip(1),
-            ip_dst: VIP,
-            src_port: port,
-            dst_port: 80,
-            seq: isn,
-            flags: flowgate_packet::TcpFlags(SYN),
-            ..flowgate_packet::TcpSegment::default()
-        })
+        client_segment(port, isn, 0, SYN)
     }
 
     /// The idle timeout of the forward (accounting) rule of h1's connection from `port`.

@@ -9,7 +9,7 @@ use super::{Mode, SERVICE_METER_BASE, TABLE_MISS_METER};
 use crate::cookie::{self, RuleKind};
 use crate::testkit::FakeTable;
 use crate::testkit::PacketFields;
-use crate::testkit::sim::{self, Sim, VIP, VMAC, arp_request, ip, mac, tcp};
+use crate::testkit::sim::{self, ACK, Sim, VIP, VMAC, arp_request, client_segment, ip, mac, tcp};
 
 /// One switch, h1 the client on port 1, backends h2, h3 on ports 2, 3, with the given
 /// `[service.overload]` and `[controller.overload]` sections.
@@ -375,18 +375,7 @@ fn saturate(sim: &mut Sim, rounds: usize) {
 
 /// h1's ACK from `port`, acknowledging `ack`.
 fn client_ack(port: u16, ack: u32) -> ofp::Bytes {
-    flowgate_packet::ipv4_tcp(&flowgate_packet::TcpSegment {
-        eth_src: mac(1),
-        eth_dst: VMAC,
-        ip_src: ip(1),
-        ip_dst: VIP,
-        src_port: port,
-        dst_port: 80,
-        seq: 1001,
-        ack,
-        flags: flowgate_packet::TcpFlags::ACK,
-        ..Default::default()
-    })
+    client_segment(port, 1001, ack, ACK)
 }
 
 fn conn_rules(s: &Sim) -> usize {

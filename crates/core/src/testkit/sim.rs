@@ -251,6 +251,22 @@ pub fn arp_request(from: u8, target: Ipv4Addr) -> ofp::Bytes {
     packet::arp_request(mac(from), ip(from), target)
 }
 
+/// A segment from h1 (`mac(1)`, `ip(1)`) at `port` to the VIP's port 80.
+pub fn client_segment(port: u16, seq: u32, ack: u32, flags: u8) -> ofp::Bytes {
+    packet::ipv4_tcp(&TcpSegment {
+        eth_src: mac(1),
+        eth_dst: VMAC,
+        ip_src: ip(1),
+        ip_dst: VIP,
+        src_port: port,
+        dst_port: 80,
+        seq,
+        ack,
+        flags: TcpFlags(flags),
+        ..TcpSegment::default()
+    })
+}
+
 pub fn tcp(
     from_mac: MacAddr,
     to_mac: MacAddr,

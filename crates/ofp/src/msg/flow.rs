@@ -302,18 +302,32 @@ impl FlowModFixed {
     }
 
     fn encode(&self, out: &mut BytesMut) {
-        out.put_u64(self.cookie);
-        out.put_u64(self.cookie_mask);
-        out.put_u8(self.table_id);
-        out.put_u8(self.command.to_raw());
-        out.put_u16(self.idle_timeout);
-        out.put_u16(self.hard_timeout);
-        out.put_u16(self.priority);
-        out.put_u32(self.buffer_id);
-        out.put_u32(self.out_port);
-        out.put_u32(self.out_group);
-        out.put_u16(self.flags.0);
-        out.put_u16(0);
+        out.put_slice(&self.to_bytes());
+    }
+
+    /// These fields on the wire: the 40 bytes after the header, before the match
+    /// (§7.3.4.1), padding included.
+    pub fn to_bytes(&self) -> [u8; 40] {
+        let mut b = [0u8; 40];
+        let mut at = 0;
+        let mut put = |v: &[u8]| {
+            if let Some(d) = b.get_mut(at..at + v.len()) {
+                d.copy_from_slice(v);
+            }
+            at += v.len();
+        };
+        put(&self.cookie.to_be_bytes());
+        put(&self.cookie_mask.to_be_bytes());
+        put(&[self.table_id, self.command.to_raw()]);
+        put(&self.idle_timeout.to_be_bytes());
+        put(&self.hard_timeout.to_be_bytes());
+        put(&self.priority.to_be_bytes());
+        put(&self.buffer_id.to_be_bytes());
+        put(&self.out_port.to_be_bytes());
+        put(&self.out_group.to_be_bytes());
+        put(&self.flags.0.to_be_bytes());
+        // Two bytes of padding: zeros.
+        b
     }
 }
 
