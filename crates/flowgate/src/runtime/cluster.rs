@@ -447,6 +447,31 @@ pub(crate) fn on_switch_message(
     }
 }
 
+/// [`on_switch_message`] for a PACKET_IN still in its frame (the session decodes those
+/// while the core handles them): true when a standby must not hand it to the core. Decodes
+/// only on a standby's session; a frame that does not decode is left to the core, whose
+/// decoding ends the session.
+pub(crate) fn standby_drops_packet_in(
+    handle: &Handle,
+    features: &ofp::SwitchFeatures,
+    frame: &ofp::Bytes,
+) -> bool {
+    let cs = &handle.cluster;
+    if cs.is_single()
+        || cs
+            .roles()
+            .get(&features.datapath_id)
+            .copied()
+            .unwrap_or(false)
+    {
+        return false;
+    }
+    match ofp::decode(frame.clone()) {
+        Ok((_, m)) => on_switch_message(handle, features, &m),
+        Err(_) => false,
+    }
+}
+
 /// An untagged Ethernet frame carrying IPv4 TCP.
 fn is_ipv4_tcp(frame: &[u8]) -> bool {
     frame.get(12..14) == Some(&[0x08, 0x00]) && frame.get(23) == Some(&6)
