@@ -623,3 +623,36 @@ fn a_retransmitted_syn_keeps_its_backend_and_is_counted_once() {
     assert_eq!(sim.c.services()[0].counters.connections_total, 1);
     assert_eq!(sim.c.counters().connections_reopened, 0);
 }
+
+/// A retransmitted SYN sends the connection's rules again: if the first ones never took
+/// effect (lost in a failover's window, a switch that reconnected), the backend's answer
+/// is still rewritten by a rule, not carried to the client with the backend's address.
+#[test]
+fn a_retransmitted_syn_restores_lost_rules() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 48200);
+    let first = sim.send("h1", &syn_isn(client, 777));
+    let backend = first[0].0.clone();
+    let b: u8 = backend[1..].parse().expect("a host name");
+    // The rules vanish from the switch, as if they had never reached it.
+    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+    let conn_rules = |sim: &Sim| {
+        let table = sim.net.switch(1).expect("switch 1");
+        table
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
+            .count()
+    };
+    assert_eq!(conn_rules(&sim), 0);
+    let again = sim.send("h1", &syn_isn(client, 777));
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, backend, "the retransmission follows the first");
+    let before = sim.packet_ins;
+    let reply = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK));
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].0, "h1");
+    assert_eq!(reply[0].1.ipv4_src, Some(VIP), "the reverse rule is back");
+    assert_eq!(sim.packet_ins, before, "carried by the rules");
+    assert!(conn_rules(&sim) >= 2, "forward and reverse rules again");
+    assert_eq!(sim.c.services()[0].counters.connections_total, 1);
+}

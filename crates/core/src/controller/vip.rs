@@ -93,7 +93,14 @@ impl Controller {
                     }
                 } else {
                     // A retransmitted SYN, a segment that raced the rules, or the client's
-                    // ACK of a deferred handshake.
+                    // ACK of a deferred handshake. A retransmitted SYN means the client
+                    // heard no SYN-ACK for a second or more: the rules go out again, in
+                    // case the first ones never took effect (sent in a failover's window,
+                    // or to a switch that reconnected since); an identical ADD replaces a
+                    // rule in place (§6.4), so where they did, nothing changes.
+                    if conn.installed && tcp.flags.is_initial_syn() {
+                        self.install(&key, out);
+                    }
                     self.send_known(at, &key, conn, Dir::Forward, dst, out);
                 }
             } else if let Some((key, conn)) =
