@@ -47,8 +47,7 @@ pub use header::{HEADER_LEN, Header, HeaderView, MAX_MESSAGE_LEN, MsgType};
 pub use instruction::{Instruction, Instructions};
 pub use msg::async_config::AsyncConfig;
 pub use msg::flow::{
-    FlowMod, FlowModApply, FlowModCommand, FlowModFixed, FlowModFlags, FlowRemoved,
-    FlowRemovedReason,
+    FlowMod, FlowModCommand, FlowModFixed, FlowModFlags, FlowRemoved, FlowRemovedReason,
 };
 pub use msg::group::{Bucket, GroupMod, GroupModCommand, GroupType};
 pub use msg::hello::{Hello, HelloElement, negotiate_version};

@@ -376,12 +376,9 @@ impl ConnRule {
             Out::Port(p) => Action::output(p),
             Out::Controller => Action::output(ofp::port::CONTROLLER),
         });
-        ofp::FlowModApply {
-            fixed: self.fixed(),
-            match_: &m,
-            actions: &a,
-        }
-        .to_flow_mod()
+        let mut instructions = ofp::Instructions::new();
+        instructions.push(ofp::Instruction::ApplyActions(a));
+        FlowMod::from_fixed(self.fixed(), m, instructions)
     }
 }
 

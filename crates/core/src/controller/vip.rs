@@ -417,8 +417,8 @@ impl Controller {
         if reuse.is_some_and(|o| (o.service, o.backend) != (conn.service, conn.backend)) {
             // The earlier connection's backend can no longer take it (or the partition's
             // rule names another): the rules change backend, and packets that meet the
-            // old rule or its megaflow before the
-            // replacement takes effect would reach the old backend (which resets them).
+            // old rule or its megaflow before the replacement takes effect would reach the
+            // old backend (which resets them).
             // Hold the SYN: the client sends it again (same ISN) a second later, when the
             // new rules are in force, and that copy goes on to the new backend.
             return;
@@ -794,7 +794,7 @@ impl Controller {
         self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
         if let Some(s) = self.services.get_mut(si) {
             s.record_adopted(b);
-            tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, "connection adopted from its partition");
+            tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = b, "connection adopted from its partition");
         }
         self.conns.insert(key, conn);
         // Adopted on its FIN or RST: its rules will not see that segment.

@@ -31,7 +31,7 @@ use clap::Parser;
 use flowgate_packet::MacAddr;
 
 use super::controller::{self, ControllerArgs, Peer, RunResult, TempDir};
-use super::switch::{CheckMode, Pace, RunFlags, SwitchCounters, SwitchPlan, run_switch};
+use super::switch::{CheckMode, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, run_switch};
 use super::{Table, fmt_rate};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -471,27 +471,27 @@ fn spill_trial(
         let c1 = Arc::new(SwitchCounters::default());
         let c2 = Arc::new(SwitchCounters::default());
         let probe_timeout = Duration::from_secs(10);
-        let s1 = tokio::spawn(run_switch(
-            d1_addr,
-            spill_plan(1),
-            CheckMode::Vip,
-            Pace::Rate(rate),
-            probe_timeout,
-            0,
-            c1.clone(),
-            flags1.clone(),
-        ));
+        let s1 = tokio::spawn(run_switch(SwitchRun {
+            controller: d1_addr,
+            plan: spill_plan(1),
+            check: CheckMode::Vip,
+            pace: Pace::Rate(rate),
+            timeout: probe_timeout,
+            expire_after: 0,
+            counters: c1.clone(),
+            flags: flags1.clone(),
+        }));
         // d2's switch sends no probe: d2 has all its capacity to spare.
-        let s2 = tokio::spawn(run_switch(
-            d2_addr,
-            spill_plan(2),
-            CheckMode::Vip,
-            Pace::Window(0),
-            probe_timeout,
-            0,
-            c2.clone(),
-            flags2.clone(),
-        ));
+        let s2 = tokio::spawn(run_switch(SwitchRun {
+            controller: d2_addr,
+            plan: spill_plan(2),
+            check: CheckMode::Vip,
+            pace: Pace::Window(0),
+            timeout: probe_timeout,
+            expire_after: 0,
+            counters: c2.clone(),
+            flags: flags2.clone(),
+        }));
         let summary = |d: &'static str| {
             let store = &store;
             let key = keys::domain_summary(&cluster, d);

@@ -13,7 +13,7 @@ use flowgate_packet::MacAddr;
 use hdrhistogram::Histogram;
 
 use super::switch::{
-    CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, run_switch_in,
+    CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, run_switch_in,
 };
 use super::{Table, fmt_rate};
 
@@ -88,8 +88,9 @@ pub struct ControllerArgs {
     /// Give the controller under test and the emulated switches CPUs of their own: the
     /// controller the first CPU this process may use, the switches the others. cbench's
     /// method runs them on separate machines; sharing the cores, the two preempt each
-    /// other and the latency measures the scheduler. Needs two CPUs; applies to every peer.
-    #[arg(long)]
+    /// other and the latency measures the scheduler. Needs two CPUs; applies to every peer
+    /// the bench starts (not to a `--controller` running elsewhere).
+    #[arg(long, conflicts_with = "controller")]
     pub pin: bool,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
@@ -287,14 +288,16 @@ async fn measure_async(
         .enumerate()
         .map(|(i, (p, c))| {
             tokio::spawn(run_switch_in(
-                addr,
-                p,
-                mode,
-                per_switch,
-                Duration::from_millis(args.timeout_ms),
-                args.expire_after,
-                c.clone(),
-                flags.clone(),
+                SwitchRun {
+                    controller: addr,
+                    plan: p,
+                    check: mode,
+                    pace: per_switch,
+                    timeout: Duration::from_millis(args.timeout_ms),
+                    expire_after: args.expire_after,
+                    counters: c.clone(),
+                    flags: flags.clone(),
+                },
                 open.clone().map(|o| (o, i)),
             ))
         })
@@ -565,10 +568,7 @@ pub struct Pinning {
 impl Pinning {
     /// Split the CPUs this process may use: the first for the controller, the rest here.
     pub fn from_affinity() -> anyhow::Result<Self> {
-        let mine = rustix::thread::sched_getaffinity(None).context("sched_getaffinity")?;
-        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| mine.is_set(c))
-            .collect();
+        let cpus = cpus_of(None)?;
         let [controller, rest @ ..] = cpus.as_slice() else {
             bail!("--pin: no CPU to run on");
         };
@@ -588,10 +588,7 @@ impl Pinning {
     /// Check that the controller under test (`pid`) runs on its CPU alone.
     fn check(&self, pid: u32) -> anyhow::Result<()> {
         let pid = rustix::thread::Pid::from_raw(pid as i32).context("pid 0")?;
-        let set = rustix::thread::sched_getaffinity(Some(pid)).context("sched_getaffinity")?;
-        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| set.is_set(c))
-            .collect();
+        let cpus = cpus_of(Some(pid))?;
         if cpus != [self.controller] {
             bail!(
                 "--pin: the controller runs on CPUs {cpus:?}, not CPU {}",
@@ -605,6 +602,14 @@ impl Pinning {
     pub fn pin_switches(&self) -> anyhow::Result<()> {
         rustix::thread::sched_setaffinity(None, &self.switches).context("sched_setaffinity")
     }
+}
+
+/// The CPUs a process (this one for `None`) may run on.
+fn cpus_of(pid: Option<rustix::thread::Pid>) -> anyhow::Result<Vec<usize>> {
+    let set = rustix::thread::sched_getaffinity(pid).context("sched_getaffinity")?;
+    Ok((0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| set.is_set(c))
+        .collect())
 }
 
 /// `prog`, or `taskset -c CPU prog` when pinned (`taskset` execs it: the same process).
@@ -858,6 +863,9 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 };
                 let addr = spawned.as_ref().map_or(addr, |s| s.addr);
                 let pid = spawned.as_ref().map(Spawned::pid);
+                if let (Some(p), Some(pid)) = (&pin, pid) {
+                    p.check(pid)?;
+                }
                 let pace = Pace::Rate(peak * f);
                 runs.push(pinned(measure_with_cpu(
                     &rt, &name, addr, args, mode, pace, pid,

@@ -333,35 +333,28 @@ struct Sw {
 /// reads is dropped at the switch rather than queued without end and timed out here.
 const SEND_QUEUE_LIMIT: usize = 256 * 1024;
 
+/// One emulated switch: what it connects to, sends, checks and counts.
+pub struct SwitchRun {
+    pub controller: SocketAddr,
+    pub plan: SwitchPlan,
+    pub check: CheckMode,
+    pub pace: Pace,
+    /// A probe without a complete answer after this long is lost.
+    pub timeout: Duration,
+    /// See `Sw::expire_after`.
+    pub expire_after: usize,
+    pub counters: Arc<SwitchCounters>,
+    pub flags: Arc<RunFlags>,
+}
+
 /// Run one emulated switch until `flags.stop` (open loop: on a schedule of its own).
-#[allow(clippy::too_many_arguments)]
-pub async fn run_switch(
-    controller: SocketAddr,
-    plan: SwitchPlan,
-    check: CheckMode,
-    pace: Pace,
-    timeout: Duration,
-    expire_after: usize,
-    counters: Arc<SwitchCounters>,
-    flags: Arc<RunFlags>,
-) -> SwitchResult {
-    let open = match pace {
+pub async fn run_switch(run: SwitchRun) -> SwitchResult {
+    let open = match run.pace {
         Pace::Rate(r) => Some(OpenLoop::new(r, 1)),
         Pace::Window(_) => None,
     };
-    let driver = open.as_ref().map(|o| o.spawn(flags.clone()));
-    let mut r = run_switch_in(
-        controller,
-        plan,
-        check,
-        pace,
-        timeout,
-        expire_after,
-        counters,
-        flags,
-        open.clone().map(|o| (o, 0)),
-    )
-    .await;
+    let driver = open.as_ref().map(|o| o.spawn(run.flags.clone()));
+    let mut r = run_switch_in(run, open.clone().map(|o| (o, 0))).await;
     if let (Some(d), Some(o)) = (driver, open) {
         o.finish();
         if let Ok(Err(e)) = d.await {
@@ -373,18 +366,17 @@ pub async fn run_switch(
 
 /// Run one emulated switch until `flags.stop`; open loop, as switch `i` of the schedule
 /// `open` (driven by the caller, [`OpenLoop::spawn`]).
-#[allow(clippy::too_many_arguments)]
-pub async fn run_switch_in(
-    controller: SocketAddr,
-    plan: SwitchPlan,
-    check: CheckMode,
-    pace: Pace,
-    timeout: Duration,
-    expire_after: usize,
-    counters: Arc<SwitchCounters>,
-    flags: Arc<RunFlags>,
-    open: Option<(Arc<OpenLoop>, usize)>,
-) -> SwitchResult {
+pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>) -> SwitchResult {
+    let SwitchRun {
+        controller,
+        plan,
+        check,
+        pace,
+        timeout,
+        expire_after,
+        counters,
+        flags,
+    } = run;
     let mut sw = Sw {
         plan,
         check,

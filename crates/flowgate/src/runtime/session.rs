@@ -317,11 +317,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             // The framer checked the header (§7.1): byte 1 is the type.
             let msg_type = frame.get(1).copied().unwrap_or_default();
             if msg_type == ofp::MsgType::PacketIn as u8 {
-                // One clock read per batch: every frame of it was already buffered at
-                // `work_start`.
                 if super::cluster::standby_drops_packet_in(handle, features, &frame) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
                 } else if budget.take(work_start) {
+                    // (One clock read per batch: every frame of it was already buffered
+                    // at `work_start`.)
                     packet_ins += 1;
                     batch.push(Pending::Frame(frame));
                 } else {

@@ -5,8 +5,7 @@ use bytes::{BufMut, BytesMut};
 use crate::action::Action;
 use crate::error::{DecodeError, EncodeError};
 use crate::instruction::{
-    Instruction, Instructions, decode_instructions_into, encode_actions_instruction,
-    encode_instructions,
+    Instruction, Instructions, decode_instructions_into, encode_instructions,
 };
 use crate::oxm::Match;
 use crate::wire::Reader;
@@ -83,8 +82,9 @@ impl FlowMod {
         )
     }
 
+    /// A FLOW_MOD of these fixed fields, match and instructions.
     #[inline]
-    fn from_fixed(f: FlowModFixed, match_: Match, instructions: Instructions) -> Self {
+    pub fn from_fixed(f: FlowModFixed, match_: Match, instructions: Instructions) -> Self {
         FlowMod {
             cookie: f.cookie,
             cookie_mask: f.cookie_mask,
@@ -211,8 +211,9 @@ impl FlowMod {
         encode_instructions(&self.instructions, out)
     }
 
+    /// Every field but the match and the instructions.
     #[inline]
-    fn fixed(&self) -> FlowModFixed {
+    pub fn fixed(&self) -> FlowModFixed {
         FlowModFixed {
             cookie: self.cookie,
             cookie_mask: self.cookie_mask,
@@ -328,42 +329,6 @@ impl FlowModFixed {
         put(&self.flags.0.to_be_bytes());
         // Two bytes of padding: zeros.
         b
-    }
-}
-
-/// A FLOW_MOD with a single apply-actions instruction, its match and actions borrowed.
-/// It encodes to the bytes of the [`FlowMod`] with the same fields and
-/// `instructions = [ApplyActions(actions)]`, through the same code, without building one:
-/// a `FlowMod` is 792 bytes with its inline match and instructions, and moving such
-/// values was 10 % of flowgate's controller CPU (`encode(xid, &flow_mod_apply, out)`).
-#[derive(Debug, Clone, Copy)]
-pub struct FlowModApply<'a> {
-    /// Every field but the match and the instructions.
-    pub fixed: FlowModFixed,
-    /// Match.
-    pub match_: &'a Match,
-    /// The actions of the one OFPIT_APPLY_ACTIONS instruction.
-    pub actions: &'a [Action],
-}
-
-impl FlowModApply<'_> {
-    /// The owned [`FlowMod`] this encodes as.
-    pub fn to_flow_mod(&self) -> FlowMod {
-        let mut i = Instructions::new();
-        i.push(Instruction::ApplyActions(
-            self.actions.iter().cloned().collect(),
-        ));
-        FlowMod::from_fixed(self.fixed, self.match_.clone(), i)
-    }
-
-    pub(crate) fn encode(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
-        self.fixed.encode(out);
-        self.match_.encode(out)?;
-        encode_actions_instruction(
-            crate::instruction::instruction_type::APPLY_ACTIONS,
-            self.actions,
-            out,
-        )
     }
 }
 

@@ -215,7 +215,7 @@ macro_rules! encode_direct {
         }
     )*};
 }
-encode_direct!(FlowMod => FlowMod, flow::FlowModApply<'_> => FlowMod, PacketOut => PacketOut, PacketIn => PacketIn, FlowRemoved => FlowRemoved,
+encode_direct!(FlowMod => FlowMod, PacketOut => PacketOut, PacketIn => PacketIn, FlowRemoved => FlowRemoved,
     GroupMod => GroupMod, MeterMod => MeterMod, MultipartRequest => MultipartRequest,
     MultipartReply => MultipartReply, Hello => Hello);
 
