@@ -682,8 +682,10 @@ fn ovs_overload_packet_in_flood() {
     // batch delay, CoDel's signal) at its 5 ms target: the median window's within 4× it.
     // The worst batch of a window is a burst measure: with the gate admitting the law's
     // rate the controller runs near its 90 % target, so single batches wait tens of ms
-    // (debug build); at most one window (a stall of the whole machine) beyond 100 ms. A
-    // queue that builds shows in every window after it, in both measures.
+    // (debug build), and a stall of the whole machine can push one beyond 100 ms (seen in
+    // CI: two such windows 3 s apart, each with no standing queue). A queue that builds
+    // shows in every window after it, in both measures: so no two windows in a row beyond
+    // 100 ms.
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -691,9 +693,13 @@ fn ovs_overload_packet_in_flood() {
     let smed = median(flood.iter().map(|x| x.standing_ms).collect());
     let q: Vec<f64> = flood.iter().map(|x| x.queueing_ms).collect();
     let over = q.iter().filter(|&&x| x > 100.0).count();
+    let over_in_a_row = q
+        .windows(2)
+        .filter(|w| w[0] > 100.0 && w[1] > 100.0)
+        .count();
     assert!(
-        smed <= 20.0 && over <= 1,
-        "queueing delay: standing median {smed:.1} ms, {over} windows' worst over 100 ms: {flood:?}"
+        smed <= 20.0 && over_in_a_row == 0,
+        "queueing delay: standing median {smed:.1} ms, {over} windows' worst over 100 ms ({over_in_a_row} in a row): {flood:?}"
     );
     // After the flood, new connections are served again.
     std::thread::sleep(Duration::from_secs(2));
