@@ -161,9 +161,16 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    runtime_with(None)
+}
+
+/// A multi-threaded runtime of `workers` threads (tokio's default, one per CPU, if `None`).
+fn runtime_with(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        b.worker_threads(n);
+    }
+    Ok(b.enable_all().build()?)
 }
 
 fn load_config(path: &PathBuf) -> anyhow::Result<Config> {
@@ -183,7 +190,7 @@ fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow
         );
         return Ok(());
     }
-    runtime()?.block_on(async move {
+    runtime_with(config.runtime.worker_threads)?.block_on(async move {
         let openflow = tokio::net::TcpListener::bind(config.openflow.listen)
             .await
             .map_err(|e| anyhow::anyhow!("openflow.listen {}: {e}", config.openflow.listen))?;

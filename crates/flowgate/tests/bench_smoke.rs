@@ -160,6 +160,8 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         &["--peers", "flowgate", "--rate", "2000"][..],
         // Controller and switches on CPUs of their own (needs two).
         &["--peers", "flowgate", "--rate", "2000", "--pin"][..],
+        // CPUs kept from halting by SCHED_IDLE busy processes, gone after the run.
+        &["--peers", "flowgate", "--rate", "2000", "--idle-poll"][..],
     ] {
         if extra.contains(&"--pin")
             && std::thread::available_parallelism().map_or(1, usize::from) < 2
@@ -191,7 +193,26 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             table.contains("pinned (controller on CPU"),
             "{table}"
         );
+        // It started its busy processes (it fails the run if they never reach SCHED_IDLE on
+        // their CPUs) and stopped them.
+        assert_eq!(
+            extra.contains(&"--idle-poll"),
+            table.contains(", idle-poll"),
+            "{table}"
+        );
+        assert_eq!(idle_spinners(), 0, "--idle-poll left busy processes behind");
     }
+}
+
+/// Processes running as `--idle-poll`'s busy loops.
+fn idle_spinners() -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| c.split(|&b| b == 0).any(|a| a == b"--idle-spin"))
+        .count()
 }
 
 #[test]

@@ -3,14 +3,20 @@
 
 use bytes::{Bytes, BytesMut};
 
+use std::net::Ipv4Addr;
+
 use crate::framing::Framer;
-use crate::msg::{decode, encode};
+use crate::msg::{Message, decode, encode};
+use crate::oxm::ofb;
+use crate::view::{ActionRef, FlowModView, OxmRef, PacketOutView};
+use crate::{Action, FlowMod, Instruction, MsgType, Oxm};
 
 /// Decode arbitrary bytes; if that succeeds, encoding must succeed, decoding the encoding
 /// must give the same message, and encoding that again the same bytes (a fixpoint). The
 /// input itself may differ from the encoding only in bytes that carry nothing: padding
 /// that a peer left non-zero (conformance tests check byte identity on real messages).
 pub fn decode_target(data: &[u8]) {
+    view_target(data);
     let Ok((xid, msg)) = decode(Bytes::copy_from_slice(data)) else {
         return;
     };
@@ -26,6 +32,131 @@ pub fn decode_target(data: &[u8]) {
     }
     assert_eq!(out, out2, "encoding is not a fixpoint");
     assert_eq!(out.len(), data.len(), "decode→encode changed the length");
+}
+
+/// A FLOW_MOD or PACKET_OUT view of `data` fails exactly when `decode` fails, with the
+/// same error, and otherwise yields what `decode` yields: the fixed fields, the match's
+/// TLVs, the instructions and actions in order, and the typed accessors' values.
+pub fn view_target(data: &[u8]) {
+    let decoded = decode(Bytes::copy_from_slice(data));
+    match data.get(1).copied() {
+        Some(t) if t == MsgType::FlowMod as u8 => {
+            let view = FlowModView::new(data);
+            match (&view, &decoded) {
+                (Ok(v), Ok((xid, Message::FlowMod(fm)))) => {
+                    assert_eq!(v.xid(), *xid);
+                    flow_mod_agrees(v, fm);
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "view and decode fail differently"),
+                _ => panic!("view {view:?} but decode {decoded:?}"),
+            }
+        }
+        Some(t) if t == MsgType::PacketOut as u8 => {
+            let view = PacketOutView::new(data);
+            match (&view, &decoded) {
+                (Ok(v), Ok((xid, Message::PacketOut(po)))) => {
+                    assert_eq!(v.xid(), *xid);
+                    assert_eq!(v.buffer_id(), po.buffer_id);
+                    assert_eq!(v.in_port(), po.in_port);
+                    assert_eq!(v.data(), &po.data[..]);
+                    actions_agree(v.actions(), &po.actions);
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "view and decode fail differently"),
+                _ => panic!("view {view:?} but decode {decoded:?}"),
+            }
+        }
+        // Another type: the views refuse it, whether `decode` takes it or not.
+        _ => {
+            assert!(FlowModView::new(data).is_err());
+            assert!(PacketOutView::new(data).is_err());
+        }
+    }
+}
+
+fn flow_mod_agrees(v: &FlowModView<'_>, fm: &FlowMod) {
+    assert_eq!(v.fixed(), fm.fixed());
+    let fields: Vec<OxmRef<'_>> = v.match_fields().collect();
+    assert_eq!(fields.len(), fm.match_.len());
+    for (o, want) in fields.iter().zip(fm.match_.iter()) {
+        oxm_agrees(o, want, false);
+    }
+    let ins: Vec<Instruction> = v
+        .instructions()
+        .map(|i| i.to_instruction())
+        .collect::<Result<_, _>>()
+        .expect("checked instruction decodes");
+    assert_eq!(&ins[..], &fm.instructions[..]);
+    let joined: Vec<Action> = fm
+        .instructions
+        .iter()
+        .flat_map(|i| match i {
+            Instruction::ApplyActions(a) | Instruction::WriteActions(a) => a.as_slice(),
+            _ => &[],
+        })
+        .cloned()
+        .collect();
+    actions_agree(v.actions(), &joined);
+}
+
+fn actions_agree<'a>(view: impl Iterator<Item = ActionRef<'a>>, want: &[Action]) {
+    let got: Vec<ActionRef<'a>> = view.collect();
+    assert_eq!(got.len(), want.len());
+    for (a, w) in got.iter().zip(want) {
+        assert_eq!(&a.to_action().expect("checked action decodes"), w);
+        let output = match w {
+            Action::Output { port, max_len } => Some((*port, *max_len)),
+            _ => None,
+        };
+        assert_eq!(a.output(), output);
+        let set = |field| a.set_field_basic::<4>(field).map(Ipv4Addr::from);
+        let (src, dst) = match w {
+            Action::SetField(Oxm::Ipv4Src { value, mask: None }) => (Some(*value), None),
+            Action::SetField(Oxm::Ipv4Dst { value, mask: None }) => (None, Some(*value)),
+            _ => (None, None),
+        };
+        assert_eq!((set(ofb::IPV4_SRC), set(ofb::IPV4_DST)), (src, dst));
+        let eth_dst = match w {
+            Action::SetField(Oxm::EthDst { value, mask: None }) => Some(*value),
+            _ => None,
+        };
+        assert_eq!(a.set_field_basic::<6>(ofb::ETH_DST), eth_dst);
+        match (a.set_field(), w) {
+            (Some(o), Action::SetField(oxm)) => oxm_agrees(&o, oxm, true),
+            (None, Action::SetField(_)) => panic!("set_field missing"),
+            _ => {}
+        }
+    }
+}
+
+/// `o` is what `decode` made `want` of, in a match or (`set_field`) in a SET_FIELD action.
+fn oxm_agrees(o: &OxmRef<'_>, want: &Oxm, set_field: bool) {
+    let id = want.id();
+    assert_eq!((o.class(), o.field()), (id.class, id.field));
+    assert_eq!(o.has_mask(), want.has_mask());
+    // SET_FIELD keeps a masked typed OXM raw (§7.2.5); a match keeps it typed.
+    let raw = !o.is_typed() || (set_field && o.has_mask());
+    assert_eq!(raw, matches!(want, Oxm::Raw(_)));
+    if !set_field {
+        assert_eq!(&o.to_oxm().expect("checked OXM decodes"), want);
+    }
+    let v4 = |v: &Ipv4Addr, m: &Option<Ipv4Addr>| (v.octets(), m.map(|m| m.octets()));
+    let typed = match want {
+        Oxm::Ipv4Src { value, mask } => o.basic::<4>(ofb::IPV4_SRC) == Some(v4(value, mask)),
+        Oxm::Ipv4Dst { value, mask } => o.basic::<4>(ofb::IPV4_DST) == Some(v4(value, mask)),
+        Oxm::EthSrc { value, mask } => o.basic::<6>(ofb::ETH_SRC) == Some((*value, *mask)),
+        Oxm::EthDst { value, mask } => o.basic::<6>(ofb::ETH_DST) == Some((*value, *mask)),
+        Oxm::InPort(p) => o.basic::<4>(ofb::IN_PORT) == Some((p.to_be_bytes(), None)),
+        Oxm::EthType(t) => o.basic::<2>(ofb::ETH_TYPE) == Some((t.to_be_bytes(), None)),
+        Oxm::IpProto(p) => o.basic::<1>(ofb::IP_PROTO) == Some(([*p], None)),
+        Oxm::TcpSrc(p) => o.basic::<2>(ofb::TCP_SRC) == Some((p.to_be_bytes(), None)),
+        Oxm::TcpDst(p) => o.basic::<2>(ofb::TCP_DST) == Some((p.to_be_bytes(), None)),
+        // A TLV `decode` keeps raw in a match has no typed value.
+        Oxm::Raw(_) if !set_field => {
+            o.basic::<4>(o.field()).is_none() && o.basic::<6>(o.field()).is_none()
+        }
+        _ => true,
+    };
+    assert!(typed, "typed accessor disagrees with {want:?}");
 }
 
 /// Feed `data` to the framer in chunks whose sizes come from the first bytes, decoding

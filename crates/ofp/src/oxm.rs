@@ -643,16 +643,11 @@ impl Oxm {
     }
 }
 
-/// Typed decode of a basic-class field; `None` if the length/mask is not the spec's, in
-/// which case the caller keeps it raw.
-fn decode_basic(
-    p: &mut Reader<'_>,
-    field: u8,
-    hasmask: bool,
-    len: usize,
-) -> Result<Option<Oxm>, DecodeError> {
-    // (value size, mask allowed) per §7.2.3.7 table 11.
-    let (n, maskable) = match field {
+/// The value size and whether a mask is allowed, per §7.2.3.7 table 11, of a basic-class
+/// field this codec types; `None` for fields it keeps raw.
+#[inline]
+pub(crate) fn basic_shape(field: u8) -> Option<(usize, bool)> {
+    Some(match field {
         ofb::IN_PORT | ofb::IN_PHY_PORT | ofb::MPLS_LABEL => (4, false),
         ofb::METADATA | ofb::TUNNEL_ID => (8, true),
         ofb::ETH_DST | ofb::ETH_SRC | ofb::ARP_SHA | ofb::ARP_THA => (6, true),
@@ -681,7 +676,20 @@ fn decode_basic(
         ofb::IPV6_ND_TARGET => (16, false),
         ofb::IPV6_ND_SLL | ofb::IPV6_ND_TLL => (6, false),
         ofb::PBB_ISID => (3, true),
-        _ => return Ok(None),
+        _ => return None,
+    })
+}
+
+/// Typed decode of a basic-class field; `None` if the length/mask is not the spec's, in
+/// which case the caller keeps it raw.
+fn decode_basic(
+    p: &mut Reader<'_>,
+    field: u8,
+    hasmask: bool,
+    len: usize,
+) -> Result<Option<Oxm>, DecodeError> {
+    let Some((n, maskable)) = basic_shape(field) else {
+        return Ok(None);
     };
     if hasmask && !maskable {
         return Ok(None);

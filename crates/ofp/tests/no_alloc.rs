@@ -80,3 +80,42 @@ fn packet_in_to_flow_mods_and_packet_out_allocates_nothing() {
     let msgs = ofp::decode_file_bytes(&out).expect("decode output");
     assert_eq!(msgs.len(), 3);
 }
+
+/// The borrowed views over the answer (two FLOW_MODs and a PACKET_OUT), walked field by
+/// field and action by action, allocate nothing either.
+#[test]
+fn views_of_flow_mods_and_packet_out_allocate_nothing() {
+    let mut out = BytesMut::with_capacity(4096);
+    roundtrip::round_trip(&roundtrip::packet_in_bytes(), &mut out);
+    let mut frames = Vec::new();
+    let mut rest = &out[..];
+    while let Some(h) = rest.get(..ofp::HEADER_LEN) {
+        let len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        let (f, r) = rest.split_at(len);
+        frames.push(f);
+        rest = r;
+    }
+    assert_eq!(frames.len(), 3);
+    let walk = |f: &[u8]| -> usize {
+        if let Ok(fm) = ofp::FlowModView::new(f) {
+            fm.match_fields().map(|o| o.payload().len()).sum::<usize>()
+                + fm.actions().filter_map(|a| a.output()).count()
+        } else if let Ok(po) = ofp::PacketOutView::new(f) {
+            po.actions().filter_map(|a| a.set_field()).count() + po.data().len()
+        } else {
+            panic!("neither a FLOW_MOD nor a PACKET_OUT")
+        }
+    };
+    ALLOCS.store(0, Ordering::Relaxed);
+    WATCH.with(|w| w.set(true));
+    let mut seen = 0;
+    for _ in 0..1000 {
+        for f in &frames {
+            seen += walk(std::hint::black_box(f));
+        }
+    }
+    WATCH.with(|w| w.set(false));
+    let n = ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(n, 0, "{n} heap allocations in 1000 walks");
+    assert!(seen > 1000 * 3 * 8, "the views yielded too little: {seen}");
+}

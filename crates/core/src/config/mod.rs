@@ -102,6 +102,19 @@ pub struct Config {
     /// `[cluster]`: single controller (the default), or one instance of a domain or
     /// global controller group (docs/distributed.md).
     pub cluster: ClusterConfig,
+    /// `[runtime]`: the process's threads.
+    pub runtime: RuntimeConfig,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuntimeConfig {
+    /// Threads that run the switch sessions, the API and the probes (`worker_threads`;
+    /// default: one per CPU the process may use). The controller's decisions run under
+    /// one lock whatever the count, so more threads parallelise only reading, framing,
+    /// writing and the API; on cores shared with other busy work (Open vSwitch, a
+    /// benchmark's switches) fewer threads leave that work more of them.
+    pub worker_threads: Option<usize>,
 }
 
 /// A controller's place in a cluster.
@@ -543,10 +556,21 @@ fn validate(
         .table("cluster", errs)
         .map(|t| validate_cluster(t, errs))
         .unwrap_or_else(ClusterConfig::single);
+    let runtime = root
+        .table("runtime", errs)
+        .map(|mut t| {
+            let worker_threads = t
+                .int_in("worker_threads", 1, 1024, errs)
+                .map(|v| v as usize);
+            t.finish(errs);
+            RuntimeConfig { worker_threads }
+        })
+        .unwrap_or_default();
     root.finish(errs);
     check_services(&services, errs);
 
     Some(Config {
+        runtime,
         openflow: OpenflowConfig {
             listen: of_listen?,
             echo_interval,

@@ -198,3 +198,25 @@ fn a_choice_key_takes_its_names_and_a_wrong_one_is_told_every_name() {
         );
     }
 }
+
+#[test]
+fn runtime_threads_are_bounded_and_optional() {
+    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    assert_eq!(
+        cfg.runtime.worker_threads, None,
+        "default: the runtime's own"
+    );
+    let cfg = Config::from_toml(&format!("[runtime]\nworker_threads = 1\n{base}"), &no_env)
+        .expect("valid");
+    assert_eq!(cfg.runtime.worker_threads, Some(1));
+    let errs = Config::from_toml(
+        &format!("[runtime]\nworker_threads = 0\nthreads = 2\n{base}"),
+        &no_env,
+    )
+    .expect_err("invalid")
+    .0;
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert!(paths.contains(&"runtime.worker_threads"), "{errs:?}");
+    assert!(paths.contains(&"runtime.threads"), "{errs:?}");
+}

@@ -92,6 +92,20 @@ pub struct ControllerArgs {
     /// the bench starts (not to a `--controller` running elsewhere).
     #[arg(long, conflicts_with = "controller")]
     pub pin: bool,
+    /// Keep every CPU busy-polling while measuring instead of halting when idle, as the
+    /// kernel's `idle=poll` does (see `bench::idle_poll`): a halted virtual CPU takes tens
+    /// to hundreds of microseconds to wake, which a latency figure would otherwise
+    /// measure. A low-priority busy process per CPU; it applies to every peer alike.
+    #[arg(long)]
+    pub idle_poll: bool,
+    /// flowgate only: its worker threads (`[runtime] worker_threads`; 0: its default, one
+    /// per CPU). Its decisions run under one lock whatever the count; fewer threads
+    /// leave more of the shared cores to the emulated switches.
+    #[arg(long, default_value_t = 0)]
+    pub controller_threads: usize,
+    /// Internal: be `--idle-poll`'s busy process on this CPU.
+    #[arg(long, hide = true)]
+    pub idle_spin: Option<usize>,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -528,6 +542,12 @@ pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
     let mut c = String::from(
         "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n",
     );
+    if args.controller_threads > 0 {
+        c += &format!(
+            "\n[runtime]\nworker_threads = {}\n",
+            args.controller_threads
+        );
+    }
     if args.controller_overload != "off" {
         c += &format!(
             "\n[controller.overload]\nmode = \"{}\"\n",
@@ -676,7 +696,17 @@ pub fn spawn_peer(
             Ok(Spawned {
                 name: peer.name().into(),
                 addr,
-                version: format!("flowgate {}", env!("CARGO_PKG_VERSION")),
+                version: match args.controller_threads {
+                    0 => format!(
+                        "flowgate {} (worker threads: one per CPU)",
+                        env!("CARGO_PKG_VERSION")
+                    ),
+                    n => format!(
+                        "flowgate {} ({n} worker thread{})",
+                        env!("CARGO_PKG_VERSION"),
+                        if n == 1 { "" } else { "s" }
+                    ),
+                },
                 child,
                 _dir: dir,
             })
@@ -792,6 +822,12 @@ pub struct Report {
 }
 
 pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
+    // On every CPU this process may use (so before `--pin` narrows it); stopped when this
+    // returns.
+    let _idle_poll = args
+        .idle_poll
+        .then(super::idle_poll::IdlePoll::start)
+        .transpose()?;
     let pin = if args.pin {
         let p = Pinning::from_affinity()?;
         p.pin_switches()?;
@@ -845,6 +881,9 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         let pinned = |mut r: RunResult| {
             if let Some(p) = &pin {
                 let _ = write!(r.pace, ", pinned (controller on CPU {})", p.controller);
+            }
+            if args.idle_poll {
+                r.pace.push_str(", idle-poll");
             }
             r
         };

@@ -11,19 +11,19 @@
 //! any OpenFlow 1.3 VIP balancer can be measured. In L2 mode (learning switches) every
 //! FLOW_MOD ADD and every non-LLDP PACKET_OUT counts as one response, as in cbench.
 
-use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use flowgate_packet::{self as packet, L3, MacAddr};
 use hdrhistogram::Histogram;
+use ofp::oxm::ofb;
 use ofp::{
-    Action, FlowModCommand, Instruction, Match, Message, MultipartReply, MultipartReplyBody,
-    MultipartRequestBody, Oxm, PacketIn, PacketInReason,
+    ActionRef, FlowModCommand, FlowModView, Message, MsgType, MultipartReply, MultipartReplyBody,
+    MultipartRequestBody, PacketInReason, PacketOutView,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -270,6 +270,102 @@ pub struct RunFlags {
     pub stop: AtomicBool,
 }
 
+/// The outstanding probes of a VIP run, by number: a ring from the oldest one on, where
+/// a probe answered or lost leaves a hole until those before it are gone. A probe is
+/// looked up by its client address and port, which name its number
+/// ([`SwitchPlan::client_of`] backwards): no hashing, and neighbours in memory (a hash map
+/// here was 15 % of the bench thread's time).
+struct Outstanding {
+    client_base: [u8; 2],
+    /// Probe number of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Option<Pending>>,
+    len: usize,
+}
+
+impl Outstanding {
+    fn new(client_base: [u8; 2]) -> Outstanding {
+        Outstanding {
+            client_base,
+            base: 0,
+            slots: VecDeque::new(),
+            len: 0,
+        }
+    }
+
+    /// The number of the probe from `client`, if some probe is from it (numbers below
+    /// 2^16 × 60,000, where `client_of` starts over: hours of probes at any rate here).
+    fn probe_of(&self, client: &(Ipv4Addr, u16)) -> Option<u64> {
+        let [a, b, h, l] = client.0.octets();
+        let i = client.1.checked_sub(1024).filter(|i| *i < 60_000)?;
+        ([a, b] == self.client_base)
+            .then(|| u64::from(u16::from_be_bytes([h, l])) * 60_000 + u64::from(i))
+    }
+
+    fn slot(&self, client: &(Ipv4Addr, u16)) -> Option<usize> {
+        let k = self.probe_of(client)?;
+        usize::try_from(k.checked_sub(self.base)?).ok()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Probe `k` was sent (probes are sent in order).
+    fn insert(&mut self, k: u64, p: Pending) {
+        if self.slots.is_empty() {
+            self.base = k;
+        }
+        while self.base + (self.slots.len() as u64) < k {
+            self.slots.push_back(None);
+        }
+        self.slots.push_back(Some(p));
+        self.len += 1;
+    }
+
+    fn get(&self, client: &(Ipv4Addr, u16)) -> Option<&Pending> {
+        self.slots.get(self.slot(client)?)?.as_ref()
+    }
+
+    fn get_mut(&mut self, client: &(Ipv4Addr, u16)) -> Option<&mut Pending> {
+        let i = self.slot(client)?;
+        self.slots.get_mut(i)?.as_mut()
+    }
+
+    fn contains_key(&self, client: &(Ipv4Addr, u16)) -> bool {
+        self.get(client).is_some()
+    }
+
+    fn remove(&mut self, client: &(Ipv4Addr, u16)) -> Option<Pending> {
+        let i = self.slot(client)?;
+        let p = self.slots.get_mut(i)?.take()?;
+        self.len -= 1;
+        self.drop_holes();
+        Some(p)
+    }
+
+    /// Remove the oldest probes while `expired` says so (probes are sent in order, so the
+    /// expired ones come first).
+    fn expire(&mut self, expired: impl Fn(&Pending) -> bool) {
+        while let Some(Some(p)) = self.slots.front() {
+            if !expired(p) {
+                break;
+            }
+            self.slots.pop_front();
+            self.base += 1;
+            self.len -= 1;
+            self.drop_holes();
+        }
+    }
+
+    fn drop_holes(&mut self) {
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.base += 1;
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Pending {
     sent: Instant,
@@ -306,7 +402,7 @@ struct Sw {
     wbuf: BytesMut,
     xid: u32,
     next_probe: u64,
-    pending: HashMap<(Ipv4Addr, u16), Pending, ahash::RandomState>,
+    pending: Outstanding,
     /// L2 mode: send times of outstanding probes, oldest first.
     fifo: VecDeque<Instant>,
     vip_mac: MacAddr,
@@ -324,6 +420,8 @@ struct Sw {
     by_backend: Vec<(u64, Option<Instant>)>,
     /// The queue to the controller is full: open-loop probes are not sent.
     backlogged: bool,
+    /// The probe PACKET_IN, patched per probe.
+    syn: SynTemplate,
 }
 
 /// Bytes an emulated switch holds for the controller beyond what the socket took; an
@@ -367,39 +465,8 @@ pub async fn run_switch(run: SwitchRun) -> SwitchResult {
 /// Run one emulated switch until `flags.stop`; open loop, as switch `i` of the schedule
 /// `open` (driven by the caller, [`OpenLoop::spawn`]).
 pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>) -> SwitchResult {
-    let SwitchRun {
-        controller,
-        plan,
-        check,
-        pace,
-        timeout,
-        expire_after,
-        counters,
-        flags,
-    } = run;
-    let mut sw = Sw {
-        plan,
-        check,
-        pace,
-        counters,
-        flags,
-        wbuf: BytesMut::with_capacity(256 * 1024),
-        xid: 1,
-        next_probe: 0,
-        pending: HashMap::default(),
-        fifo: VecDeque::new(),
-        vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
-        hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
-        samples: Vec::new(),
-        open,
-        hello_seen: false,
-        timeout,
-        expire_after,
-        live: VecDeque::new(),
-        by_backend: Vec::new(),
-        backlogged: false,
-    };
-    sw.by_backend = vec![(0, None); sw.plan.backends.len()];
+    let controller = run.controller;
+    let mut sw = Sw::new(run, open);
     let error = sw.run(controller).await.err();
     SwitchResult {
         hist: sw.hist,
@@ -410,13 +477,51 @@ pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>)
 }
 
 impl Sw {
+    fn new(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>) -> Sw {
+        let SwitchRun {
+            controller: _,
+            plan,
+            check,
+            pace,
+            timeout,
+            expire_after,
+            counters,
+            flags,
+        } = run;
+        let by_backend = vec![(0, None); plan.backends.len()];
+        let syn = SynTemplate::new(&plan);
+        let pending = Outstanding::new(plan.client_base);
+        Sw {
+            plan,
+            check,
+            pace,
+            counters,
+            flags,
+            wbuf: BytesMut::with_capacity(256 * 1024),
+            xid: 1,
+            next_probe: 0,
+            pending,
+            fifo: VecDeque::new(),
+            vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
+            samples: Vec::new(),
+            open,
+            hello_seen: false,
+            timeout,
+            expire_after,
+            live: VecDeque::new(),
+            by_backend,
+            backlogged: false,
+            syn,
+        }
+    }
+
     async fn run(&mut self, controller: SocketAddr) -> Result<(), String> {
         let mut stream = TcpStream::connect(controller)
             .await
             .map_err(|e| format!("connect {controller}: {e}"))?;
         let _ = stream.set_nodelay(true);
         let mut rbuf = BytesMut::with_capacity(256 * 1024);
-        let mut framer = ofp::Framer::new();
         self.send(&Message::Hello(ofp::Hello::ours()));
         // Probes go out on answers (windows) or on the open-loop schedule's wake-ups: the
         // tick only starts windows, notices `stop` and times out the lost.
@@ -445,17 +550,24 @@ impl Sw {
                         return Err("the controller closed the connection".into());
                     }
                     let now = Instant::now();
-                    while let Some(frame) = framer.next_frame(&mut rbuf).map_err(|e| format!("framing: {e}"))? {
-                        let version = frame.first().copied().unwrap_or(0);
-                        if version != ofp::OFP_VERSION && self.hello_seen {
-                            return Err(format!("the controller speaks wire version {version}, not OpenFlow 1.3"));
-                        }
-                        match ofp::decode(frame) {
-                            // By reference: a `Message` is 792 bytes.
-                            Ok((xid, msg)) => self.on_message(now, xid, &msg),
-                            Err(e) => return Err(format!("undecodable message: {e}")),
-                        }
+                    // Whole frames are checked in place, then dropped from the buffer at
+                    // once: no `Bytes` per frame.
+                    let mut at = 0;
+                    while let Some(head) = rbuf.get(at..at + ofp::HEADER_LEN) {
+                        let len = match ofp::HeaderView::new_checked(head) {
+                            Ok(h) => usize::from(h.length()),
+                            Err(_) => {
+                                let l = u16::from_be_bytes([head[2], head[3]]);
+                                return Err(format!("framing: {}", ofp::FrameError::BadLength(l)));
+                            }
+                        };
+                        let Some(frame) = rbuf.get(at..at + len) else {
+                            break;
+                        };
+                        self.on_frame(now, frame)?;
+                        at += len;
                     }
+                    rbuf.advance(at);
                 }
                 w = wr.write_buf(&mut out), if !out.is_empty() => {
                     w.map_err(|e| format!("write: {e}"))?;
@@ -485,18 +597,39 @@ impl Sw {
         let _ = ofp::encode(xid, msg, &mut self.wbuf);
     }
 
-    fn packet_in(&mut self, in_port: u32, data: Bytes) {
+    fn packet_in(&mut self, in_port: u32, data: &[u8]) {
         self.counters.packet_ins.fetch_add(1, Ordering::Relaxed);
-        let total_len = data.len() as u16;
-        self.send(&Message::PacketIn(PacketIn {
-            buffer_id: ofp::NO_BUFFER,
-            total_len,
-            reason: PacketInReason::NoMatch,
-            table_id: 0,
-            cookie: u64::MAX,
-            match_: Match::new().with(Oxm::InPort(in_port)),
-            data,
-        }));
+        self.xid = self.xid.wrapping_add(1);
+        put_packet_in(&mut self.wbuf, self.xid, in_port, data);
+    }
+
+    /// One whole frame from the controller. FLOW_MOD and PACKET_OUT, one of each per
+    /// probe and more, are checked through borrowed views (no decoding into a 792-byte
+    /// `Message`, no allocation); the rest is decoded.
+    fn on_frame(&mut self, now: Instant, frame: &[u8]) -> Result<(), String> {
+        let version = frame.first().copied().unwrap_or(0);
+        if version != ofp::OFP_VERSION && self.hello_seen {
+            return Err(format!(
+                "the controller speaks wire version {version}, not OpenFlow 1.3"
+            ));
+        }
+        let undecodable = |e: ofp::DecodeError| format!("undecodable message: {e}");
+        match frame.get(1).copied().and_then(MsgType::from_u8) {
+            Some(MsgType::FlowMod) => {
+                let fm = FlowModView::new(frame).map_err(undecodable)?;
+                self.on_flow_mod(now, &fm);
+            }
+            Some(MsgType::PacketOut) => {
+                let po = PacketOutView::new(frame).map_err(undecodable)?;
+                self.on_packet_out(now, &po);
+            }
+            _ => {
+                let (xid, msg) = ofp::decode(Bytes::copy_from_slice(frame)).map_err(undecodable)?;
+                // By reference: a `Message` is 792 bytes.
+                self.on_message(xid, &msg);
+            }
+        }
+        Ok(())
     }
 
     /// cbench's `-L`: the hosts announce themselves, and the client asks for the VIP.
@@ -515,15 +648,15 @@ impl Sw {
                     tpa: ip,
                 },
             );
-            self.packet_in(port, garp);
+            self.packet_in(port, &garp);
         }
         let (cip, _) = plan.client_of(0);
         let ask = packet::arp_request(plan.client_mac, cip, plan.vip);
-        self.packet_in(plan.client_port, ask);
+        self.packet_in(plan.client_port, &ask);
         self.counters.ready.store(true, Ordering::Relaxed);
     }
 
-    fn on_message(&mut self, now: Instant, xid: u32, msg: &Message) {
+    fn on_message(&mut self, xid: u32, msg: &Message) {
         match msg {
             Message::Hello(_) => self.hello_seen = true,
             Message::FeaturesRequest => {
@@ -558,7 +691,7 @@ impl Sw {
                 {
                     let (cip, _) = self.plan.client_of(0);
                     let ask = packet::arp_request(self.plan.client_mac, cip, self.plan.vip);
-                    self.packet_in(self.plan.client_port, ask);
+                    self.packet_in(self.plan.client_port, &ask);
                 }
             }
             Message::GetAsyncRequest => {}
@@ -577,8 +710,7 @@ impl Sw {
                 };
                 self.reply(xid, &Message::MultipartReply(MultipartReply::new(body)));
             }
-            Message::FlowMod(fm) => self.on_flow_mod(now, fm),
-            Message::PacketOut(po) => self.on_packet_out(now, po),
+            // FLOW_MOD and PACKET_OUT go through `on_frame`'s views.
             _ => {}
         }
     }
@@ -606,45 +738,29 @@ impl Sw {
 
     // ----- probes ------------------------------------------------------------------------
 
-    fn probe_frame(&self, k: u64) -> (Ipv4Addr, u16, Bytes) {
-        let (ip, port) = self.plan.client_of(k);
-        let src_mac = match self.check {
-            CheckMode::Vip => self.plan.client_mac,
-            // A learning switch learns a new MAC per probe (cbench's -M).
+    /// Probe `k`'s client MAC (a learning switch learns a new one per probe, cbench's
+    /// -M) and the MAC its SYN is sent to.
+    fn probe_macs(&self, k: u64) -> (MacAddr, MacAddr) {
+        match self.check {
+            CheckMode::Vip => (self.plan.client_mac, self.vip_mac),
             CheckMode::L2 => {
                 let h = k % 100_000;
-                MacAddr([
+                let src = MacAddr([
                     0x02,
                     0xcc,
                     self.plan.dpid as u8,
                     (h >> 16) as u8,
                     (h >> 8) as u8,
                     h as u8,
-                ])
+                ]);
+                (src, self.plan.backends[0].1)
             }
-        };
-        let dst_mac = match self.check {
-            CheckMode::Vip => self.vip_mac,
-            CheckMode::L2 => self.plan.backends[0].1,
-        };
-        let data = packet::tcp_syn(
-            src_mac,
-            dst_mac,
-            SocketAddrV4::new(ip, port),
-            SocketAddrV4::new(self.plan.vip, self.plan.vport),
-            probe_isn(k),
-        );
-        (ip, port, data)
+        }
     }
 
     /// The controller sent probe `key`'s SYN to backend `b` without rules: play the
     /// backend's SYN-ACK, which must come back rewritten to the VIP.
-    fn answer_syn(&mut self, key: (Ipv4Addr, u16), b: usize) {
-        let Some(p) = self.pending.get_mut(&key) else {
-            return;
-        };
-        p.deferred = true;
-        let isn = p.isn;
+    fn answer_syn(&mut self, key: (Ipv4Addr, u16), b: usize, isn: u32) {
         self.counters.deferred.fetch_add(1, Ordering::Relaxed);
         let (bip, bmac, bport) = self.plan.backends[b];
         let syn_ack = packet::ipv4_tcp(&packet::TcpSegment {
@@ -659,20 +775,16 @@ impl Sw {
             flags: packet::TcpFlags(0x12),
             ..packet::TcpSegment::default()
         });
-        self.packet_in(bport, syn_ack);
+        self.packet_in(bport, &syn_ack);
     }
 
     /// The SYN-ACK of a deferred probe came back through the controller: check it, and
     /// play the client's ACK.
-    fn answer_syn_ack(&mut self, key: (Ipv4Addr, u16), actions: &[Action], seq: u32) {
+    fn answer_syn_ack(&mut self, key: (Ipv4Addr, u16), acts: &Acts, seq: u32) {
         let Some(isn) = self.pending.get(&key).filter(|p| p.deferred).map(|p| p.isn) else {
             return;
         };
-        let set_src = actions.iter().find_map(|a| match a {
-            Action::SetField(Oxm::Ipv4Src { value, .. }) => Some(*value),
-            _ => None,
-        });
-        let out = output_port(actions);
+        let (set_src, out) = (acts.set_src, acts.output);
         if set_src != Some(self.plan.vip) || out != Some(self.plan.client_port) {
             self.invalid(
                 Some(key),
@@ -692,31 +804,36 @@ impl Sw {
             flags: packet::TcpFlags::ACK,
             ..packet::TcpSegment::default()
         });
-        self.packet_in(self.plan.client_port, ack);
+        self.packet_in(self.plan.client_port, &ack);
     }
 
     fn send_probe(&mut self, sent: Instant) {
         let k = self.next_probe;
         self.next_probe += 1;
-        let (ip, port, data) = self.probe_frame(k);
+        let client = self.plan.client_of(k);
+        let isn = probe_isn(k);
         match self.check {
             CheckMode::Vip => {
                 self.pending.insert(
-                    (ip, port),
+                    k,
                     Pending {
                         sent,
                         fwd: None,
                         rev: false,
                         out: None,
                         deferred: false,
-                        isn: probe_isn(k),
+                        isn,
                         removals: Vec::new(),
                     },
                 );
             }
             CheckMode::L2 => self.fifo.push_back(sent),
         }
-        self.packet_in(self.plan.client_port, data);
+        let (src_mac, dst_mac) = self.probe_macs(k);
+        self.counters.packet_ins.fetch_add(1, Ordering::Relaxed);
+        self.xid = self.xid.wrapping_add(1);
+        self.syn
+            .put(&mut self.wbuf, self.xid, src_mac, dst_mac, client, isn);
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -754,7 +871,7 @@ impl Sw {
         match self.check {
             CheckMode::Vip => self
                 .pending
-                .retain(|_, p| now.saturating_duration_since(p.sent) < timeout),
+                .expire(|p| now.saturating_duration_since(p.sent) >= timeout),
             CheckMode::L2 => {
                 while self
                     .fifo
@@ -795,9 +912,9 @@ impl Sw {
         }
     }
 
-    fn on_flow_mod(&mut self, now: Instant, fm: &ofp::FlowMod) {
+    fn on_flow_mod(&mut self, now: Instant, fm: &FlowModView<'_>) {
         if !matches!(
-            fm.command,
+            fm.command(),
             FlowModCommand::Add | FlowModCommand::ModifyStrict
         ) {
             return;
@@ -806,116 +923,54 @@ impl Sw {
             self.l2_response(now);
             return;
         }
-        let m = &fm.match_;
-        let (Some(src), Some(dst), Some(sport), Some(dport)) =
-            (m.ipv4_src(), m.ipv4_dst(), m.tcp_src(), m.tcp_dst())
-        else {
+        let Some((src, dst, sport, dport)) = connection_of(fm) else {
             return; // Not a connection rule (table-miss, L2, intercept...).
         };
-        let actions = apply_actions(&fm.instructions);
+        let acts = Acts::of(fm.actions());
         if dst == self.plan.vip && dport == self.plan.vport {
             // Forward: client → VIP, rewritten to a backend.
             let key = (src, sport);
-            if !self.pending.contains_key(&key) {
+            let Some(p) = self.pending.get_mut(&key) else {
                 return;
-            }
-            let removal = removal_of(self.expire_after, fm);
-            match self.check_forward(m, &actions, key) {
-                Ok(b) => self.part(
-                    now,
-                    key,
-                    |p| {
-                        p.fwd = Some(b);
-                        p.removals.extend(removal);
-                    },
-                    Some(b),
-                ),
-                Err(why) => self.invalid(Some(key), why),
-            }
-        } else if sport == self.plan.vport && self.plan.backend_by_ip(src).is_some() {
-            // Reverse: backend → client, rewritten back to the VIP.
-            let key = (dst, dport);
-            if !self.pending.contains_key(&key) {
-                return;
-            }
-            let b = self.plan.backend_by_ip(src);
-            let set_src = actions.iter().find_map(|a| match a {
-                Action::SetField(Oxm::Ipv4Src { value, .. }) => Some(*value),
-                _ => None,
-            });
-            let out = output_port(&actions);
-            if set_src != Some(self.plan.vip) || out != Some(self.plan.client_port) {
-                self.invalid(
-                    Some(key),
-                    format!("reverse rule for {key:?}: set ipv4_src {set_src:?}, output {out:?}"),
-                );
-                return;
-            }
-            let removal = removal_of(self.expire_after, fm);
-            self.part(
-                now,
-                key,
-                |p| {
-                    p.rev = true;
-                    p.removals.extend(removal);
-                },
-                b,
-            );
-        }
-    }
-
-    fn check_forward(
-        &self,
-        m: &Match,
-        actions: &[Action],
-        key: (Ipv4Addr, u16),
-    ) -> Result<usize, String> {
-        for oxm in m.iter() {
-            let ok = match *oxm {
-                Oxm::InPort(p) => p == self.plan.client_port,
-                Oxm::EthType(t) => t == packet::ETH_TYPE_IPV4,
-                Oxm::IpProto(p) => p == packet::IP_PROTO_TCP,
-                Oxm::EthSrc { value, mask: None } => value == self.plan.client_mac.0,
-                Oxm::Ipv4Src { mask: Some(_), .. } | Oxm::Ipv4Dst { mask: Some(_), .. } => false,
-                _ => true,
             };
-            if !ok {
-                return Err(format!(
-                    "forward rule for {key:?}: match field {oxm:?} does not fit the SYN"
-                ));
-            }
-        }
-        let dst = actions.iter().find_map(|a| match a {
-            Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
-            _ => None,
-        });
-        let Some(b) = dst.and_then(|d| self.plan.backend_by_ip(d)) else {
-            return Err(format!(
-                "forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"
-            ));
-        };
-        self.check_backend_actions(actions, b)
-            .map_err(|e| format!("forward rule for {key:?}: {e}"))?;
-        Ok(b)
-    }
-
-    fn check_backend_actions(&self, actions: &[Action], b: usize) -> Result<(), String> {
-        let (_, mac, port) = self.plan.backends[b];
-        for a in actions {
-            if let Action::SetField(Oxm::EthDst { value, .. }) = a {
-                if *value != mac.0 {
-                    return Err(format!("set eth_dst {value:02x?} is not backend {b}'s MAC"));
+            let verdict = match check_forward(&self.plan, fm, &acts, key) {
+                Ok(b) => {
+                    p.fwd = Some(b);
+                    if let Some(r) = removal_of(self.expire_after, fm) {
+                        p.removals.push(r);
+                    }
+                    p.verdict(key, Some(b))
                 }
-            }
-        }
-        match output_port(actions) {
-            Some(p) if p == port => Ok(()),
-            other => Err(format!("output {other:?}, backend {b} is on port {port}")),
+                Err(why) => Verdict::Invalid(why),
+            };
+            self.conclude(now, key, verdict);
+        } else if sport == self.plan.vport {
+            // Reverse: backend → client, rewritten back to the VIP.
+            let Some(b) = self.plan.backend_by_ip(src) else {
+                return;
+            };
+            let key = (dst, dport);
+            let Some(p) = self.pending.get_mut(&key) else {
+                return;
+            };
+            let (set_src, out) = (acts.set_src, acts.output);
+            let verdict = if set_src != Some(self.plan.vip) || out != Some(self.plan.client_port) {
+                Verdict::Invalid(format!(
+                    "reverse rule for {key:?}: set ipv4_src {set_src:?}, output {out:?}"
+                ))
+            } else {
+                p.rev = true;
+                if let Some(r) = removal_of(self.expire_after, fm) {
+                    p.removals.push(r);
+                }
+                p.verdict(key, Some(b))
+            };
+            self.conclude(now, key, verdict);
         }
     }
 
-    fn on_packet_out(&mut self, now: Instant, po: &ofp::PacketOut) {
-        let Ok(frame) = packet::parse(&po.data) else {
+    fn on_packet_out(&mut self, now: Instant, po: &PacketOutView<'_>) {
+        let Ok(frame) = packet::parse(po.data()) else {
             return;
         };
         match &frame.l3 {
@@ -932,12 +987,11 @@ impl Sw {
                         .store(true, Ordering::Relaxed);
                 } else if arp.op == packet::ARP_OP_REQUEST {
                     // Answer for a backend, as the host itself would.
-                    if let Some(&(ip, mac, port)) =
+                    if let Some(&(_, mac, port)) =
                         self.plan.backends.iter().find(|b| b.0 == arp.tpa)
                     {
                         let reply = packet::arp_reply(arp, mac);
-                        let _ = ip;
-                        self.packet_in(port, reply);
+                        self.packet_in(port, &reply);
                     }
                 }
             }
@@ -949,53 +1003,45 @@ impl Sw {
                 let Some(tcp) = frame.tcp() else {
                     return;
                 };
-                let actions: &[Action] = &po.actions;
                 if ip.dst == self.plan.vip && tcp.dst_port == self.plan.vport {
                     let key = (ip.src, tcp.src_port);
-                    if !self.pending.contains_key(&key) {
-                        return;
-                    }
-                    let dst = actions.iter().find_map(|a| match a {
-                        Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
-                        _ => None,
-                    });
-                    let Some(b) = dst.and_then(|d| self.plan.backend_by_ip(d)) else {
-                        self.invalid(
-                            Some(key),
-                            format!("PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"),
-                        );
+                    let Some(p) = self.pending.get_mut(&key) else {
                         return;
                     };
-                    if let Err(e) = self.check_backend_actions(actions, b) {
-                        self.invalid(Some(key), format!("PACKET_OUT of {key:?}: {e}"));
-                        return;
-                    }
-                    let Some(p) = self.pending.get(&key) else {
-                        return;
+                    let acts = Acts::of(po.actions());
+                    let mut deferred = None;
+                    let verdict = match check_packet_out(&self.plan, &acts, key) {
+                        Err(why) => Verdict::Invalid(why),
+                        Ok(b) => match (tcp.flags.is_initial_syn(), p.deferred) {
+                            // Rules first, then the SYN: the usual answer. The SYN alone:
+                            // rules deferred to the client's ACK.
+                            (true, false) if p.fwd.is_none() && !p.rev => {
+                                p.deferred = true;
+                                deferred = Some((b, p.isn));
+                                Verdict::Open
+                            }
+                            (true, false) | (false, true) => {
+                                p.out = Some(b);
+                                p.verdict(key, Some(b))
+                            }
+                            // A retransmission: the switch sends none.
+                            (true, true) => Verdict::Open,
+                            (false, false) => {
+                                Verdict::Invalid(format!("PACKET_OUT of {key:?} is not the SYN"))
+                            }
+                        },
                     };
-                    let syn = tcp.flags.is_initial_syn();
-                    match (syn, p.deferred) {
-                        // Rules first, then the SYN: the usual answer. The SYN alone: rules
-                        // deferred to the client's ACK.
-                        (true, false) if p.fwd.is_none() && !p.rev => self.answer_syn(key, b),
-                        (true, false) | (false, true) => {
-                            self.part(now, key, |p| p.out = Some(b), Some(b));
-                        }
-                        // A retransmission: the switch sends none.
-                        (true, true) => {}
-                        (false, false) => {
-                            self.invalid(
-                                Some(key),
-                                format!("PACKET_OUT of {key:?} is not the SYN"),
-                            );
-                        }
+                    if let Some((b, isn)) = deferred {
+                        self.answer_syn(key, b, isn);
                     }
+                    self.conclude(now, key, verdict);
                 } else if self.plan.backend_by_ip(ip.src).is_some()
                     && tcp.src_port == self.plan.vport
                     && tcp.flags.syn()
                     && tcp.flags.ack()
                 {
-                    self.answer_syn_ack((ip.dst, tcp.dst_port), actions, tcp.seq);
+                    let acts = Acts::of(po.actions());
+                    self.answer_syn_ack((ip.dst, tcp.dst_port), &acts, tcp.seq);
                 } else if ip.src == self.plan.vip || ip.dst != self.plan.vip {
                     // Something sent to a client instead (a RST, say): a wrong answer.
                     let key = (ip.dst, tcp.dst_port);
@@ -1011,29 +1057,20 @@ impl Sw {
         }
     }
 
-    /// Record one part of a probe's answer; complete it when all three agree.
-    fn part(
-        &mut self,
-        now: Instant,
-        key: (Ipv4Addr, u16),
-        set: impl FnOnce(&mut Pending),
-        backend: Option<usize>,
-    ) {
-        let Some(p) = self.pending.get_mut(&key) else {
-            return;
-        };
-        set(p);
-        let (fwd, rev, out, sent) = (p.fwd, p.rev, p.out, p.sent);
-        let agree = |x: Option<usize>| x.is_none() || x == fwd.or(out);
-        if !agree(backend) || (fwd.is_some() && out.is_some() && fwd != out) {
-            self.invalid(
-                Some(key),
-                format!("{key:?}: the rules and the PACKET_OUT name different backends"),
-            );
-            return;
-        }
-        if fwd.is_some() && rev && out.is_some() {
-            if let Some(p) = self.pending.remove(&key) {
+    /// Act on what one part of probe `key`'s answer made of it.
+    fn conclude(&mut self, now: Instant, key: (Ipv4Addr, u16), verdict: Verdict) {
+        match verdict {
+            Verdict::Open => {}
+            Verdict::Invalid(why) => self.invalid(Some(key), why),
+            Verdict::Complete => {
+                let Some(p) = self.pending.remove(&key) else {
+                    return;
+                };
+                if let Some(e) = p.fwd.and_then(|b| self.by_backend.get_mut(b)) {
+                    e.0 += 1;
+                    e.1.get_or_insert(now);
+                }
+                self.record(now, p.sent);
                 if self.expire_after > 0 {
                     self.live.push_back(p.removals);
                     while self.live.len() > self.expire_after {
@@ -1045,12 +1082,186 @@ impl Sw {
                     }
                 }
             }
-            if let Some(e) = fwd.and_then(|b| self.by_backend.get_mut(b)) {
-                e.0 += 1;
-                e.1.get_or_insert(now);
-            }
-            self.record(now, sent);
         }
+    }
+}
+
+/// What a part of an answer made of its probe.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// Consistent so far, not complete.
+    Open,
+    /// All three parts arrived and agree.
+    Complete,
+    /// A wrong answer, and why.
+    Invalid(String),
+}
+
+impl Pending {
+    /// After recording one part naming `backend`: do the parts agree, are they all here?
+    fn verdict(&self, key: (Ipv4Addr, u16), backend: Option<usize>) -> Verdict {
+        let (fwd, out) = (self.fwd, self.out);
+        let agree = |x: Option<usize>| x.is_none() || x == fwd.or(out);
+        if !agree(backend) || (fwd.is_some() && out.is_some() && fwd != out) {
+            return Verdict::Invalid(format!(
+                "{key:?}: the rules and the PACKET_OUT name different backends"
+            ));
+        }
+        if fwd.is_some() && self.rev && out.is_some() {
+            Verdict::Complete
+        } else {
+            Verdict::Open
+        }
+    }
+}
+
+/// What the checks read of a rule's or a PACKET_OUT's actions, in one pass: the first
+/// SET_FIELD of `ipv4_src` and of `ipv4_dst`, the first output, and enough of the
+/// SET_FIELDs of `eth_dst` to name the first one that is not a given MAC
+/// ([`Acts::eth_dst_not`]). SET_FIELDs count as the owned decoder types them: unmasked,
+/// of the spec's length.
+#[derive(Debug, Default, Clone, Copy)]
+struct Acts {
+    set_src: Option<Ipv4Addr>,
+    set_dst: Option<Ipv4Addr>,
+    output: Option<u32>,
+    /// The first `eth_dst` set, and the first one after it with another value.
+    eth_dst: [Option<[u8; 6]>; 2],
+}
+
+impl Acts {
+    fn of<'a>(actions: impl Iterator<Item = ActionRef<'a>>) -> Acts {
+        let mut s = Acts::default();
+        for a in actions {
+            if let Some((port, _)) = a.output() {
+                s.output.get_or_insert(port);
+                continue;
+            }
+            let Some(o) = a.set_field() else {
+                continue;
+            };
+            // A masked SET_FIELD is kept raw by the decoder, as is one of another length.
+            let ip = |f| match o.basic::<4>(f) {
+                Some((v, None)) => Some(Ipv4Addr::from(v)),
+                _ => None,
+            };
+            match o.field() {
+                ofb::IPV4_SRC if s.set_src.is_none() => s.set_src = ip(ofb::IPV4_SRC),
+                ofb::IPV4_DST if s.set_dst.is_none() => s.set_dst = ip(ofb::IPV4_DST),
+                ofb::ETH_DST => {
+                    if let Some((v, None)) = o.basic::<6>(ofb::ETH_DST) {
+                        match s.eth_dst {
+                            [None, _] => s.eth_dst[0] = Some(v),
+                            [Some(first), None] if first != v => s.eth_dst[1] = Some(v),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// The first `eth_dst` set, in order, that is not `mac`: the first one if it is not,
+    /// else the first that differs from it.
+    fn eth_dst_not(&self, mac: [u8; 6]) -> Option<[u8; 6]> {
+        match self.eth_dst {
+            [Some(first), _] if first != mac => Some(first),
+            [_, other] => other,
+        }
+    }
+}
+
+/// The rule's 5-tuple fields: the first unmasked `ipv4_src`, `ipv4_dst`, `tcp_src` and
+/// `tcp_dst` of its match, if it has all four.
+fn connection_of(fm: &FlowModView<'_>) -> Option<(Ipv4Addr, Ipv4Addr, u16, u16)> {
+    let (mut src, mut dst, mut sport, mut dport) = (None, None, None, None);
+    let ip = |o: &ofp::OxmRef<'_>, f| match o.basic::<4>(f) {
+        Some((v, None)) => Some(Ipv4Addr::from(v)),
+        _ => None,
+    };
+    let port = |o: &ofp::OxmRef<'_>, f| o.basic::<2>(f).map(|(v, _)| u16::from_be_bytes(v));
+    for o in fm.match_fields() {
+        match o.field() {
+            ofb::IPV4_SRC if src.is_none() => src = ip(&o, ofb::IPV4_SRC),
+            ofb::IPV4_DST if dst.is_none() => dst = ip(&o, ofb::IPV4_DST),
+            ofb::TCP_SRC if sport.is_none() => sport = port(&o, ofb::TCP_SRC),
+            ofb::TCP_DST if dport.is_none() => dport = port(&o, ofb::TCP_DST),
+            _ => {}
+        }
+    }
+    Some((src?, dst?, sport?, dport?))
+}
+
+/// A forward rule for probe `key`: every match field fits the SYN (in_port, eth_type,
+/// ip_proto, eth_src; no masked address), it sets `ipv4_dst` to a backend (returned) and
+/// rewrites to and outputs toward that backend.
+fn check_forward(
+    plan: &SwitchPlan,
+    fm: &FlowModView<'_>,
+    acts: &Acts,
+    key: (Ipv4Addr, u16),
+) -> Result<usize, String> {
+    for o in fm.match_fields() {
+        let ok = match o.field() {
+            ofb::IN_PORT => o
+                .basic::<4>(ofb::IN_PORT)
+                .is_none_or(|(v, _)| u32::from_be_bytes(v) == plan.client_port),
+            ofb::ETH_TYPE => o
+                .basic::<2>(ofb::ETH_TYPE)
+                .is_none_or(|(v, _)| u16::from_be_bytes(v) == packet::ETH_TYPE_IPV4),
+            ofb::IP_PROTO => o
+                .basic::<1>(ofb::IP_PROTO)
+                .is_none_or(|(v, _)| v[0] == packet::IP_PROTO_TCP),
+            ofb::ETH_SRC => match o.basic::<6>(ofb::ETH_SRC) {
+                Some((v, None)) => v == plan.client_mac.0,
+                _ => true,
+            },
+            f @ (ofb::IPV4_SRC | ofb::IPV4_DST) => !matches!(o.basic::<4>(f), Some((_, Some(_)))),
+            _ => true,
+        };
+        if !ok {
+            let field = o
+                .to_oxm()
+                .map_or_else(|e| format!("{o:?} ({e})"), |x| format!("{x:?}"));
+            return Err(format!(
+                "forward rule for {key:?}: match field {field} does not fit the SYN"
+            ));
+        }
+    }
+    let dst = acts.set_dst;
+    let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
+        return Err(format!(
+            "forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"
+        ));
+    };
+    check_backend_actions(plan, acts, b).map_err(|e| format!("forward rule for {key:?}: {e}"))?;
+    Ok(b)
+}
+
+/// The PACKET_OUT of probe `key`'s SYN: it sets `ipv4_dst` to a backend (returned) and
+/// rewrites to and outputs toward that backend.
+fn check_packet_out(plan: &SwitchPlan, acts: &Acts, key: (Ipv4Addr, u16)) -> Result<usize, String> {
+    let dst = acts.set_dst;
+    let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
+        return Err(format!(
+            "PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"
+        ));
+    };
+    check_backend_actions(plan, acts, b).map_err(|e| format!("PACKET_OUT of {key:?}: {e}"))?;
+    Ok(b)
+}
+
+/// Every `eth_dst` set is backend `b`'s MAC, and the first output is its port.
+fn check_backend_actions(plan: &SwitchPlan, acts: &Acts, b: usize) -> Result<(), String> {
+    let (_, mac, port) = plan.backends[b];
+    if let Some(value) = acts.eth_dst_not(mac.0) {
+        return Err(format!("set eth_dst {value:02x?} is not backend {b}'s MAC"));
+    }
+    match acts.output {
+        Some(p) if p == port => Ok(()),
+        other => Err(format!("output {other:?}, backend {b} is on port {port}")),
     }
 }
 
@@ -1061,56 +1272,473 @@ fn probe_isn(k: u64) -> u32 {
 
 /// The FLOW_REMOVED a switch sends when this rule idles out, if the rule asked for one
 /// and connections end in this run (`--expire-after`).
-fn removal_of(expire_after: usize, fm: &ofp::FlowMod) -> Option<ofp::FlowRemoved> {
-    if expire_after == 0 || !fm.flags.contains(ofp::FlowModFlags::SEND_FLOW_REM) {
+fn removal_of(expire_after: usize, fm: &FlowModView<'_>) -> Option<ofp::FlowRemoved> {
+    if expire_after == 0 || !fm.flags().contains(ofp::FlowModFlags::SEND_FLOW_REM) {
         return None;
     }
     Some(ofp::FlowRemoved {
-        cookie: fm.cookie,
-        priority: fm.priority,
+        cookie: fm.cookie(),
+        priority: fm.priority(),
         reason: ofp::FlowRemovedReason::IdleTimeout,
-        table_id: fm.table_id,
-        duration_sec: u32::from(fm.idle_timeout),
+        table_id: fm.table_id(),
+        duration_sec: u32::from(fm.idle_timeout()),
         duration_nsec: 0,
-        idle_timeout: fm.idle_timeout,
-        hard_timeout: fm.hard_timeout,
+        idle_timeout: fm.idle_timeout(),
+        hard_timeout: fm.hard_timeout(),
         packet_count: 1,
         byte_count: 74,
-        match_: fm.match_.clone(),
+        // The view checked every TLV, so each converts.
+        match_: fm.match_fields().filter_map(|o| o.to_oxm().ok()).collect(),
     })
 }
 
-/// The actions of the rule's apply- and write-actions instructions, in order; borrowed
-/// when there is one list (the usual rule), copied only to join several.
-fn apply_actions(instructions: &ofp::Instructions) -> Cow<'_, [Action]> {
-    let mut lists = instructions.iter().filter_map(|i| match i {
-        Instruction::ApplyActions(a) | Instruction::WriteActions(a) => Some(a.as_slice()),
-        _ => None,
-    });
-    let Some(first) = lists.next() else {
-        return Cow::Borrowed(&[]);
+/// Bytes of a PACKET_IN before its data: header, the fixed fields, a match of `in_port`
+/// alone (12 bytes, padded to 16, §7.2.2) and 2 bytes of padding (§7.4.1).
+const PACKET_IN_HEAD: usize = ofp::HEADER_LEN + 16 + 16 + 2;
+
+/// Append the OFPT_PACKET_IN of a table miss (no buffer, cookie all ones, table 0, match
+/// `in_port`) carrying `data`: the bytes `ofp::encode` writes for that `Message::PacketIn`
+/// (tested), without building one.
+fn put_packet_in(out: &mut BytesMut, xid: u32, in_port: u32, data: &[u8]) {
+    let Ok(len) = u16::try_from(PACKET_IN_HEAD + data.len()) else {
+        return; // Never: the switch's own frames are at most a few hundred bytes.
     };
-    match lists.next() {
-        None => Cow::Borrowed(first),
-        Some(second) => {
-            let mut v = first.to_vec();
-            v.extend_from_slice(second);
-            lists.for_each(|l| v.extend_from_slice(l));
-            Cow::Owned(v)
-        }
+    out.reserve(usize::from(len));
+    out.put_u8(ofp::OFP_VERSION);
+    out.put_u8(MsgType::PacketIn as u8);
+    out.put_u16(len);
+    out.put_u32(xid);
+    out.put_u32(ofp::NO_BUFFER);
+    out.put_u16(data.len() as u16);
+    out.put_u8(PacketInReason::NoMatch.to_raw());
+    out.put_u8(0);
+    out.put_u64(u64::MAX);
+    // OFPMT_OXM, length 12: one OXM, OFB_IN_PORT (class 0x8000, field 0, 4 bytes).
+    out.put_u16(ofp::oxm::OFPMT_OXM);
+    out.put_u16(12);
+    out.put_u32(0x8000_0004);
+    out.put_u32(in_port);
+    out.put_bytes(0, 4 + 2);
+    out.put_slice(data);
+}
+
+/// A probe's PACKET_IN, built once: per probe only the xid, the MACs, the client's address
+/// and port and the ISN change, and the two checksums are recomputed (40 bytes summed),
+/// where building the SYN afresh took etherparse's header serialization and checksums.
+struct SynTemplate {
+    msg: Vec<u8>,
+}
+
+/// Offsets in a probe's frame: Ethernet, IPv4 (20 bytes, no options), TCP (20 bytes).
+const ETH_DST: usize = 0;
+const ETH_SRC: usize = 6;
+const IP: usize = 14;
+const IP_CSUM: usize = IP + 10;
+const IP_SRC: usize = IP + 12;
+const TCP: usize = IP + 20;
+const TCP_SPORT: usize = TCP;
+const TCP_SEQ: usize = TCP + 4;
+const TCP_CSUM: usize = TCP + 16;
+
+impl SynTemplate {
+    fn new(plan: &SwitchPlan) -> SynTemplate {
+        let syn = packet::tcp_syn(
+            plan.client_mac,
+            MacAddr::ZERO,
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            SocketAddrV4::new(plan.vip, plan.vport),
+            0,
+        );
+        let mut msg = BytesMut::new();
+        put_packet_in(&mut msg, 0, plan.client_port, &syn);
+        SynTemplate { msg: msg.to_vec() }
+    }
+
+    /// Append probe PACKET_IN `xid`: the SYN from `client` with sequence number `isn`.
+    fn put(
+        &self,
+        out: &mut BytesMut,
+        xid: u32,
+        src_mac: MacAddr,
+        dst_mac: MacAddr,
+        client: (Ipv4Addr, u16),
+        isn: u32,
+    ) {
+        let at = out.len();
+        out.extend_from_slice(&self.msg);
+        let Some(m) = out.get_mut(at..) else {
+            return;
+        };
+        m[4..8].copy_from_slice(&xid.to_be_bytes());
+        let f = &mut m[PACKET_IN_HEAD..];
+        f[ETH_DST..ETH_DST + 6].copy_from_slice(&dst_mac.0);
+        f[ETH_SRC..ETH_SRC + 6].copy_from_slice(&src_mac.0);
+        f[IP_SRC..IP_SRC + 4].copy_from_slice(&client.0.octets());
+        f[TCP_SPORT..TCP_SPORT + 2].copy_from_slice(&client.1.to_be_bytes());
+        f[TCP_SEQ..TCP_SEQ + 4].copy_from_slice(&isn.to_be_bytes());
+        // RFC 791 / RFC 793 checksums: the IPv4 header; the TCP header (no payload) with
+        // the pseudo-header (addresses, protocol, TCP length).
+        f[IP_CSUM..IP_CSUM + 2].fill(0);
+        let ip = checksum(sum16(0, &f[IP..TCP]));
+        f[IP_CSUM..IP_CSUM + 2].copy_from_slice(&ip.to_be_bytes());
+        f[TCP_CSUM..TCP_CSUM + 2].fill(0);
+        let pseudo = sum16(u32::from(packet::IP_PROTO_TCP) + 20, &f[IP_SRC..TCP]);
+        let tcp = checksum(sum16(pseudo, &f[TCP..TCP + 20]));
+        f[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&tcp.to_be_bytes());
     }
 }
 
-fn output_port(actions: &[Action]) -> Option<u32> {
-    actions.iter().find_map(|a| match a {
-        Action::Output { port, .. } => Some(*port),
-        _ => None,
-    })
+/// Ones'-complement sum of big-endian 16-bit words (`b` has an even length), unfolded.
+fn sum16(acc: u32, b: &[u8]) -> u32 {
+    b.chunks_exact(2)
+        .fold(acc, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])))
+}
+
+/// The Internet checksum of a sum.
+fn checksum(mut acc: u32) -> u16 {
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !(acc as u16)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ofp::{Action, FlowMod, Match, Oxm, PacketIn, PacketOut};
+
+    fn plan() -> SwitchPlan {
+        let backend = |i: u8| {
+            (
+                Ipv4Addr::new(10, 0, 1, i),
+                MacAddr([2, 0, 0, 0, 1, i]),
+                1 + u32::from(i),
+            )
+        };
+        SwitchPlan {
+            dpid: 7,
+            vip: Ipv4Addr::new(10, 0, 0, 100),
+            vport: 80,
+            backends: vec![backend(1), backend(2), backend(3)],
+            client_mac: MacAddr([2, 0, 0, 0, 0, 9]),
+            client_base: [172, 16],
+            client_port: 1,
+        }
+    }
+
+    fn switch(check: CheckMode) -> Sw {
+        let run = SwitchRun {
+            controller: SocketAddr::from(([127, 0, 0, 1], 6653)),
+            plan: plan(),
+            check,
+            pace: Pace::Window(1),
+            timeout: Duration::from_secs(5),
+            expire_after: 0,
+            counters: Arc::default(),
+            flags: Arc::default(),
+        };
+        Sw::new(run, None)
+    }
+
+    /// The PACKET_IN `ofp::encode` writes for a table miss carrying `data`.
+    fn encoded_packet_in(xid: u32, in_port: u32, data: Bytes) -> BytesMut {
+        let mut out = BytesMut::new();
+        let msg = Message::PacketIn(PacketIn {
+            buffer_id: ofp::NO_BUFFER,
+            total_len: data.len() as u16,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: u64::MAX,
+            match_: Match::new().with(Oxm::InPort(in_port)),
+            data,
+        });
+        ofp::encode(xid, &msg, &mut out).expect("encodes");
+        out
+    }
+
+    /// The probes patched from the template are byte for byte the PACKET_INs of the SYNs
+    /// `packet::tcp_syn` builds, `ofp::encode`d; so is any other PACKET_IN the switch writes.
+    #[test]
+    fn probe_packet_ins_are_the_encoded_messages() {
+        for check in [CheckMode::Vip, CheckMode::L2] {
+            let mut sw = switch(check);
+            sw.vip_mac = MacAddr([2, 0x66, 0x67, 1, 2, 3]);
+            for k in [0u64, 1, 2, 59_999, 60_000, 123_457, 4_000_001] {
+                sw.next_probe = k;
+                sw.pending = Outstanding::new(sw.plan.client_base);
+                sw.wbuf.clear();
+                sw.send_probe(Instant::now());
+                let (ip, port) = sw.plan.client_of(k);
+                let (src_mac, dst_mac) = sw.probe_macs(k);
+                let syn = packet::tcp_syn(
+                    src_mac,
+                    dst_mac,
+                    SocketAddrV4::new(ip, port),
+                    SocketAddrV4::new(sw.plan.vip, sw.plan.vport),
+                    probe_isn(k),
+                );
+                let want = encoded_packet_in(sw.xid, sw.plan.client_port, syn);
+                assert_eq!(&sw.wbuf[..], &want[..], "{check:?} probe {k}");
+            }
+        }
+        let arp = packet::arp_request(
+            MacAddr([2, 0, 0, 0, 0, 9]),
+            Ipv4Addr::new(1, 2, 3, 4),
+            Ipv4Addr::new(5, 6, 7, 8),
+        );
+        let mut out = BytesMut::new();
+        put_packet_in(&mut out, 42, 3, &arp);
+        assert_eq!(&out[..], &encoded_packet_in(42, 3, arp)[..]);
+    }
+
+    /// Probes are found by their client address and port; answered or lost, they leave
+    /// the ring, the oldest first.
+    #[test]
+    fn outstanding_probes_are_found_by_client_and_leave_in_order() {
+        let p = plan();
+        let mut o = Outstanding::new(p.client_base);
+        let pending = |ms: u64| Pending {
+            sent: Instant::now() - Duration::from_millis(ms),
+            fwd: None,
+            rev: false,
+            out: None,
+            deferred: false,
+            isn: 0,
+            removals: Vec::new(),
+        };
+        let ks = [59_998u64, 59_999, 60_000, 60_001, 60_002];
+        for (i, k) in ks.iter().enumerate() {
+            o.insert(*k, pending(100 - 10 * i as u64));
+        }
+        for k in ks {
+            assert_eq!(o.probe_of(&p.client_of(k)), Some(k));
+            assert!(o.contains_key(&p.client_of(k)));
+        }
+        assert!(!o.contains_key(&p.client_of(60_003)));
+        assert!(!o.contains_key(&(Ipv4Addr::new(10, 16, 0, 0), 1024)));
+        assert!(o.remove(&p.client_of(60_000)).is_some());
+        assert!(o.remove(&p.client_of(60_000)).is_none());
+        assert!(o.remove(&p.client_of(59_998)).is_some());
+        assert_eq!((o.len(), o.base), (3, 59_999));
+        // Older than 75 ms: 59_999 (90 ms); 60_000 is gone already, 60_001 is 70 ms old.
+        o.expire(|q| q.sent.elapsed() >= Duration::from_millis(75));
+        assert_eq!((o.len(), o.base), (2, 60_001));
+        assert!(o.get(&p.client_of(60_002)).is_some());
+    }
+
+    /// A complete answer for probe 0 toward backend `b`: the forward and reverse rules and
+    /// the PACKET_OUT of the SYN.
+    struct Answer {
+        fwd: FlowMod,
+        rev: FlowMod,
+        out: PacketOut,
+    }
+
+    fn to_backend(p: &SwitchPlan, b: usize) -> Vec<Action> {
+        let (ip, mac, port) = p.backends[b];
+        vec![
+            Action::set_field(Oxm::eth_dst(mac.0)),
+            Action::set_field(Oxm::ipv4_dst(ip)),
+            Action::output(port),
+        ]
+    }
+
+    fn answer(sw: &Sw, b: usize) -> Answer {
+        let p = &sw.plan;
+        let (cip, cport) = p.client_of(0);
+        let (bip, ..) = p.backends[b];
+        let fwd = FlowMod::add(
+            Match::new()
+                .with(Oxm::InPort(p.client_port))
+                .with(Oxm::eth_src(p.client_mac.0))
+                .with(Oxm::EthType(packet::ETH_TYPE_IPV4))
+                .with(Oxm::IpProto(packet::IP_PROTO_TCP))
+                .with(Oxm::ipv4_src(cip))
+                .with(Oxm::ipv4_dst(p.vip))
+                .with(Oxm::TcpSrc(cport))
+                .with(Oxm::TcpDst(p.vport)),
+        )
+        .apply(to_backend(p, b));
+        let rev = FlowMod::add(
+            Match::new()
+                .with(Oxm::EthType(packet::ETH_TYPE_IPV4))
+                .with(Oxm::IpProto(packet::IP_PROTO_TCP))
+                .with(Oxm::ipv4_src(bip))
+                .with(Oxm::ipv4_dst(cip))
+                .with(Oxm::TcpSrc(p.vport))
+                .with(Oxm::TcpDst(cport)),
+        )
+        .apply([
+            Action::set_field(Oxm::ipv4_src(p.vip)),
+            Action::output(p.client_port),
+        ]);
+        let syn = packet::tcp_syn(
+            p.client_mac,
+            sw.vip_mac,
+            SocketAddrV4::new(cip, cport),
+            SocketAddrV4::new(p.vip, p.vport),
+            probe_isn(0),
+        );
+        let out = PacketOut {
+            buffer_id: ofp::NO_BUFFER,
+            in_port: p.client_port,
+            actions: to_backend(p, b).into_iter().collect(),
+            data: syn,
+        };
+        Answer { fwd, rev, out }
+    }
+
+    /// Send probe 0, feed the answer's three messages as the controller's frames, and
+    /// return the counts of valid and invalid answers and the first reason.
+    fn judge(edit: impl FnOnce(&Sw, &mut Answer)) -> (u64, u64, String) {
+        let mut sw = switch(CheckMode::Vip);
+        sw.send_probe(Instant::now());
+        let mut a = answer(&sw, 0);
+        edit(&sw, &mut a);
+        let msgs = [
+            Message::FlowMod(a.fwd),
+            Message::FlowMod(a.rev),
+            Message::PacketOut(a.out),
+        ];
+        for m in &msgs {
+            let mut frame = BytesMut::new();
+            ofp::encode(9, m, &mut frame).expect("encodes");
+            sw.on_frame(Instant::now(), &frame)
+                .expect("a well-formed frame");
+        }
+        let c = &sw.counters;
+        (
+            c.valid.load(Ordering::Relaxed),
+            c.invalid.load(Ordering::Relaxed),
+            sw.samples.first().cloned().unwrap_or_default(),
+        )
+    }
+
+    fn assert_invalid(edit: impl FnOnce(&Sw, &mut Answer), why: &str) {
+        let (valid, invalid, sample) = judge(edit);
+        assert_eq!((valid, invalid), (0, 1), "{sample}");
+        assert!(sample.contains(why), "{sample:?} does not say {why:?}");
+    }
+
+    #[test]
+    fn a_correct_answer_is_valid() {
+        let (valid, invalid, sample) = judge(|_, _| {});
+        assert_eq!((valid, invalid), (1, 0), "{sample}");
+    }
+
+    #[test]
+    fn a_forward_rule_with_another_backend_s_mac_is_invalid() {
+        assert_invalid(
+            |sw, a| {
+                let mac = sw.plan.backends[1].1;
+                a.fwd.instructions[0] = ofp::Instruction::apply([
+                    Action::set_field(Oxm::eth_dst(mac.0)),
+                    Action::set_field(Oxm::ipv4_dst(sw.plan.backends[0].0)),
+                    Action::output(sw.plan.backends[0].2),
+                ]);
+            },
+            "is not backend 0's MAC",
+        );
+        // The first eth_dst right, a later one wrong.
+        assert_invalid(
+            |sw, a| {
+                let mut acts = to_backend(&sw.plan, 0);
+                acts.insert(1, Action::set_field(Oxm::eth_dst(sw.plan.backends[2].1.0)));
+                a.fwd.instructions[0] = ofp::Instruction::apply(acts);
+            },
+            "is not backend 0's MAC",
+        );
+    }
+
+    #[test]
+    fn a_forward_rule_with_the_wrong_output_port_is_invalid() {
+        assert_invalid(
+            |sw, a| {
+                let mut acts = to_backend(&sw.plan, 0);
+                acts[2] = Action::output(sw.plan.backends[1].2);
+                a.fwd.instructions[0] = ofp::Instruction::apply(acts);
+            },
+            "backend 0 is on port 2",
+        );
+    }
+
+    #[test]
+    fn a_masked_ipv4_match_is_invalid() {
+        let slash24 = Some(Ipv4Addr::new(255, 255, 255, 0));
+        assert_invalid(
+            |sw, a| {
+                a.fwd.match_.push(Oxm::Ipv4Dst {
+                    value: sw.plan.vip,
+                    mask: slash24,
+                })
+            },
+            "does not fit the SYN",
+        );
+        // A rule for the client's whole /24 only, no exact source: not this probe's rule,
+        // so never a complete answer.
+        let (valid, ..) = judge(|sw, a| {
+            let fields = a.fwd.match_.iter().map(|o| match o {
+                Oxm::Ipv4Src { .. } => Oxm::Ipv4Src {
+                    value: Ipv4Addr::new(sw.plan.client_base[0], sw.plan.client_base[1], 0, 0),
+                    mask: slash24,
+                },
+                o => o.clone(),
+            });
+            a.fwd.match_ = fields.collect();
+        });
+        assert_eq!(valid, 0);
+    }
+
+    #[test]
+    fn a_reverse_rule_not_restoring_the_vip_is_invalid() {
+        assert_invalid(
+            |sw, a| {
+                a.rev.instructions[0] = ofp::Instruction::apply([
+                    Action::set_field(Oxm::ipv4_src(sw.plan.backends[0].0)),
+                    Action::output(sw.plan.client_port),
+                ]);
+            },
+            "reverse rule",
+        );
+        assert_invalid(
+            |sw, a| {
+                a.rev.instructions[0] =
+                    ofp::Instruction::apply([Action::output(sw.plan.client_port)])
+            },
+            "set ipv4_src None",
+        );
+    }
+
+    #[test]
+    fn a_packet_out_to_another_backend_than_the_rules_is_invalid() {
+        assert_invalid(
+            |sw, a| a.out.actions = to_backend(&sw.plan, 1).into_iter().collect(),
+            "name different backends",
+        );
+    }
+
+    #[test]
+    fn a_packet_out_toward_the_client_is_invalid() {
+        assert_invalid(
+            |sw, a| {
+                let p = &sw.plan;
+                let (cip, cport) = p.client_of(0);
+                a.out.actions = [Action::output(p.client_port)].into_iter().collect();
+                a.out.data = packet::ipv4_tcp(&packet::TcpSegment {
+                    eth_src: sw.vip_mac,
+                    eth_dst: p.client_mac,
+                    ip_src: p.vip,
+                    ip_dst: cip,
+                    src_port: p.vport,
+                    dst_port: cport,
+                    ack: probe_isn(0).wrapping_add(1),
+                    flags: packet::TcpFlags(packet::TcpFlags::RST.0 | packet::TcpFlags::ACK.0),
+                    ..packet::TcpSegment::default()
+                });
+            },
+            "toward the client",
+        );
+    }
 
     /// The schedule hands out every batch that has started, in turn over the switches
     /// (each within one batch of the others at every moment), and what a switch takes adds

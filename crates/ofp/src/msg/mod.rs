@@ -124,19 +124,7 @@ impl Message {
 /// (§6.3.1; use [`crate::negotiate_version`]). Never panics. Variable-length data (packet
 /// data, opaque TLVs) is sliced from `frame` without copying.
 pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
-    let h = Header::parse(&frame)?;
-    let len = usize::from(h.length);
-    if frame.len() < len {
-        return Err(DecodeError::Truncated);
-    }
-    if frame.len() > len {
-        return Err(DecodeError::BadLength);
-    }
-    let t = MsgType::from_u8(h.msg_type);
-    if h.version != OFP_VERSION && t != Some(MsgType::Hello) {
-        return Err(DecodeError::BadVersion(h.version));
-    }
-    let t = t.ok_or(DecodeError::UnknownType(h.msg_type))?;
+    let (h, t) = check_frame(&frame)?;
     let mut r = Reader::new(&frame);
     r.skip(HEADER_LEN)?;
     let r = &mut r;
@@ -193,6 +181,47 @@ pub fn decode(frame: Bytes) -> Result<(u32, Message), DecodeError> {
         return Err(DecodeError::BadLength);
     }
     Ok((h.xid, msg))
+}
+
+/// The header checks of [`decode`]: the frame's length, the version, a known type.
+fn check_frame(frame: &[u8]) -> Result<(Header, MsgType), DecodeError> {
+    let h = Header::parse(frame)?;
+    let len = usize::from(h.length);
+    if frame.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    if frame.len() > len {
+        return Err(DecodeError::BadLength);
+    }
+    let t = MsgType::from_u8(h.msg_type);
+    if h.version != OFP_VERSION && t != Some(MsgType::Hello) {
+        return Err(DecodeError::BadVersion(h.version));
+    }
+    let t = t.ok_or(DecodeError::UnknownType(h.msg_type))?;
+    Ok((h, t))
+}
+
+/// [`decode`] into `slot`, returning the xid. A PACKET_IN read into a slot that holds a
+/// PACKET_IN already is decoded in place: a reader of many of them (a controller's hot
+/// path) keeps one `Message` and moves no 792 bytes per message. Any other message is
+/// decoded as [`decode`] does and stored. The same checks and errors as [`decode`]; after
+/// an error `slot` holds some valid message, which one is unspecified.
+pub fn decode_into(frame: Bytes, slot: &mut Message) -> Result<u32, DecodeError> {
+    if let Message::PacketIn(p) = slot {
+        let (h, t) = check_frame(&frame)?;
+        if t == MsgType::PacketIn {
+            let mut r = Reader::new(&frame);
+            r.skip(HEADER_LEN)?;
+            p.decode_into(&mut r)?;
+            if !r.is_empty() {
+                return Err(DecodeError::BadLength);
+            }
+            return Ok(h.xid);
+        }
+    }
+    let (xid, m) = decode(frame)?;
+    *slot = m;
+    Ok(xid)
 }
 
 /// A message body that can be encoded on its own: [`Message`], or directly one of the

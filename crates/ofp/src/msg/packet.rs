@@ -66,6 +66,8 @@ impl PacketIn {
         self.reason = PacketInReason::from_raw(r.u8()?);
         self.table_id = r.u8()?;
         self.cookie = r.u64()?;
+        // `decode_into` appends: a reused PACKET_IN drops its earlier match first.
+        self.match_.clear();
         self.match_.decode_into(r)?;
         r.skip(2)?;
         self.data = r.rest();
