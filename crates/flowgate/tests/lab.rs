@@ -221,8 +221,14 @@ fn check_measured(rows: &[Row]) {
             n.ok >= n.offered * 95 / 100,
             "{arm}: normal load is served: {n:?}"
         );
+        // Ten times the load serves more. Without management everything goes to server 2,
+        // which saturates at its own capacity: how far above the normal phase that is
+        // depends on how fast this machine is at the moment (167-171/s against a normal 50
+        // when idle, 93/s in a loaded CI run), so that arm is held to "more"; with ISSLM the
+        // other servers take the rest, and it must serve at least twice the normal phase.
+        let factor = if arm == "none" { 1.0 } else { 2.0 };
         assert!(
-            h.ok_rps > 2.0 * n.ok_rps,
+            h.ok_rps > factor * n.ok_rps,
             "{arm}: heavy throughput {} vs normal {}",
             h.ok_rps,
             n.ok_rps

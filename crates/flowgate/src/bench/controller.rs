@@ -92,20 +92,11 @@ pub struct ControllerArgs {
     /// the bench starts (not to a `--controller` running elsewhere).
     #[arg(long, conflicts_with = "controller")]
     pub pin: bool,
-    /// Keep every CPU busy-polling while measuring instead of halting when idle, as the
-    /// kernel's `idle=poll` does (see `bench::idle_poll`): a halted virtual CPU takes tens
-    /// to hundreds of microseconds to wake, which a latency figure would otherwise
-    /// measure. A low-priority busy process per CPU; it applies to every peer alike.
-    #[arg(long)]
-    pub idle_poll: bool,
     /// flowgate only: its worker threads (`[runtime] worker_threads`; 0: its default, one
     /// per CPU). Its decisions run under one lock whatever the count; fewer threads
     /// leave more of the shared cores to the emulated switches.
     #[arg(long, default_value_t = 0)]
     pub controller_threads: usize,
-    /// Internal: be `--idle-poll`'s busy process on this CPU.
-    #[arg(long, hide = true)]
-    pub idle_spin: Option<usize>,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -822,12 +813,6 @@ pub struct Report {
 }
 
 pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
-    // On every CPU this process may use (so before `--pin` narrows it); stopped when this
-    // returns.
-    let _idle_poll = args
-        .idle_poll
-        .then(super::idle_poll::IdlePoll::start)
-        .transpose()?;
     let pin = if args.pin {
         let p = Pinning::from_affinity()?;
         p.pin_switches()?;
@@ -881,9 +866,6 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         let pinned = |mut r: RunResult| {
             if let Some(p) = &pin {
                 let _ = write!(r.pace, ", pinned (controller on CPU {})", p.controller);
-            }
-            if args.idle_poll {
-                r.pace.push_str(", idle-poll");
             }
             r
         };

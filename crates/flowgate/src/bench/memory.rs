@@ -5,7 +5,9 @@
 //! directly: one switch, one VIP service with three backends learned by ARP, then `N`
 //! new connections, each a TCP SYN PACKET_IN through `handle_message` (the same path as
 //! the runtime), the answers dropped. RSS (VmRSS from /proc/self/status) is read before
-//! and after.
+//! and after. Each SYN's handling is timed too: the table's growth is where the longest
+//! pauses of the PACKET_IN path were (a hash table that rehashes all at once), so the
+//! distribution and the count of slow setups show whether a change brought them back.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
@@ -43,6 +45,11 @@ pub struct MemoryResult {
     pub rss_after_kib: u64,
     pub bytes_per_conn: f64,
     pub insert_secs: f64,
+    /// One SYN's handling, in nanoseconds: p50, p99, p99.9, max.
+    pub setup_ns: [u64; 4],
+    /// SYNs whose handling took over 100 µs, and over 500 µs.
+    pub over_100us: u64,
+    pub over_500us: u64,
 }
 
 fn rss_kib() -> anyhow::Result<u64> {
@@ -119,6 +126,9 @@ pub fn measure_one(n: usize, ports_per_client: usize) -> anyhow::Result<MemoryRe
     let vmac = cfg.services[0].virtual_mac;
     // Each frame is built, handled and freed in turn, so only the controller's state
     // grows between the two readings.
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3)
+        .context("histogram")?;
+    let (mut over_100us, mut over_500us) = (0u64, 0u64);
     let t0 = Instant::now();
     let before = rss_kib()?;
     for k in 0..n {
@@ -135,7 +145,12 @@ pub fn measure_one(n: usize, ports_per_client: usize) -> anyhow::Result<MemoryRe
                 k as u32,
             ),
         );
+        let start = Instant::now();
         c.handle_message(now, dpid, &f, &mut out);
+        let ns = start.elapsed().as_nanos() as u64;
+        let _ = hist.record(ns.max(1));
+        over_100us += u64::from(ns > 100_000);
+        over_500us += u64::from(ns > 500_000);
         out.drain().for_each(drop);
     }
     let after = rss_kib()?;
@@ -150,6 +165,14 @@ pub fn measure_one(n: usize, ports_per_client: usize) -> anyhow::Result<MemoryRe
         rss_after_kib: after,
         bytes_per_conn: (after.saturating_sub(before) * 1024) as f64 / n as f64,
         insert_secs: t0.elapsed().as_secs_f64(),
+        setup_ns: [
+            hist.value_at_quantile(0.5),
+            hist.value_at_quantile(0.99),
+            hist.value_at_quantile(0.999),
+            hist.max(),
+        ],
+        over_100us,
+        over_500us,
     })
 }
 
@@ -194,6 +217,8 @@ pub fn table(results: &[MemoryResult], ppc: usize) -> Table {
         "RSS after (KiB)",
         "bytes / connection",
         "insert time (s)",
+        "one SYN's handling µs: p50 / p99 / p99.9 / max",
+        "SYNs over 100 µs / 500 µs",
     ]);
     for r in results {
         t.row(vec![
@@ -203,6 +228,12 @@ pub fn table(results: &[MemoryResult], ppc: usize) -> Table {
             r.rss_after_kib.to_string(),
             format!("{:.1}", r.bytes_per_conn),
             format!("{:.2}", r.insert_secs),
+            r.setup_ns
+                .iter()
+                .map(|ns| format!("{:.1}", *ns as f64 / 1000.0))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            format!("{} / {}", r.over_100us, r.over_500us),
         ]);
     }
     t

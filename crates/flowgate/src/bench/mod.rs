@@ -14,7 +14,6 @@
 pub mod cluster;
 pub mod controller;
 pub mod datapath;
-pub mod idle_poll;
 pub mod memory;
 pub mod switch;
 
@@ -135,9 +134,6 @@ fn command_line() -> String {
 pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Controller(args) => {
-            if let Some(cpu) = args.idle_spin {
-                return idle_poll::spin(cpu);
-            }
             let report = controller::run(&args)?;
             let mut body = controller::table(&report).markdown();
             if !report.versions.is_empty() {
