@@ -73,7 +73,8 @@ fn config() -> anyhow::Result<Config> {
     Config::from_toml(&c, &|_| None).map_err(|e| anyhow::anyhow!("bench config: {e}"))
 }
 
-fn packet_in(in_port: u32, data: ofp::Bytes) -> Message {
+/// A table-miss PACKET_IN of `data` from `in_port`, as a switch sends it.
+pub(crate) fn packet_in(in_port: u32, data: ofp::Bytes) -> Message {
     Message::PacketIn(PacketIn {
         buffer_id: ofp::NO_BUFFER,
         total_len: data.len() as u16,

@@ -1405,7 +1405,7 @@ fn checksum(mut acc: u32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ofp::{Action, FlowMod, Match, Oxm, PacketIn, PacketOut};
+    use ofp::{Action, FlowMod, Match, Oxm, PacketOut};
 
     fn plan() -> SwitchPlan {
         let backend = |i: u8| {
@@ -1443,15 +1443,7 @@ mod tests {
     /// The PACKET_IN `ofp::encode` writes for a table miss carrying `data`.
     fn encoded_packet_in(xid: u32, in_port: u32, data: Bytes) -> BytesMut {
         let mut out = BytesMut::new();
-        let msg = Message::PacketIn(PacketIn {
-            buffer_id: ofp::NO_BUFFER,
-            total_len: data.len() as u16,
-            reason: PacketInReason::NoMatch,
-            table_id: 0,
-            cookie: u64::MAX,
-            match_: Match::new().with(Oxm::InPort(in_port)),
-            data,
-        });
+        let msg = crate::bench::memory::packet_in(in_port, data);
         ofp::encode(xid, &msg, &mut out).expect("encodes");
         out
     }
