@@ -503,3 +503,80 @@ fn while_gapping_rules_wait_for_the_clients_ack() {
     let active: u32 = s.backends.iter().map(|b| b.active_connections).sum();
     assert_eq!(active, 2, "the two completed connections");
 }
+
+/// Beside a flood, a quiet service keeps rules at the SYN: while the controller gaps itself
+/// and holds the flooded service below its demand, the quiet one (its max-min fair share is
+/// all it asks) is not gapped, and its connections cost one PACKET_IN, not three. The
+/// flooded service's SYNs still wait for their clients' ACKs.
+#[test]
+fn beside_a_flood_a_quiet_service_keeps_rules_at_the_syn() {
+    const VIP2: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 101);
+    let mut text = format!(
+        "[controller.overload]\nmode = \"adaptive\"\n\
+         [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n\
+         [[service.backend]]\naddress = \"{}\"\n\
+         [[service]]\nname = \"api\"\nvip = \"{VIP2}\"\nport = 80\n\
+         virtual_mac = \"02:66:67:00:00:02\"\n\
+         [service.health]\nkind = \"none\"\n",
+        ip(2)
+    );
+    text += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(3));
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3)];
+    let mut sim = Sim::new(&text, &[(1, 3)], &[], &hosts);
+    for i in 1..=3u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    let vmac2 = flowgate_packet::MacAddr([0x02, 0x66, 0x67, 0, 0, 2]);
+    // The controller saturated while "web" is flooded: ~2,500 SYNs a second to it.
+    let mut port = 10_000u16;
+    for _ in 0..30 {
+        for _ in 0..250 {
+            port += 1;
+            syn(&mut sim, port);
+        }
+        saturate(&mut sim, 1);
+    }
+    let view = sim.c.controller_gap_view();
+    assert!(view.gap.gapping, "the controller gaps itself: {view:?}");
+    let web_deferred = sim.c.services()[0].handshakes.deferred;
+    assert!(web_deferred > 0, "the flooded service defers its rules");
+
+    // A quiet connection to "api": rules with its SYN.
+    let rules_for = |sim: &Sim, cport: u16| {
+        table(sim)
+            .flows()
+            .filter(|e| cookie::kind_of(e.cookie) == Some(RuleKind::Conn))
+            .filter(|e| {
+                let m = &e.match_;
+                m.tcp_src() == Some(cport) || m.tcp_dst() == Some(cport)
+            })
+            .count()
+    };
+    let got = sim.send(
+        "h1",
+        &tcp(mac(1), vmac2, (ip(1), 7000), (VIP2, 80), sim::SYN),
+    );
+    assert!(
+        got.iter().any(|(h, _)| h == "h3"),
+        "the quiet service's SYN reached its backend: {got:?}"
+    );
+    assert_eq!(rules_for(&sim, 7000), 2, "its rules went out with the SYN");
+    assert_eq!(
+        sim.c.services()[1].handshakes.deferred,
+        0,
+        "nothing deferred for it"
+    );
+
+    // The flood's next SYN that passes the gate waits for its client's ACK.
+    saturate(&mut sim, 1);
+    let before = sim.c.services()[0].handshakes.deferred;
+    for _ in 0..50 {
+        port += 1;
+        syn(&mut sim, port);
+    }
+    assert!(
+        sim.c.services()[0].handshakes.deferred > before,
+        "the flooded service still defers"
+    );
+}
