@@ -10,21 +10,28 @@
 //! SYN itself toward the same backend. Nothing about cookies or priorities is assumed, so
 //! any OpenFlow 1.3 VIP balancer can be measured. In L2 mode (learning switches) every
 //! FLOW_MOD ADD and every non-LLDP PACKET_OUT counts as one response, as in cbench.
+//!
+//! `check`: what each part of an answer must say; `probe`: the PACKET_INs it sends,
+//! written straight into its buffer.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use flowgate_packet::{self as packet, L3, MacAddr};
 use hdrhistogram::Histogram;
-use ofp::oxm::ofb;
 use ofp::{
-    ActionRef, FlowModCommand, FlowModView, Message, MsgType, MultipartReply, MultipartReplyBody,
-    MultipartRequestBody, PacketInReason, PacketOutView,
+    FlowModCommand, FlowModView, Message, MsgType, MultipartReply, MultipartReplyBody,
+    MultipartRequestBody, PacketOutView,
 };
+mod check;
+mod probe;
+
+use check::{Acts, check_forward, check_packet_out, connection_of};
+use probe::{SynTemplate, put_packet_in};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -1115,156 +1122,6 @@ impl Pending {
     }
 }
 
-/// What the checks read of a rule's or a PACKET_OUT's actions, in one pass: the first
-/// SET_FIELD of `ipv4_src` and of `ipv4_dst`, the first output, and enough of the
-/// SET_FIELDs of `eth_dst` to name the first one that is not a given MAC
-/// ([`Acts::eth_dst_not`]). SET_FIELDs count as the owned decoder types them: unmasked,
-/// of the spec's length.
-#[derive(Debug, Default, Clone, Copy)]
-struct Acts {
-    set_src: Option<Ipv4Addr>,
-    set_dst: Option<Ipv4Addr>,
-    output: Option<u32>,
-    /// The first `eth_dst` set, and the first one after it with another value.
-    eth_dst: [Option<[u8; 6]>; 2],
-}
-
-impl Acts {
-    fn of<'a>(actions: impl Iterator<Item = ActionRef<'a>>) -> Acts {
-        let mut s = Acts::default();
-        for a in actions {
-            if let Some((port, _)) = a.output() {
-                s.output.get_or_insert(port);
-                continue;
-            }
-            let Some(o) = a.set_field() else {
-                continue;
-            };
-            // A masked SET_FIELD is kept raw by the decoder, as is one of another length.
-            let ip = |f| match o.basic::<4>(f) {
-                Some((v, None)) => Some(Ipv4Addr::from(v)),
-                _ => None,
-            };
-            match o.field() {
-                ofb::IPV4_SRC if s.set_src.is_none() => s.set_src = ip(ofb::IPV4_SRC),
-                ofb::IPV4_DST if s.set_dst.is_none() => s.set_dst = ip(ofb::IPV4_DST),
-                ofb::ETH_DST => {
-                    if let Some((v, None)) = o.basic::<6>(ofb::ETH_DST) {
-                        match s.eth_dst {
-                            [None, _] => s.eth_dst[0] = Some(v),
-                            [Some(first), None] if first != v => s.eth_dst[1] = Some(v),
-                            _ => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        s
-    }
-
-    /// The first `eth_dst` set, in order, that is not `mac`: the first one if it is not,
-    /// else the first that differs from it.
-    fn eth_dst_not(&self, mac: [u8; 6]) -> Option<[u8; 6]> {
-        match self.eth_dst {
-            [Some(first), _] if first != mac => Some(first),
-            [_, other] => other,
-        }
-    }
-}
-
-/// The rule's 5-tuple fields: the first unmasked `ipv4_src`, `ipv4_dst`, `tcp_src` and
-/// `tcp_dst` of its match, if it has all four.
-fn connection_of(fm: &FlowModView<'_>) -> Option<(Ipv4Addr, Ipv4Addr, u16, u16)> {
-    let (mut src, mut dst, mut sport, mut dport) = (None, None, None, None);
-    let ip = |o: &ofp::OxmRef<'_>, f| match o.basic::<4>(f) {
-        Some((v, None)) => Some(Ipv4Addr::from(v)),
-        _ => None,
-    };
-    let port = |o: &ofp::OxmRef<'_>, f| o.basic::<2>(f).map(|(v, _)| u16::from_be_bytes(v));
-    for o in fm.match_fields() {
-        match o.field() {
-            ofb::IPV4_SRC if src.is_none() => src = ip(&o, ofb::IPV4_SRC),
-            ofb::IPV4_DST if dst.is_none() => dst = ip(&o, ofb::IPV4_DST),
-            ofb::TCP_SRC if sport.is_none() => sport = port(&o, ofb::TCP_SRC),
-            ofb::TCP_DST if dport.is_none() => dport = port(&o, ofb::TCP_DST),
-            _ => {}
-        }
-    }
-    Some((src?, dst?, sport?, dport?))
-}
-
-/// A forward rule for probe `key`: every match field fits the SYN (in_port, eth_type,
-/// ip_proto, eth_src; no masked address), it sets `ipv4_dst` to a backend (returned) and
-/// rewrites to and outputs toward that backend.
-fn check_forward(
-    plan: &SwitchPlan,
-    fm: &FlowModView<'_>,
-    acts: &Acts,
-    key: (Ipv4Addr, u16),
-) -> Result<usize, String> {
-    for o in fm.match_fields() {
-        let ok = match o.field() {
-            ofb::IN_PORT => o
-                .basic::<4>(ofb::IN_PORT)
-                .is_none_or(|(v, _)| u32::from_be_bytes(v) == plan.client_port),
-            ofb::ETH_TYPE => o
-                .basic::<2>(ofb::ETH_TYPE)
-                .is_none_or(|(v, _)| u16::from_be_bytes(v) == packet::ETH_TYPE_IPV4),
-            ofb::IP_PROTO => o
-                .basic::<1>(ofb::IP_PROTO)
-                .is_none_or(|(v, _)| v[0] == packet::IP_PROTO_TCP),
-            ofb::ETH_SRC => match o.basic::<6>(ofb::ETH_SRC) {
-                Some((v, None)) => v == plan.client_mac.0,
-                _ => true,
-            },
-            f @ (ofb::IPV4_SRC | ofb::IPV4_DST) => !matches!(o.basic::<4>(f), Some((_, Some(_)))),
-            _ => true,
-        };
-        if !ok {
-            let field = o
-                .to_oxm()
-                .map_or_else(|e| format!("{o:?} ({e})"), |x| format!("{x:?}"));
-            return Err(format!(
-                "forward rule for {key:?}: match field {field} does not fit the SYN"
-            ));
-        }
-    }
-    let dst = acts.set_dst;
-    let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
-        return Err(format!(
-            "forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"
-        ));
-    };
-    check_backend_actions(plan, acts, b).map_err(|e| format!("forward rule for {key:?}: {e}"))?;
-    Ok(b)
-}
-
-/// The PACKET_OUT of probe `key`'s SYN: it sets `ipv4_dst` to a backend (returned) and
-/// rewrites to and outputs toward that backend.
-fn check_packet_out(plan: &SwitchPlan, acts: &Acts, key: (Ipv4Addr, u16)) -> Result<usize, String> {
-    let dst = acts.set_dst;
-    let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
-        return Err(format!(
-            "PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"
-        ));
-    };
-    check_backend_actions(plan, acts, b).map_err(|e| format!("PACKET_OUT of {key:?}: {e}"))?;
-    Ok(b)
-}
-
-/// Every `eth_dst` set is backend `b`'s MAC, and the first output is its port.
-fn check_backend_actions(plan: &SwitchPlan, acts: &Acts, b: usize) -> Result<(), String> {
-    let (_, mac, port) = plan.backends[b];
-    if let Some(value) = acts.eth_dst_not(mac.0) {
-        return Err(format!("set eth_dst {value:02x?} is not backend {b}'s MAC"));
-    }
-    match acts.output {
-        Some(p) if p == port => Ok(()),
-        other => Err(format!("output {other:?}, backend {b} is on port {port}")),
-    }
-}
-
 /// Probe `k`'s client ISN.
 fn probe_isn(k: u64) -> u32 {
     (k as u32).wrapping_mul(2_654_435_761)
@@ -1292,118 +1149,10 @@ fn removal_of(expire_after: usize, fm: &FlowModView<'_>) -> Option<ofp::FlowRemo
     })
 }
 
-/// Bytes of a PACKET_IN before its data: header, the fixed fields, a match of `in_port`
-/// alone (12 bytes, padded to 16, §7.2.2) and 2 bytes of padding (§7.4.1).
-const PACKET_IN_HEAD: usize = ofp::HEADER_LEN + 16 + 16 + 2;
-
-/// Append the OFPT_PACKET_IN of a table miss (no buffer, cookie all ones, table 0, match
-/// `in_port`) carrying `data`: the bytes `ofp::encode` writes for that `Message::PacketIn`
-/// (tested), without building one.
-fn put_packet_in(out: &mut BytesMut, xid: u32, in_port: u32, data: &[u8]) {
-    let Ok(len) = u16::try_from(PACKET_IN_HEAD + data.len()) else {
-        return; // Never: the switch's own frames are at most a few hundred bytes.
-    };
-    out.reserve(usize::from(len));
-    out.put_u8(ofp::OFP_VERSION);
-    out.put_u8(MsgType::PacketIn as u8);
-    out.put_u16(len);
-    out.put_u32(xid);
-    out.put_u32(ofp::NO_BUFFER);
-    out.put_u16(data.len() as u16);
-    out.put_u8(PacketInReason::NoMatch.to_raw());
-    out.put_u8(0);
-    out.put_u64(u64::MAX);
-    // OFPMT_OXM, length 12: one OXM, OFB_IN_PORT (class 0x8000, field 0, 4 bytes).
-    out.put_u16(ofp::oxm::OFPMT_OXM);
-    out.put_u16(12);
-    out.put_u32(0x8000_0004);
-    out.put_u32(in_port);
-    out.put_bytes(0, 4 + 2);
-    out.put_slice(data);
-}
-
-/// A probe's PACKET_IN, built once: per probe only the xid, the MACs, the client's address
-/// and port and the ISN change, and the two checksums are recomputed (40 bytes summed),
-/// where building the SYN afresh took etherparse's header serialization and checksums.
-struct SynTemplate {
-    msg: Vec<u8>,
-}
-
-/// Offsets in a probe's frame: Ethernet, IPv4 (20 bytes, no options), TCP (20 bytes).
-const ETH_DST: usize = 0;
-const ETH_SRC: usize = 6;
-const IP: usize = 14;
-const IP_CSUM: usize = IP + 10;
-const IP_SRC: usize = IP + 12;
-const TCP: usize = IP + 20;
-const TCP_SPORT: usize = TCP;
-const TCP_SEQ: usize = TCP + 4;
-const TCP_CSUM: usize = TCP + 16;
-
-impl SynTemplate {
-    fn new(plan: &SwitchPlan) -> SynTemplate {
-        let syn = packet::tcp_syn(
-            plan.client_mac,
-            MacAddr::ZERO,
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            SocketAddrV4::new(plan.vip, plan.vport),
-            0,
-        );
-        let mut msg = BytesMut::new();
-        put_packet_in(&mut msg, 0, plan.client_port, &syn);
-        SynTemplate { msg: msg.to_vec() }
-    }
-
-    /// Append probe PACKET_IN `xid`: the SYN from `client` with sequence number `isn`.
-    fn put(
-        &self,
-        out: &mut BytesMut,
-        xid: u32,
-        src_mac: MacAddr,
-        dst_mac: MacAddr,
-        client: (Ipv4Addr, u16),
-        isn: u32,
-    ) {
-        let at = out.len();
-        out.extend_from_slice(&self.msg);
-        let Some(m) = out.get_mut(at..) else {
-            return;
-        };
-        m[4..8].copy_from_slice(&xid.to_be_bytes());
-        let f = &mut m[PACKET_IN_HEAD..];
-        f[ETH_DST..ETH_DST + 6].copy_from_slice(&dst_mac.0);
-        f[ETH_SRC..ETH_SRC + 6].copy_from_slice(&src_mac.0);
-        f[IP_SRC..IP_SRC + 4].copy_from_slice(&client.0.octets());
-        f[TCP_SPORT..TCP_SPORT + 2].copy_from_slice(&client.1.to_be_bytes());
-        f[TCP_SEQ..TCP_SEQ + 4].copy_from_slice(&isn.to_be_bytes());
-        // RFC 791 / RFC 793 checksums: the IPv4 header; the TCP header (no payload) with
-        // the pseudo-header (addresses, protocol, TCP length).
-        f[IP_CSUM..IP_CSUM + 2].fill(0);
-        let ip = checksum(sum16(0, &f[IP..TCP]));
-        f[IP_CSUM..IP_CSUM + 2].copy_from_slice(&ip.to_be_bytes());
-        f[TCP_CSUM..TCP_CSUM + 2].fill(0);
-        let pseudo = sum16(u32::from(packet::IP_PROTO_TCP) + 20, &f[IP_SRC..TCP]);
-        let tcp = checksum(sum16(pseudo, &f[TCP..TCP + 20]));
-        f[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&tcp.to_be_bytes());
-    }
-}
-
-/// Ones'-complement sum of big-endian 16-bit words (`b` has an even length), unfolded.
-fn sum16(acc: u32, b: &[u8]) -> u32 {
-    b.chunks_exact(2)
-        .fold(acc, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])))
-}
-
-/// The Internet checksum of a sum.
-fn checksum(mut acc: u32) -> u16 {
-    while acc >> 16 != 0 {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddrV4;
+
     use super::*;
     use ofp::{Action, FlowMod, Match, Oxm, PacketOut};
 

@@ -1,0 +1,120 @@
+//! The PACKET_INs the emulated switch sends, written straight into its buffer: the
+//! table-miss PACKET_IN of any frame, and the probes' SYNs from a prebuilt template.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use bytes::{BufMut, BytesMut};
+use flowgate_packet::{self as packet, MacAddr};
+use ofp::{MsgType, PacketInReason};
+
+use super::SwitchPlan;
+
+/// Bytes of a PACKET_IN before its data: header, the fixed fields, a match of `in_port`
+/// alone (12 bytes, padded to 16, §7.2.2) and 2 bytes of padding (§7.4.1).
+const PACKET_IN_HEAD: usize = ofp::HEADER_LEN + 16 + 16 + 2;
+
+/// Append the OFPT_PACKET_IN of a table miss (no buffer, cookie all ones, table 0, match
+/// `in_port`) carrying `data`: the bytes `ofp::encode` writes for that `Message::PacketIn`
+/// (tested), without building one.
+pub(super) fn put_packet_in(out: &mut BytesMut, xid: u32, in_port: u32, data: &[u8]) {
+    let Ok(len) = u16::try_from(PACKET_IN_HEAD + data.len()) else {
+        return; // Never: the switch's own frames are at most a few hundred bytes.
+    };
+    out.reserve(usize::from(len));
+    out.put_u8(ofp::OFP_VERSION);
+    out.put_u8(MsgType::PacketIn as u8);
+    out.put_u16(len);
+    out.put_u32(xid);
+    out.put_u32(ofp::NO_BUFFER);
+    out.put_u16(data.len() as u16);
+    out.put_u8(PacketInReason::NoMatch.to_raw());
+    out.put_u8(0);
+    out.put_u64(u64::MAX);
+    // OFPMT_OXM, length 12: one OXM, OFB_IN_PORT (class 0x8000, field 0, 4 bytes).
+    out.put_u16(ofp::oxm::OFPMT_OXM);
+    out.put_u16(12);
+    out.put_u32(0x8000_0004);
+    out.put_u32(in_port);
+    out.put_bytes(0, 4 + 2);
+    out.put_slice(data);
+}
+
+/// A probe's PACKET_IN, built once: per probe only the xid, the MACs, the client's address
+/// and port and the ISN change, and the two checksums are recomputed (40 bytes summed),
+/// where building the SYN afresh took etherparse's header serialization and checksums.
+pub(super) struct SynTemplate {
+    msg: Vec<u8>,
+}
+
+/// Offsets in a probe's frame: Ethernet, IPv4 (20 bytes, no options), TCP (20 bytes).
+const ETH_DST: usize = 0;
+const ETH_SRC: usize = 6;
+const IP: usize = 14;
+const IP_CSUM: usize = IP + 10;
+const IP_SRC: usize = IP + 12;
+const TCP: usize = IP + 20;
+const TCP_SPORT: usize = TCP;
+const TCP_SEQ: usize = TCP + 4;
+const TCP_CSUM: usize = TCP + 16;
+
+impl SynTemplate {
+    pub(super) fn new(plan: &SwitchPlan) -> SynTemplate {
+        let syn = packet::tcp_syn(
+            plan.client_mac,
+            MacAddr::ZERO,
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            SocketAddrV4::new(plan.vip, plan.vport),
+            0,
+        );
+        let mut msg = BytesMut::new();
+        put_packet_in(&mut msg, 0, plan.client_port, &syn);
+        SynTemplate { msg: msg.to_vec() }
+    }
+
+    /// Append probe PACKET_IN `xid`: the SYN from `client` with sequence number `isn`.
+    pub(super) fn put(
+        &self,
+        out: &mut BytesMut,
+        xid: u32,
+        src_mac: MacAddr,
+        dst_mac: MacAddr,
+        client: (Ipv4Addr, u16),
+        isn: u32,
+    ) {
+        let at = out.len();
+        out.extend_from_slice(&self.msg);
+        let Some(m) = out.get_mut(at..) else {
+            return;
+        };
+        m[4..8].copy_from_slice(&xid.to_be_bytes());
+        let f = &mut m[PACKET_IN_HEAD..];
+        f[ETH_DST..ETH_DST + 6].copy_from_slice(&dst_mac.0);
+        f[ETH_SRC..ETH_SRC + 6].copy_from_slice(&src_mac.0);
+        f[IP_SRC..IP_SRC + 4].copy_from_slice(&client.0.octets());
+        f[TCP_SPORT..TCP_SPORT + 2].copy_from_slice(&client.1.to_be_bytes());
+        f[TCP_SEQ..TCP_SEQ + 4].copy_from_slice(&isn.to_be_bytes());
+        // RFC 791 / RFC 793 checksums: the IPv4 header; the TCP header (no payload) with
+        // the pseudo-header (addresses, protocol, TCP length).
+        f[IP_CSUM..IP_CSUM + 2].fill(0);
+        let ip = checksum(sum16(0, &f[IP..TCP]));
+        f[IP_CSUM..IP_CSUM + 2].copy_from_slice(&ip.to_be_bytes());
+        f[TCP_CSUM..TCP_CSUM + 2].fill(0);
+        let pseudo = sum16(u32::from(packet::IP_PROTO_TCP) + 20, &f[IP_SRC..TCP]);
+        let tcp = checksum(sum16(pseudo, &f[TCP..TCP + 20]));
+        f[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&tcp.to_be_bytes());
+    }
+}
+
+/// Ones'-complement sum of big-endian 16-bit words (`b` has an even length), unfolded.
+fn sum16(acc: u32, b: &[u8]) -> u32 {
+    b.chunks_exact(2)
+        .fold(acc, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])))
+}
+
+/// The Internet checksum of a sum.
+fn checksum(mut acc: u32) -> u16 {
+    while acc >> 16 != 0 {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !(acc as u16)
+}
