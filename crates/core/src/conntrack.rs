@@ -11,6 +11,7 @@ use std::net::Ipv4Addr;
 
 use ahash::RandomState;
 use griddle::HashMap;
+use griddle::hash_map::RawEntryMut;
 
 /// A client connection as the client sees it: to the service address (the VIP, or the
 /// backend address the client asked for).
@@ -101,37 +102,61 @@ impl ConnTable {
         }
     }
 
+    /// The key's hash, computed once per operation, and its shard. Each shard's map was
+    /// built with a clone of `hasher`, so the hash is the one it would compute itself.
     #[inline]
-    fn shard(&self, key: &ConnKey) -> usize {
-        ((self.hasher.hash_one(key) >> 40) as usize) & (SHARDS - 1)
+    fn locate(&self, key: &ConnKey) -> (u64, usize) {
+        let h = self.hasher.hash_one(key);
+        (h, ((h >> 40) as usize) & (SHARDS - 1))
     }
 
     pub fn get(&self, key: &ConnKey) -> Option<&Conn> {
-        self.shards[self.shard(key)].get(key)
+        let (h, s) = self.locate(key);
+        self.shards[s]
+            .raw_entry()
+            .from_key_hashed_nocheck(h, key)
+            .map(|(_, c)| c)
     }
 
     pub fn get_mut(&mut self, key: &ConnKey) -> Option<&mut Conn> {
-        let s = self.shard(key);
-        self.shards[s].get_mut(key)
+        let (h, s) = self.locate(key);
+        match self.shards[s]
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(h, key)
+        {
+            RawEntryMut::Occupied(o) => Some(o.into_mut()),
+            RawEntryMut::Vacant(_) => None,
+        }
     }
 
     /// Record a decision. Returns the previous one if the key was already there.
     pub fn insert(&mut self, key: ConnKey, conn: Conn) -> Option<Conn> {
-        let s = self.shard(&key);
-        let old = self.shards[s].insert(key, conn);
-        if old.is_none() {
-            self.len += 1;
+        let (h, s) = self.locate(&key);
+        match self.shards[s]
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(h, &key)
+        {
+            RawEntryMut::Occupied(mut o) => Some(std::mem::replace(o.get_mut(), conn)),
+            RawEntryMut::Vacant(v) => {
+                v.insert_hashed_nocheck(h, key, conn);
+                self.len += 1;
+                None
+            }
         }
-        old
     }
 
     pub fn remove(&mut self, key: &ConnKey) -> Option<Conn> {
-        let s = self.shard(key);
-        let old = self.shards[s].remove(key);
-        if old.is_some() {
-            self.len -= 1;
+        let (h, s) = self.locate(key);
+        match self.shards[s]
+            .raw_entry_mut()
+            .from_key_hashed_nocheck(h, key)
+        {
+            RawEntryMut::Occupied(o) => {
+                self.len -= 1;
+                Some(o.remove())
+            }
+            RawEntryMut::Vacant(_) => None,
         }
-        old
     }
 
     pub fn len(&self) -> usize {

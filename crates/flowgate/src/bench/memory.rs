@@ -108,18 +108,8 @@ pub fn measure_one(n: usize, ports_per_client: usize) -> anyhow::Result<MemoryRe
     for b in 2..=4u8 {
         let mac = MacAddr([2, 0, 0, 0, 0, b]);
         let ip = Ipv4Addr::new(10, 0, 0, b);
-        let garp = packet::arp_frame(
-            mac,
-            MacAddr::BROADCAST,
-            None,
-            &packet::Arp {
-                op: packet::ARP_OP_REQUEST,
-                sha: mac,
-                spa: ip,
-                tha: MacAddr::ZERO,
-                tpa: ip,
-            },
-        );
+        // Gratuitous: who-has its own address, from itself.
+        let garp = packet::arp_request(mac, ip, ip);
         c.handle_message(now, dpid, &packet_in(u32::from(b), garp), &mut out);
     }
     out.drain().for_each(drop);

@@ -643,18 +643,8 @@ impl Sw {
     fn announce_hosts(&mut self) {
         let plan = self.plan.clone();
         for &(ip, mac, port) in &plan.backends {
-            let garp = packet::arp_frame(
-                mac,
-                MacAddr::BROADCAST,
-                None,
-                &packet::Arp {
-                    op: packet::ARP_OP_REQUEST,
-                    sha: mac,
-                    spa: ip,
-                    tha: MacAddr::ZERO,
-                    tpa: ip,
-                },
-            );
+            // Gratuitous: who-has its own address, from itself.
+            let garp = packet::arp_request(mac, ip, ip);
             self.packet_in(port, &garp);
         }
         let (cip, _) = plan.client_of(0);
