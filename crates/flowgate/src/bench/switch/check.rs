@@ -125,14 +125,7 @@ pub(super) fn check_forward(
             ));
         }
     }
-    let dst = acts.set_dst;
-    let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
-        return Err(format!(
-            "forward rule for {key:?}: set ipv4_dst {dst:?} is no backend"
-        ));
-    };
-    check_backend_actions(plan, acts, b).map_err(|e| format!("forward rule for {key:?}: {e}"))?;
-    Ok(b)
+    to_backend(plan, acts).map_err(|e| format!("forward rule for {key:?}: {e}"))
 }
 
 /// The PACKET_OUT of probe `key`'s SYN: it sets `ipv4_dst` to a backend (returned) and
@@ -142,22 +135,22 @@ pub(super) fn check_packet_out(
     acts: &Acts,
     key: (Ipv4Addr, u16),
 ) -> Result<usize, String> {
+    to_backend(plan, acts).map_err(|e| format!("PACKET_OUT of {key:?}: {e}"))
+}
+
+/// Actions that send to a backend: `ipv4_dst` set to one (returned), every `eth_dst` set
+/// to its MAC, the first output its port.
+fn to_backend(plan: &SwitchPlan, acts: &Acts) -> Result<usize, String> {
     let dst = acts.set_dst;
     let Some(b) = dst.and_then(|d| plan.backend_by_ip(d)) else {
-        return Err(format!(
-            "PACKET_OUT of {key:?}: set ipv4_dst {dst:?} is no backend"
-        ));
+        return Err(format!("set ipv4_dst {dst:?} is no backend"));
     };
-    check_backend_actions(plan, acts, b).map_err(|e| format!("PACKET_OUT of {key:?}: {e}"))?;
+    check_backend_actions(plan, acts, b)?;
     Ok(b)
 }
 
 /// Every `eth_dst` set is backend `b`'s MAC, and the first output is its port.
-pub(super) fn check_backend_actions(
-    plan: &SwitchPlan,
-    acts: &Acts,
-    b: usize,
-) -> Result<(), String> {
+fn check_backend_actions(plan: &SwitchPlan, acts: &Acts, b: usize) -> Result<(), String> {
     let (_, mac, port) = plan.backends[b];
     if let Some(value) = acts.eth_dst_not(mac.0) {
         return Err(format!("set eth_dst {value:02x?} is not backend {b}'s MAC"));
