@@ -1,5 +1,5 @@
 //! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version, a
-//! malformed PACKET_IN and a PACKET_IN flood. Each may end only its own session; the real
+//! malformed PACKET_IN, a PACKET_IN flood and a switch that never reads. Each may end only its own session; the real
 //! switch stays connected and the VIP keeps serving.
 
 mod support;
@@ -467,5 +467,93 @@ fn ovs_hostile_switch_peers() {
         switch_count(&ctl) == 1
     });
     healthy(&mut ctl, "(d) PACKET_IN flood");
+
+    // (e) A fake switch that sends PACKET_INs and never reads the answers. The controller
+    // stops reading it once its queue for that switch is full (rather than queueing
+    // answers without bound), and closes the session once the switch has taken nothing for
+    // the keep-alive's interval and timeout together.
+    let mut mute = handshake(ctl.openflow, 0xfeed);
+    let mute_port = mute.local_addr().expect("addr").port();
+    // A fixed, small receive buffer (no autotuning to megabytes): what the controller
+    // queues is then bounded by its own pause, which is what this case measures.
+    let _ = socket2::SockRef::from(&mute).set_recv_buffer_size(64 * 1024);
+    wait_until("0xfeed registered", Duration::from_secs(5), || {
+        switch_count(&ctl) == 2
+    });
+    // Handled PACKET_INs, all switches (the per-switch count goes with the session); the
+    // real switch is idle during this case.
+    let handled_before = metric(&ctl.get("/metrics").1, "flowgate_packet_in_total").unwrap_or(0.0);
+    mute.set_write_timeout(Some(Duration::from_millis(200)))
+        .ok();
+    let mute_start = Instant::now();
+    let mut xid = 0x20_0000u32;
+    let mut written = 0usize;
+    // Writes until the controller stops reading (the write times out) or closes.
+    'flood: while mute_start.elapsed() < Duration::from_secs(20) {
+        let mut chunk = Vec::with_capacity(100 * 100);
+        for i in 0..100 {
+            xid += 1;
+            chunk.extend_from_slice(&packet_in_syn(xid, 1024 + ((written + i) % 60_000) as u16));
+        }
+        let mut at = 0;
+        while at < chunk.len() {
+            match mute.write(&chunk[at..]) {
+                Ok(0) => break 'flood,
+                Ok(k) => at += k,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break 'flood,
+            }
+            if ctl
+                .log_plain()
+                .contains(&format!("peer=127.0.0.1:{mute_port} error="))
+            {
+                break 'flood;
+            }
+        }
+        written += 100;
+    }
+    let ended = format!(
+        "switch session ended peer=127.0.0.1:{mute_port} error=the switch stopped reading its messages: "
+    );
+    wait_log(&ctl, &ended, Duration::from_secs(10));
+    let closed_after = mute_start.elapsed();
+    wait_log(
+        &ctl,
+        "pausing reads until it catches up",
+        Duration::from_secs(1),
+    );
+    wait_until("0xfeed gone", Duration::from_secs(5), || {
+        switch_count(&ctl) == 1
+    });
+    let log = ctl.log_plain();
+    let queued: usize = log
+        .split(&ended)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("(e) no queued byte count in the close:\n{log}"));
+    let handled =
+        metric(&ctl.get("/metrics").1, "flowgate_packet_in_total").unwrap_or(0.0) - handled_before;
+    eprintln!(
+        "(e) the mute switch wrote {written} PACKET_INs; {handled} handled; closed after {closed_after:?} with {queued} bytes queued"
+    );
+    assert!(
+        handled > 1000.0,
+        "(e) the mute switch's PACKET_INs were read: {handled}"
+    );
+    // What waits for it is the pause threshold (4 MiB) and at most one batch of 256 SYNs'
+    // answers beyond it (under 1 KiB each), not the 32 MiB at which a session that read on
+    // regardless would be cut.
+    assert!(
+        queued > 1 << 20 && queued <= (4 << 20) + 256 * 1024,
+        "(e) {queued} bytes queued for a switch that reads nothing"
+    );
+    // Reads paused, then 1.2 s (echo 300 ms + 900 ms) without progress before the close.
+    assert!(
+        closed_after >= Duration::from_millis(1200),
+        "(e) closed after {closed_after:?}: before the switch could have shown it reads nothing"
+    );
+    let _ = mute.shutdown(Shutdown::Both);
+    healthy(&mut ctl, "(e) a switch that reads nothing");
     ctl.assert_no_openflow_errors();
 }

@@ -42,7 +42,9 @@ pub struct CoreCell {
 }
 
 /// Bytes queued for one switch beyond which the switch is taken to have stopped reading
-/// and its session is closed (rather than letting the queue grow without bound).
+/// and its session is closed (rather than letting the queue grow without bound). Its own
+/// PACKET_INs stop being read long before (`session::PAUSE_READING_BYTES`); this bounds
+/// what else the core sends it meanwhile (rules for other switches' flows, stats requests).
 pub const MAX_QUEUED_BYTES: usize = 32 << 20;
 
 /// The write side of one switch session, as the core sees it.
@@ -88,6 +90,13 @@ pub(crate) struct Outflow {
     pub(crate) head_queued_at: Mutex<Option<Instant>>,
     /// Set when the peer stopped reading; the session's read loop ends on seeing it.
     pub(crate) overflowed: AtomicBool,
+    /// Bytes the writer has handed to the socket so far: the switch's progress, watched
+    /// while the session's reader waits for the queue to drain.
+    pub(crate) written: AtomicU64,
+    /// Set while the session's reader waits for the queue to drain; the writer then wakes
+    /// it through `drained` once the queue is short again.
+    pub(crate) reader_waiting: AtomicBool,
+    pub(crate) drained: tokio::sync::Notify,
 }
 
 impl CoreCell {

@@ -116,6 +116,8 @@ pub(crate) enum SessionError {
     Tls(String),
     #[error("protocol: {0}")]
     Protocol(&'static str),
+    #[error("the switch stopped reading its messages: {queued} bytes wait for it")]
+    StoppedReading { queued: usize },
 }
 
 /// Reads whole messages off a stream.
@@ -248,7 +250,13 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
-            drained.queued.fetch_sub(buf.len(), Ordering::Relaxed);
+            let left = drained.queued.fetch_sub(buf.len(), Ordering::Relaxed) - buf.len();
+            drained
+                .written
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            if left <= RESUME_READING_BYTES && drained.reader_waiting.load(Ordering::Relaxed) {
+                drained.drained.notify_one();
+            }
             // The next chunk, if one waits, is the head now; until it is received, its
             // predecessor's time stands in (an overestimate of microseconds).
             if rx.is_empty() {
@@ -286,6 +294,60 @@ const SWITCH_SEND_BUFFER: usize = 256 * 1024;
 /// of work at full rate.
 const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 
+/// Bytes queued for a switch beyond which its session stops reading, until the switch has
+/// taken all but [`RESUME_READING_BYTES`]. Each PACKET_IN read adds its answers to that
+/// queue: reading faster than the switch takes them serves no one sooner, and grows a
+/// backlog whose answers come too late. Paused, the PACKET_INs wait in the switch, which
+/// drops beyond its own queue (Open vSwitch keeps 100 per connection and counts the rest).
+/// Four times the controller's default `target_outflow_bytes`, so that its overload control
+/// acts first; the pause is what holds when a switch stalls faster than it can.
+pub(crate) const PAUSE_READING_BYTES: usize = 4 << 20;
+pub(crate) const RESUME_READING_BYTES: usize = PAUSE_READING_BYTES / 2;
+
+/// While a session's reader is paused: wait until the switch has drained its queue to
+/// [`RESUME_READING_BYTES`] (`Ok(true)`), or shutdown (`Ok(false)`). A switch that takes no
+/// byte for `stall` (the keep-alive's interval and timeout together: what the echo would
+/// allow a silent peer) has stopped reading, and the session ends.
+async fn wait_for_switch_to_read(
+    outflow: &Outflow,
+    stall: Duration,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<bool, SessionError> {
+    let mut progress = (outflow.written.load(Ordering::Relaxed), Instant::now());
+    outflow.reader_waiting.store(true, Ordering::Relaxed);
+    let result = loop {
+        // Taken before the check: `notify_one` keeps a permit when nobody waits yet, so a
+        // drain between the check and the await is not missed.
+        let drained = outflow.drained.notified();
+        if outflow.queued.load(Ordering::Relaxed) <= RESUME_READING_BYTES {
+            break Ok(true);
+        }
+        if outflow.overflowed.load(Ordering::Relaxed) {
+            break Err(stopped_reading(outflow));
+        }
+        let written = outflow.written.load(Ordering::Relaxed);
+        if written != progress.0 {
+            progress = (written, Instant::now());
+        } else if progress.1.elapsed() >= stall {
+            break Err(stopped_reading(outflow));
+        }
+        // The tick re-checks progress; the writer's wake-up ends the wait at once.
+        tokio::select! {
+            _ = drained => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = stop.changed() => break Ok(false),
+        }
+    };
+    outflow.reader_waiting.store(false, Ordering::Relaxed);
+    result
+}
+
+fn stopped_reading(outflow: &Outflow) -> SessionError {
+    SessionError::StoppedReading {
+        queued: outflow.queued.load(Ordering::Relaxed),
+    }
+}
+
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut Reader<R>,
     features: &ofp::SwitchFeatures,
@@ -305,11 +367,28 @@ async fn read_loop<R: AsyncRead + Unpin>(
     // Where each message of a batch is decoded for the core, in turn (see below).
     let mut slot = Message::EchoReply(Bytes::new());
     let dpid = features.datapath_id;
+    let mut read_pauses: u64 = 0;
     loop {
         if outflow.overflowed.load(Ordering::Relaxed) {
-            return Err(SessionError::Protocol(
-                "the switch stopped reading its messages",
-            ));
+            return Err(stopped_reading(outflow));
+        }
+        if outflow.queued.load(Ordering::Relaxed) > PAUSE_READING_BYTES {
+            read_pauses += 1;
+            if read_pauses.is_power_of_two() {
+                tracing::warn!(
+                    dpid = format_args!("{dpid:016x}"),
+                    pauses = read_pauses,
+                    "the switch takes its messages slower than it sends PACKET_INs: pausing reads until it catches up"
+                );
+            }
+            if !wait_for_switch_to_read(outflow, limits.echo_interval + limits.echo_timeout, stop)
+                .await?
+            {
+                return Ok(());
+            }
+            // It took its bytes: alive, and the pause (unread input) is not its silence.
+            last_heard = Instant::now();
+            echo_sent = false;
         }
         // Take everything already buffered, then hand the batch to the core in one lock.
         let work_start = Instant::now();
