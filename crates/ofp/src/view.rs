@@ -597,3 +597,22 @@ impl<'a> PacketOutView<'a> {
         self.data
     }
 }
+
+/// The packet an OFPT_PACKET_IN carries, found without decoding the rest (§7.4.1: eight
+/// bytes of fixed fields after the header and the cookie, the match padded to 8, two bytes
+/// of padding, then the data). For a reader that needs only the packet, ahead of the
+/// message's decoding: the controller's prefetch of a batch. Unlike [`crate::decode`] it
+/// checks neither the match's OXMs nor the version; `None` if `frame` is not a PACKET_IN
+/// or ends before its data.
+pub fn packet_in_data(frame: &[u8]) -> Option<&[u8]> {
+    if frame.get(1).copied() != Some(MsgType::PacketIn as u8) {
+        return None;
+    }
+    // Header, buffer_id, total_len, reason, table_id, cookie: the match starts at 24.
+    const MATCH_AT: usize = HEADER_LEN + 16;
+    let match_len = usize::from(be16(frame, MATCH_AT + 2));
+    if match_len < 4 {
+        return None;
+    }
+    frame.get(MATCH_AT + padded8(match_len) + 2..)
+}

@@ -104,3 +104,21 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// `view::packet_in_data` finds the data `decode` finds, in every PACKET_IN that
+    /// decodes; on anything else it only ever returns a tail of the frame, or nothing.
+    #[test]
+    fn packet_in_data_is_decodes_data(f in arb_frame()) {
+        let found = ofp::view::packet_in_data(&f);
+        match decode(f.clone()) {
+            Ok((_, Message::PacketIn(p))) => prop_assert_eq!(found, Some(&p.data[..])),
+            Ok(_) => prop_assert_eq!(found, None),
+            Err(_) => {
+                if let Some(d) = found {
+                    prop_assert!(f.ends_with(d));
+                }
+            }
+        }
+    }
+}

@@ -131,13 +131,16 @@ const INSTRUCTION_LEN: usize = 8;
 const MAX_LEN: usize = 256;
 
 /// A cursor over a zeroed stack buffer. Writes past its end are dropped (none can be:
-/// `encode` checks the length first).
-struct Writer {
-    b: [u8; MAX_LEN],
+/// `encode` checks the length first). It borrows the buffer rather than holding it, so
+/// that the cursor is a small value that stays in a register: inside a struct with the
+/// buffer, it was loaded, advanced and stored back for every field, each waiting on the
+/// last (a third of the rule's encoding time).
+struct Writer<'a> {
+    b: &'a mut [u8; MAX_LEN],
     n: usize,
 }
 
-impl Writer {
+impl Writer<'_> {
     #[inline(always)]
     fn put(&mut self, v: &[u8]) {
         if let Some(d) = self.b.get_mut(self.n..self.n + v.len()) {
@@ -232,10 +235,8 @@ impl ConnRule {
         }
         // Written to the stack, zeroed (the padding), then appended at once: a put into a
         // `BytesMut` checks its capacity each time, twice as slow over ~40 fields.
-        let mut w = Writer {
-            b: [0; MAX_LEN],
-            n: 0,
-        };
+        let mut buf = [0; MAX_LEN];
+        let mut w = Writer { b: &mut buf, n: 0 };
         // Header (§7.1): version, type, length, xid 0.
         w.put(&[ofp::OFP_VERSION, OFPT_FLOW_MOD]);
         w.u16(total as u16);
