@@ -260,8 +260,8 @@ pub struct FlowCount {
 pub const FLOW_STATS_INTERVAL: Duration = Duration::from_secs(2);
 
 impl Handle {
-    /// A handle over a controller with no switch sessions (yet): what [`run`] builds, and
-    /// what in-process API tests use.
+    /// A handle over a controller with no switch sessions (yet): what
+    /// [`crate::server::run`] builds, and what in-process API tests use.
     pub fn new(controller: Controller, config: Config, config_path: Option<PathBuf>) -> Handle {
         let cluster = Arc::new(cluster::ClusterState::new(&config.cluster));
         Handle {
