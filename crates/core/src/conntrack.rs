@@ -309,7 +309,15 @@ impl Shard {
                 *slot = (*slot & !0xffff_ffff) | (e as u64 + 1);
             }
         }
-        Some(self.entries.swap_remove(e).1)
+        let removed = self.entries.swap_remove(e).1;
+        // A shard that held a flood's connections gives its memory back once they are
+        // gone: below an eighth of its index (a quarter of what it grows at, so that a
+        // shard near a boundary does not rebuild back and forth).
+        if self.entries.len() * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
+            self.entries.shrink_to(self.entries.len() * 2);
+            self.rebuild(index_len_for(self.entries.len()), hasher);
+        }
+        Some(removed)
     }
 
     /// Free slot `i`, then shift back the entries after it that probed past it (backward
@@ -355,6 +363,9 @@ impl Shard {
         }
     }
 }
+
+/// Indexes this small are not shrunk (a shard of a few connections keeps its few lines).
+const MIN_SHRINK_SLOTS: usize = 64;
 
 /// Index slots for `n` entries: a power of two, at least twice `n` (linear probing's
 /// probes stay short below half full), at least 8.
@@ -493,6 +504,34 @@ mod tests {
             check(&shard, &model);
         }
         assert!(shard.index.iter().all(|&s| s == 0), "no slot left behind");
+    }
+
+    /// After a flood: a million connections in, all but a thousand out; the table gives
+    /// its memory back (index slots and entry capacity), and the rest are still found.
+    #[test]
+    fn a_drained_table_shrinks() {
+        let mut t = ConnTable::new();
+        let slots = |t: &ConnTable| t.shards.iter().map(|s| s.index.len()).sum::<usize>();
+        let capacity = |t: &ConnTable| t.shards.iter().map(|s| s.entries.capacity()).sum::<usize>();
+        for i in 0..1_000_000 {
+            t.insert(key(i), conn(i));
+        }
+        let (full_slots, full_capacity) = (slots(&t), capacity(&t));
+        for i in 1000..1_000_000 {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+        }
+        assert_eq!(t.len(), 1000);
+        for i in 0..1000 {
+            assert_eq!(t.get(&key(i)), Some(&conn(i)), "{i}");
+        }
+        // Each of the 4,096 shards keeps up to MIN_SHRINK_SLOTS: with 1,000 left, that floor
+        // is most of what remains (without shrinking, all of the full table's stays).
+        assert!(
+            slots(&t) * 4 < full_slots && capacity(&t) * 4 < full_capacity,
+            "index slots {} of {full_slots}, capacity {} of {full_capacity}",
+            slots(&t),
+            capacity(&t)
+        );
     }
 
     /// At the bench's scale: a million keys in, half out, the rest still found.
