@@ -94,11 +94,11 @@ impl Row {
     /// Fills the derived columns from the raw ones; `normal` is the same arm's normal
     /// phase (the baseline of Eqs. 2, 3 and 6), `None` for the normal phase itself.
     ///
-    /// * Eq. 1: T_h = D_Transfer / time, in Gb/s: 8 · D_Transfer[GB] / iperf seconds.
+    /// * Eq. 1: T_h = D_Transfer / time, in Gb/s: 8 · D_Transfer\[GB\] / iperf seconds.
     /// * Eq. 2: %I_SL = 100 − 100 · B_d(max)(heavy) / B_d(max)(normal).
     /// * Eq. 3: %D_Transfer = 100 − 100 · D_Transfer(heavy) / D_Transfer(normal).
     /// * Eq. 4: D_E-E = RTD / 2.
-    /// * Eq. 5: Delay_Transmission = D_Transfer[GB] · 8 / B_d(max)[Gb/s], in ms.
+    /// * Eq. 5: Delay_Transmission = D_Transfer\[GB\] · 8 / B_d(max)\[Gb/s\], in ms.
     /// * Eq. 6: Δ = Delay_Transmission(heavy) − Delay_Transmission(normal).
     pub fn derive(&mut self, normal: Option<&Row>) {
         self.ok_rps = if self.wall_s > 0.0 {

@@ -11,7 +11,7 @@ use etherparse::{
     Ipv6HeaderSlice, TcpHeaderSlice, UdpHeaderSlice,
 };
 
-use crate::lldp;
+use crate::lldp::{self, Lldp};
 use crate::mac::MacAddr;
 use crate::{
     ETH_TYPE_ARP, ETH_TYPE_IPV4, ETH_TYPE_IPV6, ETH_TYPE_LLDP, ETH_TYPE_QINQ, ETH_TYPE_VLAN,
@@ -291,21 +291,6 @@ impl fmt::Debug for TcpFlags {
         }
         write!(f, ")")
     }
-}
-
-/// An LLDP data unit, reduced to what our own probes carry (see [`crate::lldp_probe`]).
-/// Foreign LLDP (from hosts or other controllers) parses too, with the fields it does not
-/// carry in our format left `None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Lldp {
-    /// The datapath id from a Chassis ID TLV of subtype 7 (locally assigned) reading
-    /// `dpid:<hex>`.
-    pub chassis_dpid: Option<u64>,
-    /// The port number from a Port ID TLV of subtype 2 (port component) or 7 (locally
-    /// assigned) holding either a 4-byte big-endian number or ASCII decimal.
-    pub port_no: Option<u32>,
-    /// The Time To Live TLV, in seconds; 0 if absent.
-    pub ttl: u16,
 }
 
 /// Which header a [`ParseError`] is about.

@@ -7,7 +7,20 @@
 //! that: a foreign or malformed LLDPDU yields an [`Lldp`] with `None` fields, never an
 //! error, because the controller's only question is "is this one of our probes?".
 
-use crate::frame::Lldp;
+/// An LLDP data unit, reduced to what our own probes carry (see [`crate::lldp_probe`]).
+/// Foreign LLDP (from hosts or other controllers) parses too, with the fields it does not
+/// carry in our format left `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lldp {
+    /// The datapath id from a Chassis ID TLV of subtype 7 (locally assigned) reading
+    /// `dpid:<hex>`.
+    pub chassis_dpid: Option<u64>,
+    /// The port number from a Port ID TLV of subtype 2 (port component) or 7 (locally
+    /// assigned) holding either a 4-byte big-endian number or ASCII decimal.
+    pub port_no: Option<u32>,
+    /// The Time To Live TLV, in seconds; 0 if absent.
+    pub ttl: u16,
+}
 
 /// TLV type: End Of LLDPDU.
 pub(crate) const TLV_END: u8 = 0;

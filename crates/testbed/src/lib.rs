@@ -27,6 +27,7 @@
 pub mod cmd;
 pub mod error;
 pub mod httpd;
+pub mod link;
 pub mod load;
 pub mod netns;
 pub mod ovs;
@@ -155,8 +156,8 @@ fn remove_matching(doomed: impl Fn(&str) -> bool) -> Result<Cleaned> {
     }
     for l in netns::list_links()? {
         // Peers of deleted namespaces vanish on their own, a moment later.
-        if doomed(&l) && !netns::wait_link_gone(&l, std::time::Duration::from_millis(500)) {
-            netns::del_link(&l)?;
+        if doomed(&l) && !link::wait_link_gone(&l, std::time::Duration::from_millis(500)) {
+            link::del_link(&l)?;
             c.links.push(l);
         }
     }
@@ -381,11 +382,11 @@ mod tests {
 
     #[test]
     fn ifname_limits() {
-        assert!(ovs::check_ifname("fg12abh1").is_ok());
-        assert!(ovs::check_ifname("fg12abp123x1234").is_ok());
-        assert!(ovs::check_ifname("fg12abp123x12345").is_err());
-        assert!(ovs::check_ifname("a.b").is_err());
-        assert!(ovs::check_ifname("").is_err());
+        assert!(link::check_ifname("fg12abh1").is_ok());
+        assert!(link::check_ifname("fg12abp123x1234").is_ok());
+        assert!(link::check_ifname("fg12abp123x12345").is_err());
+        assert!(link::check_ifname("a.b").is_err());
+        assert!(link::check_ifname("").is_err());
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::cmd;
 use crate::error::{Error, Result};
-use crate::ovs::{Bridge, check_ifname};
+use crate::link::{check_ifname, del_link, disable_ipv6, link_exists, wait_link_gone};
+use crate::ovs::Bridge;
 
 /// Name of the host's interface inside its namespace.
 pub const HOST_IFACE: &str = "eth0";
@@ -119,7 +120,7 @@ impl Host {
         if !opts.ipv6 {
             host.exec_checked(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
             host.exec_checked(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
-            crate::ovs::disable_ipv6(&full);
+            disable_ipv6(&full);
         }
         let ns = full.as_str();
         if let Some(mac) = &opts.mac {
@@ -375,33 +376,6 @@ fn check_mac(mac: &str) -> Result<()> {
 /// True if a network namespace of that name exists.
 pub fn netns_exists(ns: &str) -> bool {
     Path::new("/run/netns").join(ns).exists()
-}
-
-/// True if an interface of that name exists in the root namespace.
-pub fn link_exists(iface: &str) -> bool {
-    Path::new("/sys/class/net").join(iface).exists()
-}
-
-/// Waits up to `timeout` for a root-namespace interface to disappear; true if it did.
-pub fn wait_link_gone(iface: &str, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while link_exists(iface) {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
-}
-
-/// `ip link del IFACE`; succeeds if the interface is gone afterwards, whoever removed it
-/// (a namespace being deleted takes its veth peers with it, asynchronously).
-pub fn del_link(iface: &str) -> Result<()> {
-    match cmd::run("ip", &["link", "del", iface]) {
-        Ok(_) => Ok(()),
-        Err(_) if wait_link_gone(iface, Duration::from_secs(1)) => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// Names of all network namespaces (`ip netns list`).

@@ -13,29 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::cmd;
 use crate::error::{Error, Result};
-
-/// Maximum length of a Linux interface name (IFNAMSIZ - 1).
-pub const MAX_IFNAME: usize = 15;
+use crate::link::{check_ifname, disable_ipv6};
 
 const OVS_CTL: &str = "/usr/share/openvswitch/scripts/ovs-ctl";
-
-/// Checks that `name` is usable as an interface / bridge name.
-pub fn check_ifname(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_IFNAME {
-        return Err(Error::Invalid(format!(
-            "interface name `{name}` must be 1..={MAX_IFNAME} characters"
-        )));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
-        return Err(Error::Invalid(format!(
-            "interface name `{name}` has characters other than [A-Za-z0-9_-]"
-        )));
-    }
-    Ok(())
-}
 
 /// `ovs-vsctl --timeout=30 ARGS...`, checked.
 pub fn vsctl(args: &[&str]) -> Result<String> {
@@ -348,7 +328,7 @@ impl Drop for Bridge {
                 &["--timeout=30", "--if-exists", "del-br", &self.name],
             );
             // The userspace datapath's tap device for the bridge's local port.
-            crate::netns::wait_link_gone(&self.name, Duration::from_secs(2));
+            crate::link::wait_link_gone(&self.name, Duration::from_secs(2));
         }
     }
 }
@@ -559,16 +539,9 @@ impl Drop for Link {
                 &self.b.iface,
             ],
         );
-        if self.kind == LinkKind::Veth && crate::netns::link_exists(&self.a.iface) {
-            let _ = crate::netns::del_link(&self.a.iface);
-            crate::netns::wait_link_gone(&self.b.iface, Duration::from_secs(2));
+        if self.kind == LinkKind::Veth && crate::link::link_exists(&self.a.iface) {
+            let _ = crate::link::del_link(&self.a.iface);
+            crate::link::wait_link_gone(&self.b.iface, Duration::from_secs(2));
         }
     }
-}
-
-/// Best effort: no IPv6 on a root-namespace interface (keeps router solicitations and DAD
-/// out of the controller's PACKET_INs).
-pub(crate) fn disable_ipv6(iface: &str) {
-    let key = format!("net.ipv6.conf.{iface}.disable_ipv6=1");
-    cmd::run_quiet("sysctl", &["-qw", &key]);
 }

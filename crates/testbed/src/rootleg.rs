@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use crate::cmd;
 use crate::error::Result;
-use crate::netns::{del_link, link_exists, parse_cidr, wait_link_gone};
-use crate::ovs::{Bridge, check_ifname};
+use crate::link::{check_ifname, del_link, link_exists, wait_link_gone};
+use crate::netns::parse_cidr;
+use crate::ovs::Bridge;
 
 /// Cookie of the bypass rules: kind byte 0xfe, which no flowgate rule kind uses, so the
 /// controller's cookie-masked resync deletes never touch them.

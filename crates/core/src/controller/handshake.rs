@@ -19,8 +19,8 @@
 //! Deferring costs an admitted connection two more PACKET_INs, which real clients (a
 //! flash crowd) would pay for nothing. The controller therefore measures who it serves:
 //! each gapping episode starts deferring every admission, and after every
-//! [`WINDOW`] outcomes (handshakes completed or abandoned) it defers all admissions only
-//! while most clients abandon; otherwise one in [`SAMPLE_EVERY`], to keep measuring.
+//! `WINDOW` outcomes (handshakes completed or abandoned) it defers all admissions only
+//! while most clients abandon; otherwise one in `SAMPLE_EVERY`, to keep measuring.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -111,7 +111,7 @@ impl ServiceHandshakes {
     }
 
     /// Whether the reply-catch rules are due at `now_ms`, as a connection is deferred: the
-    /// first time, and again every [`CATCH_REFRESH_MS`] while deferrals go on (before
+    /// first time, and again every `CATCH_REFRESH_MS` while deferrals go on (before
     /// they end by themselves).
     pub fn catch_due(&mut self, now_ms: u64) -> bool {
         if self

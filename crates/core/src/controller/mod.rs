@@ -10,6 +10,7 @@ mod conn_rule;
 pub mod handshake;
 mod l2;
 mod nicira;
+pub(crate) mod overload;
 mod partition;
 pub use partition::PartitionView;
 mod proactive;
@@ -225,7 +226,7 @@ pub struct Controller {
     /// each rule's action refers to it, no allocation and no shared reference count).
     pub(crate) fin_timeout_body: Option<&'static [u8]>,
     /// Overload control: the gaps of the services and of the controller itself.
-    pub(crate) overload: crate::overload::enforce::Overload,
+    pub(crate) overload: overload::Overload,
     /// Connections admitted without rules, waiting for their client's ACK.
     pub(crate) handshakes: handshake::Handshakes,
     /// Scratch buffers, reused so the PACKET_IN path does not allocate.
@@ -274,7 +275,7 @@ impl Controller {
             l2_generation: 0,
             fin_timeout_body: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout_body(config.controller.fin_timeout_secs)),
-            overload: crate::overload::enforce::Overload::new(config),
+            overload: overload::Overload::new(config),
             handshakes: handshake::Handshakes::default(),
             scratch_path: Vec::with_capacity(16),
             scratch_rev: Vec::with_capacity(16),

@@ -90,7 +90,8 @@ const RESEND_L1: u32 = 20;
 /// ...nor more often than this (zero/non-zero changes are sent at once).
 const RESEND_MIN: Duration = Duration::from_millis(250);
 
-/// Kind byte of the proactive rules' cookies ([`RuleKind::Proactive`], which the reactive
+/// Kind byte of the proactive rules' cookies
+/// ([`RuleKind::Proactive`](crate::cookie::RuleKind::Proactive), which the reactive
 /// resync's deletes by kind never touch).
 pub(crate) const COOKIE_KIND: u64 = crate::cookie::RuleKind::Proactive.base();
 /// The generation bit of a proactive rule's cookie.

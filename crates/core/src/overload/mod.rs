@@ -66,7 +66,6 @@
 //!   sends, so each admitted flood SYN would queue more for it).
 
 pub mod config;
-pub(crate) mod enforce;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]

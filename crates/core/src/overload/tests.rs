@@ -573,7 +573,10 @@ fn a_gate_admits_its_rate_when_arrivals_come_in_batches() {
     let t0 = Instant::now();
     let gap = Some(Duration::from_micros(10)); // 100,000 a second
     for (depth, want) in [
-        (super::enforce::batch_depth(2.0, gap), 100_000.0),
+        (
+            crate::controller::overload::batch_depth(2.0, gap),
+            100_000.0,
+        ),
         (2.0, 2_000.0),
     ] {
         let mut gate = Gate::default();

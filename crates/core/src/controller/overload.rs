@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use ofp::{Instruction, Message, MeterFlags, MeterMod, MeterModCommand};
 
-use super::{
+use super::{Controller, Outbox, rules};
+use crate::config::Config;
+use crate::overload::{
     ControllerGap, ControllerGapView, GapController, GapView, Gate, MeterBand, Mode,
     OverloadConfig, Refusal, SERVICE_METER_BASE, SwitchDemand, SwitchShareView, TABLE_MISS_METER,
     WorkSample, apply_split, max_min_fair, meter_plan,
 };
-use crate::config::Config;
-use crate::controller::{Controller, rules};
 use crate::service::ServiceState;
 use crate::topology::Dpid;
 
@@ -356,7 +356,7 @@ impl Controller {
                 if !c.gate.admit_with_depth(
                     now,
                     Some(gap),
-                    batch_depth(super::config::DEFAULT_GATE_BURST, Some(gap)),
+                    batch_depth(crate::overload::config::DEFAULT_GATE_BURST, Some(gap)),
                 ) {
                     self.overload.last_refusal_by_controller = true;
                     self.overload.shed_total += 1;
@@ -725,8 +725,6 @@ impl Controller {
         self.overload.installed.get(&(dpid, meter)).map(|(b, _)| *b)
     }
 }
-
-use crate::controller::Outbox;
 
 /// A service's load ρ: the largest of its configured ratios (1.0 = at target).
 /// The runtime hands the core a switch's PACKET_INs in batches (everything one read
