@@ -58,8 +58,9 @@ pub enum Reply {
 }
 
 /// Shards of the connection table (a power of two). Many, so that each shard's occasional
-/// rebuild is short: at 5M connections a shard holds ~1,200 and rebuilds its index in
-/// microseconds.
+/// rebuild is short: at 5M connections a shard holds ~1,200 entries (measured: 569–625 of
+/// 5M SYNs over 100 µs, 12–16 over 500 µs; `docs/benchmarks.md`, stop 8). More shards
+/// shorten the rebuilds but their headers fall out of cache (16,384 lowered the peak).
 const SHARDS: usize = 4096;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 
@@ -127,6 +128,12 @@ impl ConnTable {
         &mut self.shards[s & (SHARDS - 1)]
     }
 
+    /// A shard to change, and the hasher its rebuilds need (borrowed side by side).
+    #[inline]
+    fn shard_and_hasher(&mut self, s: usize) -> (&mut Shard, &RandomState) {
+        (&mut self.shards[s & (SHARDS - 1)], &self.hasher)
+    }
+
     /// Start loading the index line a lookup of `key` reads first (a prefetch
     /// instruction: the CPU does not wait for it). Called for each PACKET_IN of a batch
     /// before the batch is handled, so that their misses overlap instead of stalling the
@@ -159,23 +166,22 @@ impl ConnTable {
     /// Record a decision. Returns the previous one if the key was already there.
     pub fn insert(&mut self, key: ConnKey, conn: Conn) -> Option<Conn> {
         let (h, s) = self.locate(&key);
-        let hasher = self.hasher.clone();
-        let shard = self.shard_mut(s);
+        let (shard, hasher) = self.shard_and_hasher(s);
         if let Some((_, e)) = shard.find(h, &key) {
             return shard
                 .entries
                 .get_mut(e)
                 .map(|(_, c)| std::mem::replace(c, conn));
         }
-        shard.push(h, key, conn, &hasher);
+        shard.push(h, key, conn, hasher);
         self.len += 1;
         None
     }
 
     pub fn remove(&mut self, key: &ConnKey) -> Option<Conn> {
         let (h, s) = self.locate(key);
-        let hasher = self.hasher.clone();
-        let removed = self.shard_mut(s).remove(h, key, &hasher);
+        let (shard, hasher) = self.shard_and_hasher(s);
+        let removed = shard.remove(h, key, hasher);
         if removed.is_some() {
             self.len -= 1;
         }
@@ -199,12 +205,11 @@ impl ConnTable {
     /// Keep only the connections `f` accepts (for instance, forget every connection of a
     /// backend removed from its pool, whose flows are deleted).
     pub fn retain(&mut self, mut f: impl FnMut(&ConnKey, &mut Conn) -> bool) {
-        let hasher = self.hasher.clone();
         for s in self.shards.iter_mut() {
             let before = s.entries.len();
             s.entries.retain_mut(|(k, c)| f(k, c));
             if s.entries.len() != before {
-                s.rebuild(s.index.len(), &hasher);
+                s.rebuild(s.index.len(), &self.hasher);
             }
         }
         self.len = self.shards.iter().map(|s| s.entries.len()).sum();
@@ -221,10 +226,17 @@ struct Shard {
     entries: Vec<(ConnKey, Conn)>,
 }
 
-/// The hash's bits kept in a slot: 20..52 (below the shard's, above ahash's weakest).
+/// The hash's bits kept in a slot: 20..52, below the 12 that pick the shard.
 #[inline]
 fn tag(h: u64) -> u32 {
     (h >> 20) as u32
+}
+
+/// An occupied slot: the tag of `h` in the high half, entry position `e` plus one (0 is
+/// a free slot) in the low half.
+#[inline]
+fn slot_of(h: u64, e: usize) -> u64 {
+    (u64::from(tag(h)) << 32) | (e as u64 + 1)
 }
 
 impl Shard {
@@ -255,7 +267,7 @@ impl Shard {
     fn find(&self, h: u64, key: &ConnKey) -> Option<(usize, usize)> {
         let mask = self.mask();
         let t = tag(h);
-        let mut i = t as usize & mask;
+        let mut i = self.home(h);
         // The index is never full (at most half), so a free slot ends every probe.
         loop {
             let slot = *self.index.get(i)?;
@@ -276,7 +288,7 @@ impl Shard {
     #[inline]
     fn free_slot(&self, h: u64) -> usize {
         let mask = self.mask();
-        let mut i = tag(h) as usize & mask;
+        let mut i = self.home(h);
         while self.index.get(i).is_some_and(|&s| s != 0) {
             i = (i + 1) & mask;
         }
@@ -289,10 +301,10 @@ impl Shard {
             self.rebuild(index_len_for(self.entries.len() + 1), hasher);
         }
         let i = self.free_slot(h);
-        self.entries.push((key, conn));
         if let Some(slot) = self.index.get_mut(i) {
-            *slot = (u64::from(tag(h)) << 32) | self.entries.len() as u64;
+            *slot = slot_of(h, self.entries.len());
         }
+        self.entries.push((key, conn));
     }
 
     fn remove(&mut self, h: u64, key: &ConnKey, hasher: &RandomState) -> Option<Conn> {
@@ -350,15 +362,13 @@ impl Shard {
     fn rebuild(&mut self, len: usize, hasher: &RandomState) {
         let len = len.max(index_len_for(self.entries.len()));
         self.index = vec![0; len].into_boxed_slice();
-        let mask = len - 1;
-        for (e, (k, _)) in self.entries.iter().enumerate() {
-            let h = hasher.hash_one(k);
-            let mut i = tag(h) as usize & mask;
-            while self.index.get(i).is_some_and(|&s| s != 0) {
-                i = (i + 1) & mask;
-            }
+        for e in 0..self.entries.len() {
+            let Some(h) = self.entries.get(e).map(|(k, _)| hasher.hash_one(k)) else {
+                break;
+            };
+            let i = self.free_slot(h);
             if let Some(slot) = self.index.get_mut(i) {
-                *slot = (u64::from(tag(h)) << 32) | (e as u64 + 1);
+                *slot = slot_of(h, e);
             }
         }
     }

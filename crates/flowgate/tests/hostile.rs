@@ -500,14 +500,17 @@ fn ovs_hostile_switch_peers() {
             match mute.write(&chunk[at..]) {
                 Ok(0) => break 'flood,
                 Ok(k) => at += k,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                // The controller stopped reading: has it closed the session yet? (The log
+                // is read only then, not after every write.)
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if ctl
+                        .log_plain()
+                        .contains(&format!("peer=127.0.0.1:{mute_port} error="))
+                    {
+                        break 'flood;
+                    }
+                }
                 Err(_) => break 'flood,
-            }
-            if ctl
-                .log_plain()
-                .contains(&format!("peer=127.0.0.1:{mute_port} error="))
-            {
-                break 'flood;
             }
         }
         written += 100;

@@ -598,9 +598,9 @@ impl<'a> PacketOutView<'a> {
     }
 }
 
-/// The packet an OFPT_PACKET_IN carries, found without decoding the rest (§7.4.1: eight
-/// bytes of fixed fields after the header and the cookie, the match padded to 8, two bytes
-/// of padding, then the data). For a reader that needs only the packet, ahead of the
+/// The packet an OFPT_PACKET_IN carries, found without decoding the rest (§7.4.1: after the
+/// header, eight bytes of fixed fields and the cookie, the match padded to 8, two bytes of
+/// padding, then the data). For a reader that needs only the packet, ahead of the
 /// message's decoding: the controller's prefetch of a batch. Unlike [`crate::decode`] it
 /// checks neither the match's OXMs nor the version; `None` if `frame` is not a PACKET_IN
 /// or ends before its data.
