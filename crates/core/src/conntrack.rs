@@ -128,16 +128,20 @@ impl ConnTable {
         &mut self.shards[s & (SHARDS - 1)]
     }
 
-    /// A shard to change, and the hasher its rebuilds need (borrowed side by side).
+    /// A shard to change, and the hasher its removals need (borrowed side by side).
     #[inline]
     fn shard_and_hasher(&mut self, s: usize) -> (&mut Shard, &RandomState) {
         (&mut self.shards[s & (SHARDS - 1)], &self.hasher)
     }
 
-    /// Start loading the index line a lookup of `key` reads first (a prefetch
-    /// instruction: the CPU does not wait for it). Called for each PACKET_IN of a batch
-    /// before the batch is handled, so that their misses overlap instead of stalling the
-    /// decisions one after another.
+    /// Start loading the lines a new connection's lookup and insert touch: the index line
+    /// its probe starts on, and the end of its shard's entries, where the insert writes
+    /// (prefetch instructions: the CPU does not wait for them, and an address past the
+    /// allocation is no fault). Called for each PACKET_IN of a batch before the batch is
+    /// handled, so that their misses overlap instead of stalling the decisions one after
+    /// another. The entries' end is cold too: 4,095 other shards' inserts come between
+    /// two of one shard's, and a store that misses holds up every store after it (the
+    /// rule encoder's, which stalled on them).
     #[inline]
     pub fn prefetch(&self, key: &ConnKey) {
         let (h, s) = self.locate(key);
@@ -145,6 +149,11 @@ impl ConnTable {
         if !shard.index.is_empty() {
             prefetch_index::prefetch_index(&shard.index, shard.home(h));
         }
+        // An entry (40 bytes) may reach into the next line: that of the entry after it.
+        const _: () = assert!(std::mem::size_of::<(ConnKey, Conn)>() <= 64);
+        let end = shard.entries.len();
+        prefetch_index::prefetch_index(&shard.entries, end);
+        prefetch_index::prefetch_index(&shard.entries, end + 1);
     }
 
     pub fn get(&self, key: &ConnKey) -> Option<&Conn> {
@@ -166,14 +175,14 @@ impl ConnTable {
     /// Record a decision. Returns the previous one if the key was already there.
     pub fn insert(&mut self, key: ConnKey, conn: Conn) -> Option<Conn> {
         let (h, s) = self.locate(&key);
-        let (shard, hasher) = self.shard_and_hasher(s);
+        let shard = self.shard_mut(s);
         if let Some((_, e)) = shard.find(h, &key) {
             return shard
                 .entries
                 .get_mut(e)
                 .map(|(_, c)| std::mem::replace(c, conn));
         }
-        shard.push(h, key, conn, hasher);
+        shard.push(h, key, conn);
         self.len += 1;
         None
     }
@@ -287,8 +296,13 @@ impl Shard {
     /// The first free slot of `h`'s probe sequence.
     #[inline]
     fn free_slot(&self, h: u64) -> usize {
+        self.free_slot_from(self.home(h))
+    }
+
+    /// The first free slot at or after slot `i` (cyclically).
+    #[inline]
+    fn free_slot_from(&self, mut i: usize) -> usize {
         let mask = self.mask();
-        let mut i = self.home(h);
         while self.index.get(i).is_some_and(|&s| s != 0) {
             i = (i + 1) & mask;
         }
@@ -296,9 +310,9 @@ impl Shard {
     }
 
     /// Append a key known to be absent.
-    fn push(&mut self, h: u64, key: ConnKey, conn: Conn, hasher: &RandomState) {
+    fn push(&mut self, h: u64, key: ConnKey, conn: Conn) {
         if (self.entries.len() + 1) * 2 > self.index.len() {
-            self.rebuild(index_len_for(self.entries.len() + 1), hasher);
+            self.resize_index(index_len_for(self.entries.len() + 1));
         }
         let i = self.free_slot(h);
         if let Some(slot) = self.index.get_mut(i) {
@@ -327,7 +341,7 @@ impl Shard {
         // shard near a boundary does not rebuild back and forth).
         if self.entries.len() * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
             self.entries.shrink_to(self.entries.len() * 2);
-            self.rebuild(index_len_for(self.entries.len()), hasher);
+            self.resize_index(index_len_for(self.entries.len()));
         }
         Some(removed)
     }
@@ -358,7 +372,25 @@ impl Shard {
         }
     }
 
-    /// A new index of `len` slots over the entries as they are.
+    /// A new index of `len` slots (a power of two) over the same entries, made from the
+    /// old index alone: a slot's tag holds the hash bits its home is taken from (an index
+    /// is far shorter than 2^32 slots), and its entry's position has not changed. No
+    /// entry is read or hashed again, so a shard's growth touches its index only: at 5M
+    /// connections a growth read the shard's ~100 KB of entries and hashed each, for
+    /// the pauses of `docs/benchmarks.md` (stop 8).
+    fn resize_index(&mut self, len: usize) {
+        let old = std::mem::replace(&mut self.index, vec![0; len].into_boxed_slice());
+        let mask = self.mask();
+        for &slot in old.iter().filter(|&&s| s != 0) {
+            let i = self.free_slot_from((slot >> 32) as usize & mask);
+            if let Some(s) = self.index.get_mut(i) {
+                *s = slot;
+            }
+        }
+    }
+
+    /// A new index of `len` slots over the entries as they are, hashing each (after
+    /// their positions changed: `ConnTable::retain`).
     fn rebuild(&mut self, len: usize, hasher: &RandomState) {
         let len = len.max(index_len_for(self.entries.len()));
         self.index = vec![0; len].into_boxed_slice();
@@ -450,8 +482,8 @@ mod tests {
 
     /// A shard under crafted hashes: long probe runs that wrap around the index's end,
     /// removals from their middles (backward shifts), and entries moved by removals, all
-    /// checked against a model after each step. The hasher only serves the moved entries'
-    /// and the rebuilds' lookups, so every key's hash here is the hasher's own.
+    /// checked against a model after each step. The shard hashes only the entries that
+    /// removals move, with this hasher, so every key's hash here is the hasher's own.
     #[test]
     fn shard_probe_runs_and_deletions() {
         let hasher = RandomState::with_seeds(1, 2, 3, 4);
@@ -480,7 +512,7 @@ mod tests {
             assert!(shard.entries.len() * 2 <= shard.index.len().max(1));
         };
         for (n, k) in keys.iter().enumerate() {
-            shard.push(hasher.hash_one(k), *k, conn(n as u32), &hasher);
+            shard.push(hasher.hash_one(k), *k, conn(n as u32));
             model.insert(*k, conn(n as u32));
             check(&shard, &model);
         }
@@ -494,7 +526,7 @@ mod tests {
             check(&shard, &model);
         }
         for (n, k) in keys.iter().enumerate().filter(|(n, _)| n % 6 == 1) {
-            shard.push(hasher.hash_one(k), *k, conn(1000 + n as u32), &hasher);
+            shard.push(hasher.hash_one(k), *k, conn(1000 + n as u32));
             model.insert(*k, conn(1000 + n as u32));
             check(&shard, &model);
         }
