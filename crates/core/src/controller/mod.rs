@@ -137,6 +137,25 @@ impl Outbox {
         }
     }
 
+    /// A connection's PACKET_OUT, likewise.
+    #[inline]
+    pub(crate) fn push_conn_packet_out(&mut self, dpid: Dpid, po: &conn_rule::ConnPacketOut<'_>) {
+        match &mut self.encoded {
+            Some(e) => {
+                let before = e.bytes.len();
+                po.encode(&mut e.bytes);
+                if e.bytes.len() != before {
+                    e.frames.push(EncodedFrame {
+                        dpid,
+                        msg_type: ofp::MsgType::PacketOut,
+                        end: e.bytes.len(),
+                    });
+                }
+            }
+            None => self.msgs.push((dpid, po.message())),
+        }
+    }
+
     pub fn drain(&mut self) -> std::vec::Drain<'_, (Dpid, Message)> {
         self.msgs.drain(..)
     }

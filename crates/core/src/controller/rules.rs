@@ -240,31 +240,6 @@ pub(crate) fn conn_delete_strict(m: Match) -> Message {
     Message::FlowMod(fm)
 }
 
-/// Rewrite the destination to `(mac, ip)`: the forward rewrite, client to backend.
-/// SET_FIELD without a mask: OVS rejects masked set-field in OF1.3 (OFPBAC_BAD_SET_MASK).
-pub(crate) fn push_rewrite_dst(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
-    a.push(Action::SetField(Oxm::EthDst {
-        value: mac.0,
-        mask: None,
-    }));
-    a.push(Action::SetField(Oxm::Ipv4Dst {
-        value: ip,
-        mask: None,
-    }));
-}
-
-/// Rewrite the source to `(mac, ip)`: the reverse rewrite, backend back to the service.
-pub(crate) fn push_rewrite_src(a: &mut Actions, mac: MacAddr, ip: Ipv4Addr) {
-    a.push(Action::SetField(Oxm::EthSrc {
-        value: mac.0,
-        mask: None,
-    }));
-    a.push(Action::SetField(Oxm::Ipv4Src {
-        value: ip,
-        mask: None,
-    }));
-}
-
 /// Nicira's experimenter id (Open vSwitch extensions).
 pub(crate) const NX_VENDOR_ID: u32 = 0x0000_2320;
 /// `NXAST_FIN_TIMEOUT`: on a TCP FIN or RST, lower the rule's idle/hard timeouts.

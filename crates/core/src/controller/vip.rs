@@ -9,9 +9,9 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::{self as packet, Frame, MacAddr, Tcp};
-use ofp::{Action, Actions, Instruction, Match, Oxm, PacketIn};
+use ofp::{Action, Instruction, Match, Oxm, PacketIn};
 
-use super::conn_rule::{ConnRule, Out, Syn};
+use super::conn_rule::{ConnPacketOut, ConnRule, Out, Rewrite, Syn};
 use super::{Controller, Listener, Outbox, rules};
 use crate::balance::{Outcome, SelectRequest};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
@@ -561,11 +561,11 @@ impl Controller {
                     dport: key.service_port,
                     // Every SYN comes up to be decided, even on a 4-tuple this rule holds.
                     syn: if first { Syn::Not } else { Syn::Any },
-                    set_eth_dst: (first && (rewrite || p.service_mac != p.backend_mac))
-                        .then_some(p.backend_mac),
-                    set_ipv4_dst: (first && rewrite).then_some(p.backend_ip),
-                    set_eth_src: None,
-                    set_ipv4_src: None,
+                    rewrite: if first && (rewrite || p.service_mac != p.backend_mac) {
+                        Rewrite::dst(p.backend_mac, rewrite.then_some(p.backend_ip))
+                    } else {
+                        Rewrite::default()
+                    },
                     fin,
                     out: Out::Port(port),
                 };
@@ -581,8 +581,7 @@ impl Controller {
                     // brings such a SYN up to be decided (`reopen`). Not an accounting
                     // rule: its end says nothing about the connection's.
                     rule.syn = Syn::Only;
-                    rule.set_eth_dst = None;
-                    rule.set_ipv4_dst = None;
+                    rule.rewrite = Rewrite::default();
                     rule.fin = None;
                     rule.out = Out::Controller;
                     rule.cookie_low = low;
@@ -605,11 +604,11 @@ impl Controller {
                     sport: key.service_port,
                     dport: key.client_port,
                     syn: Syn::Any,
-                    set_eth_dst: None,
-                    set_ipv4_dst: None,
-                    set_eth_src: (is_last && (rewrite || p.service_mac != p.backend_mac))
-                        .then_some(p.service_mac),
-                    set_ipv4_src: (is_last && rewrite).then_some(key.service_addr),
+                    rewrite: if is_last && (rewrite || p.service_mac != p.backend_mac) {
+                        Rewrite::src(p.service_mac, rewrite.then_some(key.service_addr))
+                    } else {
+                        Rewrite::default()
+                    },
                     fin,
                     out: Out::Port(port),
                 };
@@ -737,42 +736,30 @@ impl Controller {
         out: &mut Outbox,
     ) {
         let dpid = at.dpid;
-        let mut actions = Actions::new();
-        match dir {
-            Dir::Forward => {
-                let Some(port) = self.topo.egress_toward(dpid, p.backend_at) else {
-                    return;
-                };
-                if pkt_dst == key.service_addr && key.service_addr != p.backend_ip {
-                    rules::push_rewrite_dst(&mut actions, p.backend_mac, p.backend_ip);
-                } else if pkt_dst == key.service_addr {
-                    actions.push(Action::SetField(Oxm::EthDst {
-                        value: p.backend_mac.0,
-                        mask: None,
-                    }));
-                }
-                actions.push(Action::output(port));
-            }
-            Dir::Reverse => {
-                let Some(port) = self.topo.egress_toward(dpid, p.client_at) else {
-                    return;
-                };
-                if dpid == p.client_at.dpid {
-                    if key.service_addr != p.backend_ip {
-                        rules::push_rewrite_src(&mut actions, p.service_mac, key.service_addr);
-                    } else {
-                        actions.push(Action::SetField(Oxm::EthSrc {
-                            value: p.service_mac.0,
-                            mask: None,
-                        }));
-                    }
-                }
-                actions.push(Action::output(port));
-            }
-        }
-        out.push(
+        let readdressed = key.service_addr != p.backend_ip;
+        let (rewrite, toward) = match dir {
+            Dir::Forward if pkt_dst == key.service_addr => (
+                Rewrite::dst(p.backend_mac, readdressed.then_some(p.backend_ip)),
+                p.backend_at,
+            ),
+            Dir::Forward => (Rewrite::default(), p.backend_at),
+            Dir::Reverse if dpid == p.client_at.dpid => (
+                Rewrite::src(p.service_mac, readdressed.then_some(key.service_addr)),
+                p.client_at,
+            ),
+            Dir::Reverse => (Rewrite::default(), p.client_at),
+        };
+        let Some(out_port) = self.topo.egress_toward(dpid, toward) else {
+            return;
+        };
+        out.push_conn_packet_out(
             dpid,
-            rules::packet_out(at.in_port, actions, at.pi.data.clone()),
+            &ConnPacketOut {
+                in_port: at.in_port,
+                rewrite,
+                out_port,
+                data: &at.pi.data,
+            },
         );
     }
 
