@@ -7,6 +7,7 @@
 //! blocking and nothing slow happens under the lock; sockets are written by each session's
 //! own writer task.
 
+mod buffers;
 pub mod cluster;
 pub mod latency;
 mod per_backend;
@@ -34,6 +35,8 @@ pub use session::SessionLimits;
 pub struct CoreCell {
     pub controller: Controller,
     outbox: Outbox,
+    /// Buffers the writers gave back, encoded into again while still in cache.
+    pool: Arc<buffers::BufferPool>,
     /// Looked up once per message in [`CoreCell::flush`]: ahash, not std's SipHash (about
     /// 2 % of the controller's CPU at full rate).
     sessions: HashMap<Dpid, SessionTx, ahash::RandomState>,
@@ -104,6 +107,7 @@ impl CoreCell {
         CoreCell {
             controller,
             outbox: Outbox::encoding(),
+            pool: Arc::default(),
             sessions: HashMap::default(),
             next_session_id: 1,
         }
@@ -144,6 +148,8 @@ impl CoreCell {
                 }
                 std::mem::swap(&mut s.buf, &mut enc.bytes);
                 enc.clear();
+                // Handed over whole below: the next batch goes to a warm buffer.
+                enc.bytes = self.pool.take();
             }
             for (dpid, msg_type, bytes) in enc.iter() {
                 let Some(s) = self.sessions.get_mut(&dpid) else {
@@ -153,6 +159,9 @@ impl CoreCell {
                     continue;
                 }
                 s.xid = s.xid.wrapping_add(1);
+                if s.buf.capacity() == 0 {
+                    s.buf = self.pool.take();
+                }
                 let at = s.buf.len();
                 s.buf.extend_from_slice(bytes);
                 // The header's xid field: bytes 4..8 (§7.1).
@@ -171,6 +180,9 @@ impl CoreCell {
                 continue;
             }
             s.xid = s.xid.wrapping_add(1);
+            if s.buf.capacity() == 0 {
+                s.buf = self.pool.take();
+            }
             if let Err(e) = ofp::encode(s.xid, msg, &mut s.buf) {
                 tracing::error!(dpid = format_args!("{dpid:016x}"), error = %e, "cannot encode a message for the switch");
             }
@@ -180,7 +192,9 @@ impl CoreCell {
             if s.buf.is_empty() {
                 continue;
             }
-            let chunk = s.buf.split().freeze();
+            // The whole buffer (not split off it: a part left here would keep the writer
+            // from giving its memory back).
+            let chunk = std::mem::take(&mut s.buf).freeze();
             let queued = s.out.queued.fetch_add(chunk.len(), Ordering::Relaxed) + chunk.len();
             if queued > MAX_QUEUED_BYTES {
                 if !s.out.overflowed.swap(true, Ordering::Relaxed) {
@@ -212,13 +226,18 @@ impl CoreCell {
             SessionTx {
                 id,
                 xid: 0x1000,
-                buf: BytesMut::with_capacity(64 * 1024),
+                buf: self.pool.take(),
                 tx,
                 out,
                 writable,
             },
         );
         id
+    }
+
+    /// Where the session writers give their written buffers back.
+    pub(crate) fn buffer_pool(&self) -> Arc<buffers::BufferPool> {
+        self.pool.clone()
     }
 
     fn unregister(&mut self, dpid: Dpid, id: u64) -> bool {

@@ -234,12 +234,12 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<super::Chunk>();
     let outflow = Arc::new(Outflow::default());
-    let session_id = {
+    let (session_id, pool) = {
         let mut core = handle.lock();
         let id = core.register(dpid, tx.clone(), outflow.clone(), opening.is_empty());
         let now = Instant::now();
         core.with(|c, out| c.handle_switch_up(now, features, out));
-        id
+        (id, core.buffer_pool())
     };
 
     // The writer: everything for this switch, in order.
@@ -250,10 +250,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
-            let left = drained.queued.fetch_sub(buf.len(), Ordering::Relaxed) - buf.len();
-            drained
-                .written
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            let len = buf.len();
+            pool.give_back(buf);
+            let left = drained.queued.fetch_sub(len, Ordering::Relaxed) - len;
+            drained.written.fetch_add(len as u64, Ordering::Relaxed);
             if left <= RESUME_READING_BYTES && drained.reader_waiting.load(Ordering::Relaxed) {
                 drained.drained.notify_one();
             }
