@@ -58,28 +58,44 @@ pub enum Reply {
 }
 
 /// Shards of the connection table (a power of two). Many, so that each shard's occasional
-/// rebuild is short: at 5M connections a shard holds ~1,200 entries (measured: 569–625 of
-/// 5M SYNs over 100 µs, 12–16 over 500 µs; `docs/benchmarks.md`, stop 8). More shards
-/// shorten the rebuilds but their headers fall out of cache (16,384 lowered the peak).
+/// index growth is short: at 5M connections a shard's index is 32 KB (measured: 569–625 of
+/// 5M SYNs over 100 µs, 12–16 over 500 µs, when a growth also rehashed the shard's entries;
+/// `docs/benchmarks.md`, stop 8). More shards shorten the growths but their headers fall
+/// out of cache (16,384 lowered the peak).
 const SHARDS: usize = 4096;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+
+/// Entries per chunk of the table's storage (a power of two): 640 KB each.
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// The most entries a table holds: a slot keeps an entry's position plus one in 32 bits.
+const MAX_ENTRIES: usize = u32::MAX as usize - 1;
 
 /// Live connections, keyed as the client sees them.
 ///
 /// Built for the PACKET_IN path, where almost every lookup is a new connection's SYN that
 /// misses, followed by its insert, in a table of millions that lives in DRAM:
-/// - Each shard keeps its entries densely in insertion order (a `Vec`: an insert writes at
-///   its end, a line in cache) and finds them through an open-addressed index of 8-byte
-///   slots (linear probing, at most half full): a 32-bit tag of the hash and the entry's
-///   position. A miss reads one index line and no entry; an insert writes that line and
-///   the entries' end. A general hash map touches its control bytes, its entry and, while
-///   it grows, the entries it moves: three or more lines from DRAM per SYN (a third of
-///   the controller's CPU in the 16-switch bench, with `griddle`).
+/// - The entries are kept densely, in insertion order, in one store of fixed-size chunks:
+///   an insert writes at its end, a line that stays in cache from one insert to the next,
+///   and a chunk is never moved or copied once allocated (a vector per shard wrote 4,096
+///   different lines that missed, and copied each shard's entries when it grew).
+/// - Each shard finds its entries through an open-addressed index of 8-byte slots (linear
+///   probing, at most about half full): a 32-bit tag of the hash and the entry's position.
+///   A miss reads one index line and no entry; an insert writes that line and the end of
+///   the store. A general hash map touches its control bytes, its entry and, while it
+///   grows, the entries it moves: three or more lines from DRAM per SYN (a third of the
+///   controller's CPU in the 16-switch bench, with `griddle`).
 /// - That one line is known from the key alone, so [`ConnTable::prefetch`] can load it
 ///   for a whole batch of PACKET_INs before they are handled, and the loads overlap.
-/// - A shard outgrows its index by rebuilding it whole, but a shard is 1/4096 of the
-///   table: rebuilds stay short, unlike one big table's (hashbrown's doubling of a 256th
-///   of 5M connections took over 500 µs, the longest pause of the PACKET_IN path).
+/// - A shard outgrows its index by building a twice larger one from the old alone, but a
+///   shard is 1/4096 of the table: growths stay short, unlike one big table's (hashbrown's
+///   doubling of a 256th of 5M connections took over 500 µs, the longest pause of the
+///   PACKET_IN path). The shards grow at loads spread between 0.41 and 0.59, so that they
+///   do not all grow at about the same count.
+/// - A removal moves the last entry into the hole (the store stays dense) and mends that
+///   entry's slot; the store gives back a chunk once it is emptied, and a shard's index
+///   shrinks below an eighth full.
 ///
 /// The shard is chosen by the top 12 bits of a keyed hash (ahash); the slot and the tag
 /// both come from its bits 20..52 (the slot from the tag's low bits).
@@ -87,12 +103,12 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 pub struct ConnTable {
     hasher: RandomState,
     shards: Box<[Shard]>,
-    len: usize,
+    entries: Entries,
 }
 
 impl Default for ConnTable {
     fn default() -> Self {
-        Self::with_capacity(0)
+        Self::with_hasher(RandomState::new())
     }
 }
 
@@ -101,12 +117,11 @@ impl ConnTable {
         Self::default()
     }
 
-    pub fn with_capacity(n: usize) -> Self {
-        let per = n.div_ceil(SHARDS);
+    fn with_hasher(hasher: RandomState) -> Self {
         ConnTable {
-            shards: (0..SHARDS).map(|_| Shard::with_capacity(per)).collect(),
-            hasher: RandomState::new(),
-            len: 0,
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher,
+            entries: Entries::default(),
         }
     }
 
@@ -123,25 +138,11 @@ impl ConnTable {
         &self.shards[s & (SHARDS - 1)]
     }
 
-    #[inline]
-    fn shard_mut(&mut self, s: usize) -> &mut Shard {
-        &mut self.shards[s & (SHARDS - 1)]
-    }
-
-    /// A shard to change, and the hasher its removals need (borrowed side by side).
-    #[inline]
-    fn shard_and_hasher(&mut self, s: usize) -> (&mut Shard, &RandomState) {
-        (&mut self.shards[s & (SHARDS - 1)], &self.hasher)
-    }
-
-    /// Start loading the lines a new connection's lookup and insert touch: the index line
-    /// its probe starts on, and the end of its shard's entries, where the insert writes
-    /// (prefetch instructions: the CPU does not wait for them, and an address past the
-    /// allocation is no fault). Called for each PACKET_IN of a batch before the batch is
-    /// handled, so that their misses overlap instead of stalling the decisions one after
-    /// another. The entries' end is cold too: 4,095 other shards' inserts come between
-    /// two of one shard's, and a store that misses holds up every store after it (the
-    /// rule encoder's, which stalled on them).
+    /// Start loading the index line a lookup of `key` reads first (a prefetch
+    /// instruction: the CPU does not wait for it). Called for each PACKET_IN of a batch
+    /// before the batch is handled, so that their misses overlap instead of stalling the
+    /// decisions one after another. (An insert also writes the store's end, which stays
+    /// in cache.)
     #[inline]
     pub fn prefetch(&self, key: &ConnKey) {
         let (h, s) = self.locate(key);
@@ -149,90 +150,169 @@ impl ConnTable {
         if !shard.index.is_empty() {
             prefetch_index::prefetch_index(&shard.index, shard.home(h));
         }
-        // An entry (40 bytes) may reach into the next line: that of the entry after it.
-        const _: () = assert!(std::mem::size_of::<(ConnKey, Conn)>() <= 64);
-        let end = shard.entries.len();
-        prefetch_index::prefetch_index(&shard.entries, end);
-        prefetch_index::prefetch_index(&shard.entries, end + 1);
     }
 
     pub fn get(&self, key: &ConnKey) -> Option<&Conn> {
         let (h, s) = self.locate(key);
-        let shard = self.shard(s);
-        shard
-            .find(h, key)
-            .and_then(|(_, e)| shard.entries.get(e))
-            .map(|(_, c)| c)
+        let (_, e) = self.shard(s).find(h, key, &self.entries)?;
+        self.entries.get(e).map(|(_, c)| c)
     }
 
     pub fn get_mut(&mut self, key: &ConnKey) -> Option<&mut Conn> {
         let (h, s) = self.locate(key);
-        let shard = self.shard_mut(s);
-        let (_, e) = shard.find(h, key)?;
-        shard.entries.get_mut(e).map(|(_, c)| c)
+        let (_, e) = self.shard(s).find(h, key, &self.entries)?;
+        self.entries.get_mut(e).map(|(_, c)| c)
     }
 
-    /// Record a decision. Returns the previous one if the key was already there.
+    /// Record a decision. Returns the previous one if the key was already there. A table
+    /// at [`MAX_ENTRIES`] takes no new key (4 billion connections: memory runs out first).
     pub fn insert(&mut self, key: ConnKey, conn: Conn) -> Option<Conn> {
         let (h, s) = self.locate(&key);
-        let shard = self.shard_mut(s);
-        if let Some((_, e)) = shard.find(h, &key) {
-            return shard
+        let shard = &mut self.shards[s & (SHARDS - 1)];
+        if let Some((_, e)) = shard.find(h, &key, &self.entries) {
+            return self
                 .entries
                 .get_mut(e)
                 .map(|(_, c)| std::mem::replace(c, conn));
         }
-        shard.push(h, key, conn);
-        self.len += 1;
+        if self.entries.len >= MAX_ENTRIES {
+            return None;
+        }
+        shard.grow_for(s, shard.len + 1);
+        let i = shard.free_slot(h);
+        if let Some(slot) = shard.index.get_mut(i) {
+            *slot = slot_of(h, self.entries.len);
+        }
+        shard.len += 1;
+        self.entries.push((key, conn));
         None
     }
 
     pub fn remove(&mut self, key: &ConnKey) -> Option<Conn> {
         let (h, s) = self.locate(key);
-        let (shard, hasher) = self.shard_and_hasher(s);
-        let removed = shard.remove(h, key, hasher);
-        if removed.is_some() {
-            self.len -= 1;
+        let shard = &mut self.shards[s & (SHARDS - 1)];
+        let (i, e) = shard.find(h, key, &self.entries)?;
+        shard.delete_slot(i);
+        shard.len -= 1;
+        shard.shrink_if_sparse();
+        let last = self.entries.len - 1;
+        if e != last {
+            // The last entry moves into the hole: its slot must say so.
+            let moved = self.entries.get(last).map(|(k, _)| *k)?;
+            let (mh, ms) = self.locate(&moved);
+            let mshard = &mut self.shards[ms & (SHARDS - 1)];
+            if let Some((j, _)) = mshard.find(mh, &moved, &self.entries)
+                && let Some(slot) = mshard.index.get_mut(j)
+            {
+                *slot = slot_of(mh, e);
+            }
         }
-        removed
+        self.entries.swap_remove(e).map(|(_, c)| c)
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.entries.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.entries.len == 0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&ConnKey, &Conn)> {
-        self.shards
-            .iter()
-            .flat_map(|s| s.entries.iter().map(|(k, c)| (k, c)))
+        self.entries.chunks.iter().flatten().map(|(k, c)| (k, c))
     }
 
     /// Keep only the connections `f` accepts (for instance, forget every connection of a
-    /// backend removed from its pool, whose flows are deleted).
+    /// backend removed from its pool, whose flows are deleted). Rare (an operator's
+    /// change): the store is compacted and every index rebuilt, hashing each entry.
     pub fn retain(&mut self, mut f: impl FnMut(&ConnKey, &mut Conn) -> bool) {
-        for s in self.shards.iter_mut() {
-            let before = s.entries.len();
-            s.entries.retain_mut(|(k, c)| f(k, c));
-            if s.entries.len() != before {
-                s.rebuild(s.index.len(), &self.hasher);
+        let before = self.entries.len;
+        let kept: Vec<(ConnKey, Conn)> = std::mem::take(&mut self.entries)
+            .chunks
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, mut c)| f(&k, &mut c).then_some((k, c)))
+            .collect();
+        if kept.len() == before {
+            for e in kept {
+                self.entries.push(e);
             }
+            return;
         }
-        self.len = self.shards.iter().map(|s| s.entries.len()).sum();
+        for shard in self.shards.iter_mut() {
+            *shard = Shard::default();
+        }
+        for (k, c) in kept {
+            self.insert(k, c);
+        }
     }
 }
 
-/// One shard: its entries, dense, and an index over them.
+/// The table's entries, dense: position `p` is entry `p % CHUNK` of chunk `p / CHUNK`.
+/// The chunks before the one of position `len` are full; after it there may be one empty
+/// chunk, kept for the next pushes.
+#[derive(Debug, Default)]
+struct Entries {
+    chunks: Vec<Vec<(ConnKey, Conn)>>,
+    len: usize,
+}
+
+impl Entries {
+    #[inline]
+    fn get(&self, p: usize) -> Option<&(ConnKey, Conn)> {
+        self.chunks.get(p >> CHUNK_BITS)?.get(p & (CHUNK - 1))
+    }
+
+    #[inline]
+    fn get_mut(&mut self, p: usize) -> Option<&mut (ConnKey, Conn)> {
+        self.chunks.get_mut(p >> CHUNK_BITS)?.get_mut(p & (CHUNK - 1))
+    }
+
+    /// Append at position `len`.
+    #[inline]
+    fn push(&mut self, e: (ConnKey, Conn)) {
+        let c = self.len >> CHUNK_BITS;
+        if c == self.chunks.len() {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        if let Some(chunk) = self.chunks.get_mut(c) {
+            chunk.push(e);
+            self.len += 1;
+        }
+    }
+
+    /// Remove position `p`, the last entry taking its place.
+    fn swap_remove(&mut self, p: usize) -> Option<(ConnKey, Conn)> {
+        if p >= self.len {
+            return None;
+        }
+        let last = self.chunks.get_mut((self.len - 1) >> CHUNK_BITS)?.pop()?;
+        self.len -= 1;
+        let removed = if p == self.len {
+            last
+        } else {
+            std::mem::replace(self.get_mut(p)?, last)
+        };
+        // An emptied chunk is kept while the one before it is at least half full, so that
+        // a table that hovers about a chunk's boundary does not allocate and free 640 KB
+        // over and over; then it goes back to the allocator.
+        let tail = self.len >> CHUNK_BITS;
+        if self.chunks.len() > tail + 1 && self.len & (CHUNK - 1) < CHUNK / 2 {
+            self.chunks.truncate(tail + 1);
+        }
+        Some(removed)
+    }
+}
+
+/// One shard: an index over its entries in the table's store.
 #[derive(Debug, Default)]
 struct Shard {
     /// Open addressing with linear probing; a power of two long (or empty). A slot is 0
     /// when free, else the hash's tag in its high half and the entry's position plus one
     /// in its low half.
     index: Box<[u64]>,
-    entries: Vec<(ConnKey, Conn)>,
+    /// Entries of this shard.
+    len: usize,
 }
 
 /// The hash's bits kept in a slot: 20..52, below the 12 that pick the shard.
@@ -249,17 +329,6 @@ fn slot_of(h: u64, e: usize) -> u64 {
 }
 
 impl Shard {
-    fn with_capacity(n: usize) -> Shard {
-        let mut s = Shard {
-            index: Box::default(),
-            entries: Vec::with_capacity(n),
-        };
-        if n > 0 {
-            s.index = vec![0; index_len_for(n)].into_boxed_slice();
-        }
-        s
-    }
-
     #[inline]
     fn mask(&self) -> usize {
         self.index.len().wrapping_sub(1)
@@ -273,11 +342,11 @@ impl Shard {
 
     /// The slot and entry position of `key`.
     #[inline]
-    fn find(&self, h: u64, key: &ConnKey) -> Option<(usize, usize)> {
+    fn find(&self, h: u64, key: &ConnKey, entries: &Entries) -> Option<(usize, usize)> {
         let mask = self.mask();
         let t = tag(h);
         let mut i = self.home(h);
-        // The index is never full (at most half), so a free slot ends every probe.
+        // The index is never full (at most 0.59), so a free slot ends every probe.
         loop {
             let slot = *self.index.get(i)?;
             if slot == 0 {
@@ -285,7 +354,7 @@ impl Shard {
             }
             if (slot >> 32) as u32 == t {
                 let e = (slot as u32 as usize).wrapping_sub(1);
-                if self.entries.get(e).is_some_and(|(k, _)| k == key) {
+                if entries.get(e).is_some_and(|(k, _)| k == key) {
                     return Some((i, e));
                 }
             }
@@ -309,41 +378,40 @@ impl Shard {
         i
     }
 
-    /// Append a key known to be absent.
-    fn push(&mut self, h: u64, key: ConnKey, conn: Conn) {
-        if (self.entries.len() + 1) * 2 > self.index.len() {
-            self.resize_index(index_len_for(self.entries.len() + 1));
+    /// Make room for `n` entries in shard number `s`: an index twice as long once `n`
+    /// passes the shard's load limit, between 26/64 and 38/64 by its number.
+    #[inline]
+    fn grow_for(&mut self, s: usize, n: usize) {
+        let limit = 26 + s % 13;
+        if n * 64 > self.index.len() * limit {
+            self.resize_index((self.index.len() * 2).max(8));
         }
-        let i = self.free_slot(h);
-        if let Some(slot) = self.index.get_mut(i) {
-            *slot = slot_of(h, self.entries.len());
-        }
-        self.entries.push((key, conn));
     }
 
-    fn remove(&mut self, h: u64, key: &ConnKey, hasher: &RandomState) -> Option<Conn> {
-        let (i, e) = self.find(h, key)?;
-        self.delete_slot(i);
-        let last = self.entries.len() - 1;
-        if e != last {
-            // The last entry moves into the gap: its slot must say so.
-            let moved_h = self.entries.get(last).map(|(k, _)| hasher.hash_one(k))?;
-            let moved_key = self.entries.get(last).map(|(k, _)| *k)?;
-            if let Some((j, _)) = self.find(moved_h, &moved_key)
-                && let Some(slot) = self.index.get_mut(j)
-            {
-                *slot = (*slot & !0xffff_ffff) | (e as u64 + 1);
+    /// A shard that held a flood's connections gives its memory back once they are gone:
+    /// below an eighth of its index (well under what it grows at, so that a shard near a
+    /// boundary does not resize back and forth).
+    fn shrink_if_sparse(&mut self) {
+        if self.len * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
+            self.resize_index(index_len_for(self.len));
+        }
+    }
+
+    /// A new index of `len` slots (a power of two) over the same entries, made from the
+    /// old index alone: a slot's tag holds the hash bits its home is taken from (an index
+    /// is far shorter than 2^32 slots), and its entry's position has not changed. No
+    /// entry is read or hashed again, so a shard's growth touches its index only (at 5M
+    /// connections, rehashing a shard's entries to grow it made the pauses of
+    /// `docs/benchmarks.md`, stop 8).
+    fn resize_index(&mut self, len: usize) {
+        let old = std::mem::replace(&mut self.index, vec![0; len].into_boxed_slice());
+        let mask = self.mask();
+        for &slot in old.iter().filter(|&&s| s != 0) {
+            let i = self.free_slot_from((slot >> 32) as usize & mask);
+            if let Some(s) = self.index.get_mut(i) {
+                *s = slot;
             }
         }
-        let removed = self.entries.swap_remove(e).1;
-        // A shard that held a flood's connections gives its memory back once they are
-        // gone: below an eighth of its index (a quarter of what it grows at, so that a
-        // shard near a boundary does not rebuild back and forth).
-        if self.entries.len() * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
-            self.entries.shrink_to(self.entries.len() * 2);
-            self.resize_index(index_len_for(self.entries.len()));
-        }
-        Some(removed)
     }
 
     /// Free slot `i`, then shift back the entries after it that probed past it (backward
@@ -369,39 +437,6 @@ impl Shard {
         }
         if let Some(h) = self.index.get_mut(hole) {
             *h = 0;
-        }
-    }
-
-    /// A new index of `len` slots (a power of two) over the same entries, made from the
-    /// old index alone: a slot's tag holds the hash bits its home is taken from (an index
-    /// is far shorter than 2^32 slots), and its entry's position has not changed. No
-    /// entry is read or hashed again, so a shard's growth touches its index only: at 5M
-    /// connections a growth read the shard's ~100 KB of entries and hashed each, for
-    /// the pauses of `docs/benchmarks.md` (stop 8).
-    fn resize_index(&mut self, len: usize) {
-        let old = std::mem::replace(&mut self.index, vec![0; len].into_boxed_slice());
-        let mask = self.mask();
-        for &slot in old.iter().filter(|&&s| s != 0) {
-            let i = self.free_slot_from((slot >> 32) as usize & mask);
-            if let Some(s) = self.index.get_mut(i) {
-                *s = slot;
-            }
-        }
-    }
-
-    /// A new index of `len` slots over the entries as they are, hashing each (after
-    /// their positions changed: `ConnTable::retain`).
-    fn rebuild(&mut self, len: usize, hasher: &RandomState) {
-        let len = len.max(index_len_for(self.entries.len()));
-        self.index = vec![0; len].into_boxed_slice();
-        for e in 0..self.entries.len() {
-            let Some(h) = self.entries.get(e).map(|(k, _)| hasher.hash_one(k)) else {
-                break;
-            };
-            let i = self.free_slot(h);
-            if let Some(slot) = self.index.get_mut(i) {
-                *slot = slot_of(h, e);
-            }
         }
     }
 }
@@ -480,72 +515,111 @@ mod tests {
         assert!(!t.is_empty());
     }
 
-    /// A shard under crafted hashes: long probe runs that wrap around the index's end,
-    /// removals from their middles (backward shifts), and entries moved by removals, all
-    /// checked against a model after each step. The shard hashes only the entries that
-    /// removals move, with this hasher, so every key's hash here is the hasher's own.
+    /// One shard under crafted hashes: keys that all fall in one shard and share their
+    /// home slot's low bits, so that they collide in long probe runs that wrap around the
+    /// index's end, with removals from the runs' middles (backward shifts) and entries
+    /// moved by removals (the store's last), all checked against a model after each step.
     #[test]
     fn shard_probe_runs_and_deletions() {
         let hasher = RandomState::with_seeds(1, 2, 3, 4);
-        let mut shard = Shard::default();
+        let mut t = ConnTable::with_hasher(hasher.clone());
         let mut model: HashMap<ConnKey, Conn> = HashMap::new();
-        // Keys whose hashes share their home slot's low bits, so that they collide once the
-        // index is small: found by trying keys until 64 share the 3 lowest bits of the tag.
-        let mut keys = Vec::new();
-        let mut i = 0;
-        while keys.len() < 64 {
-            let k = key(i);
-            if tag(hasher.hash_one(k)) & 7 == 7 {
-                keys.push(k);
-            }
-            i += 1;
-        }
-        let check = |shard: &Shard, model: &HashMap<ConnKey, Conn>| {
+        // Found by trying keys until 64 share the shard of the first and the 3 lowest bits
+        // of its tag.
+        let place = |k: ConnKey| {
+            let h = hasher.hash_one(k);
+            (h >> (64 - SHARD_BITS), tag(h) & 7)
+        };
+        let first = place(key(0));
+        let keys: Vec<ConnKey> = (0..)
+            .map(key)
+            .filter(|k| place(*k) == first)
+            .take(64)
+            .collect();
+        let shard_of = |t: &ConnTable| (first.0 as usize, t.shards[first.0 as usize].len);
+        let check = |t: &ConnTable, model: &HashMap<ConnKey, Conn>| {
             for k in &keys {
-                let got = shard
-                    .find(hasher.hash_one(k), k)
-                    .and_then(|(_, e)| shard.entries.get(e))
-                    .map(|(_, c)| *c);
-                assert_eq!(got, model.get(k).copied(), "{k:?}");
+                assert_eq!(t.get(k), model.get(k), "{k:?}");
             }
-            assert_eq!(shard.entries.len(), model.len());
-            assert!(shard.entries.len() * 2 <= shard.index.len().max(1));
+            let (s, len) = shard_of(t);
+            assert_eq!(len, model.len());
+            assert_eq!(t.len(), model.len());
+            let index = &t.shards[s].index;
+            assert!(len * 64 <= index.len().max(1) * 38, "at most 0.59 full");
+            assert_eq!(index.iter().filter(|&&s| s != 0).count(), len);
         };
         for (n, k) in keys.iter().enumerate() {
-            shard.push(hasher.hash_one(k), *k, conn(n as u32));
+            assert_eq!(t.insert(*k, conn(n as u32)), None);
             model.insert(*k, conn(n as u32));
-            check(&shard, &model);
+            check(&t, &model);
         }
         // Remove every third key, from the middles of runs, then re-add some.
         for (n, k) in keys.iter().enumerate().filter(|(n, _)| n % 3 == 1) {
-            assert_eq!(
-                shard.remove(hasher.hash_one(k), k, &hasher),
-                model.remove(k),
-                "remove {n}"
-            );
-            check(&shard, &model);
+            assert_eq!(t.remove(k), model.remove(k), "remove {n}");
+            check(&t, &model);
         }
         for (n, k) in keys.iter().enumerate().filter(|(n, _)| n % 6 == 1) {
-            shard.push(hasher.hash_one(k), *k, conn(1000 + n as u32));
+            assert_eq!(t.insert(*k, conn(1000 + n as u32)), None);
             model.insert(*k, conn(1000 + n as u32));
-            check(&shard, &model);
+            check(&t, &model);
         }
         // Absent keys miss, and removing one changes nothing.
         let absent = key(1 << 30);
-        assert_eq!(
-            shard.remove(hasher.hash_one(absent), &absent, &hasher),
-            None
-        );
-        check(&shard, &model);
+        assert_eq!(t.remove(&absent), None);
+        check(&t, &model);
         // Everything out, in reverse order.
         for k in keys.iter().rev() {
-            assert_eq!(
-                shard.remove(hasher.hash_one(k), k, &hasher),
-                model.remove(k)
-            );
-            check(&shard, &model);
+            assert_eq!(t.remove(k), model.remove(k));
+            check(&t, &model);
         }
-        assert!(shard.index.iter().all(|&s| s == 0), "no slot left behind");
+        let (s, _) = shard_of(&t);
+        assert!(t.shards[s].index.iter().all(|&s| s == 0), "no slot left behind");
+        assert!(t.is_empty());
+    }
+
+    /// The store is dense in chunks whatever the order of removals, and gives an emptied
+    /// chunk back only once the one before it is under half full.
+    #[test]
+    fn the_store_stays_dense_and_gives_chunks_back() {
+        let mut t = ConnTable::new();
+        let n = 3 * CHUNK as u32 + 100;
+        for i in 0..n {
+            t.insert(key(i), conn(i));
+        }
+        assert_eq!(t.entries.chunks.len(), 4);
+        let dense = |t: &ConnTable| {
+            let tail = t.len() / CHUNK;
+            let c = &t.entries.chunks;
+            c.iter().take(tail).all(|c| c.len() == CHUNK)
+                && c.iter().skip(tail + 1).all(Vec::is_empty)
+                && c.len() <= tail + 2
+                && c.iter().map(Vec::len).sum::<usize>() == t.len()
+        };
+        // From the front: every removal moves the last entry.
+        for i in 0..200 {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+            assert!(dense(&t));
+        }
+        // The fourth chunk emptied, but the third is still over half full: it is kept,
+        // and takes the next pushes once the third is full again.
+        assert_eq!(t.entries.chunks.len(), 4);
+        assert!(t.entries.chunks.last().is_some_and(Vec::is_empty));
+        for i in 0..200 {
+            assert_eq!(t.insert(key(i), conn(i)), None);
+            assert!(dense(&t));
+        }
+        assert_eq!(t.entries.chunks.last().map(Vec::len), Some(100));
+        for i in 0..200 {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+        }
+        for i in 200..(CHUNK as u32 / 2 + 300) {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+        }
+        assert!(dense(&t));
+        assert_eq!(t.entries.chunks.len(), 3, "given back under half of the third");
+        for i in (CHUNK as u32 / 2 + 300)..n {
+            assert_eq!(t.get(&key(i)), Some(&conn(i)), "{i}");
+        }
     }
 
     /// After a flood: a million connections in, all but a thousand out; the table gives
@@ -554,7 +628,7 @@ mod tests {
     fn a_drained_table_shrinks() {
         let mut t = ConnTable::new();
         let slots = |t: &ConnTable| t.shards.iter().map(|s| s.index.len()).sum::<usize>();
-        let capacity = |t: &ConnTable| t.shards.iter().map(|s| s.entries.capacity()).sum::<usize>();
+        let capacity = |t: &ConnTable| t.entries.chunks.iter().map(Vec::capacity).sum::<usize>();
         for i in 0..1_000_000 {
             t.insert(key(i), conn(i));
         }
