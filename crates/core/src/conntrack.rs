@@ -265,7 +265,9 @@ impl Entries {
 
     #[inline]
     fn get_mut(&mut self, p: usize) -> Option<&mut (ConnKey, Conn)> {
-        self.chunks.get_mut(p >> CHUNK_BITS)?.get_mut(p & (CHUNK - 1))
+        self.chunks
+            .get_mut(p >> CHUNK_BITS)?
+            .get_mut(p & (CHUNK - 1))
     }
 
     /// Append at position `len`.
@@ -573,7 +575,10 @@ mod tests {
             check(&t, &model);
         }
         let (s, _) = shard_of(&t);
-        assert!(t.shards[s].index.iter().all(|&s| s == 0), "no slot left behind");
+        assert!(
+            t.shards[s].index.iter().all(|&s| s == 0),
+            "no slot left behind"
+        );
         assert!(t.is_empty());
     }
 
@@ -616,7 +621,11 @@ mod tests {
             assert_eq!(t.remove(&key(i)), Some(conn(i)));
         }
         assert!(dense(&t));
-        assert_eq!(t.entries.chunks.len(), 3, "given back under half of the third");
+        assert_eq!(
+            t.entries.chunks.len(),
+            3,
+            "given back under half of the third"
+        );
         for i in (CHUNK as u32 / 2 + 300)..n {
             assert_eq!(t.get(&key(i)), Some(&conn(i)), "{i}");
         }
