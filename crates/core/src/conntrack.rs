@@ -223,27 +223,21 @@ impl ConnTable {
     }
 
     /// Keep only the connections `f` accepts (for instance, forget every connection of a
-    /// backend removed from its pool, whose flows are deleted). Rare (an operator's
-    /// change): the store is compacted and every index rebuilt, hashing each entry.
+    /// backend removed from its pool, whose flows are deleted). In place: each one `f`
+    /// refuses is removed as [`ConnTable::remove`] does, and the entry that takes its
+    /// place (one not yet seen) is offered next.
     pub fn retain(&mut self, mut f: impl FnMut(&ConnKey, &mut Conn) -> bool) {
-        let before = self.entries.len;
-        let kept: Vec<(ConnKey, Conn)> = std::mem::take(&mut self.entries)
-            .chunks
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, mut c)| f(&k, &mut c).then_some((k, c)))
-            .collect();
-        if kept.len() == before {
-            for e in kept {
-                self.entries.push(e);
+        let mut p = 0;
+        while p < self.entries.len {
+            let Some((k, c)) = self.entries.get_mut(p) else {
+                break;
+            };
+            if f(k, c) {
+                p += 1;
+            } else {
+                let k = *k;
+                self.remove(&k);
             }
-            return;
-        }
-        for shard in self.shards.iter_mut() {
-            *shard = Shard::default();
-        }
-        for (k, c) in kept {
-            self.insert(k, c);
         }
     }
 }
@@ -514,6 +508,13 @@ mod tests {
         a.sort_by_key(|e| e.0);
         b.sort_by_key(|e| e.0);
         assert_eq!(a, b);
+        for (k, c) in &b {
+            assert_eq!(
+                t.get(k),
+                Some(c),
+                "found through the index after the retain"
+            );
+        }
         assert!(!t.is_empty());
     }
 

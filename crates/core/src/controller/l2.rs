@@ -90,7 +90,7 @@ impl Controller {
         }
         // A service address is the controller's, never a host's: a partitioned service's
         // backends answer from it (direct return), and must not become "the VIP's host".
-        .filter(|&a| !self.services.iter().any(|s| s.cfg.vip == Some(a)));
+        .filter(|a| !self.service_addrs.contains(a));
         // Frames we sent ourselves as a VIP must not teach anything.
         if self.is_virtual_mac(frame.eth_src) {
             return;
@@ -116,7 +116,7 @@ impl Controller {
     }
 
     pub(crate) fn is_virtual_mac(&self, mac: MacAddr) -> bool {
-        self.services.iter().any(|s| s.cfg.virtual_mac == mac)
+        self.virtual_macs.contains(&mac)
     }
 
     /// Returns true when the ARP packet was consumed.
