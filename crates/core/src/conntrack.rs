@@ -165,7 +165,7 @@ impl ConnTable {
     }
 
     /// Record a decision. Returns the previous one if the key was already there. A table
-    /// at [`MAX_ENTRIES`] takes no new key (4 billion connections: memory runs out first).
+    /// at `MAX_ENTRIES` takes no new key (4 billion connections: memory runs out first).
     pub fn insert(&mut self, key: ConnKey, conn: Conn) -> Option<Conn> {
         let (h, s) = self.locate(&key);
         let shard = &mut self.shards[s & (SHARDS - 1)];
