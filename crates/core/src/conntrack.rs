@@ -58,10 +58,10 @@ pub enum Reply {
 }
 
 /// Shards of the connection table (a power of two). Many, so that each shard's occasional
-/// index growth is short: at 5M connections a shard's index is 32 KB (measured: 569–625 of
-/// 5M SYNs over 100 µs, 12–16 over 500 µs, when a growth also rehashed the shard's entries;
-/// `docs/benchmarks.md`, stop 8). More shards shorten the growths but their headers fall
-/// out of cache (16,384 lowered the peak).
+/// index growth is short: at 5M connections a shard's index is 32 KB (measured at 5M: 31–40
+/// of 5M SYNs over 100 µs, 1–7 over 500 µs; 569–625 and 12–16 when a growth also rehashed
+/// the shard's entries; `docs/benchmarks.md`, stops 8 and 9). More shards shorten the
+/// growths but their headers fall out of cache (16,384 lowered the peak).
 const SHARDS: usize = 4096;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 
@@ -94,8 +94,8 @@ const MAX_ENTRIES: usize = u32::MAX as usize - 1;
 ///   PACKET_IN path). The shards grow at loads spread between 0.41 and 0.59, so that they
 ///   do not all grow at about the same count.
 /// - A removal moves the last entry into the hole (the store stays dense) and mends that
-///   entry's slot; the store gives back a chunk once it is emptied, and a shard's index
-///   shrinks below an eighth full.
+///   entry's slot; the store gives an emptied chunk back once the chunk before it is under
+///   half full, and a shard's index shrinks below an eighth full.
 ///
 /// The shard is chosen by the top 12 bits of a keyed hash (ahash); the slot and the tag
 /// both come from its bits 20..52 (the slot from the tag's low bits).
