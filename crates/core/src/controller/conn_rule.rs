@@ -569,6 +569,28 @@ mod tests {
         assert!(got.is_empty(), "over 64 KiB: nothing appended");
     }
 
+    /// An encoding outbox frames only what was appended: a PACKET_OUT too long to encode
+    /// leaves no (empty) frame, whose xid the runtime would write over the next message.
+    #[test]
+    fn an_unencodable_packet_out_leaves_no_frame() {
+        let mut out = crate::controller::Outbox::encoding();
+        let huge = Bytes::from(vec![0u8; 70_000]);
+        let small = Bytes::from_static(b"frame");
+        let po = |data| ConnPacketOut {
+            in_port: 3,
+            rewrite: Rewrite::default(),
+            out_port: 9,
+            data,
+        };
+        out.push_conn_packet_out(1, &po(&huge));
+        assert!(out.is_empty());
+        out.push_conn_packet_out(1, &po(&small));
+        let enc = out.encoded_mut().expect("an encoding outbox");
+        let frames: Vec<(u64, ofp::MsgType, usize)> =
+            enc.iter().map(|(d, t, b)| (d, t, b.len())).collect();
+        assert_eq!(frames, vec![(1, ofp::MsgType::PacketOut, 24 + 16 + 5)]);
+    }
+
     /// Every shape a connection rule takes encodes to the bytes of its general FLOW_MOD,
     /// which decode back to it.
     #[test]

@@ -81,6 +81,26 @@ impl Encoded {
         self.frames.clear();
     }
 
+    /// One message that `encode` appends (whole, or nothing when it cannot), framed only
+    /// if it did: an empty frame would have the runtime write its xid over the next one's.
+    #[inline]
+    fn push_with(
+        &mut self,
+        dpid: Dpid,
+        msg_type: ofp::MsgType,
+        encode: impl FnOnce(&mut BytesMut),
+    ) {
+        let before = self.bytes.len();
+        encode(&mut self.bytes);
+        if self.bytes.len() != before {
+            self.frames.push(EncodedFrame {
+                dpid,
+                msg_type,
+                end: self.bytes.len(),
+            });
+        }
+    }
+
     fn push(&mut self, dpid: Dpid, msg: &(impl ofp::Encode + ?Sized)) {
         match ofp::encode(0, msg, &mut self.bytes) {
             // `encode` appends nothing when it fails.
@@ -125,14 +145,7 @@ impl Outbox {
     #[inline]
     pub(crate) fn push_conn_rule(&mut self, dpid: Dpid, rule: &conn_rule::ConnRule) {
         match &mut self.encoded {
-            Some(e) => {
-                rule.encode(&mut e.bytes);
-                e.frames.push(EncodedFrame {
-                    dpid,
-                    msg_type: ofp::MsgType::FlowMod,
-                    end: e.bytes.len(),
-                });
-            }
+            Some(e) => e.push_with(dpid, ofp::MsgType::FlowMod, |b| rule.encode(b)),
             None => self.msgs.push((dpid, Message::FlowMod(rule.flow_mod()))),
         }
     }
@@ -141,17 +154,7 @@ impl Outbox {
     #[inline]
     pub(crate) fn push_conn_packet_out(&mut self, dpid: Dpid, po: &conn_rule::ConnPacketOut<'_>) {
         match &mut self.encoded {
-            Some(e) => {
-                let before = e.bytes.len();
-                po.encode(&mut e.bytes);
-                if e.bytes.len() != before {
-                    e.frames.push(EncodedFrame {
-                        dpid,
-                        msg_type: ofp::MsgType::PacketOut,
-                        end: e.bytes.len(),
-                    });
-                }
-            }
+            Some(e) => e.push_with(dpid, ofp::MsgType::PacketOut, |b| po.encode(b)),
             None => self.msgs.push((dpid, po.message())),
         }
     }
