@@ -185,6 +185,17 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             assert_eq!(lost, 0, "lost probes ({extra:?}):\n{table}");
         }
         assert!(table.contains("p99"), "{table}");
+        // Each run not measured through a window of 256 says what its tail is made of
+        // (a count over 100 µs, or that there was none).
+        let tails = table.matches("\nTail of flowgate, ").count();
+        let windowed = table
+            .matches("| throughput (256 outstanding/switch)")
+            .count();
+        assert_eq!(tails, expected - windowed, "{table}");
+        assert!(
+            table.contains("setups over 100 µs (") || table.contains("no setup took over 100 µs"),
+            "{table}"
+        );
         // The bench checked the controller's affinity before it measured.
         assert_eq!(
             extra.contains(&"--pin"),
@@ -228,6 +239,8 @@ fn bench_controller_library_checks_every_answer() {
         r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.p999_us,
         "{r:?}"
     );
+    // A window of 256 queues every probe: no bursts are looked for.
+    assert!(r.measured > 0 && r.bursts.is_none(), "{r:?}");
 }
 
 /// A flowgate controller started by hand (the library's spawner needs FLOWGATE_BIN).

@@ -12,6 +12,8 @@ use anyhow::{Context, bail};
 use flowgate_packet::MacAddr;
 use hdrhistogram::Histogram;
 
+use super::bursts::Bursts;
+
 use super::switch::{
     CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, run_switch_in,
 };
@@ -156,6 +158,10 @@ pub struct RunResult {
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// Setups with a latency: those answered during the measured loops.
+    pub measured: u64,
+    /// The slow ones among them, in bursts (open loop and latency mode).
+    pub bursts: Option<Bursts>,
     pub sent: u64,
     pub valid: u64,
     pub invalid: u64,
@@ -391,8 +397,12 @@ async fn measure_async(
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut samples = Vec::new();
     let mut errors = Vec::new();
-    for r in results {
+    let (mut slow, mut capped) = (Vec::new(), false);
+    for (i, r) in results.into_iter().enumerate() {
         hist.add(&r.hist)?;
+        let i = u16::try_from(i).unwrap_or(u16::MAX);
+        slow.extend(r.slow.into_iter().map(|t| (t, i)));
+        capped |= r.slow_capped;
         samples.extend(r.samples);
         errors.extend(r.error);
     }
@@ -423,6 +433,8 @@ async fn measure_async(
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
         max_us: hist.max(),
+        measured: hist.len(),
+        bursts: super::bursts::looked_for(&pace).then(|| Bursts::of(slow, n, capped)),
         sent: total(|c| c.sent.load(Ordering::Relaxed)),
         valid: total(|c| c.valid.load(Ordering::Relaxed)),
         invalid: total(|c| c.invalid.load(Ordering::Relaxed)),

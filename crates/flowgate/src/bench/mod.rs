@@ -6,11 +6,13 @@
 //! - [`datapath`]: HTTP requests/s and p99 through flowgate's VIP, HAProxy, nginx, and
 //!   straight to a backend, on one Open vSwitch bridge with the same namespaces.
 //! - [`memory`]: resident bytes per tracked connection.
+//! - [`bursts`]: what the latency tail of a run is made of.
 //! - [`cluster`]: the distributed mode: spill latency, and a domain's flow setup against
 //!   single-controller mode, in one run with one etcd.
 //!
 //! Each prints a Markdown table and writes it to `--out FILE` when asked.
 
+pub mod bursts;
 pub mod cluster;
 pub mod controller;
 pub mod datapath;
@@ -148,6 +150,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 }
                 if !r.errors.is_empty() {
                     body += &format!("\nSwitch errors with {}: {:?}\n", r.controller, r.errors);
+                }
+                if let Some(b) = &r.bursts {
+                    body += &format!(
+                        "\nTail of {}, {}: {}.\n",
+                        r.controller,
+                        r.pace,
+                        b.sentence(r.measured, r.switches)
+                    );
                 }
             }
             emit(

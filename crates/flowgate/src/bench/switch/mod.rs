@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::bursts;
 use bytes::{Buf, Bytes, BytesMut};
 use flowgate_packet::{self as packet, L3, MacAddr};
 use hdrhistogram::Histogram;
@@ -132,6 +133,10 @@ pub type Samples = Vec<String>;
 
 pub struct SwitchResult {
     pub hist: Histogram<u64>,
+    /// When the setups over [`bursts::SLOW`] were sent (the first
+    /// [`bursts::KEEP_PER_SWITCH`]), and whether there were more.
+    pub slow: Vec<Instant>,
+    pub slow_capped: bool,
     pub samples: Samples,
     pub error: Option<String>,
     /// Per backend of the plan (by index): complete VIP answers naming it, and when the
@@ -153,6 +158,8 @@ struct Sw {
     fifo: VecDeque<Instant>,
     vip_mac: MacAddr,
     hist: Histogram<u64>,
+    slow: Vec<Instant>,
+    slow_capped: bool,
     samples: Samples,
     /// Open loop: the schedule and this switch's place in it.
     open: Option<(Arc<OpenLoop>, usize)>,
@@ -216,6 +223,8 @@ pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>)
     let error = sw.run(controller).await.err();
     SwitchResult {
         hist: sw.hist,
+        slow: sw.slow,
+        slow_capped: sw.slow_capped,
         samples: sw.samples,
         error,
         by_backend: sw.by_backend,
@@ -250,6 +259,8 @@ impl Sw {
             fifo: VecDeque::new(),
             vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
             hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
+            slow: Vec::new(),
+            slow_capped: false,
             samples: Vec::new(),
             open,
             hello_seen: false,
@@ -627,8 +638,15 @@ impl Sw {
     fn record(&mut self, now: Instant, sent: Instant) {
         self.counters.valid.fetch_add(1, Ordering::Relaxed);
         if self.flags.measuring.load(Ordering::Relaxed) {
-            let us = now.saturating_duration_since(sent).as_micros() as u64;
-            let _ = self.hist.record(us.max(1));
+            let took = now.saturating_duration_since(sent);
+            let _ = self.hist.record((took.as_micros() as u64).max(1));
+            if took > bursts::SLOW && bursts::looked_for(&self.pace) {
+                if self.slow.len() < bursts::KEEP_PER_SWITCH {
+                    self.slow.push(sent);
+                } else {
+                    self.slow_capped = true;
+                }
+            }
         }
     }
 
