@@ -189,9 +189,18 @@ impl ConnTable {
     }
 
     pub fn remove(&mut self, key: &ConnKey) -> Option<Conn> {
+        self.remove_if(key, |_| true)
+    }
+
+    /// Remove the connection of `key` if `f` accepts it: one lookup, where a `get` and
+    /// then a `remove` would make two.
+    pub fn remove_if(&mut self, key: &ConnKey, f: impl FnOnce(&Conn) -> bool) -> Option<Conn> {
         let (h, s) = self.locate(key);
         let shard = &mut self.shards[s & (SHARDS - 1)];
         let (i, e) = shard.find(h, key, &self.entries)?;
+        if !self.entries.get(e).is_some_and(|(_, c)| f(c)) {
+            return None;
+        }
         shard.delete_slot(i);
         shard.len -= 1;
         shard.shrink_if_sparse();
@@ -475,6 +484,22 @@ mod tests {
 
     /// The sharded table behaves as one map: checked against std's HashMap through
     /// inserts, replacements, removals and a retain, across many shard growths.
+    #[test]
+    fn remove_if_removes_only_what_it_accepts() {
+        let mut t = ConnTable::new();
+        let k = key(1);
+        t.insert(k, conn(3));
+        assert_eq!(
+            t.remove_if(&k, |c| c.tag == 4),
+            None,
+            "another connection's tag"
+        );
+        assert_eq!(t.get(&k).map(|c| c.tag), Some(3), "still there");
+        assert_eq!(t.remove_if(&key(2), |_| true), None, "not in the table");
+        assert_eq!(t.remove_if(&k, |c| c.tag == 3).map(|c| c.tag), Some(3));
+        assert!(t.get(&k).is_none() && t.is_empty());
+    }
+
     #[test]
     fn behaves_as_one_map() {
         let mut t = ConnTable::new();

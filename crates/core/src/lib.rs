@@ -34,4 +34,4 @@ pub mod topology;
 pub mod testkit;
 
 pub use config::Config;
-pub use controller::{Controller, Encoded, EncodedFrame, Outbox};
+pub use controller::{Controller, Encoded, EncodedFrame, Outbox, RuleEnded};

@@ -8,8 +8,8 @@ use std::net::Ipv4Addr;
 use crate::framing::Framer;
 use crate::msg::{Message, decode, encode};
 use crate::oxm::ofb;
-use crate::view::{ActionRef, FlowModView, OxmRef, PacketOutView};
-use crate::{Action, FlowMod, Instruction, MsgType, Oxm};
+use crate::view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketOutView};
+use crate::{Action, FlowMod, FlowRemoved, Instruction, MsgType, Oxm};
 
 /// Decode arbitrary bytes; if that succeeds, encoding must succeed, decoding the encoding
 /// must give the same message, and encoding that again the same bytes (a fixpoint). The
@@ -34,9 +34,10 @@ pub fn decode_target(data: &[u8]) {
     assert_eq!(out.len(), data.len(), "decode→encode changed the length");
 }
 
-/// A FLOW_MOD or PACKET_OUT view of `data` fails exactly when `decode` fails, with the
-/// same error, and otherwise yields what `decode` yields: the fixed fields, the match's
-/// TLVs, the instructions and actions in order, and the typed accessors' values.
+/// A FLOW_MOD, PACKET_OUT or FLOW_REMOVED view of `data` fails exactly when `decode`
+/// fails, with the same error, and otherwise yields what `decode` yields: the fixed
+/// fields, the match's TLVs, the instructions and actions in order, and the typed
+/// accessors' values.
 pub fn view_target(data: &[u8]) {
     let decoded = decode(Bytes::copy_from_slice(data));
     match data.get(1).copied() {
@@ -65,11 +66,50 @@ pub fn view_target(data: &[u8]) {
                 _ => panic!("view {view:?} but decode {decoded:?}"),
             }
         }
+        Some(t) if t == MsgType::FlowRemoved as u8 => {
+            let view = FlowRemovedView::new(data);
+            match (&view, &decoded) {
+                (Ok(v), Ok((xid, Message::FlowRemoved(fr)))) => {
+                    assert_eq!(v.xid(), *xid);
+                    flow_removed_agrees(v, fr);
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "view and decode fail differently"),
+                _ => panic!("view {view:?} but decode {decoded:?}"),
+            }
+        }
         // Another type: the views refuse it, whether `decode` takes it or not.
         _ => {
             assert!(FlowModView::new(data).is_err());
             assert!(PacketOutView::new(data).is_err());
+            assert!(FlowRemovedView::new(data).is_err());
         }
+    }
+}
+
+fn flow_removed_agrees(v: &FlowRemovedView<'_>, fr: &FlowRemoved) {
+    let fixed = (
+        v.cookie(),
+        v.priority(),
+        v.reason(),
+        v.table_id(),
+        (v.duration_sec(), v.duration_nsec()),
+        (v.idle_timeout(), v.hard_timeout()),
+        (v.packet_count(), v.byte_count()),
+    );
+    let want = (
+        fr.cookie,
+        fr.priority,
+        fr.reason,
+        fr.table_id,
+        (fr.duration_sec, fr.duration_nsec),
+        (fr.idle_timeout, fr.hard_timeout),
+        (fr.packet_count, fr.byte_count),
+    );
+    assert_eq!(fixed, want);
+    let fields: Vec<OxmRef<'_>> = v.match_fields().collect();
+    assert_eq!(fields.len(), fr.match_.len());
+    for (o, want) in fields.iter().zip(fr.match_.iter()) {
+        oxm_agrees(o, want, false);
     }
 }
 

@@ -10,8 +10,8 @@
 //! - [`Match`] / [`Oxm`] with prerequisite checks ([`Match::validate`]); unknown OXM
 //!   classes, experimenter actions/instructions and unknown properties are kept opaque so
 //!   `encode(decode(x)) == x`.
-//! - [`FlowModView`] / [`PacketOutView`]: borrowed, allocation-free views over a received
-//!   FLOW_MOD or PACKET_OUT frame, checked as [`decode`] checks it, for readers that look at
+//! - [`FlowModView`] / [`PacketOutView`] / [`FlowRemovedView`]: borrowed, allocation-free
+//!   views over a received FLOW_MOD, PACKET_OUT or FLOW_REMOVED frame, checked as [`decode`] checks it, for readers that look at
 //!   a few fields of many messages.
 //! - [`negotiate_version`] for the HELLO exchange, [`MultipartAssembler`] for replies split
 //!   with OFPMPF_REPLY_MORE, [`decode_file_bytes`] for files of concatenated messages.
@@ -71,7 +71,7 @@ pub use msg::table::TableMod;
 pub use msg::{Encode, Message, decode, decode_into, encode};
 pub use oxm::{Match, MatchError, Oxm, OxmId, RawOxm};
 pub use strings::{FixedStr, PortName};
-pub use view::{ActionRef, FlowModView, OxmRef, PacketOutView};
+pub use view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketOutView};
 
 /// Wire version of OpenFlow 1.3.
 pub const OFP_VERSION: u8 = 0x04;

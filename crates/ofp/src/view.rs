@@ -1,8 +1,8 @@
-//! Borrowed, zero-allocation views over a received OFPT_FLOW_MOD (§7.3.4.1) or
-//! OFPT_PACKET_OUT (§7.3.7) frame, in the smoltcp `Packet<&[u8]>` style: the constructor
+//! Borrowed, zero-allocation views over a received OFPT_FLOW_MOD (§7.3.4.1),
+//! OFPT_PACKET_OUT (§7.3.7) or OFPT_FLOW_REMOVED (§7.4.2) frame, in the smoltcp `Packet<&[u8]>` style: the constructor
 //! checks every length against the frame, then the accessors and iterators read the wire
 //! directly. For a reader that looks at a few fields of each of many messages (the bench's
-//! emulated switches check every answer), where [`crate::decode`] would build the whole
+//! emulated switches check every answer; the controller reads every FLOW_REMOVED), where [`crate::decode`] would build the whole
 //! owned message.
 //!
 //! A constructor fails exactly when [`crate::decode`] fails on the same frame, with the
@@ -21,7 +21,7 @@ use crate::action::{Action, action_type};
 use crate::error::DecodeError;
 use crate::header::{HEADER_LEN, MsgType};
 use crate::instruction::{Instruction, instruction_type};
-use crate::msg::flow::{FlowModCommand, FlowModFixed, FlowModFlags};
+use crate::msg::flow::{FlowModCommand, FlowModFixed, FlowModFlags, FlowRemovedReason};
 use crate::oxm::{OFPMT_OXM, Oxm, basic_shape, class};
 use crate::wire::{Reader, padded8};
 
@@ -595,6 +595,89 @@ impl<'a> PacketOutView<'a> {
     #[inline]
     pub fn data(&self) -> &'a [u8] {
         self.data
+    }
+}
+
+/// A checked OFPT_FLOW_REMOVED frame (§7.4.2): what a controller reads of each rule the
+/// switch reports gone, one or two per connection, as often as connections start.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowRemovedView<'a> {
+    frame: &'a [u8],
+    fields: &'a [u8],
+}
+
+impl<'a> FlowRemovedView<'a> {
+    /// Check a whole frame (as [`crate::Framer`] yields) as [`crate::decode`] would.
+    #[inline]
+    pub fn new(frame: &'a [u8]) -> Result<Self, DecodeError> {
+        let mut c = Cur(body_of(frame, MsgType::FlowRemoved)?);
+        c.take(40)?;
+        let fields = check_match(&mut c)?;
+        // `decode`: every byte the header claims belongs to the message.
+        if !c.0.is_empty() {
+            return Err(DecodeError::BadLength);
+        }
+        Ok(FlowRemovedView { frame, fields })
+    }
+    /// The header's xid.
+    #[inline]
+    pub fn xid(&self) -> u32 {
+        be32(self.frame, 4)
+    }
+    /// `cookie`.
+    #[inline]
+    pub fn cookie(&self) -> u64 {
+        be64(self.frame, 8)
+    }
+    /// `priority`.
+    #[inline]
+    pub fn priority(&self) -> u16 {
+        be16(self.frame, 16)
+    }
+    /// `reason`.
+    #[inline]
+    pub fn reason(&self) -> FlowRemovedReason {
+        FlowRemovedReason::from_raw(self.frame.get(18).copied().unwrap_or(0))
+    }
+    /// `table_id`.
+    #[inline]
+    pub fn table_id(&self) -> u8 {
+        self.frame.get(19).copied().unwrap_or(0)
+    }
+    /// `duration_sec`.
+    #[inline]
+    pub fn duration_sec(&self) -> u32 {
+        be32(self.frame, 20)
+    }
+    /// `duration_nsec`.
+    #[inline]
+    pub fn duration_nsec(&self) -> u32 {
+        be32(self.frame, 24)
+    }
+    /// `idle_timeout`.
+    #[inline]
+    pub fn idle_timeout(&self) -> u16 {
+        be16(self.frame, 28)
+    }
+    /// `hard_timeout`.
+    #[inline]
+    pub fn hard_timeout(&self) -> u16 {
+        be16(self.frame, 30)
+    }
+    /// `packet_count`.
+    #[inline]
+    pub fn packet_count(&self) -> u64 {
+        be64(self.frame, 32)
+    }
+    /// `byte_count`.
+    #[inline]
+    pub fn byte_count(&self) -> u64 {
+        be64(self.frame, 40)
+    }
+    /// The match's OXM TLVs, in order.
+    #[inline]
+    pub fn match_fields(&self) -> OxmIter<'a> {
+        OxmIter { rest: self.fields }
     }
 }
 

@@ -81,8 +81,9 @@ fn packet_in_to_flow_mods_and_packet_out_allocates_nothing() {
     assert_eq!(msgs.len(), 3);
 }
 
-/// The borrowed views over the answer (two FLOW_MODs and a PACKET_OUT), walked field by
-/// field and action by action, allocate nothing either.
+/// The borrowed views over the answer (two FLOW_MODs and a PACKET_OUT) and over the
+/// forward rule's FLOW_REMOVED, walked field by field and action by action, allocate
+/// nothing either.
 #[test]
 fn views_of_flow_mods_and_packet_out_allocate_nothing() {
     let mut out = BytesMut::with_capacity(4096);
@@ -96,14 +97,40 @@ fn views_of_flow_mods_and_packet_out_allocate_nothing() {
         rest = r;
     }
     assert_eq!(frames.len(), 3);
+    // And the FLOW_REMOVED of the forward rule, when its connection ends.
+    let removed = ofp::decode(bytes::Bytes::copy_from_slice(frames[0]))
+        .ok()
+        .and_then(|(_, m)| match m {
+            ofp::Message::FlowMod(fm) => Some(ofp::Message::FlowRemoved(ofp::FlowRemoved {
+                cookie: fm.cookie,
+                priority: fm.priority,
+                reason: ofp::FlowRemovedReason::IdleTimeout,
+                table_id: fm.table_id,
+                duration_sec: 12,
+                duration_nsec: 0,
+                idle_timeout: fm.idle_timeout,
+                hard_timeout: fm.hard_timeout,
+                packet_count: 9,
+                byte_count: 900,
+                match_: fm.match_,
+            })),
+            _ => None,
+        })
+        .expect("the first answer is a FLOW_MOD");
+    let mut removed_frame = BytesMut::new();
+    ofp::encode(7, &removed, &mut removed_frame).expect("encode FLOW_REMOVED");
+    frames.push(&removed_frame[..]);
     let walk = |f: &[u8]| -> usize {
-        if let Ok(fm) = ofp::FlowModView::new(f) {
+        if let Ok(fr) = ofp::FlowRemovedView::new(f) {
+            fr.match_fields().map(|o| o.payload().len()).sum::<usize>()
+                + usize::from(fr.packet_count() == 9)
+        } else if let Ok(fm) = ofp::FlowModView::new(f) {
             fm.match_fields().map(|o| o.payload().len()).sum::<usize>()
                 + fm.actions().filter_map(|a| a.output()).count()
         } else if let Ok(po) = ofp::PacketOutView::new(f) {
             po.actions().filter_map(|a| a.set_field()).count() + po.data().len()
         } else {
-            panic!("neither a FLOW_MOD nor a PACKET_OUT")
+            panic!("neither a FLOW_MOD, a PACKET_OUT nor a FLOW_REMOVED")
         }
     };
     ALLOCS.store(0, Ordering::Relaxed);
@@ -117,5 +144,5 @@ fn views_of_flow_mods_and_packet_out_allocate_nothing() {
     WATCH.with(|w| w.set(false));
     let n = ALLOCS.load(Ordering::Relaxed);
     assert_eq!(n, 0, "{n} heap allocations in 1000 walks");
-    assert!(seen > 1000 * 3 * 8, "the views yielded too little: {seen}");
+    assert!(seen > 1000 * 4 * 8, "the views yielded too little: {seen}");
 }

@@ -499,8 +499,36 @@ fn arb_odd_packet_out() -> impl Strategy<Value = Message> {
     )
 }
 
-fn arb_flow_mod_or_packet_out() -> impl Strategy<Value = Message> {
+fn arb_flow_removed() -> impl Strategy<Value = Message> {
+    (
+        any::<[u64; 3]>(),
+        any::<u16>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<[u32; 2]>(),
+        any::<[u16; 2]>(),
+        vec(prop_oneof![arb_oxm(), arb_odd_oxm()], 0..8),
+    )
+        .prop_map(|(c, priority, reason, table_id, d, t, fields)| {
+            Message::FlowRemoved(FlowRemoved {
+                cookie: c[0],
+                priority,
+                reason: FlowRemovedReason::from_raw(reason),
+                table_id,
+                duration_sec: d[0],
+                duration_nsec: d[1],
+                idle_timeout: t[0],
+                hard_timeout: t[1],
+                packet_count: c[1],
+                byte_count: c[2],
+                match_: fields.into_iter().collect(),
+            })
+        })
+}
+
+fn arb_viewed() -> impl Strategy<Value = Message> {
     prop_oneof![
+        arb_flow_removed(),
         arb_flow_mod().prop_map(Message::FlowMod),
         (any::<u32>(), any::<u32>(), arb_actions(), bytes_len(0..100)).prop_map(
             |(buffer_id, in_port, actions, data)| Message::PacketOut(PacketOut {
@@ -516,14 +544,15 @@ fn arb_flow_mod_or_packet_out() -> impl Strategy<Value = Message> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
-    /// The borrowed views of an encoded FLOW_MOD or PACKET_OUT yield exactly what `decode`
+    /// The borrowed views of an encoded FLOW_MOD, PACKET_OUT or FLOW_REMOVED yield exactly what `decode`
     /// yields (`fuzzing::view_target` compares every field, TLV and accessor).
     #[test]
-    fn views_yield_what_decode_yields(xid in any::<u32>(), msg in arb_flow_mod_or_packet_out()) {
+    fn views_yield_what_decode_yields(xid in any::<u32>(), msg in arb_viewed()) {
         let mut out = BytesMut::new();
         encode(xid, &msg, &mut out).expect("encode");
         match &msg {
             Message::FlowMod(_) => prop_assert!(FlowModView::new(&out).is_ok()),
+            Message::FlowRemoved(_) => prop_assert!(FlowRemovedView::new(&out).is_ok()),
             _ => prop_assert!(PacketOutView::new(&out).is_ok()),
         }
         ofp::fuzzing::view_target(&out);
@@ -536,7 +565,7 @@ proptest! {
     #[test]
     fn views_fail_exactly_when_decode_fails(
         xid in any::<u32>(),
-        msg in prop_oneof![arb_flow_mod_or_packet_out(), arb_odd_flow_mod(), arb_odd_packet_out()],
+        msg in prop_oneof![arb_viewed(), arb_odd_flow_mod(), arb_odd_packet_out()],
         edits in vec((any::<usize>(), any::<u8>()), 0..3),
         resize in prop_oneof![Just(None), (0usize..400).prop_map(Some)],
         fix_length in any::<bool>(),
@@ -558,9 +587,10 @@ proptest! {
         ofp::fuzzing::view_target(&frame);
     }
 
-    /// Arbitrary bodies behind a FLOW_MOD or PACKET_OUT header of the right length.
+    /// Arbitrary bodies behind a FLOW_MOD, PACKET_OUT or FLOW_REMOVED header of the right
+    /// length.
     #[test]
-    fn views_never_panic_on_arbitrary_bodies(typ in prop_oneof![Just(13u8), Just(14u8)], body in vec(any::<u8>(), 0..200)) {
+    fn views_never_panic_on_arbitrary_bodies(typ in prop_oneof![Just(13u8), Just(14u8), Just(11u8)], body in vec(any::<u8>(), 0..200)) {
         let mut frame = vec![OFP_VERSION, typ, 0, 0, 0, 0, 0, 1];
         frame.extend_from_slice(&body);
         let n = (frame.len() as u16).to_be_bytes();

@@ -7,6 +7,8 @@
 //! benchmark and the simulator drive the same state machine directly.
 
 mod conn_rule;
+mod ended;
+pub use ended::RuleEnded;
 pub mod handshake;
 mod l2;
 mod nicira;
@@ -30,7 +32,7 @@ use smallvec::SmallVec;
 use crate::balance::{AlgorithmKind, AlgorithmParams};
 use crate::config::{BackendConfig, Config, ControllerConfig};
 use crate::conntrack::ConnTable;
-use crate::cookie::{self, RuleKind};
+use crate::cookie::RuleKind;
 use crate::service::{AdminState, BackendState, ServiceState};
 use crate::topology::{Dpid, PortInfo, Topology};
 
@@ -492,7 +494,7 @@ impl Controller {
                 }
                 self.handle_packet_in(now, dpid, pi, out);
             }
-            Message::FlowRemoved(fr) => self.handle_flow_removed(now, fr),
+            Message::FlowRemoved(fr) => self.handle_rule_ended(now, &RuleEnded::of_message(fr)),
             Message::PortStatus(ps) => {
                 match ps.reason {
                     PortReason::Delete => self.topo.remove_port(dpid, ps.desc.port_no),
@@ -541,92 +543,6 @@ impl Controller {
             up,
         };
         self.topo.set_port(dpid, p.port_no, info);
-    }
-
-    fn handle_flow_removed(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
-        self.counters.flow_removed += 1;
-        if cookie::kind_of(fr.cookie) != Some(RuleKind::Conn) {
-            return;
-        }
-        if fr.cookie & cookie::conn::OUTCOME != 0 {
-            self.record_outcome(now, fr);
-            return;
-        }
-        if fr.cookie & cookie::conn::ACCOUNTING == 0 {
-            return;
-        }
-        if let Some(key) = vip::conn_key_of_forward_match(&fr.match_) {
-            // Only the rule of the connection in the table ends it: the rule of an earlier
-            // connection on the same 4-tuple (replaced by this one's, or expired just as
-            // the new SYN came up) was accounted for when the new one was decided.
-            let current = self
-                .conns
-                .get(&key)
-                .is_some_and(|c| c.tag == rules::conn_tag_of(fr.cookie));
-            if current {
-                if let Some(conn) = self.conns.remove(&key) {
-                    if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
-                        s.record_end(usize::from(conn.backend));
-                    }
-                }
-            }
-        }
-    }
-
-    /// A connection's reverse rule at the client's edge ended: did its backend answer?
-    ///
-    /// Passive outlier detection (Envoy-style) from what the switch and the controller
-    /// saw, erring on the side of no verdict: a connection counts as failed only when the
-    /// backend never sent a packet through the rule, none reached the controller either,
-    /// and the rule lived at least a second (a connection can be over before its rules
-    /// settle, all of it through the controller); a RST from the backend is counted when
-    /// it reaches the controller. Enough failures in a row eject the backend.
-    fn record_outcome(&mut self, now: Instant, fr: &ofp::FlowRemoved) {
-        let (si, bi) = cookie::conn::indexes(fr.cookie);
-        let (mut src, mut sport, mut dst, mut dport) = (None, None, None, None);
-        for o in fr.match_.iter() {
-            match *o {
-                ofp::Oxm::Ipv4Src { value, mask: None } => src = Some(value),
-                ofp::Oxm::Ipv4Dst { value, mask: None } => dst = Some(value),
-                ofp::Oxm::TcpSrc(p) => sport = Some(p),
-                ofp::Oxm::TcpDst(p) => dport = Some(p),
-                _ => {}
-            }
-        }
-        let (Some(src), Some(sport), Some(dst), Some(dport)) = (src, sport, dst, dport) else {
-            return;
-        };
-        // The indexes may be stale after a reload: trust them only if the rule's source
-        // address is still that backend's.
-        let Some(b) = self
-            .services
-            .get(usize::from(si))
-            .and_then(|s| s.backends.get(usize::from(bi)))
-        else {
-            return;
-        };
-        if b.address != src {
-            return;
-        }
-        let current = self
-            .find_by_backend(src, sport, dst, dport)
-            .filter(|(_, c)| c.tag == rules::conn_tag_of(fr.cookie));
-        let verdict = match current {
-            Some((_, conn)) => match conn.reply {
-                crate::conntrack::Reply::Reset => None,
-                crate::conntrack::Reply::Answered => Some(true),
-                crate::conntrack::Reply::Unseen if fr.packet_count > 0 => Some(true),
-                crate::conntrack::Reply::Unseen if fr.duration_sec >= 1 => Some(false),
-                crate::conntrack::Reply::Unseen => None,
-            },
-            // The connection's accounting already ended (or it predates this controller):
-            // only a clear success is a verdict.
-            None if fr.packet_count >= 2 => Some(true),
-            None => None,
-        };
-        if let Some(answered) = verdict {
-            self.count_outcome(now, si, bi, answered);
-        }
     }
 
     /// Count one connection's outcome toward its backend's outlier state.

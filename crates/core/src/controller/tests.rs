@@ -9,6 +9,7 @@ use flowgate_packet as packet;
 use ofp::{Message, MultipartReply, MultipartReplyBody};
 
 use super::*;
+use crate::cookie;
 use crate::testkit::sim::*;
 
 fn service_config(algorithm: &str, backends: &[u8]) -> String {
@@ -211,44 +212,56 @@ fn a_drained_backend_takes_no_new_connections_and_keeps_its_old_ones() {
 
 #[test]
 fn flow_removed_ends_the_connection_and_its_count() {
-    let mut sim = single_switch("least-connections");
-    sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 44000), (VIP, 80), SYN));
-    assert_eq!(sim.c.connections().len(), 1);
-    let (key, _) = sim
-        .c
-        .connections()
-        .iter()
-        .next()
-        .map(|(k, c)| (*k, *c))
-        .unwrap();
-    let m = rules::tcp_match(
-        Some(key.client),
-        Some(key.service_addr),
-        Some(key.client_port),
-        Some(key.service_port),
-    );
-    let fr = ofp::FlowRemoved {
-        cookie: cookie::cookie(RuleKind::Conn, cookie::conn::ACCOUNTING),
-        priority: rules::PRIO_CONN,
-        reason: ofp::FlowRemovedReason::IdleTimeout,
-        table_id: 0,
-        duration_sec: 31,
-        duration_nsec: 0,
-        idle_timeout: 30,
-        hard_timeout: 0,
-        packet_count: 10,
-        byte_count: 1000,
-        match_: m,
-    };
-    sim.c
-        .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
-    assert_eq!(sim.c.connections().len(), 0);
-    let active: u32 = sim.c.services()[0]
-        .backends
-        .iter()
-        .map(|b| b.active_connections)
-        .sum();
-    assert_eq!(active, 0);
+    // Decoded into a message (tests, tools), or read from the frame (the runtime).
+    for from_frame in [false, true] {
+        let mut sim = single_switch("least-connections");
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 44000), (VIP, 80), SYN));
+        assert_eq!(sim.c.connections().len(), 1);
+        let (key, _) = sim
+            .c
+            .connections()
+            .iter()
+            .next()
+            .map(|(k, c)| (*k, *c))
+            .unwrap();
+        let m = rules::tcp_match(
+            Some(key.client),
+            Some(key.service_addr),
+            Some(key.client_port),
+            Some(key.service_port),
+        );
+        let fr = ofp::FlowRemoved {
+            cookie: cookie::cookie(RuleKind::Conn, cookie::conn::ACCOUNTING),
+            priority: rules::PRIO_CONN,
+            reason: ofp::FlowRemovedReason::IdleTimeout,
+            table_id: 0,
+            duration_sec: 31,
+            duration_nsec: 0,
+            idle_timeout: 30,
+            hard_timeout: 0,
+            packet_count: 10,
+            byte_count: 1000,
+            match_: m,
+        };
+        let before = sim.c.counters().flow_removed;
+        if from_frame {
+            let mut frame = bytes::BytesMut::new();
+            ofp::encode(9, &Message::FlowRemoved(fr), &mut frame).unwrap();
+            let v = ofp::FlowRemovedView::new(&frame).unwrap();
+            sim.c.handle_rule_ended(sim.now, &RuleEnded::of_view(&v));
+        } else {
+            sim.c
+                .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+        }
+        assert_eq!(sim.c.connections().len(), 0, "from the frame: {from_frame}");
+        assert_eq!(sim.c.counters().flow_removed, before + 1);
+        let active: u32 = sim.c.services()[0]
+            .backends
+            .iter()
+            .map(|b| b.active_connections)
+            .sum();
+        assert_eq!(active, 0, "from the frame: {from_frame}");
+    }
 }
 
 /// Three switches in a line (s1 - s2 - s3), the client on s1 and the backends on s3:

@@ -38,7 +38,7 @@ use check::{Acts, check_forward, check_packet_out, connection_of};
 pub use open_loop::OpenLoop;
 use open_loop::probes_due;
 use outstanding::{Outstanding, Pending, Verdict};
-use probe::{SynTemplate, put_packet_in};
+use probe::{SynTemplate, put_flow_removed, put_packet_in};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -169,7 +169,9 @@ struct Sw {
     /// Connections end: once more than this many are live, the oldest one's rules idle
     /// out and FLOW_REMOVED is sent for those that asked for it (0 = never).
     expire_after: usize,
-    live: VecDeque<Vec<ofp::FlowRemoved>>,
+    /// The live connections' FLOW_REMOVEDs, oldest first (`live_lens`: each one's bytes).
+    live: BytesMut,
+    live_lens: VecDeque<usize>,
     by_backend: Vec<(u64, Option<Instant>)>,
     /// The queue to the controller is full: open-loop probes are not sent.
     backlogged: bool,
@@ -266,7 +268,8 @@ impl Sw {
             hello_seen: false,
             timeout,
             expire_after,
-            live: VecDeque::new(),
+            live: BytesMut::new(),
+            live_lens: VecDeque::new(),
             by_backend,
             backlogged: false,
             syn,
@@ -348,6 +351,26 @@ impl Sw {
     fn send(&mut self, msg: &Message) {
         self.xid = self.xid.wrapping_add(1);
         let _ = ofp::encode(self.xid, msg, &mut self.wbuf);
+    }
+
+    /// Send encoded FLOW_REMOVEDs (xid 0), each with the switch's next xid.
+    fn send_removals(&mut self, frames: &[u8]) {
+        let mut rest = frames;
+        while let Some(len) = rest
+            .get(2..4)
+            .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+        {
+            let Some(frame) = rest.get(..len).filter(|_| len >= ofp::HEADER_LEN) else {
+                return;
+            };
+            self.xid = self.xid.wrapping_add(1);
+            let at = self.wbuf.len();
+            self.wbuf.extend_from_slice(frame);
+            if let Some(x) = self.wbuf.get_mut(at + 4..at + 8) {
+                x.copy_from_slice(&self.xid.to_be_bytes());
+            }
+            rest = &rest[len..];
+        }
     }
 
     fn reply(&mut self, xid: u32, msg: &Message) {
@@ -570,7 +593,7 @@ impl Sw {
                         out: None,
                         deferred: false,
                         isn,
-                        removals: Vec::new(),
+                        removals: Default::default(),
                     },
                 );
             }
@@ -690,8 +713,8 @@ impl Sw {
             let verdict = match check_forward(&self.plan, fm, &acts, key) {
                 Ok(b) => {
                     p.fwd = Some(b);
-                    if let Some(r) = removal_of(self.expire_after, fm) {
-                        p.removals.push(r);
+                    if sends_removal(self.expire_after, fm) {
+                        put_flow_removed(&mut p.removals, fm);
                     }
                     p.verdict(key, Some(b))
                 }
@@ -714,8 +737,8 @@ impl Sw {
                 ))
             } else {
                 p.rev = true;
-                if let Some(r) = removal_of(self.expire_after, fm) {
-                    p.removals.push(r);
+                if sends_removal(self.expire_after, fm) {
+                    put_flow_removed(&mut p.removals, fm);
                 }
                 p.verdict(key, Some(b))
             };
@@ -826,13 +849,12 @@ impl Sw {
                 }
                 self.record(now, p.sent);
                 if self.expire_after > 0 {
-                    self.live.push_back(p.removals);
-                    while self.live.len() > self.expire_after {
-                        if let Some(rs) = self.live.pop_front() {
-                            for r in rs {
-                                self.send(&Message::FlowRemoved(r));
-                            }
-                        }
+                    self.live.extend_from_slice(&p.removals);
+                    self.live_lens.push_back(p.removals.len());
+                    while self.live_lens.len() > self.expire_after {
+                        let n = self.live_lens.pop_front().unwrap_or(0);
+                        let ended = self.live.split_to(n.min(self.live.len()));
+                        self.send_removals(&ended);
                     }
                 }
             }
@@ -845,26 +867,10 @@ fn probe_isn(k: u64) -> u32 {
     (k as u32).wrapping_mul(2_654_435_761)
 }
 
-/// The FLOW_REMOVED a switch sends when this rule idles out, if the rule asked for one
-/// and connections end in this run (`--expire-after`).
-fn removal_of(expire_after: usize, fm: &FlowModView<'_>) -> Option<ofp::FlowRemoved> {
-    if expire_after == 0 || !fm.flags().contains(ofp::FlowModFlags::SEND_FLOW_REM) {
-        return None;
-    }
-    Some(ofp::FlowRemoved {
-        cookie: fm.cookie(),
-        priority: fm.priority(),
-        reason: ofp::FlowRemovedReason::IdleTimeout,
-        table_id: fm.table_id(),
-        duration_sec: u32::from(fm.idle_timeout()),
-        duration_nsec: 0,
-        idle_timeout: fm.idle_timeout(),
-        hard_timeout: fm.hard_timeout(),
-        packet_count: 1,
-        byte_count: 74,
-        // The view checked every TLV, so each converts.
-        match_: fm.match_fields().filter_map(|o| o.to_oxm().ok()).collect(),
-    })
+/// Does the switch send a FLOW_REMOVED when this rule idles out: the rule asked for one,
+/// and connections end in this run (`--expire-after`)?
+fn sends_removal(expire_after: usize, fm: &FlowModView<'_>) -> bool {
+    expire_after > 0 && fm.flags().contains(ofp::FlowModFlags::SEND_FLOW_REM)
 }
 
 #[cfg(test)]

@@ -112,8 +112,9 @@ pub(super) struct Pending {
     pub(super) deferred: bool,
     /// The client's SYN's sequence number.
     pub(super) isn: u32,
-    /// The rules that asked for OFPFF_SEND_FLOW_REM, to report when they "idle out".
-    pub(super) removals: Vec<ofp::FlowRemoved>,
+    /// The FLOW_REMOVEDs of the rules that asked for OFPFF_SEND_FLOW_REM, to send when
+    /// they "idle out".
+    pub(super) removals: super::probe::Removals,
 }
 
 /// What a part of an answer made of its probe.

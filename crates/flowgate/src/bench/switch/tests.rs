@@ -96,7 +96,7 @@ fn outstanding_probes_are_found_by_client_and_leave_in_order() {
         out: None,
         deferred: false,
         isn: 0,
-        removals: Vec::new(),
+        removals: Default::default(),
     };
     let ks = [59_998u64, 59_999, 60_000, 60_001, 60_002];
     for (i, k) in ks.iter().enumerate() {
@@ -136,8 +136,13 @@ fn to_backend(p: &SwitchPlan, b: usize) -> Vec<Action> {
 }
 
 fn answer(sw: &Sw, b: usize) -> Answer {
+    answer_to(sw, 0, b)
+}
+
+/// The answer to probe `k`, to backend `b`.
+fn answer_to(sw: &Sw, k: u64, b: usize) -> Answer {
     let p = &sw.plan;
-    let (cip, cport) = p.client_of(0);
+    let (cip, cport) = p.client_of(k);
     let (bip, ..) = p.backends[b];
     let fwd = FlowMod::add(
         Match::new()
@@ -169,7 +174,7 @@ fn answer(sw: &Sw, b: usize) -> Answer {
         sw.vip_mac,
         SocketAddrV4::new(cip, cport),
         SocketAddrV4::new(p.vip, p.vport),
-        probe_isn(0),
+        probe_isn(k),
     );
     let out = PacketOut {
         buffer_id: ofp::NO_BUFFER,
@@ -371,4 +376,75 @@ fn the_open_loop_schedule_interleaves_the_switches_evenly() {
             }
         }
     }
+}
+
+/// Connections end (`--expire-after 1`): once probe 1 is answered, probe 0's two rules
+/// "idle out", and the switch sends a FLOW_REMOVED for each, with its own next xids: the
+/// messages `ofp::encode` writes for them, copied from the rules' matches.
+#[test]
+fn ended_connections_send_the_flow_removed_of_each_rule() {
+    let mut sw = switch(CheckMode::Vip);
+    sw.expire_after = 1;
+    let removed_of = |fm: &FlowMod| ofp::FlowRemoved {
+        cookie: fm.cookie,
+        priority: fm.priority,
+        reason: ofp::FlowRemovedReason::IdleTimeout,
+        table_id: fm.table_id,
+        duration_sec: u32::from(fm.idle_timeout),
+        duration_nsec: 0,
+        idle_timeout: fm.idle_timeout,
+        hard_timeout: fm.hard_timeout,
+        packet_count: 1,
+        byte_count: 74,
+        match_: fm.match_.clone(),
+    };
+    let mut want = Vec::new();
+    for k in 0..2u64 {
+        sw.send_probe(Instant::now());
+        let mut a = answer_to(&sw, k, 1);
+        for (fm, cookie) in [(&mut a.fwd, 0xc0de_0000 + k), (&mut a.rev, 0xbeef_0000 + k)] {
+            fm.cookie = cookie;
+            fm.idle_timeout = 7;
+            fm.priority = 300;
+            fm.flags = ofp::FlowModFlags::SEND_FLOW_REM;
+        }
+        if k == 0 {
+            want = vec![removed_of(&a.fwd), removed_of(&a.rev)];
+        }
+        sw.wbuf.clear();
+        for m in [
+            Message::FlowMod(a.fwd),
+            Message::FlowMod(a.rev),
+            Message::PacketOut(a.out),
+        ] {
+            let mut frame = BytesMut::new();
+            ofp::encode(9, &m, &mut frame).expect("encodes");
+            sw.on_frame(Instant::now(), &frame)
+                .expect("a well-formed frame");
+        }
+    }
+    assert_eq!(
+        sw.counters.valid.load(Ordering::Relaxed),
+        2,
+        "{:?}",
+        sw.samples
+    );
+    // After probe 1's answer: probe 0's removals, and nothing else.
+    let sent = ofp::decode_file_bytes(&sw.wbuf).expect("whole frames");
+    let got: Vec<_> = sent.iter().map(|(_, m)| m.clone()).collect();
+    assert_eq!(
+        got,
+        want.into_iter()
+            .map(Message::FlowRemoved)
+            .collect::<Vec<_>>()
+    );
+    let xids: Vec<u32> = sent.iter().map(|(x, _)| *x).collect();
+    assert_eq!(xids, [sw.xid - 1, sw.xid], "the switch's next xids");
+    // Byte for byte what `ofp::encode` writes.
+    let mut encoded = BytesMut::new();
+    for (x, m) in &sent {
+        ofp::encode(*x, m, &mut encoded).expect("encodes");
+    }
+    assert_eq!(&encoded[..], &sw.wbuf[..]);
+    assert_eq!(sw.live_lens.len(), 1, "probe 1's still live");
 }
