@@ -119,6 +119,16 @@ fn check_match<'a>(c: &mut Cur<'a>) -> Result<&'a [u8], DecodeError> {
     Ok(fields)
 }
 
+/// A FLOW_MOD's or FLOW_REMOVED's body: 40 bytes of fixed fields, then a match (§7.3.4.1,
+/// §7.4.2). Its OXM TLVs, and what follows the match.
+#[inline]
+fn fixed_then_match(frame: &[u8], want: MsgType) -> Result<(&[u8], &[u8]), DecodeError> {
+    let mut c = Cur(body_of(frame, want)?);
+    c.take(40)?;
+    let fields = check_match(&mut c)?;
+    Ok((fields, c.0))
+}
+
 /// The next action (§7.2.5) or instruction (§7.2.4): type and the whole TLV, at least 8
 /// bytes and a multiple of 8.
 #[inline]
@@ -438,14 +448,12 @@ impl<'a> FlowModView<'a> {
     /// Check a whole frame (as [`crate::Framer`] yields) as [`crate::decode`] would.
     #[inline]
     pub fn new(frame: &'a [u8]) -> Result<Self, DecodeError> {
-        let mut c = Cur(body_of(frame, MsgType::FlowMod)?);
-        c.take(40)?;
-        let fields = check_match(&mut c)?;
-        check_instructions(c.0)?;
+        let (fields, instructions) = fixed_then_match(frame, MsgType::FlowMod)?;
+        check_instructions(instructions)?;
         Ok(FlowModView {
             frame,
             fields,
-            instructions: c.0,
+            instructions,
         })
     }
     /// The header's xid.
@@ -610,11 +618,9 @@ impl<'a> FlowRemovedView<'a> {
     /// Check a whole frame (as [`crate::Framer`] yields) as [`crate::decode`] would.
     #[inline]
     pub fn new(frame: &'a [u8]) -> Result<Self, DecodeError> {
-        let mut c = Cur(body_of(frame, MsgType::FlowRemoved)?);
-        c.take(40)?;
-        let fields = check_match(&mut c)?;
+        let (fields, rest) = fixed_then_match(frame, MsgType::FlowRemoved)?;
         // `decode`: every byte the header claims belongs to the message.
-        if !c.0.is_empty() {
+        if !rest.is_empty() {
             return Err(DecodeError::BadLength);
         }
         Ok(FlowRemovedView { frame, fields })

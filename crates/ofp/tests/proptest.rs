@@ -269,30 +269,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 data
             })
         ),
-        (
-            any::<[u64; 4]>(),
-            any::<u16>(),
-            any::<u8>(),
-            any::<u8>(),
-            any::<[u32; 2]>(),
-            any::<[u16; 2]>(),
-            arb_match()
-        )
-            .prop_map(
-                |(c, priority, reason, table_id, d, t, match_)| Message::FlowRemoved(FlowRemoved {
-                    cookie: c[0],
-                    priority,
-                    reason: FlowRemovedReason::from_raw(reason),
-                    table_id,
-                    duration_sec: d[0],
-                    duration_nsec: d[1],
-                    idle_timeout: t[0],
-                    hard_timeout: t[1],
-                    packet_count: c[1],
-                    byte_count: c[2],
-                    match_
-                })
-            ),
+        arb_flow_removed(arb_match()),
         (
             any::<u16>(),
             any::<u8>(),
@@ -499,7 +476,8 @@ fn arb_odd_packet_out() -> impl Strategy<Value = Message> {
     )
 }
 
-fn arb_flow_removed() -> impl Strategy<Value = Message> {
+/// A FLOW_REMOVED with a match from `match_`.
+fn arb_flow_removed(match_: impl Strategy<Value = Match>) -> impl Strategy<Value = Message> {
     (
         any::<[u64; 3]>(),
         any::<u16>(),
@@ -507,9 +485,9 @@ fn arb_flow_removed() -> impl Strategy<Value = Message> {
         any::<u8>(),
         any::<[u32; 2]>(),
         any::<[u16; 2]>(),
-        vec(prop_oneof![arb_oxm(), arb_odd_oxm()], 0..8),
+        match_,
     )
-        .prop_map(|(c, priority, reason, table_id, d, t, fields)| {
+        .prop_map(|(c, priority, reason, table_id, d, t, match_)| {
             Message::FlowRemoved(FlowRemoved {
                 cookie: c[0],
                 priority,
@@ -521,14 +499,16 @@ fn arb_flow_removed() -> impl Strategy<Value = Message> {
                 hard_timeout: t[1],
                 packet_count: c[1],
                 byte_count: c[2],
-                match_: fields.into_iter().collect(),
+                match_,
             })
         })
 }
 
 fn arb_viewed() -> impl Strategy<Value = Message> {
     prop_oneof![
-        arb_flow_removed(),
+        arb_flow_removed(
+            vec(prop_oneof![arb_oxm(), arb_odd_oxm()], 0..8).prop_map(|f| f.into_iter().collect())
+        ),
         arb_flow_mod().prop_map(Message::FlowMod),
         (any::<u32>(), any::<u32>(), arb_actions(), bytes_len(0..100)).prop_map(
             |(buffer_id, in_port, actions, data)| Message::PacketOut(PacketOut {

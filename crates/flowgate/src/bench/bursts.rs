@@ -16,12 +16,6 @@ pub const SLOW: Duration = Duration::from_micros(100);
 /// Slow setups sent less than this apart belong to one burst.
 pub const BURST_GAP: Duration = Duration::from_millis(1);
 
-/// Does a run at this pace look for bursts? Not with a window of many outstanding: each
-/// setup's latency is then its place in the window, and every one may be "slow".
-pub fn looked_for(pace: &super::switch::Pace) -> bool {
-    !matches!(pace, super::switch::Pace::Window(w) if *w > 1)
-}
-
 /// Slow setups each emulated switch keeps (16 bytes each): beyond it, a run's bursts
 /// are summarised from its first ones (`Bursts::capped`).
 pub const KEEP_PER_SWITCH: usize = 250_000;

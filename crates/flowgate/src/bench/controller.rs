@@ -434,7 +434,7 @@ async fn measure_async(
         p999_us: hist.value_at_quantile(0.999),
         max_us: hist.max(),
         measured: hist.len(),
-        bursts: super::bursts::looked_for(&pace).then(|| Bursts::of(slow, n, capped)),
+        bursts: pace.keeps_slow().then(|| Bursts::of(slow, n, capped)),
         sent: total(|c| c.sent.load(Ordering::Relaxed)),
         valid: total(|c| c.valid.load(Ordering::Relaxed)),
         invalid: total(|c| c.invalid.load(Ordering::Relaxed)),

@@ -61,6 +61,14 @@ pub enum Pace {
     Rate(f64),
 }
 
+impl Pace {
+    /// Are the slow setups kept, for [`bursts`]? Not with a window of many outstanding:
+    /// each setup's latency is then its place in the window, and every one may be slow.
+    pub fn keeps_slow(&self) -> bool {
+        !matches!(self, Pace::Window(w) if *w > 1)
+    }
+}
+
 /// The addresses one switch's hosts use.
 #[derive(Debug, Clone)]
 pub struct SwitchPlan {
@@ -663,7 +671,7 @@ impl Sw {
         if self.flags.measuring.load(Ordering::Relaxed) {
             let took = now.saturating_duration_since(sent);
             let _ = self.hist.record((took.as_micros() as u64).max(1));
-            if took > bursts::SLOW && bursts::looked_for(&self.pace) {
+            if took > bursts::SLOW && self.pace.keeps_slow() {
                 if self.slow.len() < bursts::KEEP_PER_SWITCH {
                     self.slow.push(sent);
                 } else {
