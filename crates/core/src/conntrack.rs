@@ -482,8 +482,6 @@ mod tests {
         }
     }
 
-    /// The sharded table behaves as one map: checked against std's HashMap through
-    /// inserts, replacements, removals and a retain, across many shard growths.
     #[test]
     fn remove_if_removes_only_what_it_accepts() {
         let mut t = ConnTable::new();
@@ -500,6 +498,8 @@ mod tests {
         assert!(t.get(&k).is_none() && t.is_empty());
     }
 
+    /// The sharded table behaves as one map: checked against std's HashMap through
+    /// inserts, replacements, removals and a retain, across many shard growths.
     #[test]
     fn behaves_as_one_map() {
         let mut t = ConnTable::new();

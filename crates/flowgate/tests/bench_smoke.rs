@@ -185,6 +185,30 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             assert_eq!(lost, 0, "lost probes ({extra:?}):\n{table}");
         }
         assert!(table.contains("p99"), "{table}");
+        // flowgate ends a connection on its FLOW_REMOVED: with `--expire-after 100` its
+        // table holds what the two switches keep live and what is still on the way (at
+        // most 256 outstanding each, and as many FLOW_REMOVEDs), not every setup.
+        let tracked: Vec<u64> = table
+            .lines()
+            .filter(|l| l.starts_with("Connections flowgate tracked at the end"))
+            .filter_map(|l| l.rsplit(": ").next())
+            .filter_map(|n| n.trim_end_matches('.').replace(',', "").parse().ok())
+            .collect();
+        assert_eq!(tracked.len(), expected, "one count per run:\n{table}");
+        if extra.contains(&"--expire-after") {
+            let bound = 2 * (100 + 256 + 256);
+            let (valid, ..) = counts(&table, "flowgate")[0];
+            assert!(
+                valid > 2 * bound,
+                "too few setups to tell: {valid}\n{table}"
+            );
+            for n in tracked {
+                assert!(
+                    n <= bound,
+                    "{n} connections tracked of {valid} set up:\n{table}"
+                );
+            }
+        }
         // Each run not measured through a window of 256 says what its tail is made of
         // (a count over 100 µs, or that there was none).
         let tails = table.matches("\nTail of flowgate, ").count();

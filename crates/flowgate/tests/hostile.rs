@@ -26,6 +26,7 @@ const OFPT_ECHO_REPLY: u8 = 3;
 const OFPT_FEATURES_REQUEST: u8 = 5;
 const OFPT_FEATURES_REPLY: u8 = 6;
 const OFPT_PACKET_IN: u8 = 10;
+const OFPT_FLOW_REMOVED: u8 = 11;
 
 fn header(version: u8, ty: u8, len: u16, xid: u32) -> Vec<u8> {
     let mut v = vec![version, ty];
@@ -338,6 +339,33 @@ fn ovs_hostile_switch_peers() {
         switch_count(&ctl) == 1
     });
     healthy(&mut ctl, "(c2) malformed PACKET_IN");
+
+    // (c3) The same with a FLOW_REMOVED, which the session reads from the frame before
+    // the batch reaches the core: one whose body is 4 bytes (§7.4.2 needs 40 before the
+    // match) ends the batch and the session, never the controller.
+    let mut bad = handshake(ctl.openflow, 0xbad2);
+    let bad_port = bad.local_addr().expect("addr").port();
+    wait_until("0xbad2 registered", Duration::from_secs(5), || {
+        switch_count(&ctl) == 2
+    });
+    let mut chunk = packet_in_syn(7, 40_002);
+    chunk.extend_from_slice(&header(4, OFPT_FLOW_REMOVED, 12, 9));
+    chunk.extend_from_slice(&[0, 0, 0, 1]);
+    bad.write_all(&chunk)
+        .expect("send a malformed FLOW_REMOVED");
+    assert!(
+        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
+        "(c3) the session of a malformed FLOW_REMOVED is still open after 5 s"
+    );
+    wait_log(
+        &ctl,
+        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
+        Duration::from_secs(3),
+    );
+    wait_until("0xbad2 gone", Duration::from_secs(5), || {
+        switch_count(&ctl) == 1
+    });
+    healthy(&mut ctl, "(c3) malformed FLOW_REMOVED");
 
     // (d) A flood of PACKET_INs (SYNs to the VIP) from a fake switch, with the real client
     // loading the VIP meanwhile.

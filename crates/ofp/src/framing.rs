@@ -33,23 +33,25 @@ impl Framer {
 
     /// Take the next whole message out of `buf`, or `Ok(None)` if more bytes are needed.
     pub fn next_frame(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
-        if buf.len() < HEADER_LEN {
+        Ok(self.frame_len(buf)?.map(|len| buf.split_to(len).freeze()))
+    }
+
+    /// The length of the whole message at the start of `buf`, or `Ok(None)` if more bytes
+    /// are needed: for a reader that looks at the message in place and then drops it
+    /// from its buffer (`advance`), with no `Bytes` handle of its own.
+    pub fn frame_len(&self, buf: &[u8]) -> Result<Option<usize>, FrameError> {
+        let Some(head) = buf.get(..HEADER_LEN) else {
             return Ok(None);
-        }
-        let len = match HeaderView::new_checked(&buf[..]) {
+        };
+        let len = match HeaderView::new_checked(head) {
             Ok(h) => usize::from(h.length()),
             Err(_) => {
-                let l = u16::from_be_bytes([
-                    buf.get(2).copied().unwrap_or(0),
-                    buf.get(3).copied().unwrap_or(0),
-                ]);
-                return Err(FrameError::BadLength(l));
+                return Err(FrameError::BadLength(u16::from_be_bytes([
+                    head[2], head[3],
+                ])));
             }
         };
-        if buf.len() < len {
-            return Ok(None);
-        }
-        Ok(Some(buf.split_to(len).freeze()))
+        Ok((buf.len() >= len).then_some(len))
     }
 }
 

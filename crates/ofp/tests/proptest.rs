@@ -589,6 +589,14 @@ fn framer_rejects_short_length_and_waits_for_bytes() {
     let cap = b.capacity();
     assert_eq!(f.next_frame(&mut b), Ok(None));
     assert_eq!(b.capacity(), cap);
+    // In place: the same answers, and nothing taken.
+    assert_eq!(
+        f.frame_len(&[4, 0, 0, 7, 0, 0, 0, 1]),
+        Err(FrameError::BadLength(7))
+    );
+    assert_eq!(f.frame_len(&b), Ok(None));
+    assert_eq!(f.frame_len(&[4, 0, 0, 8, 0, 0]), Ok(None));
+    assert_eq!(f.frame_len(&[4, 0, 0, 8, 0, 0, 0, 1, 4]), Ok(Some(8)));
 }
 
 #[test]

@@ -183,6 +183,9 @@ pub struct RunResult {
     pub cpu_us_per_setup: Option<f64>,
     /// The same for the bench itself (the emulated switches: encode, decode, check).
     pub bench_cpu_us_per_setup: Option<f64>,
+    /// Connections the controller tracked when the measured loops ended (flowgate, when
+    /// the bench started it: its API's `flowgate_connections`).
+    pub tracked_at_end: Option<u64>,
 }
 
 fn second_octet_plus(a: Ipv4Addr, i: usize) -> Ipv4Addr {
@@ -231,21 +234,20 @@ pub fn measure(
     mode: CheckMode,
     pace: Pace,
 ) -> anyhow::Result<RunResult> {
-    measure_with_cpu(rt, name, addr, args, mode, pace, None)
+    measure_watched(rt, name, addr, args, mode, pace, None)
 }
 
-/// [`measure`], also charging the CPU time process `pid` (the controller under test)
-/// used during the measured loops to the setups it answered.
-pub fn measure_with_cpu(
+/// [`measure`], watching the controller under test (see [`Watched`]).
+pub fn measure_watched(
     rt: &tokio::runtime::Runtime,
     name: &str,
     addr: SocketAddr,
     args: &ControllerArgs,
     mode: CheckMode,
     pace: Pace,
-    pid: Option<u32>,
+    watched: Option<Watched>,
 ) -> anyhow::Result<RunResult> {
-    rt.block_on(measure_async(name, addr, args, mode, pace, pid))
+    rt.block_on(measure_async(name, addr, args, mode, pace, watched))
 }
 
 /// User + system CPU time of a process, all its threads, in seconds (`/proc/PID/stat`
@@ -265,8 +267,9 @@ async fn measure_async(
     args: &ControllerArgs,
     mode: CheckMode,
     pace: Pace,
-    pid: Option<u32>,
+    watched: Option<Watched>,
 ) -> anyhow::Result<RunResult> {
+    let pid = watched.map(|w| w.pid);
     let plans = plans(args)?;
     let n = plans.len();
     let flags = Arc::new(RunFlags::default());
@@ -392,6 +395,14 @@ async fn measure_async(
     };
     let cpu_us_per_setup = per_setup(cpu_start, pid.and_then(cpu_secs));
     let bench_cpu_us_per_setup = per_setup(bench_cpu_start, cpu_secs(std::process::id()));
+    // Asked while the switches still run, as they left it.
+    let tracked_at_end = match watched.and_then(|w| w.api) {
+        Some(api) => tokio::task::spawn_blocking(move || tracked_connections(api))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
     flags.stop.store(true, Ordering::Relaxed);
     let results = futures_join(handles).await;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -449,6 +460,7 @@ async fn measure_async(
         errors,
         cpu_us_per_setup,
         bench_cpu_us_per_setup,
+        tracked_at_end,
     })
 }
 
@@ -482,6 +494,8 @@ pub struct Spawned {
     pub name: String,
     pub addr: SocketAddr,
     pub version: String,
+    /// flowgate's HTTP API.
+    pub api: Option<SocketAddr>,
     child: Child,
     _dir: TempDir,
 }
@@ -490,6 +504,36 @@ impl Spawned {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// What the bench watches of it while it measures.
+    pub fn watched(&self) -> Watched {
+        Watched {
+            pid: self.pid(),
+            api: self.api,
+        }
+    }
+}
+
+/// The controller under test, when the bench started it: its CPU time is charged to the
+/// setups it answered, and flowgate's API says how many connections it still tracks at
+/// the end (with `--expire-after`, bounded by what the switches keep live, if it ends
+/// connections on their FLOW_REMOVED).
+#[derive(Debug, Clone, Copy)]
+pub struct Watched {
+    pub pid: u32,
+    pub api: Option<SocketAddr>,
+}
+
+/// `flowgate_connections` from flowgate's `/metrics`.
+fn tracked_connections(api: SocketAddr) -> Option<u64> {
+    let r = crate::cli::ctl::request(&format!("http://{api}"), "GET", "/metrics", None, None)
+        .ok()
+        .filter(|r| r.status == 200)?;
+    r.body
+        .lines()
+        .find_map(|l| l.strip_prefix("flowgate_connections "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 impl Drop for Spawned {
@@ -678,13 +722,14 @@ pub fn spawn_peer(
                 .spawn()
                 .with_context(|| format!("start {}", exe.display()))?;
             let t0 = Instant::now();
-            let addr: SocketAddr = loop {
+            let (addr, api): (SocketAddr, Option<SocketAddr>) = loop {
                 if let Ok(s) = std::fs::read_to_string(&ready) {
                     let v: serde_json::Value = serde_json::from_str(&s)?;
-                    break v["openflow"]
+                    let openflow = v["openflow"]
                         .as_str()
                         .context("ready file without openflow")?
                         .parse()?;
+                    break (openflow, v["api"].as_str().and_then(|a| a.parse().ok()));
                 }
                 if let Some(st) = child.try_wait()? {
                     bail!(
@@ -701,6 +746,7 @@ pub fn spawn_peer(
             Ok(Spawned {
                 name: peer.name().into(),
                 addr,
+                api,
                 version: match args.controller_threads {
                     0 => format!(
                         "flowgate {} (worker threads: one per CPU)",
@@ -762,6 +808,7 @@ pub fn spawn_peer(
                 name: peer.name().into(),
                 addr,
                 version: format!("os-ken {}", version.trim_start_matches("osken-manager ")),
+                api: None,
                 child,
                 _dir: dir,
             })
@@ -796,6 +843,7 @@ pub fn spawn_peer(
                 name: peer.name().into(),
                 addr,
                 version,
+                api: None,
                 child,
                 _dir: dir,
             })
@@ -873,9 +921,9 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 args.controller.unwrap_or(([127, 0, 0, 1], 6653).into()),
             ),
         };
-        let pid = spawned.as_ref().map(Spawned::pid);
-        if let (Some(p), Some(pid)) = (&pin, pid) {
-            p.check(pid)?;
+        let watched = spawned.as_ref().map(Spawned::watched);
+        if let (Some(p), Some(w)) = (&pin, watched) {
+            p.check(w.pid)?;
         }
         let pinned = |mut r: RunResult| {
             if let Some(p) = &pin {
@@ -883,8 +931,8 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             }
             r
         };
-        let r = pinned(measure_with_cpu(
-            &rt, &name, addr, args, mode, base_pace, pid,
+        let r = pinned(measure_watched(
+            &rt, &name, addr, args, mode, base_pace, watched,
         )?);
         let peak = r.avg;
         runs.push(r);
@@ -897,13 +945,13 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                     None => None,
                 };
                 let addr = spawned.as_ref().map_or(addr, |s| s.addr);
-                let pid = spawned.as_ref().map(Spawned::pid);
-                if let (Some(p), Some(pid)) = (&pin, pid) {
-                    p.check(pid)?;
+                let watched = spawned.as_ref().map(Spawned::watched);
+                if let (Some(p), Some(w)) = (&pin, watched) {
+                    p.check(w.pid)?;
                 }
                 let pace = Pace::Rate(peak * f);
-                runs.push(pinned(measure_with_cpu(
-                    &rt, &name, addr, args, mode, pace, pid,
+                runs.push(pinned(measure_watched(
+                    &rt, &name, addr, args, mode, pace, watched,
                 )?));
             }
         }

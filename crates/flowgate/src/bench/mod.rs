@@ -151,6 +151,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 if !r.errors.is_empty() {
                     body += &format!("\nSwitch errors with {}: {:?}\n", r.controller, r.errors);
                 }
+                if let Some(n) = r.tracked_at_end {
+                    body += &format!(
+                        "\nConnections {} tracked at the end of its run ({}): {}.\n",
+                        r.controller,
+                        r.pace,
+                        fmt_rate(n as f64)
+                    );
+                }
                 if let Some(b) = &r.bursts {
                     body += &format!(
                         "\nTail of {}, {}: {}.\n",
