@@ -175,6 +175,35 @@ fn wait_log(ctl: &Ctl, needle: &str, timeout: Duration) {
     }
 }
 
+/// A fake switch `dpid` sends a real SYN PACKET_IN and then a message of type `ty` whose
+/// body is 4 bytes: its session ends with "undecodable message" (the caller then checks
+/// that the controller is healthy).
+fn malformed_after_a_syn(ctl: &mut Ctl, dpid: u64, ty: u8, what: &str) {
+    let mut bad = handshake(ctl.openflow, dpid);
+    let bad_port = bad.local_addr().expect("addr").port();
+    wait_until(
+        &format!("{dpid:#x} registered"),
+        Duration::from_secs(5),
+        || switch_count(ctl) == 2,
+    );
+    let mut chunk = packet_in_syn(7, 40_000 + (dpid & 0xff) as u16);
+    chunk.extend_from_slice(&header(4, ty, 12, 8));
+    chunk.extend_from_slice(&[0, 0, 0, 1]);
+    bad.write_all(&chunk).expect("send the malformed message");
+    assert!(
+        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
+        "{what}: the session is still open after 5 s"
+    );
+    wait_log(
+        ctl,
+        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
+        Duration::from_secs(3),
+    );
+    wait_until(&format!("{dpid:#x} gone"), Duration::from_secs(5), || {
+        switch_count(ctl) == 1
+    });
+}
+
 fn switch_count(ctl: &Ctl) -> u64 {
     metric(&ctl.get("/metrics").1, "flowgate_switches").unwrap_or(0.0) as u64
 }
@@ -317,54 +346,17 @@ fn ovs_hostile_switch_peers() {
     // (c2) A good handshake, then a whole PACKET_IN that is malformed: after a real one,
     // one whose body is 4 bytes (§7.4.1 needs 32 before the match). The session decodes
     // PACKET_INs while the core handles its batch; this one must end the session there.
-    let mut bad = handshake(ctl.openflow, 0xbad);
-    let bad_port = bad.local_addr().expect("addr").port();
-    wait_until("0xbad registered", Duration::from_secs(5), || {
-        switch_count(&ctl) == 2
-    });
-    let mut chunk = packet_in_syn(7, 40_001);
-    chunk.extend_from_slice(&header(4, OFPT_PACKET_IN, 12, 8));
-    chunk.extend_from_slice(&[0, 0, 0, 1]);
-    bad.write_all(&chunk).expect("send a malformed PACKET_IN");
-    assert!(
-        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
-        "(c2) the session of a malformed PACKET_IN is still open after 5 s"
-    );
-    wait_log(
-        &ctl,
-        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
-        Duration::from_secs(3),
-    );
-    wait_until("0xbad gone", Duration::from_secs(5), || {
-        switch_count(&ctl) == 1
-    });
+    malformed_after_a_syn(&mut ctl, 0xbad, OFPT_PACKET_IN, "(c2) malformed PACKET_IN");
     healthy(&mut ctl, "(c2) malformed PACKET_IN");
-
     // (c3) The same with a FLOW_REMOVED, which the session reads from the frame before
-    // the batch reaches the core: one whose body is 4 bytes (§7.4.2 needs 40 before the
-    // match) ends the batch and the session, never the controller.
-    let mut bad = handshake(ctl.openflow, 0xbad2);
-    let bad_port = bad.local_addr().expect("addr").port();
-    wait_until("0xbad2 registered", Duration::from_secs(5), || {
-        switch_count(&ctl) == 2
-    });
-    let mut chunk = packet_in_syn(7, 40_002);
-    chunk.extend_from_slice(&header(4, OFPT_FLOW_REMOVED, 12, 9));
-    chunk.extend_from_slice(&[0, 0, 0, 1]);
-    bad.write_all(&chunk)
-        .expect("send a malformed FLOW_REMOVED");
-    assert!(
-        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
-        "(c3) the session of a malformed FLOW_REMOVED is still open after 5 s"
+    // the batch reaches the core (§7.4.2 needs 40 bytes before the match): it ends the
+    // batch and the session, never the controller.
+    malformed_after_a_syn(
+        &mut ctl,
+        0xbad2,
+        OFPT_FLOW_REMOVED,
+        "(c3) malformed FLOW_REMOVED",
     );
-    wait_log(
-        &ctl,
-        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
-        Duration::from_secs(3),
-    );
-    wait_until("0xbad2 gone", Duration::from_secs(5), || {
-        switch_count(&ctl) == 1
-    });
     healthy(&mut ctl, "(c3) malformed FLOW_REMOVED");
 
     // (d) A flood of PACKET_INs (SYNs to the VIP) from a fake switch, with the real client
