@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::bursts;
 use bytes::{Buf, Bytes, BytesMut};
 use flowgate_packet::{self as packet, L3, MacAddr};
 use hdrhistogram::Histogram;
@@ -34,6 +33,7 @@ mod open_loop;
 mod outstanding;
 mod probe;
 
+use super::bursts;
 use check::{Acts, check_forward, check_packet_out, connection_of};
 pub use open_loop::OpenLoop;
 use open_loop::probes_due;
