@@ -169,42 +169,14 @@ impl Rewrite {
 
     /// The same actions, general.
     fn push_actions(&self, a: &mut Actions) {
-        let set = |a: &mut Actions, f: Oxm| a.push(Action::SetField(f));
-        if let Some(mac) = self.eth_dst {
-            set(
-                a,
-                Oxm::EthDst {
-                    value: mac.0,
-                    mask: None,
-                },
-            );
-        }
-        if let Some(ip) = self.ipv4_dst {
-            set(
-                a,
-                Oxm::Ipv4Dst {
-                    value: ip,
-                    mask: None,
-                },
-            );
-        }
-        if let Some(mac) = self.eth_src {
-            set(
-                a,
-                Oxm::EthSrc {
-                    value: mac.0,
-                    mask: None,
-                },
-            );
-        }
-        if let Some(ip) = self.ipv4_src {
-            set(
-                a,
-                Oxm::Ipv4Src {
-                    value: ip,
-                    mask: None,
-                },
-            );
+        let sets = [
+            self.eth_dst.map(|m| Oxm::eth_dst(m.0)),
+            self.ipv4_dst.map(Oxm::ipv4_dst),
+            self.eth_src.map(|m| Oxm::eth_src(m.0)),
+            self.ipv4_src.map(Oxm::ipv4_src),
+        ];
+        for f in sets.into_iter().flatten() {
+            a.push(Action::SetField(f));
         }
     }
 }

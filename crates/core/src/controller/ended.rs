@@ -13,74 +13,66 @@ use super::{Controller, rules};
 use crate::conntrack::{ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
 
-/// What the controller reads of a FLOW_REMOVED: the cookie, the counters, and the exact
-/// (unmasked) IPv4 addresses and TCP ports of the rule's match, the last of each field
-/// where a match repeats one, as the decoded message's fields would be read in order.
+/// What the controller reads of a FLOW_REMOVED: the cookie, the counters, and the rule's
+/// exact 4-tuple.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleEnded {
-    pub cookie: u64,
-    pub duration_sec: u32,
-    pub packet_count: u64,
-    pub src: Option<Ipv4Addr>,
-    pub dst: Option<Ipv4Addr>,
-    pub sport: Option<u16>,
-    pub dport: Option<u16>,
+    pub(crate) cookie: u64,
+    pub(crate) duration_sec: u32,
+    pub(crate) packet_count: u64,
+    pub(crate) tuple: Tuple,
 }
 
-impl RuleEnded {
-    /// From a decoded message (tests, tools, and any path that decoded it already).
-    pub fn of_message(fr: &ofp::FlowRemoved) -> RuleEnded {
-        let mut e = RuleEnded::counters(fr.cookie, fr.duration_sec, fr.packet_count);
-        for o in fr.match_.iter() {
+/// The exact (unmasked) IPv4 addresses and TCP ports of a rule's match: the last of each
+/// field where a match repeats one, as a decoded match's fields are read in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Tuple {
+    pub(crate) src: Option<Ipv4Addr>,
+    pub(crate) dst: Option<Ipv4Addr>,
+    pub(crate) sport: Option<u16>,
+    pub(crate) dport: Option<u16>,
+}
+
+impl Tuple {
+    /// From a decoded match (a FLOW_REMOVED's, or a rule's in a flow-stats reply).
+    pub(crate) fn of_match(m: &ofp::Match) -> Tuple {
+        let mut t = Tuple::default();
+        for o in m.iter() {
             match *o {
-                ofp::Oxm::Ipv4Src { value, mask: None } => e.src = Some(value),
-                ofp::Oxm::Ipv4Dst { value, mask: None } => e.dst = Some(value),
-                ofp::Oxm::TcpSrc(p) => e.sport = Some(p),
-                ofp::Oxm::TcpDst(p) => e.dport = Some(p),
+                ofp::Oxm::Ipv4Src { value, mask: None } => t.src = Some(value),
+                ofp::Oxm::Ipv4Dst { value, mask: None } => t.dst = Some(value),
+                ofp::Oxm::TcpSrc(p) => t.sport = Some(p),
+                ofp::Oxm::TcpDst(p) => t.dport = Some(p),
                 _ => {}
             }
         }
-        e
+        t
     }
 
-    /// From the frame, without decoding it into a `Message` (792 bytes, and a `Match` of
-    /// typed OXMs): decoding and moving them was 27 % of the controller's CPU in the bench
-    /// with connections ending (`--expire-after`). Reads what [`RuleEnded::of_message`]
-    /// reads of the same frame: `OxmRef::basic` types a TLV exactly as `decode` does.
-    pub fn of_view(v: &ofp::FlowRemovedView<'_>) -> RuleEnded {
-        let mut e = RuleEnded::counters(v.cookie(), v.duration_sec(), v.packet_count());
-        for o in v.match_fields() {
+    /// From a match's TLVs on the wire: what [`Tuple::of_match`] reads of the same match,
+    /// since `OxmRef::basic` types a TLV exactly as `decode` does.
+    fn of_fields<'a>(fields: impl Iterator<Item = ofp::OxmRef<'a>>) -> Tuple {
+        let mut t = Tuple::default();
+        for o in fields {
             match o.field() {
-                ofb::IPV4_SRC => e.src = exact(o.basic::<4>(ofb::IPV4_SRC)).map(Ipv4Addr::from),
-                ofb::IPV4_DST => e.dst = exact(o.basic::<4>(ofb::IPV4_DST)).map(Ipv4Addr::from),
-                ofb::TCP_SRC => e.sport = exact(o.basic::<2>(ofb::TCP_SRC)).map(u16::from_be_bytes),
-                ofb::TCP_DST => e.dport = exact(o.basic::<2>(ofb::TCP_DST)).map(u16::from_be_bytes),
+                ofb::IPV4_SRC => t.src = exact(o.basic::<4>(ofb::IPV4_SRC)).map(Ipv4Addr::from),
+                ofb::IPV4_DST => t.dst = exact(o.basic::<4>(ofb::IPV4_DST)).map(Ipv4Addr::from),
+                ofb::TCP_SRC => t.sport = exact(o.basic::<2>(ofb::TCP_SRC)).map(u16::from_be_bytes),
+                ofb::TCP_DST => t.dport = exact(o.basic::<2>(ofb::TCP_DST)).map(u16::from_be_bytes),
                 _ => {}
             }
         }
-        e
+        t
     }
 
-    fn counters(cookie: u64, duration_sec: u32, packet_count: u64) -> RuleEnded {
-        RuleEnded {
-            cookie,
-            duration_sec,
-            packet_count,
-            src: None,
-            dst: None,
-            sport: None,
-            dport: None,
-        }
-    }
-
-    /// The 4-tuple of the match, source first.
-    fn tuple(&self) -> Option<(Ipv4Addr, u16, Ipv4Addr, u16)> {
+    /// All four, source first.
+    fn all(&self) -> Option<(Ipv4Addr, u16, Ipv4Addr, u16)> {
         Some((self.src?, self.sport?, self.dst?, self.dport?))
     }
 
     /// A forward rule's connection: the client is the source.
-    fn forward_key(&self) -> Option<ConnKey> {
-        let (client, client_port, service_addr, service_port) = self.tuple()?;
+    pub(crate) fn forward_key(&self) -> Option<ConnKey> {
+        let (client, client_port, service_addr, service_port) = self.all()?;
         Some(ConnKey {
             client,
             client_port,
@@ -90,9 +82,34 @@ impl RuleEnded {
     }
 }
 
+impl RuleEnded {
+    /// From a decoded message (tests, tools, and any path that decoded it already).
+    pub fn of_message(fr: &ofp::FlowRemoved) -> RuleEnded {
+        RuleEnded {
+            cookie: fr.cookie,
+            duration_sec: fr.duration_sec,
+            packet_count: fr.packet_count,
+            tuple: Tuple::of_match(&fr.match_),
+        }
+    }
+
+    /// From the frame, without decoding it into a `Message` (792 bytes, and a `Match` of
+    /// typed OXMs): decoding and moving them was 27 % of the controller's CPU in the bench
+    /// with connections ending (`--expire-after`). Reads what [`RuleEnded::of_message`]
+    /// reads of the same frame.
+    pub fn of_view(v: &ofp::FlowRemovedView<'_>) -> RuleEnded {
+        RuleEnded {
+            cookie: v.cookie(),
+            duration_sec: v.duration_sec(),
+            packet_count: v.packet_count(),
+            tuple: Tuple::of_fields(v.match_fields()),
+        }
+    }
+}
+
 /// A typed, unmasked field's value. A TLV of the right field that is masked, or whose
 /// length the spec does not allow, is not the rule's exact value (`decode` keeps it raw,
-/// or typed with its mask), and is skipped as [`RuleEnded::of_message`] skips it.
+/// or typed with its mask), and is skipped as [`Tuple::of_match`] skips it.
 fn exact<const N: usize>(field: Option<([u8; N], Option<[u8; N]>)>) -> Option<[u8; N]> {
     match field? {
         (v, None) => Some(v),
@@ -118,7 +135,7 @@ impl Controller {
         }
         if e.cookie & cookie::conn::OUTCOME != 0 {
             let (si, _) = cookie::conn::indexes(e.cookie);
-            let (_, bport, client, cport) = e.tuple()?;
+            let (_, bport, client, cport) = e.tuple.all()?;
             let vip = self.services.get(usize::from(si))?.cfg.vip?;
             return Some(ConnKey {
                 client,
@@ -128,7 +145,7 @@ impl Controller {
             });
         }
         (e.cookie & cookie::conn::ACCOUNTING != 0)
-            .then(|| e.forward_key())
+            .then(|| e.tuple.forward_key())
             .flatten()
     }
 
@@ -145,7 +162,7 @@ impl Controller {
         if e.cookie & cookie::conn::ACCOUNTING == 0 {
             return;
         }
-        let Some(key) = e.forward_key() else {
+        let Some(key) = e.tuple.forward_key() else {
             return;
         };
         // Only the rule of the connection in the table ends it: the rule of an earlier
@@ -169,7 +186,7 @@ impl Controller {
     /// it reaches the controller. Enough failures in a row eject the backend.
     fn record_outcome(&mut self, now: Instant, e: &RuleEnded) {
         let (si, bi) = cookie::conn::indexes(e.cookie);
-        let Some((src, sport, dst, dport)) = e.tuple() else {
+        let Some((src, sport, dst, dport)) = e.tuple.all() else {
             return;
         };
         // The indexes may be stale after a reload: trust them only if the rule's source
@@ -266,10 +283,12 @@ mod tests {
                     cookie: 0x0123_4567_89ab_cdef,
                     duration_sec: 3,
                     packet_count: 7,
-                    src: Some(ip(1)),
-                    dst: Some(ip(100)),
-                    sport: Some(40000),
-                    dport: Some(80),
+                    tuple: Tuple {
+                        src: Some(ip(1)),
+                        dst: Some(ip(100)),
+                        sport: Some(40000),
+                        dport: Some(80),
+                    },
                 },
             ),
             (
@@ -288,10 +307,12 @@ mod tests {
                     cookie: 0x0123_4567_89ab_cdef,
                     duration_sec: 3,
                     packet_count: 7,
-                    src: None,
-                    dst: Some(ip(3)),
-                    sport: None,
-                    dport: Some(443),
+                    tuple: Tuple {
+                        src: None,
+                        dst: Some(ip(3)),
+                        sport: None,
+                        dport: Some(443),
+                    },
                 },
             ),
             (
@@ -300,10 +321,12 @@ mod tests {
                     cookie: 0x0123_4567_89ab_cdef,
                     duration_sec: 3,
                     packet_count: 7,
-                    src: None,
-                    dst: None,
-                    sport: None,
-                    dport: None,
+                    tuple: Tuple {
+                        src: None,
+                        dst: None,
+                        sport: None,
+                        dport: None,
+                    },
                 },
             ),
         ];

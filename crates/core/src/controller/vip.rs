@@ -9,9 +9,10 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::{self as packet, Frame, MacAddr, Tcp};
-use ofp::{Action, Instruction, Match, Oxm, PacketIn};
+use ofp::{Action, Instruction, Oxm, PacketIn};
 
 use super::conn_rule::{ConnPacketOut, ConnRule, Out, Rewrite, Syn};
+use super::ended::Tuple;
 use super::{Controller, Listener, Outbox, rules};
 use crate::balance::{Outcome, SelectRequest};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
@@ -852,7 +853,7 @@ impl Controller {
         {
             return;
         }
-        let Some(key) = conn_key_of_forward_match(&fs.match_) else {
+        let Some(key) = Tuple::of_match(&fs.match_).forward_key() else {
             return;
         };
         if self.conns.get(&key).is_some() {
@@ -893,26 +894,7 @@ impl Controller {
     }
 }
 
-/// The connection a forward rule (client to service) matches.
-pub(crate) fn conn_key_of_forward_match(m: &Match) -> Option<ConnKey> {
-    let (mut client, mut service_addr, mut cport, mut sport) = (None, None, None, None);
-    for oxm in m.iter() {
-        match *oxm {
-            Oxm::Ipv4Src { value, mask: None } => client = Some(value),
-            Oxm::Ipv4Dst { value, mask: None } => service_addr = Some(value),
-            Oxm::TcpSrc(p) => cport = Some(p),
-            Oxm::TcpDst(p) => sport = Some(p),
-            _ => {}
-        }
-    }
-    Some(ConnKey {
-        client: client?,
-        client_port: cport?,
-        service_addr: service_addr?,
-        service_port: sport?,
-    })
-}
-
+/// The address a rule's actions rewrite the destination to (its backend's), if any.
 fn rewritten_ipv4_dst(instructions: &ofp::Instructions) -> Option<Ipv4Addr> {
     instructions.iter().find_map(|i| match i {
         Instruction::ApplyActions(actions) | Instruction::WriteActions(actions) => {

@@ -157,6 +157,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     fn consume(&mut self, len: usize) {
         self.buf.advance(len.min(self.buf.len()));
     }
+
+    /// Take the frame [`Reader::peek`] returned, as a `Bytes` of its own (not framed again).
+    fn take(&mut self, len: usize) -> Bytes {
+        self.buf.split_to(len.min(self.buf.len())).freeze()
+    }
 }
 
 fn encode_one(xid: u32, msg: &Message) -> Bytes {
@@ -414,12 +419,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
         while let Some(peeked) = rd.peek()? {
             // The framer checked the header (§7.1): byte 1 is the type.
             let msg_type = peeked.get(1).copied().unwrap_or_default();
+            let len = peeked.len();
             if msg_type == ofp::MsgType::FlowRemoved as u8 {
                 // Read in place, outside the lock, and never decoded (see `RuleEnded`). A
                 // bad one ends the batch: what came before it is handled, then the session
                 // closes, as for a PACKET_IN that does not decode.
-                let (len, read) = (peeked.len(), ofp::FlowRemovedView::new(peeked));
-                let read = read.map(|v| RuleEnded::of_view(&v));
+                let read = ofp::FlowRemovedView::new(peeked).map(|v| RuleEnded::of_view(&v));
                 rd.consume(len);
                 match read {
                     Ok(e) => batch.push(Pending::Ended(e)),
@@ -428,15 +433,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         break;
                     }
                 }
-                if batch.len() >= 256 {
-                    break;
-                }
-                continue;
-            }
-            let Some(frame) = rd.next()? else {
-                break;
-            };
-            if msg_type == ofp::MsgType::PacketIn as u8 {
+            } else if msg_type == ofp::MsgType::PacketIn as u8 {
+                let frame = rd.take(len);
                 if super::cluster::standby_drops_packet_in(handle, features, &frame) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
                 } else if budget.take(work_start) {
@@ -459,7 +457,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
             } else {
                 let (xid, msg) =
-                    ofp::decode(frame).map_err(|e| SessionError::Decode(e.to_string()))?;
+                    ofp::decode(rd.take(len)).map_err(|e| SessionError::Decode(e.to_string()))?;
                 match msg {
                     Message::EchoRequest(data) => {
                         // Counted like the core's messages: the writer subtracts every buffer.
