@@ -250,6 +250,16 @@ mod tests {
         (fr, out)
     }
 
+    /// What the frame built by [`frame`] reads as, with this tuple.
+    fn ended(tuple: Tuple) -> RuleEnded {
+        RuleEnded {
+            cookie: 0x0123_4567_89ab_cdef,
+            duration_sec: 3,
+            packet_count: 7,
+            tuple,
+        }
+    }
+
     fn ip(d: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 0, 0, d)
     }
@@ -279,17 +289,12 @@ mod tests {
                     Oxm::TcpSrc(40000),
                     Oxm::TcpDst(80),
                 ],
-                RuleEnded {
-                    cookie: 0x0123_4567_89ab_cdef,
-                    duration_sec: 3,
-                    packet_count: 7,
-                    tuple: Tuple {
-                        src: Some(ip(1)),
-                        dst: Some(ip(100)),
-                        sport: Some(40000),
-                        dport: Some(80),
-                    },
-                },
+                ended(Tuple {
+                    src: Some(ip(1)),
+                    dst: Some(ip(100)),
+                    sport: Some(40000),
+                    dport: Some(80),
+                }),
             ),
             (
                 vec![
@@ -303,32 +308,14 @@ mod tests {
                     raw(ofp::oxm::ofb::IPV4_SRC, &[1, 2]),
                     Oxm::TcpDst(443),
                 ],
-                RuleEnded {
-                    cookie: 0x0123_4567_89ab_cdef,
-                    duration_sec: 3,
-                    packet_count: 7,
-                    tuple: Tuple {
-                        src: None,
-                        dst: Some(ip(3)),
-                        sport: None,
-                        dport: Some(443),
-                    },
-                },
+                ended(Tuple {
+                    src: None,
+                    dst: Some(ip(3)),
+                    sport: None,
+                    dport: Some(443),
+                }),
             ),
-            (
-                Vec::new(),
-                RuleEnded {
-                    cookie: 0x0123_4567_89ab_cdef,
-                    duration_sec: 3,
-                    packet_count: 7,
-                    tuple: Tuple {
-                        src: None,
-                        dst: None,
-                        sport: None,
-                        dport: None,
-                    },
-                },
-            ),
+            (Vec::new(), ended(Tuple::default())),
         ];
         for (fields, want) in cases {
             let (fr, bytes) = frame(fields);
