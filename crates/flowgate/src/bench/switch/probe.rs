@@ -47,7 +47,8 @@ pub(super) type Removals = smallvec::SmallVec<[u8; 256]>;
 /// Append the OFPT_FLOW_REMOVED (§7.4.2) a switch sends when the rule of `fm` idles out
 /// (after one 74-byte packet, with xid 0): the bytes `ofp::encode` writes for that
 /// `Message::FlowRemoved` (tested), copied from the FLOW_MOD's match rather than decoded
-/// into one and encoded again (that was a third of the bench's CPU with `--expire-after`).
+/// into one and encoded again (with `--expire-after`, `Oxm::decode` and `Oxm::encode` were
+/// 13 % of the bench thread's samples, and the allocations around them 24 %).
 pub(super) fn put_flow_removed(out: &mut Removals, fm: &FlowModView<'_>) {
     let fields: usize = fm.match_fields().map(|o| o.as_bytes().len()).sum();
     let match_len = 4 + fields;
