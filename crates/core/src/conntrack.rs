@@ -8,8 +8,11 @@
 //! forgotten when the switch reports the connection's rule gone.
 
 use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
 
 use ahash::RandomState;
+
+use crate::topology::MacId;
 
 /// A client connection as the client sees it: to the service address (the VIP, or the
 /// backend address the client asked for).
@@ -38,11 +41,32 @@ pub struct Conn {
     /// The client's initial sequence number, from its SYN: a SYN with the same one is a
     /// retransmission of this connection, a SYN with another is a new connection on the
     /// same 4-tuple (RFC 9293 §3.4.1: each connection picks a fresh ISN). `None` for a
-    /// connection rebuilt from a switch's rules, whose SYN was never seen.
-    pub isn: Option<u32>,
+    /// connection rebuilt from a switch's rules, whose SYN was never seen, and for an ISN
+    /// of 0 (one SYN in 2^32), kept as "not seen" so that the field takes 4 bytes: a
+    /// retransmission of that SYN is then taken for a new connection on the 4-tuple, which
+    /// keeps its backend if the backend can take it.
+    pub isn: Option<NonZeroU32>,
     /// Tag of this decision in its rules' cookies, so a FLOW_REMOVED of an earlier
     /// connection on the same 4-tuple is told apart from this one's.
     pub tag: u16,
+    /// The MAC the client's packets come from (its own, or its router's), which says where
+    /// the client is.
+    pub client_mac: MacId,
+}
+
+// One per live connection: the entry is 40 bytes with its key (see `Entries`).
+const _: () = assert!(std::mem::size_of::<Conn>() == 24);
+
+impl Conn {
+    /// Whether a SYN with this sequence number is this connection's own (retransmitted).
+    pub fn is_own_syn(&self, seq: u32) -> bool {
+        self.isn.is_some_and(|isn| isn.get() == seq)
+    }
+
+    /// The ISN to keep for a SYN with this sequence number.
+    pub fn isn_of(seq: u32) -> Option<NonZeroU32> {
+        NonZeroU32::new(seq)
+    }
 }
 
 /// The backend's side of a connection, as far as the controller saw it.
@@ -477,8 +501,9 @@ mod tests {
             created_ms: u64::from(i),
             installed: i % 2 == 0,
             reply: Reply::Unseen,
-            isn: Some(i),
+            isn: Conn::isn_of(i),
             tag: i as u16,
+            client_mac: MacId::UNKNOWN,
         }
     }
 

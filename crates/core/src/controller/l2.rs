@@ -83,9 +83,14 @@ impl Controller {
         frame: &Frame<'_>,
         out: &mut Outbox,
     ) {
+        // An address's MAC is learned from ARP, and from IPv4 only for backends (whose
+        // MACs place their connections). A client's is not: behind a router, every
+        // client address has the router's MAC, and an entry per client address ever seen
+        // would grow without bound; each connection keeps its client's MAC instead
+        // (`Conn::client_mac`).
         let ip = match &frame.l3 {
             L3::Arp(a) => Some(a.spa),
-            L3::Ipv4(ip) => Some(ip.src),
+            L3::Ipv4(ip) if self.backend_index.contains_key(&ip.src) => Some(ip.src),
             _ => None,
         }
         // A service address is the controller's, never a host's: a partitioned service's

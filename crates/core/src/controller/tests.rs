@@ -669,3 +669,53 @@ fn a_retransmitted_syn_restores_lost_rules() {
     assert!(conn_rules(&sim) >= 2, "forward and reverse rules again");
     assert_eq!(sim.c.services()[0].counters.connections_total, 1);
 }
+
+/// Clients behind a router: every client address comes from the router's MAC and never
+/// ARPs. Each connection keeps that MAC, so its rules can be placed again later (here, by
+/// a retransmitted SYN after its rules were lost) without the controller learning an entry
+/// per client address, which grew without bound (one per client ever seen).
+#[test]
+fn clients_behind_a_router_are_placed_without_learning_their_addresses() {
+    let mut sim = single_switch("round-robin");
+    let router = mac(1);
+    let clients: Vec<(std::net::Ipv4Addr, u16)> = (0..50u32)
+        .map(|i| (std::net::Ipv4Addr::from(0x0b00_0000 + i), 40000))
+        .collect();
+    let mut backend_of = Vec::new();
+    for &c in &clients {
+        let got = sim.send("h1", &tcp(router, VMAC, c, (VIP, 80), SYN));
+        assert_eq!(
+            got.len(),
+            1,
+            "the SYN from {c:?} reaches one backend: {got:?}"
+        );
+        backend_of.push(got[0].0.clone());
+    }
+    for (&c, backend) in clients.iter().zip(&backend_of) {
+        assert_eq!(sim.c.topo.mac_of(c.0), None, "{c:?} was not learned");
+        let b: u8 = backend[1..].parse().expect("a host name");
+        let reply = sim.send(backend, &tcp(mac(b), router, (ip(b), 80), c, SYN_ACK));
+        assert_eq!(reply.len(), 1);
+        assert_eq!(reply[0].0, "h1", "the answer goes back through the router");
+        assert_eq!(reply[0].1.ipv4_src, Some(VIP));
+    }
+    // The rules vanish; a retransmitted SYN places the connection again from the MAC it
+    // kept, and the backend's answer is rewritten by a rule once more.
+    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+    let c = clients[7];
+    let again = sim.send("h1", &tcp(router, VMAC, c, (VIP, 80), SYN));
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        again[0].0, backend_of[7],
+        "the retransmission follows the first"
+    );
+    let b: u8 = backend_of[7][1..].parse().expect("a host name");
+    let before = sim.packet_ins;
+    let reply = sim.send(
+        &backend_of[7],
+        &tcp(mac(b), router, (ip(b), 80), c, SYN_ACK),
+    );
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].1.ipv4_src, Some(VIP), "the reverse rule is back");
+    assert_eq!(sim.packet_ins, before, "carried by the rules");
+}

@@ -18,7 +18,7 @@ use crate::balance::{Outcome, SelectRequest};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
 use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
-use crate::topology::{Dpid, PortRef};
+use crate::topology::{Dpid, MacId, PortRef};
 
 /// Minimum time between two decisions sampled into the event ring.
 const DECISION_SAMPLE_MS: u64 = 250;
@@ -99,8 +99,15 @@ impl Controller {
                 service_addr: dst,
                 service_port: tcp.dst_port,
             };
-            if let Some(conn) = self.conns.get(&key).copied() {
-                if tcp.flags.is_initial_syn() && conn.isn != Some(tcp.seq) {
+            if let Some(mut conn) = self.conns.get(&key).copied() {
+                if conn.client_mac == MacId::UNKNOWN {
+                    // Rebuilt from a switch's rules: its client's MAC is known from now.
+                    conn.client_mac = self.topo.mac_id(at.frame.eth_src);
+                    if let Some(c) = self.conns.get_mut(&key) {
+                        c.client_mac = conn.client_mac;
+                    }
+                }
+                if tcp.flags.is_initial_syn() && !conn.is_own_syn(tcp.seq) {
                     self.reopen(now, at, key, conn, l, out);
                 } else if !conn.installed && tcp.flags.rst() {
                     // The client refused the backend's SYN-ACK (it never sent the SYN: a
@@ -108,7 +115,10 @@ impl Controller {
                     // connection, and forget the connection. Only a RST in the window
                     // (the SYN-ACK acknowledged the ISN: SEG.SEQ = ISN + 1), not a blind
                     // one aimed at a real client's handshake.
-                    if conn.isn.is_some_and(|isn| tcp.seq == isn.wrapping_add(1)) {
+                    if conn
+                        .isn
+                        .is_some_and(|isn| tcp.seq == isn.get().wrapping_add(1))
+                    {
                         self.send_known(at, &key, conn, Dir::Forward, dst, out);
                         self.abandon(&key, conn, true);
                     }
@@ -386,8 +396,9 @@ impl Controller {
             created_ms,
             installed: true,
             reply: Reply::Unseen,
-            isn: Some(at.tcp.seq),
+            isn: Conn::isn_of(at.tcp.seq),
             tag: self.next_conn_tag & rules::CONN_TAG_MASK,
+            client_mac: self.topo.mac_id(at.frame.eth_src),
         };
         // Placement and both paths are worked out once here and reused for the rules and
         // the PACKET_OUT (each costs several hash lookups on the PACKET_IN path).
@@ -453,7 +464,10 @@ impl Controller {
         let b = s.backends.get(usize::from(conn.backend))?;
         let backend_mac = b.mac?;
         let backend_at = self.topo.host(backend_mac)?.at;
-        let client_mac = self.topo.mac_of(key.client)?;
+        let client_mac = match self.topo.mac_by_id(conn.client_mac) {
+            Some(mac) => mac,
+            None => self.topo.mac_of(key.client)?,
+        };
         let client_at = self.topo.host(client_mac)?.at;
         let service_mac = match s.cfg.vip {
             Some(_) => s.cfg.virtual_mac,
@@ -791,6 +805,7 @@ impl Controller {
             reply: Reply::Answered,
             isn: None,
             tag: self.next_conn_tag & rules::CONN_TAG_MASK,
+            client_mac: self.topo.mac_id(at.frame.eth_src),
         };
         let Some(p) = self.placement(&key, conn) else {
             return false;
@@ -888,6 +903,8 @@ impl Controller {
                 reply: Reply::Unseen,
                 isn: None,
                 tag: rules::conn_tag_of(fs.cookie),
+                // Its rules do not say; the client address's learned MAC stands in.
+                client_mac: MacId::UNKNOWN,
             },
         );
         self.counters.connections_rebuilt += 1;

@@ -26,8 +26,10 @@ pub struct MemoryArgs {
     /// Connection counts to measure (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     pub conns: Vec<usize>,
-    /// Connections per client address (clients differ in address and port).
-    #[arg(long, default_value_t = 100)]
+    /// Connections per client address (clients differ in address and port). 1 by
+    /// default, the most the controller could keep per client: every connection from an
+    /// address of its own, as from clients on the Internet.
+    #[arg(long, default_value_t = 1)]
     pub ports_per_client: usize,
     /// Write the results table here (Markdown).
     #[arg(long)]
