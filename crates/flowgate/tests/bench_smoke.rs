@@ -154,7 +154,7 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             "--expire-after",
             "100",
             "--also-rate-fraction",
-            "0.5",
+            "0.25,0.5",
         ][..],
         &["--peers", "flowgate", "--latency"][..],
         &["--peers", "flowgate", "--rate", "2000"][..],
@@ -170,8 +170,9 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         let (stdout, table) = run_bench_controller(extra);
         assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
         let rows = counts(&table, "flowgate");
+        // One row for the throughput run, and one per fraction of its peak.
         let expected = if extra.contains(&"--also-rate-fraction") {
-            2
+            3
         } else {
             1
         };
@@ -207,6 +208,15 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
                     n <= bound,
                     "{n} connections tracked of {valid} set up:\n{table}"
                 );
+            }
+        }
+        if extra.contains(&"--also-rate-fraction") {
+            for f in ["(0.25 of the peak)", "(0.5 of the peak)"] {
+                let rows = table
+                    .lines()
+                    .filter(|l| l.starts_with("| flowgate") && l.contains(f))
+                    .count();
+                assert_eq!(rows, 1, "no run at {f}:\n{table}");
             }
         }
         // Each run not measured through a window of 256 says what its tail is made of

@@ -83,10 +83,12 @@ pub struct ControllerArgs {
     /// `adaptive` with `--rate` far beyond its capacity to see it gate a PACKET_IN flood.
     #[arg(long, default_value = "off", value_parser = ["off", "adaptive"])]
     pub controller_overload: String,
-    /// After each throughput run, also run open loop at this fraction of the peak just
-    /// measured (e.g. 0.5 for the "p99 at half the peak rate" figure).
-    #[arg(long)]
-    pub also_rate_fraction: Option<f64>,
+    /// After each throughput run, also run open loop at these fractions of the peak just
+    /// measured, each with a fresh controller (comma-separated): 0.5 for the "p99 at half
+    /// the peak rate" figure, or several for the latency against the rate, to read at
+    /// which share of its peak a controller still meets a latency target.
+    #[arg(long, value_delimiter = ',', value_parser = fraction)]
+    pub also_rate_fraction: Vec<f64>,
     /// Give the controller under test and the emulated switches CPUs of their own: the
     /// controller the first CPU this process may use, the switches the others. cbench's
     /// method runs them on separate machines; sharing the cores, the two preempt each
@@ -186,6 +188,15 @@ pub struct RunResult {
     /// Connections the controller tracked when the measured loops ended (flowgate, when
     /// the bench started it: its API's `flowgate_connections`).
     pub tracked_at_end: Option<u64>,
+}
+
+/// A fraction of the peak rate for `--also-rate-fraction`: above 0 (over 1 runs past
+/// the peak, to see a controller overloaded).
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
+        _ => Err(format!("{s:?} is not a fraction above 0")),
+    }
 }
 
 fn second_octet_plus(a: Ipv4Addr, i: usize) -> Ipv4Addr {
@@ -904,7 +915,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         } else {
             args.mode
         };
-        let spawned = match t {
+        let mut spawned = match t {
             Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
             None => None,
         };
@@ -936,24 +947,29 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         )?);
         let peak = r.avg;
         runs.push(r);
-        if let (Some(f), Pace::Window(w)) = (args.also_rate_fraction, base_pace) {
-            if w > 1 && peak > 0.0 {
-                // A fresh controller, so the open-loop run starts from the same state.
-                drop(spawned);
-                let spawned = match t {
-                    Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
-                    None => None,
-                };
-                let addr = spawned.as_ref().map_or(addr, |s| s.addr);
-                let watched = spawned.as_ref().map(Spawned::watched);
-                if let (Some(p), Some(w)) = (&pin, watched) {
-                    p.check(w.pid)?;
-                }
-                let pace = Pace::Rate(peak * f);
-                runs.push(pinned(measure_watched(
-                    &rt, &name, addr, args, mode, pace, watched,
-                )?));
+        if !matches!(base_pace, Pace::Window(w) if w > 1) || peak <= 0.0 {
+            continue;
+        }
+        for &f in &args.also_rate_fraction {
+            // A fresh controller, so each open-loop run starts from the same state
+            // (the one before is stopped first: they would share the cores).
+            drop(spawned.take());
+            spawned = match t {
+                Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
+                None => None,
+            };
+            let addr = spawned.as_ref().map_or(addr, |s| s.addr);
+            let watched = spawned.as_ref().map(Spawned::watched);
+            if let (Some(p), Some(w)) = (&pin, watched) {
+                p.check(w.pid)?;
             }
+            let pace = Pace::Rate(peak * f);
+            let mut r = pinned(measure_watched(
+                &rt, &name, addr, args, mode, pace, watched,
+            )?);
+            // "open loop N/s (F of the peak), ..."
+            r.pace = r.pace.replacen("/s", &format!("/s ({f} of the peak)"), 1);
+            runs.push(r);
         }
     }
     Ok(Report { runs, versions })
