@@ -96,6 +96,13 @@ pub struct ControllerArgs {
     /// the bench starts (not to a `--controller` running elsewhere).
     #[arg(long, conflicts_with = "controller")]
     pub pin: bool,
+    /// The emulated switches' thread polls rather than sleeps between messages, as a
+    /// load generator on a core of its own does (DPDK's, or cbench's on a machine of its
+    /// own): the controller's answers then neither wake it (on a VM, an interrupt to its
+    /// CPU, which the controller's write pays for) nor wait for it to wake. It takes the
+    /// whole of its CPU, so it needs `--pin`.
+    #[arg(long, requires = "pin")]
+    pub busy_poll: bool,
     /// flowgate only: its worker threads (`[runtime] worker_threads`; 0: its default, one
     /// per CPU). Its decisions run under one lock whatever the count, and here the
     /// emulated switches need one of the machine's cores: a second worker only contends
@@ -297,7 +304,18 @@ async fn measure_async(
         Pace::Rate(r) => Some(OpenLoop::new(r, n)),
         Pace::Window(_) => None,
     };
-    let driver = open.as_ref().map(|o| o.spawn(flags.clone()));
+    let driver = open
+        .as_ref()
+        .map(|o| o.spawn(flags.clone(), args.busy_poll));
+    // Without a schedule to step, `--busy-poll` still keeps the switches' thread awake.
+    let spinner = (args.busy_poll && open.is_none()).then(|| {
+        let flags = flags.clone();
+        tokio::spawn(async move {
+            while !flags.stop.load(Ordering::Relaxed) {
+                tokio::task::yield_now().await;
+            }
+        })
+    });
     let mut pace_label = match pace {
         Pace::Window(1) => "latency (1 outstanding/switch)".to_string(),
         Pace::Window(w) => format!("throughput ({w} outstanding/switch)"),
@@ -305,6 +323,9 @@ async fn measure_async(
     };
     if args.expire_after > 0 {
         pace_label += &format!(", FLOW_REMOVED beyond {} live/switch", args.expire_after);
+    }
+    if args.busy_poll {
+        pace_label += ", switches busy-polled";
     }
     if !args.quiet {
         eprintln!("bench controller: {name} at {addr}, {n} switches, {pace_label}, mode {mode:?}");
@@ -427,6 +448,9 @@ async fn measure_async(
         capped |= r.slow_capped;
         samples.extend(r.samples);
         errors.extend(r.error);
+    }
+    if let Some(s) = spinner {
+        let _ = s.await;
     }
     if let Some(d) = driver {
         match d.await {

@@ -214,7 +214,7 @@ pub async fn run_switch(run: SwitchRun) -> SwitchResult {
         Pace::Rate(r) => Some(OpenLoop::new(r, 1)),
         Pace::Window(_) => None,
     };
-    let driver = open.as_ref().map(|o| o.spawn(run.flags.clone()));
+    let driver = open.as_ref().map(|o| o.spawn(run.flags.clone(), false));
     let mut r = run_switch_in(run, open.clone().map(|o| (o, 0))).await;
     if let (Some(d), Some(o)) = (driver, open) {
         o.finish();

@@ -58,13 +58,30 @@ impl OpenLoop {
     }
 
     /// Step the schedule from `flags.go` until `flags.stop` (or [`OpenLoop::finish`]), on
-    /// a thread of its own (`spawn_blocking`).
+    /// a thread of its own (`spawn_blocking`), or, `busy`, in a task of the switches'
+    /// runtime that never lets it sleep (see [`OpenLoop::drive_busy`]).
     pub fn spawn(
         self: &Arc<Self>,
         flags: Arc<RunFlags>,
+        busy: bool,
     ) -> tokio::task::JoinHandle<Result<(), String>> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.drive(&flags))
+        if busy {
+            tokio::spawn(async move { this.drive_busy(&flags).await })
+        } else {
+            tokio::task::spawn_blocking(move || this.drive(&flags))
+        }
+    }
+
+    /// Wake the switches with probes due by `now` that were not woken for them yet.
+    fn wake_due(&self, woken: &mut [u64], now: Instant) {
+        for (i, (s, w)) in self.slots.iter().zip(woken).enumerate() {
+            let due = self.due(i, now);
+            if due > s.taken.load(Ordering::Relaxed).max(*w) {
+                *w = due;
+                s.wake.notify_one();
+            }
+        }
     }
 
     /// The switches are done with the schedule.
@@ -103,17 +120,32 @@ impl OpenLoop {
         let mut woken = vec![0u64; self.slots.len()];
         let mut expirations = [0u8; 8];
         while !self.over(flags) {
-            let now = Instant::now();
-            for (i, (s, w)) in self.slots.iter().zip(&mut woken).enumerate() {
-                let due = self.due(i, now);
-                if due > s.taken.load(Ordering::Relaxed).max(*w) {
-                    *w = due;
-                    s.wake.notify_one();
-                }
-            }
+            self.wake_due(&mut woken, Instant::now());
             // Blocks until the next expiry; their count is not needed (the clock is read).
             rustix::io::read(&timer, &mut expirations[..])
                 .map_err(|e| format!("open-loop timer: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The schedule stepped by the switches' own thread, polling: after each look at the
+    /// clock it yields, and tokio then polls its reactor without blocking before it runs
+    /// the task again. The thread never sleeps, so neither a timer nor an answer from the
+    /// controller has to wake it: the controller's write of an answer does not pay for
+    /// waking the bench (on a VM, an interrupt to the other CPU), and the bench reads it
+    /// at once. It takes the whole of its CPU (`--busy-poll` needs `--pin`).
+    async fn drive_busy(&self, flags: &RunFlags) -> Result<(), String> {
+        while !flags.go.load(Ordering::Relaxed) {
+            if self.over(flags) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let _ = self.start.set(Instant::now());
+        let mut woken = vec![0u64; self.slots.len()];
+        while !self.over(flags) {
+            self.wake_due(&mut woken, Instant::now());
+            tokio::task::yield_now().await;
         }
         Ok(())
     }
