@@ -160,6 +160,17 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         &["--peers", "flowgate", "--rate", "2000"][..],
         // Controller and switches on CPUs of their own (needs two).
         &["--peers", "flowgate", "--rate", "2000", "--pin"][..],
+        // The switches' thread polling: the open-loop schedule stepped in it, and the
+        // spinner that keeps it awake in latency mode.
+        &[
+            "--peers",
+            "flowgate",
+            "--rate",
+            "2000",
+            "--pin",
+            "--busy-poll",
+        ][..],
+        &["--peers", "flowgate", "--latency", "--pin", "--busy-poll"][..],
     ] {
         if extra.contains(&"--pin")
             && std::thread::available_parallelism().map_or(1, usize::from) < 2
@@ -234,6 +245,11 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         assert_eq!(
             extra.contains(&"--pin"),
             table.contains("pinned (controller on CPU"),
+            "{table}"
+        );
+        assert_eq!(
+            extra.contains(&"--busy-poll"),
+            table.contains("switches busy-polled"),
             "{table}"
         );
     }
