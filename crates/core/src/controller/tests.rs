@@ -329,14 +329,11 @@ fn a_ring_floods_along_a_tree() {
     );
 }
 
-#[test]
-fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
-    let mut sim = single_switch("round-robin");
-    sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 46000), (VIP, 80), SYN));
-    let flows: Vec<ofp::FlowStats> = sim
-        .net
+/// Switch 1's connection rules as its flow-stats reply gives them, 5 s old.
+fn conn_rules_as_flow_stats(sim: &Sim) -> Vec<ofp::FlowStats> {
+    sim.net
         .switch(1)
-        .unwrap()
+        .expect("switch 1")
         .flows()
         .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
         .map(|f| ofp::FlowStats {
@@ -353,7 +350,14 @@ fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
             match_: f.match_.clone(),
             instructions: f.instructions.iter().cloned().collect(),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
+    let mut sim = single_switch("round-robin");
+    sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 46000), (VIP, 80), SYN));
+    let flows = conn_rules_as_flow_stats(&sim);
     let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None).unwrap();
     let mut fresh = Controller::new(&cfg);
     let mut out = Outbox::new();
@@ -718,4 +722,54 @@ fn clients_behind_a_router_are_placed_without_learning_their_addresses() {
     assert_eq!(reply.len(), 1);
     assert_eq!(reply[0].1.ipv4_src, Some(VIP), "the reverse rule is back");
     assert_eq!(sim.packet_ins, before, "carried by the rules");
+}
+
+/// A connection rebuilt from a switch's rules after a restart does not know its client's
+/// MAC (its rules do not say, and client addresses are not learned): the first packet of
+/// it that comes up tells it, and it is carried to its backend from then on.
+#[test]
+fn a_rebuilt_connection_learns_its_clients_mac_from_its_next_packet() {
+    let mut sim = single_switch("round-robin");
+    let router = mac(1);
+    let client = (std::net::Ipv4Addr::new(11, 0, 0, 7), 41000);
+    let first = sim.send("h1", &tcp(router, VMAC, client, (VIP, 80), SYN));
+    let backend = first[0].0.clone();
+    let flows = conn_rules_as_flow_stats(&sim);
+    // The controller restarts: the switch comes back to a fresh one, which learns the
+    // backends again and rebuilds the connection from the switch's rules.
+    let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None)
+        .expect("valid config");
+    sim.c = Controller::new(&cfg);
+    let features = ofp::SwitchFeatures {
+        datapath_id: 1,
+        n_buffers: 0,
+        n_tables: 254,
+        auxiliary_id: 0,
+        capabilities: 0,
+    };
+    sim.c.handle_switch_up(sim.now, features, &mut sim.out);
+    sim.pump();
+    for i in 2..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    let reply = Message::MultipartReply(MultipartReply {
+        flags: 0,
+        body: MultipartReplyBody::Flow(flows),
+    });
+    sim.c.handle_message(sim.now, 1, &reply, &mut sim.out);
+    sim.pump();
+    assert_eq!(sim.c.connections().len(), 1, "rebuilt");
+    assert_eq!(sim.c.topo.mac_of(client.0), None);
+    // A segment of it races up (its rules were lost too): it goes to its backend.
+    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+    let got = sim.send("h1", &tcp(router, VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        got.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [backend.as_str()],
+        "carried to the backend it had before the restart"
+    );
+    assert_eq!(
+        got[0].1.ipv4_dst,
+        Some(ip(backend[1..].parse().expect("a host name")))
+    );
 }
