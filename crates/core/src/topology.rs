@@ -61,8 +61,9 @@ impl MacId {
     pub const UNKNOWN: MacId = MacId(u32::MAX);
 }
 
-/// The most MACs numbered: past it (a flood of forged source MACs) new ones are
-/// [`MacId::UNKNOWN`], and their connections fall back on the address's learned MAC.
+/// The most MACs numbered (bounding the numbering under a flood of forged source MACs):
+/// past it, new ones are [`MacId::UNKNOWN`], and their connections are placed only if
+/// ARP taught the client address's MAC (refused otherwise, as unroutable).
 const MAX_MAC_IDS: usize = 1 << 20;
 
 /// What learning a host's source address changed.

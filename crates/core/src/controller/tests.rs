@@ -737,18 +737,7 @@ fn a_rebuilt_connection_learns_its_clients_mac_from_its_next_packet() {
     let flows = conn_rules_as_flow_stats(&sim);
     // The controller restarts: the switch comes back to a fresh one, which learns the
     // backends again and rebuilds the connection from the switch's rules.
-    let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None)
-        .expect("valid config");
-    sim.c = Controller::new(&cfg);
-    let features = ofp::SwitchFeatures {
-        datapath_id: 1,
-        n_buffers: 0,
-        n_tables: 254,
-        auxiliary_id: 0,
-        capabilities: 0,
-    };
-    sim.c.handle_switch_up(sim.now, features, &mut sim.out);
-    sim.pump();
+    sim.restart(&service_config("round-robin", &[2, 3, 4]));
     for i in 2..=4u8 {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
     }

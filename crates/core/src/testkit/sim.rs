@@ -76,7 +76,14 @@ impl Sim {
             received: Vec::new(),
             packet_ins: 0,
         };
-        let dpids: Vec<u64> = sim.ports.keys().copied().collect();
+        sim.switches_up();
+        sim.tick(Duration::from_millis(10));
+        sim
+    }
+
+    /// Every switch connects to the controller (what it asks for is carried out).
+    fn switches_up(&mut self) {
+        let dpids: Vec<u64> = self.ports.keys().copied().collect();
         for d in dpids {
             let features = SwitchFeatures {
                 datapath_id: d,
@@ -85,11 +92,18 @@ impl Sim {
                 auxiliary_id: 0,
                 capabilities: 0,
             };
-            sim.c.handle_switch_up(sim.now, features, &mut sim.out);
-            sim.pump();
+            self.c.handle_switch_up(self.now, features, &mut self.out);
+            self.pump();
         }
-        sim.tick(Duration::from_millis(10));
-        sim
+    }
+
+    /// The controller restarts with `config`: a fresh one, to which every switch connects
+    /// again, its flow tables as they were.
+    pub fn restart(&mut self, config: &str) {
+        let cfg = Config::from_toml(config, &|_| None).expect("valid config");
+        self.c = Controller::new(&cfg);
+        self.out = Outbox::new();
+        self.switches_up();
     }
 
     pub fn tick(&mut self, by: Duration) {
