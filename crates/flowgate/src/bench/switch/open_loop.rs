@@ -59,7 +59,7 @@ impl OpenLoop {
 
     /// Step the schedule from `flags.go` until `flags.stop` (or [`OpenLoop::finish`]), on
     /// a thread of its own (`spawn_blocking`), or, `busy`, in a task of the switches'
-    /// runtime that never lets it sleep (see [`OpenLoop::drive_busy`]).
+    /// runtime that never lets it sleep (see `drive_busy`).
     pub fn spawn(
         self: &Arc<Self>,
         flags: Arc<RunFlags>,
