@@ -27,6 +27,7 @@ const OFPT_FEATURES_REQUEST: u8 = 5;
 const OFPT_FEATURES_REPLY: u8 = 6;
 const OFPT_PACKET_IN: u8 = 10;
 const OFPT_FLOW_REMOVED: u8 = 11;
+const OFPT_PORT_STATUS: u8 = 12;
 
 fn header(version: u8, ty: u8, len: u16, xid: u32) -> Vec<u8> {
     let mut v = vec![version, ty];
@@ -358,6 +359,15 @@ fn ovs_hostile_switch_peers() {
         "(c3) malformed FLOW_REMOVED",
     );
     healthy(&mut ctl, "(c3) malformed FLOW_REMOVED");
+    // (c4) The same with a rarer message, decoded whole as it is read (§7.4.3: a
+    // PORT_STATUS needs 56 bytes): it too ends the batch and the session.
+    malformed_after_a_syn(
+        &mut ctl,
+        0xbad3,
+        OFPT_PORT_STATUS,
+        "(c4) malformed PORT_STATUS",
+    );
+    healthy(&mut ctl, "(c4) malformed PORT_STATUS");
 
     // (d) A flood of PACKET_INs (SYNs to the VIP) from a fake switch, with the real client
     // loading the VIP meanwhile.

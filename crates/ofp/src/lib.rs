@@ -11,8 +11,8 @@
 //!   classes, experimenter actions/instructions and unknown properties are kept opaque so
 //!   `encode(decode(x)) == x`.
 //! - [`FlowModView`] / [`PacketOutView`] / [`FlowRemovedView`]: borrowed, allocation-free
-//!   views over a received FLOW_MOD, PACKET_OUT or FLOW_REMOVED frame, checked as [`decode`] checks it, for readers that look at
-//!   a few fields of many messages.
+//!   views over a received FLOW_MOD, PACKET_OUT or FLOW_REMOVED frame, checked as
+//!   [`decode`] checks it, for readers that look at a few fields of many messages.
 //! - [`negotiate_version`] for the HELLO exchange, [`MultipartAssembler`] for replies split
 //!   with OFPMPF_REPLY_MORE, [`decode_file_bytes`] for files of concatenated messages.
 //!

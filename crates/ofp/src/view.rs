@@ -1,8 +1,9 @@
 //! Borrowed, zero-allocation views over a received OFPT_FLOW_MOD (§7.3.4.1),
-//! OFPT_PACKET_OUT (§7.3.7) or OFPT_FLOW_REMOVED (§7.4.2) frame, in the smoltcp `Packet<&[u8]>` style: the constructor
-//! checks every length against the frame, then the accessors and iterators read the wire
-//! directly. For a reader that looks at a few fields of each of many messages (the bench's
-//! emulated switches check every answer; the controller reads every FLOW_REMOVED), where [`crate::decode`] would build the whole
+//! OFPT_PACKET_OUT (§7.3.7) or OFPT_FLOW_REMOVED (§7.4.2) frame, in the smoltcp
+//! `Packet<&[u8]>` style: the constructor checks every length against the frame, then the
+//! accessors and iterators read the wire directly. For a reader that looks at a few fields
+//! of each of many messages (the bench's emulated switches check every answer; the
+//! controller reads every FLOW_REMOVED), where [`crate::decode`] would build the whole
 //! owned message.
 //!
 //! A constructor fails exactly when [`crate::decode`] fails on the same frame, with the

@@ -422,8 +422,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let len = peeked.len();
             if msg_type == ofp::MsgType::FlowRemoved as u8 {
                 // Read in place, outside the lock, and never decoded (see `RuleEnded`). A
-                // bad one ends the batch: what came before it is handled, then the session
-                // closes, as for a PACKET_IN that does not decode.
+                // bad one ends the batch, as any message that does not decode does.
                 let read = ofp::FlowRemovedView::new(peeked).map(|v| RuleEnded::of_view(&v));
                 rd.consume(len);
                 match read {
@@ -456,8 +455,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                 }
             } else {
-                let (xid, msg) =
-                    ofp::decode(rd.take(len)).map_err(|e| SessionError::Decode(e.to_string()))?;
+                let (xid, msg) = match ofp::decode(rd.take(len)) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        batch.push(Pending::Undecodable(e));
+                        break;
+                    }
+                };
                 match msg {
                     Message::EchoRequest(data) => {
                         // Counted like the core's messages: the writer subtracts every buffer.
@@ -616,7 +620,8 @@ enum Pending {
     Frame(Bytes),
     /// A FLOW_REMOVED, as the core reads it.
     Ended(RuleEnded),
-    /// A FLOW_REMOVED that does not decode: the batch's end, and the session's.
+    /// A message that does not decode: the batch's end, and the session's, once what came
+    /// before it in the batch is handled.
     Undecodable(ofp::DecodeError),
     Decoded(Box<Message>),
 }

@@ -363,14 +363,10 @@ impl Sw {
 
     /// Send encoded FLOW_REMOVEDs (xid 0), each with the switch's next xid.
     fn send_removals(&mut self, frames: &[u8]) {
+        let framer = ofp::Framer::new();
         let mut rest = frames;
-        while let Some(len) = rest
-            .get(2..4)
-            .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
-        {
-            let Some(frame) = rest.get(..len).filter(|_| len >= ofp::HEADER_LEN) else {
-                return;
-            };
+        while let Ok(Some(len)) = framer.frame_len(rest) {
+            let frame = &rest[..len];
             self.xid = self.xid.wrapping_add(1);
             let at = self.wbuf.len();
             self.wbuf.extend_from_slice(frame);
