@@ -147,6 +147,9 @@ fn bench_controller_flood_defers_rules_to_the_handshake() {
 
 #[test]
 fn bench_controller_flowgate_throughput_latency_and_rate() {
+    // Each run's "Machine:" line: the same whether the bench pinned itself to one CPU or
+    // not (it names the machine's CPUs, not the bench's).
+    let mut machines = std::collections::BTreeSet::new();
     for extra in [
         &[
             "--peers",
@@ -180,6 +183,12 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         }
         let (stdout, table) = run_bench_controller(extra);
         assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
+        machines.extend(
+            table
+                .lines()
+                .filter(|l| l.starts_with("Machine: "))
+                .map(str::to_string),
+        );
         let rows = counts(&table, "flowgate");
         // One row for the throughput run, and one per fraction of its peak.
         let expected = if extra.contains(&"--also-rate-fraction") {
@@ -253,6 +262,7 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             "{table}"
         );
     }
+    assert_eq!(machines.len(), 1, "{machines:?}");
 }
 
 #[test]
@@ -374,6 +384,47 @@ fn bench_controller_osken_peer() {
         table.contains("os-ken 3.1.0"),
         "the version is reported:\n{table}"
     );
+}
+
+/// The floor peer passes every VIP check, and with `--fractions-of-first` runs at
+/// flowgate's rates: its open-loop rows carry flowgate's rates, not its own.
+#[test]
+fn bench_controller_floor_answers_at_flowgates_rates() {
+    let (stdout, table) = run_bench_controller(&[
+        "--peers",
+        "flowgate,floor",
+        "--also-rate-fraction",
+        "0.5",
+        "--fractions-of-first",
+    ]);
+    assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
+    for peer in ["flowgate", "floor"] {
+        let rows = counts(&table, peer);
+        assert_eq!(rows.len(), 2, "a throughput row and one at 0.5:\n{table}");
+        for (valid, invalid, lost) in rows {
+            assert!(valid > 0, "{peer} answered no probe:\n{table}");
+            assert_eq!((invalid, lost), (0, 0), "{peer}:\n{table}");
+        }
+    }
+    // The open-loop rate of each row: "open loop N/s (...)".
+    let rate_of = |row: &str| -> String {
+        let pace = row.split('|').nth(3).expect("load cell");
+        let rest = pace.split("open loop ").nth(1).expect("open loop");
+        rest.split("/s").next().expect("rate").to_string()
+    };
+    let open_loop = |peer: &str, label: &str| -> String {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {peer} |")) && l.contains(label))
+            .unwrap_or_else(|| panic!("no {peer} row with {label:?}:\n{table}"));
+        rate_of(row)
+    };
+    assert_eq!(
+        open_loop("flowgate", "(0.5 of the peak)"),
+        open_loop("floor", "(0.5 of flowgate's peak)"),
+        "{table}"
+    );
+    assert!(table.contains("floor (flowgate "), "its version:\n{table}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use crate::framing::Framer;
 use crate::msg::{Message, decode, encode};
 use crate::oxm::ofb;
-use crate::view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketOutView};
+use crate::view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketInView, PacketOutView};
 use crate::{Action, FlowMod, FlowRemoved, Instruction, MsgType, Oxm};
 
 /// Decode arbitrary bytes; if that succeeds, encoding must succeed, decoding the encoding
@@ -34,7 +34,7 @@ pub fn decode_target(data: &[u8]) {
     assert_eq!(out.len(), data.len(), "decode→encode changed the length");
 }
 
-/// A FLOW_MOD, PACKET_OUT or FLOW_REMOVED view of `data` fails exactly when `decode`
+/// A FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN view of `data` fails exactly when `decode`
 /// fails, with the same error, and otherwise yields what `decode` yields: the fixed
 /// fields, the match's TLVs, the instructions and actions in order, and the typed
 /// accessors' values.
@@ -77,11 +77,33 @@ pub fn view_target(data: &[u8]) {
                 _ => panic!("view {view:?} but decode {decoded:?}"),
             }
         }
+        Some(t) if t == MsgType::PacketIn as u8 => {
+            let view = PacketInView::new(data);
+            match (&view, &decoded) {
+                (Ok(v), Ok((xid, Message::PacketIn(pi)))) => {
+                    assert_eq!(v.xid(), *xid);
+                    let fixed = (v.buffer_id(), v.total_len(), v.reason(), v.table_id());
+                    let want = (pi.buffer_id, pi.total_len, pi.reason.to_raw(), pi.table_id);
+                    assert_eq!(fixed, want);
+                    assert_eq!(v.cookie(), pi.cookie);
+                    assert_eq!(v.in_port(), pi.in_port());
+                    assert_eq!(v.data(), &pi.data[..]);
+                    let fields: Vec<OxmRef<'_>> = v.match_fields().collect();
+                    assert_eq!(fields.len(), pi.match_.len());
+                    for (o, want) in fields.iter().zip(pi.match_.iter()) {
+                        oxm_agrees(o, want, false);
+                    }
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "view and decode fail differently"),
+                _ => panic!("view {view:?} but decode {decoded:?}"),
+            }
+        }
         // Another type: the views refuse it, whether `decode` takes it or not.
         _ => {
             assert!(FlowModView::new(data).is_err());
             assert!(PacketOutView::new(data).is_err());
             assert!(FlowRemovedView::new(data).is_err());
+            assert!(PacketInView::new(data).is_err());
         }
     }
 }

@@ -71,7 +71,7 @@ pub use msg::table::TableMod;
 pub use msg::{Encode, Message, decode, decode_into, encode};
 pub use oxm::{Match, MatchError, Oxm, OxmId, RawOxm};
 pub use strings::{FixedStr, PortName};
-pub use view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketOutView};
+pub use view::{ActionRef, FlowModView, FlowRemovedView, OxmRef, PacketInView, PacketOutView};
 
 /// Wire version of OpenFlow 1.3.
 pub const OFP_VERSION: u8 = 0x04;

@@ -1,10 +1,10 @@
 //! Borrowed, zero-allocation views over a received OFPT_FLOW_MOD (§7.3.4.1),
-//! OFPT_PACKET_OUT (§7.3.7) or OFPT_FLOW_REMOVED (§7.4.2) frame, in the smoltcp
-//! `Packet<&[u8]>` style: the constructor checks every length against the frame, then the
-//! accessors and iterators read the wire directly. For a reader that looks at a few fields
-//! of each of many messages (the bench's emulated switches check every answer; the
-//! controller reads every FLOW_REMOVED), where [`crate::decode`] would build the whole
-//! owned message.
+//! OFPT_PACKET_OUT (§7.3.7), OFPT_FLOW_REMOVED (§7.4.2) or OFPT_PACKET_IN (§7.4.1) frame,
+//! in the smoltcp `Packet<&[u8]>` style: the constructor checks every length against the
+//! frame, then the accessors and iterators read the wire directly. For a reader that looks
+//! at a few fields of each of many messages (the bench's emulated switches check every
+//! answer; the controller reads every FLOW_REMOVED; the bench's floor answers every
+//! PACKET_IN), where [`crate::decode`] would build the whole owned message.
 //!
 //! A constructor fails exactly when [`crate::decode`] fails on the same frame, with the
 //! same [`DecodeError`] (the checks below mirror the decoders', in the same order), and in
@@ -685,6 +685,83 @@ impl<'a> FlowRemovedView<'a> {
     #[inline]
     pub fn match_fields(&self) -> OxmIter<'a> {
         OxmIter { rest: self.fields }
+    }
+}
+
+/// A checked OFPT_PACKET_IN frame (§7.4.1): what a controller reads of each packet a
+/// switch sends up (for one that answers without building the owned message).
+#[derive(Debug, Clone, Copy)]
+pub struct PacketInView<'a> {
+    frame: &'a [u8],
+    fields: &'a [u8],
+    data: &'a [u8],
+}
+
+impl<'a> PacketInView<'a> {
+    /// Check a whole frame (as [`crate::Framer`] yields) as [`crate::decode`] would.
+    #[inline]
+    pub fn new(frame: &'a [u8]) -> Result<Self, DecodeError> {
+        let mut c = Cur(body_of(frame, MsgType::PacketIn)?);
+        // buffer_id, total_len, reason, table_id, cookie.
+        c.take(16)?;
+        let fields = check_match(&mut c)?;
+        // Two bytes of padding, then the packet.
+        c.take(2)?;
+        Ok(PacketInView {
+            frame,
+            fields,
+            data: c.0,
+        })
+    }
+    /// The header's xid.
+    #[inline]
+    pub fn xid(&self) -> u32 {
+        be32(self.frame, 4)
+    }
+    /// `buffer_id`.
+    #[inline]
+    pub fn buffer_id(&self) -> u32 {
+        be32(self.frame, 8)
+    }
+    /// `total_len`.
+    #[inline]
+    pub fn total_len(&self) -> u16 {
+        be16(self.frame, 12)
+    }
+    /// `reason`, raw.
+    #[inline]
+    pub fn reason(&self) -> u8 {
+        self.frame.get(14).copied().unwrap_or(0)
+    }
+    /// `table_id`.
+    #[inline]
+    pub fn table_id(&self) -> u8 {
+        self.frame.get(15).copied().unwrap_or(0)
+    }
+    /// `cookie`.
+    #[inline]
+    pub fn cookie(&self) -> u64 {
+        be64(self.frame, 16)
+    }
+    /// The match's OXM TLVs, in wire order.
+    #[inline]
+    pub fn match_fields(&self) -> OxmIter<'a> {
+        OxmIter { rest: self.fields }
+    }
+    /// `in_port`: the first unmasked OXM_OF_IN_PORT of the match (§7.4.1: always there;
+    /// `None` from a switch that left it out), as [`crate::PacketIn::in_port`] reads it.
+    #[inline]
+    pub fn in_port(&self) -> Option<u32> {
+        self.match_fields()
+            .find_map(|o| match o.basic::<4>(crate::oxm::ofb::IN_PORT) {
+                Some((v, None)) => Some(u32::from_be_bytes(v)),
+                _ => None,
+            })
+    }
+    /// The packet (all of it when `buffer_id` is NO_BUFFER).
+    #[inline]
+    pub fn data(&self) -> &'a [u8] {
+        self.data
     }
 }
 

@@ -239,28 +239,7 @@ fn arb_hello() -> impl Strategy<Value = Hello> {
 fn arb_message() -> impl Strategy<Value = Message> {
     prop_oneof![
         arb_flow_mod().prop_map(Message::FlowMod),
-        (
-            any::<u32>(),
-            any::<u16>(),
-            any::<u8>(),
-            any::<u8>(),
-            any::<u64>(),
-            arb_match(),
-            bytes_len(0..200)
-        )
-            .prop_map(
-                |(buffer_id, total_len, reason, table_id, cookie, match_, data)| Message::PacketIn(
-                    PacketIn {
-                        buffer_id,
-                        total_len,
-                        reason: PacketInReason::from_raw(reason),
-                        table_id,
-                        cookie,
-                        match_,
-                        data
-                    }
-                )
-            ),
+        arb_packet_in(),
         (any::<u32>(), any::<u32>(), arb_actions(), bytes_len(0..200)).prop_map(
             |(buffer_id, in_port, actions, data)| Message::PacketOut(PacketOut {
                 buffer_id,
@@ -504,12 +483,38 @@ fn arb_flow_removed(match_: impl Strategy<Value = Match>) -> impl Strategy<Value
         })
 }
 
+fn arb_packet_in() -> impl Strategy<Value = Message> {
+    (
+        any::<u32>(),
+        any::<u16>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u64>(),
+        arb_match(),
+        bytes_len(0..200),
+    )
+        .prop_map(
+            |(buffer_id, total_len, reason, table_id, cookie, match_, data)| {
+                Message::PacketIn(PacketIn {
+                    buffer_id,
+                    total_len,
+                    reason: PacketInReason::from_raw(reason),
+                    table_id,
+                    cookie,
+                    match_,
+                    data,
+                })
+            },
+        )
+}
+
 fn arb_viewed() -> impl Strategy<Value = Message> {
     prop_oneof![
         arb_flow_removed(
             vec(prop_oneof![arb_oxm(), arb_odd_oxm()], 0..8).prop_map(|f| f.into_iter().collect())
         ),
         arb_flow_mod().prop_map(Message::FlowMod),
+        arb_packet_in(),
         (any::<u32>(), any::<u32>(), arb_actions(), bytes_len(0..100)).prop_map(
             |(buffer_id, in_port, actions, data)| Message::PacketOut(PacketOut {
                 buffer_id,
@@ -524,7 +529,7 @@ fn arb_viewed() -> impl Strategy<Value = Message> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
-    /// The borrowed views of an encoded FLOW_MOD, PACKET_OUT or FLOW_REMOVED yield exactly what `decode`
+    /// The borrowed views of an encoded FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN yield exactly what `decode`
     /// yields (`fuzzing::view_target` compares every field, TLV and accessor).
     #[test]
     fn views_yield_what_decode_yields(xid in any::<u32>(), msg in arb_viewed()) {
@@ -533,6 +538,7 @@ proptest! {
         match &msg {
             Message::FlowMod(_) => prop_assert!(FlowModView::new(&out).is_ok()),
             Message::FlowRemoved(_) => prop_assert!(FlowRemovedView::new(&out).is_ok()),
+            Message::PacketIn(_) => prop_assert!(PacketInView::new(&out).is_ok()),
             _ => prop_assert!(PacketOutView::new(&out).is_ok()),
         }
         ofp::fuzzing::view_target(&out);
@@ -567,10 +573,10 @@ proptest! {
         ofp::fuzzing::view_target(&frame);
     }
 
-    /// Arbitrary bodies behind a FLOW_MOD, PACKET_OUT or FLOW_REMOVED header of the right
-    /// length.
+    /// Arbitrary bodies behind a FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN header of
+    /// the right length.
     #[test]
-    fn views_never_panic_on_arbitrary_bodies(typ in prop_oneof![Just(13u8), Just(14u8), Just(11u8)], body in vec(any::<u8>(), 0..200)) {
+    fn views_never_panic_on_arbitrary_bodies(typ in prop_oneof![Just(13u8), Just(14u8), Just(11u8), Just(10u8)], body in vec(any::<u8>(), 0..200)) {
         let mut frame = vec![OFP_VERSION, typ, 0, 0, 0, 0, 0, 1];
         frame.extend_from_slice(&body);
         let n = (frame.len() as u16).to_be_bytes();

@@ -31,6 +31,10 @@ pub enum Peer {
     Osken,
     /// Debian's `ovs-testcontroller` (a learning switch: L2 mode only).
     OvsTestcontroller,
+    /// `flowgate bench floor`: a VIP responder that decides nothing (prebuilt answers,
+    /// no state): what the machine alone costs. With `--fractions-of-first`, at
+    /// flowgate's rates.
+    Floor,
 }
 
 impl Peer {
@@ -39,6 +43,7 @@ impl Peer {
             Peer::Flowgate => "flowgate",
             Peer::Osken => "os-ken vip_lb.py",
             Peer::OvsTestcontroller => "ovs-testcontroller",
+            Peer::Floor => "floor",
         }
     }
 }
@@ -89,6 +94,11 @@ pub struct ControllerArgs {
     /// which share of its peak a controller still meets a latency target.
     #[arg(long, value_delimiter = ',', value_parser = fraction)]
     pub also_rate_fraction: Vec<f64>,
+    /// Every peer's `--also-rate-fraction` runs take the fractions of the first peer's
+    /// peak, not of their own: to measure a peer at the first one's rates (the `floor` at
+    /// flowgate's, above all).
+    #[arg(long, requires = "also_rate_fraction")]
+    pub fractions_of_first: bool,
     /// Give the controller under test and the emulated switches CPUs of their own: the
     /// controller the first CPU this process may use, the switches the others. cbench's
     /// method runs them on separate machines; sharing the cores, the two preempt each
@@ -737,6 +747,7 @@ pub fn spawn_peer(
         Peer::Flowgate => "flowgate",
         Peer::Osken => "osken",
         Peer::OvsTestcontroller => "testcontroller",
+        Peer::Floor => "floor",
     })?;
     let log_path = dir.0.join("controller.log");
     let log = std::fs::File::create(&log_path)?;
@@ -848,6 +859,38 @@ pub fn spawn_peer(
                 _dir: dir,
             })
         }
+        Peer::Floor => {
+            let plan = dir.0.join("plan.json");
+            std::fs::write(&plan, osken_plan(args)?)?;
+            let port = free_port()?;
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let exe = flowgate_exe()?;
+            let mut child = command(&exe, pin)
+                .args(["--log", "warn", "bench", "floor", "--listen"])
+                .arg(addr.to_string())
+                .arg("--plan")
+                .arg(&plan)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("start {}", exe.display()))?;
+            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
+                let _ = child.kill();
+                bail!("floor: {e}");
+            }
+            Ok(Spawned {
+                name: peer.name().into(),
+                addr,
+                version: format!(
+                    "floor (flowgate {} bench floor, 1 worker thread)",
+                    env!("CARGO_PKG_VERSION")
+                ),
+                api: None,
+                child,
+                _dir: dir,
+            })
+        }
         Peer::OvsTestcontroller => {
             let port = free_port()?;
             let version = Command::new("ovs-testcontroller")
@@ -929,6 +972,8 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
     };
     let mut runs = Vec::new();
     let mut versions = Vec::new();
+    // The first peer's peak, which `--fractions-of-first` applies to every peer.
+    let mut first_peak: Option<(String, f64)> = None;
     let targets: Vec<Option<Peer>> = match args.controller {
         Some(_) => vec![None],
         None => args.peers.iter().copied().map(Some).collect(),
@@ -969,11 +1014,17 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         let r = pinned(measure_watched(
             &rt, &name, addr, args, mode, base_pace, watched,
         )?);
-        let peak = r.avg;
+        let own_peak = r.avg;
         runs.push(r);
-        if !matches!(base_pace, Pace::Window(w) if w > 1) || peak <= 0.0 {
+        if !matches!(base_pace, Pace::Window(w) if w > 1) || own_peak <= 0.0 {
             continue;
         }
+        let first = first_peak.get_or_insert_with(|| (name.clone(), own_peak));
+        let (peak, whose) = if args.fractions_of_first && first.0 != name {
+            (first.1, format!("{}'s peak", first.0))
+        } else {
+            (own_peak, "the peak".to_string())
+        };
         for &f in &args.also_rate_fraction {
             // A fresh controller, so each open-loop run starts from the same state
             // (the one before is stopped first: they would share the cores).
@@ -992,7 +1043,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
                 &rt, &name, addr, args, mode, pace, watched,
             )?);
             // "open loop N/s (F of the peak), ..."
-            r.pace = r.pace.replacen("/s", &format!("/s ({f} of the peak)"), 1);
+            r.pace = r.pace.replacen("/s", &format!("/s ({f} of {whose})"), 1);
             runs.push(r);
         }
     }

@@ -6,6 +6,8 @@
 //! - [`datapath`]: HTTP requests/s and p99 through flowgate's VIP, HAProxy, nginx, and
 //!   straight to a backend, on one Open vSwitch bridge with the same namespaces.
 //! - [`memory`]: resident bytes per tracked connection.
+//! - [`floor`]: the controller bench's floor, a VIP responder that decides nothing: the
+//!   machine's part of a setup's cost and latency.
 //! - [`bursts`]: what the latency tail of a run is made of.
 //! - [`cluster`]: the distributed mode: spill latency, and a domain's flow setup against
 //!   single-controller mode, in one run with one etcd.
@@ -16,6 +18,7 @@ pub mod bursts;
 pub mod cluster;
 pub mod controller;
 pub mod datapath;
+pub mod floor;
 pub mod memory;
 pub mod switch;
 
@@ -33,6 +36,9 @@ pub enum BenchCmd {
     Memory(memory::MemoryArgs),
     /// Distributed mode (needs etcd): spill latency, and flow setup domain vs single.
     Cluster(cluster::ClusterArgs),
+    /// The controller bench's floor: a VIP responder that decides nothing (its peer
+    /// `floor`; it runs until stopped).
+    Floor(floor::FloorArgs),
 }
 
 /// A Markdown table.
@@ -88,17 +94,24 @@ pub fn fmt_rate(x: f64) -> String {
 }
 
 /// The machine, for the results: nproc, CPU model, kernel, OVS version.
+///
+/// nproc counts the machine's CPUs (`/proc/cpuinfo`), not the ones this process may use:
+/// `--pin` leaves the bench one.
 pub fn machine() -> String {
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "?".into());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let nproc = match cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count()
+    {
+        0 => std::thread::available_parallelism().map_or(0, |n| n.get()),
+        n => n,
+    };
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or_else(|| "?".into(), |s| s.trim().to_string());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into());
@@ -193,6 +206,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 args.out.as_deref(),
             )
         }
+        BenchCmd::Floor(args) => floor::run(&args),
         BenchCmd::Memory(args) => {
             let results = memory::run(&args)?;
             if args.child.is_some() {
