@@ -819,7 +819,7 @@ pub fn spawn_peer(
             let app = dir.0.join("vip_lb.py");
             std::fs::write(&app, OSKEN_APP)?;
             let plan = dir.0.join("plan.json");
-            std::fs::write(&plan, osken_plan(args)?)?;
+            std::fs::write(&plan, services_plan(args)?)?;
             let port = free_port()?;
             let version = Command::new(&manager)
                 .arg("--version")
@@ -861,7 +861,7 @@ pub fn spawn_peer(
         }
         Peer::Floor => {
             let plan = dir.0.join("plan.json");
-            std::fs::write(&plan, osken_plan(args)?)?;
+            std::fs::write(&plan, services_plan(args)?)?;
             let port = free_port()?;
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             let exe = flowgate_exe()?;
@@ -929,8 +929,9 @@ pub fn spawn_peer(
     }
 }
 
-/// The os-ken app's plan: per dpid, the VIP and the backends (IP, MAC, port).
-pub fn osken_plan(args: &ControllerArgs) -> anyhow::Result<String> {
+/// The services the os-ken app and the floor serve: per dpid, the VIP, its MAC, the
+/// service port and the backends (IP, MAC, port).
+pub fn services_plan(args: &ControllerArgs) -> anyhow::Result<String> {
     let mut m = serde_json::Map::new();
     for (i, p) in plans(args)?.iter().enumerate() {
         m.insert(

@@ -3,15 +3,16 @@
 //! For each SYN to a switch's VIP it sends the three messages a VIP balancer must (the
 //! forward rule, the reverse rule, the PACKET_OUT), copied from answers built once per
 //! backend when the switch connects, with the client's address, port and ingress port
-//! written in. The backend is the client port's hash. It keeps no connection table, no
-//! topology and no load, and counts nothing. So what it costs per setup is what any
-//! controller on this machine and runtime pays for the messages alone: the reads, the
-//! framing, the writes and the wake-ups (it runs on flowgate's runtime, one worker, and
-//! answers a whole read in one write, as flowgate does).
+//! written in. The backend is the client port modulo the pool. It keeps no connection
+//! table, no topology and no load, and counts nothing. So what it costs per setup is what
+//! any controller on this machine and runtime pays for the messages alone: the reads, the
+//! framing, the writes and the wake-ups (it runs on the runtime flowgate runs on, tokio
+//! with one worker, and answers a whole read in one write, as flowgate does).
 //!
 //! Measured beside flowgate at the same rates (`bench controller --peers flowgate,floor
 //! --fractions-of-first`), it tells the machine's part of a latency from the controller's:
-//! a target the floor misses at a rate, no controller meets there on that machine.
+//! a target the floor misses at a rate, no controller on this runtime meets there on that
+//! machine.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -279,12 +280,18 @@ impl Answers {
                     in_port,
                 };
                 let b = usize::from(tcp.src_port) % self.forward.len();
+                let answer = out.len();
                 self.forward[b].put(c, out);
                 self.reverse[b].put(c, out);
                 let start = out.len();
                 self.packet_out[b].put(c, out);
                 out.extend_from_slice(pi.data());
-                let len = u16::try_from(out.len() - start).unwrap_or(u16::MAX);
+                // A packet too long to send on in one message (§7.1: 16-bit length) gets
+                // no answer at all, rather than rules without its PACKET_OUT.
+                let Ok(len) = u16::try_from(out.len() - start) else {
+                    out.truncate(answer);
+                    return;
+                };
                 out[start + 2..start + 4].copy_from_slice(&len.to_be_bytes());
             }
             L3::Arp(arp) if arp.op == packet::ARP_OP_REQUEST && arp.tpa == s.vip => {
@@ -320,8 +327,14 @@ fn load_plan(path: &std::path::Path) -> anyhow::Result<HashMap<u64, Arc<Answers>
 /// Serve switches on `listener` until the process ends.
 async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Arc<Answers>>>) {
     loop {
-        let Ok((sock, peer)) = listener.accept().await else {
-            continue;
+        let (sock, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin on the error.
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
         };
         let plan = plan.clone();
         tokio::spawn(async move {
@@ -514,5 +527,14 @@ mod tests {
         let mut out = BytesMut::new();
         a.answer(&ofp::PacketInView::new(&frame).expect("view"), &mut out);
         assert!(out.is_empty());
+        // A SYN padded to the longest PACKET_IN: its PACKET_OUT would not fit in one
+        // message, so nothing is sent for it (not the rules alone).
+        let mut long = syn(s.vip).to_vec();
+        long.resize(65_535 - 8 - 16 - 16 - 2, 0);
+        let frame = pi(ofp::Bytes::from(long));
+        assert_eq!(frame.len(), 65_535);
+        let mut out = BytesMut::new();
+        a.answer(&ofp::PacketInView::new(&frame).expect("view"), &mut out);
+        assert!(out.is_empty(), "{} bytes answered", out.len());
     }
 }
