@@ -34,9 +34,9 @@ pub fn decode_target(data: &[u8]) {
     assert_eq!(out.len(), data.len(), "decode→encode changed the length");
 }
 
-/// A FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN view of `data` fails exactly when `decode`
-/// fails, with the same error, and otherwise yields what `decode` yields: the fixed
-/// fields, the match's TLVs, the instructions and actions in order, and the typed
+/// A FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN view of `data` fails exactly when
+/// `decode` fails, with the same error, and otherwise yields what `decode` yields: the
+/// fixed fields, the match's TLVs, the instructions and actions in order, and the typed
 /// accessors' values.
 pub fn view_target(data: &[u8]) {
     let decoded = decode(Bytes::copy_from_slice(data));
@@ -83,7 +83,7 @@ pub fn view_target(data: &[u8]) {
                 (Ok(v), Ok((xid, Message::PacketIn(pi)))) => {
                     assert_eq!(v.xid(), *xid);
                     let fixed = (v.buffer_id(), v.total_len(), v.reason(), v.table_id());
-                    let want = (pi.buffer_id, pi.total_len, pi.reason.to_raw(), pi.table_id);
+                    let want = (pi.buffer_id, pi.total_len, pi.reason, pi.table_id);
                     assert_eq!(fixed, want);
                     assert_eq!(v.cookie(), pi.cookie);
                     assert_eq!(v.in_port(), pi.in_port());

@@ -23,6 +23,7 @@ use crate::error::DecodeError;
 use crate::header::{HEADER_LEN, MsgType};
 use crate::instruction::{Instruction, instruction_type};
 use crate::msg::flow::{FlowModCommand, FlowModFixed, FlowModFlags, FlowRemovedReason};
+use crate::msg::packet::PacketInReason;
 use crate::oxm::{OFPMT_OXM, Oxm, basic_shape, class};
 use crate::wire::{Reader, padded8};
 
@@ -728,10 +729,10 @@ impl<'a> PacketInView<'a> {
     pub fn total_len(&self) -> u16 {
         be16(self.frame, 12)
     }
-    /// `reason`, raw.
+    /// `reason`.
     #[inline]
-    pub fn reason(&self) -> u8 {
-        self.frame.get(14).copied().unwrap_or(0)
+    pub fn reason(&self) -> PacketInReason {
+        PacketInReason::from_raw(self.frame.get(14).copied().unwrap_or(0))
     }
     /// `table_id`.
     #[inline]

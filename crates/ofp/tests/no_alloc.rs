@@ -81,9 +81,9 @@ fn packet_in_to_flow_mods_and_packet_out_allocates_nothing() {
     assert_eq!(msgs.len(), 3);
 }
 
-/// The borrowed views over the answer (two FLOW_MODs and a PACKET_OUT) and over the
-/// forward rule's FLOW_REMOVED, walked field by field and action by action, allocate
-/// nothing either.
+/// The borrowed views over the answer (two FLOW_MODs and a PACKET_OUT), over the forward
+/// rule's FLOW_REMOVED and over the PACKET_IN itself, walked field by field and action by
+/// action, allocate nothing either.
 #[test]
 fn views_of_flow_mods_and_packet_out_allocate_nothing() {
     let mut out = BytesMut::with_capacity(4096);
@@ -120,8 +120,13 @@ fn views_of_flow_mods_and_packet_out_allocate_nothing() {
     let mut removed_frame = BytesMut::new();
     ofp::encode(7, &removed, &mut removed_frame).expect("encode FLOW_REMOVED");
     frames.push(&removed_frame[..]);
+    // And the PACKET_IN the answer is for.
+    let packet_in = roundtrip::packet_in_bytes();
+    frames.push(&packet_in[..]);
     let walk = |f: &[u8]| -> usize {
-        if let Ok(fr) = ofp::FlowRemovedView::new(f) {
+        if let Ok(pi) = ofp::PacketInView::new(f) {
+            pi.match_fields().count() + pi.in_port().map_or(0, |p| p as usize) + pi.data().len()
+        } else if let Ok(fr) = ofp::FlowRemovedView::new(f) {
             fr.match_fields().map(|o| o.payload().len()).sum::<usize>()
                 + usize::from(fr.packet_count() == 9)
         } else if let Ok(fm) = ofp::FlowModView::new(f) {
@@ -130,7 +135,7 @@ fn views_of_flow_mods_and_packet_out_allocate_nothing() {
         } else if let Ok(po) = ofp::PacketOutView::new(f) {
             po.actions().filter_map(|a| a.set_field()).count() + po.data().len()
         } else {
-            panic!("neither a FLOW_MOD, a PACKET_OUT nor a FLOW_REMOVED")
+            panic!("not a FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN")
         }
     };
     ALLOCS.store(0, Ordering::Relaxed);
