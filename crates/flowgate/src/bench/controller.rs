@@ -738,6 +738,9 @@ fn command(prog: impl AsRef<std::ffi::OsStr>, pin: Option<&Pinning>) -> Command 
     }
 }
 
+/// A started peer's output, in its temporary directory.
+const LOG_FILE: &str = "controller.log";
+
 pub fn spawn_peer(
     peer: Peer,
     args: &ControllerArgs,
@@ -749,7 +752,7 @@ pub fn spawn_peer(
         Peer::OvsTestcontroller => "testcontroller",
         Peer::Floor => "floor",
     })?;
-    let log_path = dir.0.join("controller.log");
+    let log_path = dir.0.join(LOG_FILE);
     let log = std::fs::File::create(&log_path)?;
     match peer {
         Peer::Flowgate => {
@@ -834,62 +837,29 @@ pub fn spawn_peer(
                         .to_string()
                 })
                 .unwrap_or_else(|_| "os-ken ?".into());
-            let mut child = command(&manager, pin)
-                .args(["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port"])
+            let mut cmd = command(&manager, pin);
+            cmd.args(["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port"])
                 .arg(port.to_string())
                 .arg(&app)
                 .env("FLOWGATE_BENCH_PLAN", &plan)
-                .env("PYTHONWARNINGS", "ignore")
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("start {}", manager.display()))?;
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
-                let _ = child.kill();
-                bail!("os-ken: {e}");
-            }
-            Ok(Spawned {
-                name: peer.name().into(),
-                addr,
-                version: format!("os-ken {}", version.trim_start_matches("osken-manager ")),
-                api: None,
-                child,
-                _dir: dir,
-            })
+                .env("PYTHONWARNINGS", "ignore");
+            let version = format!("os-ken {}", version.trim_start_matches("osken-manager "));
+            spawn_listening(peer, cmd, port, version, log, dir)
         }
         Peer::Floor => {
             let plan = dir.0.join("plan.json");
             std::fs::write(&plan, services_plan(args)?)?;
             let port = free_port()?;
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let exe = flowgate_exe()?;
-            let mut child = command(&exe, pin)
-                .args(["--log", "warn", "bench", "floor", "--listen"])
-                .arg(addr.to_string())
+            let mut cmd = command(flowgate_exe()?, pin);
+            cmd.args(["--log", "warn", "bench", "floor", "--listen"])
+                .arg(format!("127.0.0.1:{port}"))
                 .arg("--plan")
-                .arg(&plan)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("start {}", exe.display()))?;
-            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
-                let _ = child.kill();
-                bail!("floor: {e}");
-            }
-            Ok(Spawned {
-                name: peer.name().into(),
-                addr,
-                version: format!(
-                    "floor (flowgate {} bench floor, 1 worker thread)",
-                    env!("CARGO_PKG_VERSION")
-                ),
-                api: None,
-                child,
-                _dir: dir,
-            })
+                .arg(&plan);
+            let version = format!(
+                "floor (flowgate {} bench floor, 1 worker thread)",
+                env!("CARGO_PKG_VERSION")
+            );
+            spawn_listening(peer, cmd, port, version, log, dir)
         }
         Peer::OvsTestcontroller => {
             let port = free_port()?;
@@ -904,29 +874,47 @@ pub fn spawn_peer(
                         .to_string()
                 })
                 .context("ovs-testcontroller not found: run scripts/setup-bench-peers.sh")?;
-            let mut child = command("ovs-testcontroller", pin)
-                .args(["-O", "OpenFlow13", "--no-chdir", "-vconsole:off"])
-                .arg(format!("ptcp:{port}:127.0.0.1"))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("start ovs-testcontroller")?;
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            if let Err(e) = wait_listening(addr, &mut child, &log_path) {
-                let _ = child.kill();
-                bail!("ovs-testcontroller: {e}");
-            }
-            Ok(Spawned {
-                name: peer.name().into(),
-                addr,
-                version,
-                api: None,
-                child,
-                _dir: dir,
-            })
+            let mut cmd = command("ovs-testcontroller", pin);
+            cmd.args(["-O", "OpenFlow13", "--no-chdir", "-vconsole:off"])
+                .arg(format!("ptcp:{port}:127.0.0.1"));
+            spawn_listening(peer, cmd, port, version, log, dir)
         }
     }
+}
+
+/// Start a peer that listens for switches on 127.0.0.1:`port`, its output to `log` (in
+/// `dir`, which it keeps), and wait until it listens.
+fn spawn_listening(
+    peer: Peer,
+    mut cmd: Command,
+    port: u16,
+    version: String,
+    log: std::fs::File,
+    dir: TempDir,
+) -> anyhow::Result<Spawned> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| {
+            let prog = cmd.get_program().to_string_lossy().into_owned();
+            let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy()).collect();
+            format!("start {}: {prog} {}", peer.name(), args.join(" "))
+        })?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    if let Err(e) = wait_listening(addr, &mut child, &dir.0.join(LOG_FILE)) {
+        let _ = child.kill();
+        bail!("{}: {e}", peer.name());
+    }
+    Ok(Spawned {
+        name: peer.name().into(),
+        addr,
+        version,
+        api: None,
+        child,
+        _dir: dir,
+    })
 }
 
 /// The services the os-ken app and the floor serve: per dpid, the VIP, its MAC, the

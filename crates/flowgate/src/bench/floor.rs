@@ -310,7 +310,7 @@ impl Answers {
     }
 }
 
-fn load_plan(path: &std::path::Path) -> anyhow::Result<HashMap<u64, Arc<Answers>>> {
+fn load_plan(path: &std::path::Path) -> anyhow::Result<HashMap<u64, Answers>> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
     let plan: HashMap<String, PlannedService> =
         serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
@@ -319,13 +319,13 @@ fn load_plan(path: &std::path::Path) -> anyhow::Result<HashMap<u64, Arc<Answers>
             let what = || format!("{}: datapath {dpid}", path.display());
             let d: u64 = dpid.parse().with_context(what)?;
             let answers = s.parse().and_then(Answers::new).with_context(what)?;
-            Ok((d, Arc::new(answers)))
+            Ok((d, answers))
         })
         .collect()
 }
 
 /// Serve switches on `listener` until the process ends.
-async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Arc<Answers>>>) {
+async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Answers>>) {
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -345,7 +345,7 @@ async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Arc<Answers>>>) {
     }
 }
 
-async fn session(mut sock: TcpStream, plan: &HashMap<u64, Arc<Answers>>) -> anyhow::Result<()> {
+async fn session(mut sock: TcpStream, plan: &HashMap<u64, Answers>) -> anyhow::Result<()> {
     sock.set_nodelay(true)?;
     let mut out = BytesMut::with_capacity(64 << 10);
     for m in [
@@ -355,7 +355,7 @@ async fn session(mut sock: TcpStream, plan: &HashMap<u64, Arc<Answers>>) -> anyh
         out.extend_from_slice(&encoded(&m));
     }
     let mut buf = BytesMut::with_capacity(64 << 10);
-    let mut answers: Option<Arc<Answers>> = None;
+    let mut answers: Option<&Answers> = None;
     let framer = ofp::Framer::new();
     loop {
         if !out.is_empty() {
@@ -375,14 +375,14 @@ async fn session(mut sock: TcpStream, plan: &HashMap<u64, Arc<Answers>>) -> anyh
             // The framer checked the header: byte 1 is the type (§7.1).
             if frame.get(1).copied() == Some(ofp::MsgType::PacketIn as u8) {
                 let pi = ofp::PacketInView::new(frame).map_err(|e| anyhow::anyhow!("{e}"))?;
-                if let Some(a) = &answers {
+                if let Some(a) = answers {
                     a.answer(&pi, &mut out);
                 }
                 continue;
             }
             match ofp::decode(ofp::Bytes::copy_from_slice(frame)) {
                 Ok((_, Message::FeaturesReply(f))) => {
-                    answers = Some(plan.get(&f.datapath_id).cloned().with_context(|| {
+                    answers = Some(plan.get(&f.datapath_id).with_context(|| {
                         format!("datapath {:016x} is not in the plan", f.datapath_id)
                     })?);
                 }
