@@ -2,18 +2,23 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use flowgate_core::{Config, Controller};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::runtime::spin::ParkSpin;
 use crate::runtime::{self, Handle};
 
 /// The sockets the controller runs with: passed in so tests bind port 0.
 pub struct Listeners {
     pub openflow: TcpListener,
     pub api: Option<TcpListener>,
+    /// The runtime's poller before its workers park (`[runtime] spin_before_park_us`),
+    /// which watches every switch socket the OpenFlow listener accepts.
+    pub park_spin: Option<Arc<ParkSpin>>,
 }
 
 /// Run the controller until `shutdown` resolves.
@@ -33,7 +38,7 @@ pub async fn run_with_path(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let controller = Controller::new(&config);
-    let handle = Handle::new(controller, config, config_path);
+    let handle = Handle::new(controller, config, config_path).with_park_spin(listeners.park_spin);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     runtime::spawn(&handle, listeners.openflow, &mut tasks, &stop_rx)?;

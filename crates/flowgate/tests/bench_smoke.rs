@@ -389,13 +389,15 @@ fn bench_controller_osken_peer() {
 /// The floor peer passes every VIP check, and with `--fractions-of-first` runs at
 /// flowgate's rates: its open-loop rows carry flowgate's rates, not its own.
 #[test]
-fn bench_controller_floor_answers_at_flowgates_rates() {
+fn bench_controller_floor_answers_at_flowgates_rates_both_polling_before_they_sleep() {
     let (stdout, table) = run_bench_controller(&[
         "--peers",
         "flowgate,floor",
         "--also-rate-fraction",
         "0.5",
         "--fractions-of-first",
+        "--controller-spin-us",
+        "200",
     ]);
     assert!(stdout.contains("RESULT: 2 switches 1 tests"), "{stdout}");
     for peer in ["flowgate", "floor"] {
@@ -425,6 +427,29 @@ fn bench_controller_floor_answers_at_flowgates_rates() {
         "{table}"
     );
     assert!(table.contains("floor (flowgate "), "its version:\n{table}");
+    // Each run says what the hypervisor took from each CPU meanwhile.
+    for peer in ["flowgate", "floor"] {
+        assert!(
+            table.contains(&format!("Host steal over the measured loops of {peer}, ")),
+            "{table}"
+        );
+    }
+    // Both ran with the poll (flowgate's config, the floor's flag), and say so.
+    for version in ["flowgate 0", "floor (flowgate "] {
+        let line = table
+            .lines()
+            .find(|l| l.contains(version) && l.starts_with("Controllers"))
+            .unwrap_or_else(|| panic!("no versions line:\n{table}"));
+        let named = line.split(version).nth(1).unwrap_or_default();
+        assert!(
+            named
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .contains("polls 200 µs before it sleeps"),
+            "{version}:\n{line}"
+        );
+    }
 }
 
 #[test]

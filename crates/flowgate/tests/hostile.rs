@@ -5,46 +5,19 @@
 mod support;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flowgate_testbed::topo::{self, TopoOptions};
+use support::fake_switch::*;
 use support::*;
 
 const VIP: &str = "10.0.0.100";
 const VIP_MAC: [u8; 6] = [0x02, 0x66, 0x67, 0x00, 0x00, 0x01];
 const FLOOD: usize = 300_000;
 const RATE: f64 = 20_000.0;
-
-// OpenFlow 1.3 message types (§7.1).
-const OFPT_HELLO: u8 = 0;
-const OFPT_ERROR: u8 = 1;
-const OFPT_ECHO_REQUEST: u8 = 2;
-const OFPT_ECHO_REPLY: u8 = 3;
-const OFPT_FEATURES_REQUEST: u8 = 5;
-const OFPT_FEATURES_REPLY: u8 = 6;
-const OFPT_PACKET_IN: u8 = 10;
-const OFPT_FLOW_REMOVED: u8 = 11;
-const OFPT_PORT_STATUS: u8 = 12;
-
-fn header(version: u8, ty: u8, len: u16, xid: u32) -> Vec<u8> {
-    let mut v = vec![version, ty];
-    v.extend_from_slice(&len.to_be_bytes());
-    v.extend_from_slice(&xid.to_be_bytes());
-    v
-}
-
-fn features_reply(xid: u32, dpid: u64) -> Vec<u8> {
-    let mut v = header(4, OFPT_FEATURES_REPLY, 32, xid);
-    v.extend_from_slice(&dpid.to_be_bytes());
-    v.extend_from_slice(&256u32.to_be_bytes()); // n_buffers
-    v.extend_from_slice(&[254, 0, 0, 0]); // n_tables, auxiliary_id, pad
-    v.extend_from_slice(&0x4fu32.to_be_bytes()); // capabilities
-    v.extend_from_slice(&0u32.to_be_bytes()); // reserved
-    v
-}
 
 fn csum(data: &[u8]) -> u16 {
     let mut s: u32 = data
@@ -103,25 +76,6 @@ fn packet_in_syn(xid: u32, sport: u16) -> Vec<u8> {
     v
 }
 
-/// Reads one whole OpenFlow message: `Ok(None)` at EOF.
-fn read_msg(s: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut h = [0u8; 8];
-    match s.read_exact(&mut h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = usize::from(u16::from_be_bytes([h[2], h[3]])).max(8);
-    let mut m = h.to_vec();
-    m.resize(len, 0);
-    s.read_exact(&mut m[8..])?;
-    Ok(Some(m))
-}
-
-fn xid_of(m: &[u8]) -> u32 {
-    u32::from_be_bytes([m[4], m[5], m[6], m[7]])
-}
-
 /// Reads and discards until the controller closes the connection (EOF or reset); returns
 /// how long that took, or `None` if it is still open at `timeout`.
 fn wait_closed(s: &mut TcpStream, timeout: Duration) -> Option<Duration> {
@@ -137,31 +91,6 @@ fn wait_closed(s: &mut TcpStream, timeout: Duration) -> Option<Duration> {
         }
     }
     None
-}
-
-/// A fake switch: HELLO, then answers FEATURES_REQUEST with `dpid`.
-fn handshake(addr: SocketAddr, dpid: u64) -> TcpStream {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    s.write_all(&header(4, OFPT_HELLO, 8, 1)).expect("hello");
-    loop {
-        let m = read_msg(&mut s)
-            .expect("read")
-            .expect("controller closed during the handshake");
-        match m[1] {
-            OFPT_FEATURES_REQUEST => {
-                s.write_all(&features_reply(xid_of(&m), dpid))
-                    .expect("features reply");
-                return s;
-            }
-            OFPT_ECHO_REQUEST => {
-                let mut r = m.clone();
-                r[1] = OFPT_ECHO_REPLY;
-                s.write_all(&r).expect("echo reply");
-            }
-            _ => {}
-        }
-    }
 }
 
 fn wait_log(ctl: &Ctl, needle: &str, timeout: Duration) {

@@ -220,3 +220,24 @@ fn runtime_threads_are_bounded_and_optional() {
     assert!(paths.contains(&"runtime.worker_threads"), "{errs:?}");
     assert!(paths.contains(&"runtime.threads"), "{errs:?}");
 }
+
+#[test]
+fn spinning_before_parking_is_off_by_default_and_bounded() {
+    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    assert_eq!(cfg.runtime.spin_before_park, Duration::ZERO);
+    let cfg = Config::from_toml(
+        &format!("[runtime]\nspin_before_park_us = 150\n{base}"),
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(cfg.runtime.spin_before_park, Duration::from_micros(150));
+    let errs = Config::from_toml(
+        &format!("[runtime]\nspin_before_park_us = 10001\n{base}"),
+        &no_env,
+    )
+    .expect_err("invalid")
+    .0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].path, "runtime.spin_before_park_us");
+}

@@ -112,6 +112,18 @@ pub(crate) fn render(handle: &Handle) -> String {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {v}");
     }
+    if let Some(spin) = &handle.park_spin {
+        let name = "flowgate_worker_park_polls_total";
+        family(
+            &mut o,
+            name,
+            "counter",
+            "Polls of the switches' sockets before a worker slept ([runtime] spin_before_park_us), by how they ended: bytes arrived (readable), or the budget ran out and the worker slept (spent).",
+        );
+        let (readable, spent) = spin.ends();
+        let _ = writeln!(o, "{name}{{end=\"readable\"}} {readable}");
+        let _ = writeln!(o, "{name}{{end=\"spent\"}} {spent}");
+    }
     family(
         &mut o,
         "flowgate_connections",

@@ -120,6 +120,12 @@ pub struct ControllerArgs {
     /// with one against 419–523k with two, in four alternating pairs). So one by default.
     #[arg(long, default_value_t = 1)]
     pub controller_threads: usize,
+    /// flowgate and the floor: their worker polls the switches' sockets for this many
+    /// microseconds before it sleeps (`[runtime] spin_before_park_us`; 0, the default:
+    /// off). Under a steady load longer than the gap between two batches, it never
+    /// sleeps, so a batch does not wait for its CPU to wake.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub controller_spin_us: u64,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -205,6 +211,16 @@ pub struct RunResult {
     /// Connections the controller tracked when the measured loops ended (flowgate, when
     /// the bench started it: its API's `flowgate_connections`).
     pub tracked_at_end: Option<u64>,
+    /// What the hypervisor took from this (virtual) machine over the measured loops.
+    pub steal: Option<Steal>,
+}
+
+/// Milliseconds each CPU was ready to run but the hypervisor ran something else
+/// (`/proc/stat` steal), over a span: stalls that no controller can answer through.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Steal {
+    pub per_cpu_ms: Vec<u64>,
+    pub over: Duration,
 }
 
 /// A fraction of the peak rate for `--also-rate-fraction`: above 0 (over 1 runs past
@@ -276,6 +292,22 @@ pub fn measure_watched(
     watched: Option<Watched>,
 ) -> anyhow::Result<RunResult> {
     rt.block_on(measure_async(name, addr, args, mode, pace, watched))
+}
+
+/// Each CPU's steal time so far, in ms (`/proc/stat`: the 8th figure of each `cpuN`
+/// line, in clock ticks of 1/100 s). `None` where the kernel does not count it.
+fn steal_ms() -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpus: Vec<u64> = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            l.split_whitespace()
+                .nth(8)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .collect::<Option<_>>()?;
+    (!cpus.is_empty()).then(|| cpus.iter().map(|t| t * 10).collect())
 }
 
 /// User + system CPU time of a process, all its threads, in seconds (`/proc/PID/stat`
@@ -387,6 +419,7 @@ async fn measure_async(
     let mut at = Instant::now();
     let mut cpu_start = None;
     let mut bench_cpu_start = None;
+    let mut steal_start = None;
     let mut valid_start = 0;
     let (mut packet_in_start, mut measured_from) = (0, Instant::now());
     for l in 0..(args.warmup + args.loops) {
@@ -396,6 +429,7 @@ async fn measure_async(
             measured_from = Instant::now();
             cpu_start = pid.and_then(cpu_secs);
             bench_cpu_start = cpu_secs(std::process::id());
+            steal_start = steal_ms();
             valid_start = total(|c| c.valid.load(Ordering::Relaxed));
         }
         let next = at + Duration::from_millis(args.ms_per_loop);
@@ -436,6 +470,17 @@ async fn measure_async(
         _ => None,
     };
     let cpu_us_per_setup = per_setup(cpu_start, pid.and_then(cpu_secs));
+    let steal = match (steal_start, steal_ms()) {
+        (Some(a), Some(b)) if a.len() == b.len() => Some(Steal {
+            per_cpu_ms: a
+                .iter()
+                .zip(&b)
+                .map(|(a, b)| b.saturating_sub(*a))
+                .collect(),
+            over: measured_from.elapsed(),
+        }),
+        _ => None,
+    };
     let bench_cpu_us_per_setup = per_setup(bench_cpu_start, cpu_secs(std::process::id()));
     // Asked while the switches still run, as they left it.
     let tracked_at_end = match watched.and_then(|w| w.api) {
@@ -506,6 +551,7 @@ async fn measure_async(
         cpu_us_per_setup,
         bench_cpu_us_per_setup,
         tracked_at_end,
+        steal,
     })
 }
 
@@ -636,11 +682,14 @@ pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
     let mut c = String::from(
         "[openflow]\nlisten = \"127.0.0.1:0\"\npacket_in_rate = 100000000\n\n[api]\nlisten = \"127.0.0.1:0\"\n",
     );
+    if args.controller_threads > 0 || args.controller_spin_us > 0 {
+        c += "\n[runtime]\n";
+    }
     if args.controller_threads > 0 {
-        c += &format!(
-            "\n[runtime]\nworker_threads = {}\n",
-            args.controller_threads
-        );
+        c += &format!("worker_threads = {}\n", args.controller_threads);
+    }
+    if args.controller_spin_us > 0 {
+        c += &format!("spin_before_park_us = {}\n", args.controller_spin_us);
     }
     if args.controller_overload != "off" {
         c += &format!(
@@ -658,6 +707,14 @@ pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
         }
     }
     Ok(c)
+}
+
+/// How a peer's version line names `--controller-spin-us`.
+fn spin_label(us: u64) -> String {
+    match us {
+        0 => String::new(),
+        us => format!(", polls {us} µs before it sleeps"),
+    }
 }
 
 fn flowgate_exe() -> anyhow::Result<PathBuf> {
@@ -796,17 +853,16 @@ pub fn spawn_peer(
                 name: peer.name().into(),
                 addr,
                 api,
-                version: match args.controller_threads {
-                    0 => format!(
-                        "flowgate {} (worker threads: one per CPU)",
-                        env!("CARGO_PKG_VERSION")
-                    ),
-                    n => format!(
-                        "flowgate {} ({n} worker thread{})",
-                        env!("CARGO_PKG_VERSION"),
-                        if n == 1 { "" } else { "s" }
-                    ),
-                },
+                version: format!(
+                    "flowgate {} ({}{})",
+                    env!("CARGO_PKG_VERSION"),
+                    match args.controller_threads {
+                        0 => "worker threads: one per CPU".to_string(),
+                        1 => "1 worker thread".to_string(),
+                        n => format!("{n} worker threads"),
+                    },
+                    spin_label(args.controller_spin_us)
+                ),
                 child,
                 _dir: dir,
             })
@@ -854,10 +910,13 @@ pub fn spawn_peer(
             cmd.args(["--log", "warn", "bench", "floor", "--listen"])
                 .arg(format!("127.0.0.1:{port}"))
                 .arg("--plan")
-                .arg(&plan);
+                .arg(&plan)
+                .arg("--spin-before-park-us")
+                .arg(args.controller_spin_us.to_string());
             let version = format!(
-                "floor (flowgate {} bench floor, 1 worker thread)",
-                env!("CARGO_PKG_VERSION")
+                "floor (flowgate {} bench floor, 1 worker thread{})",
+                env!("CARGO_PKG_VERSION"),
+                spin_label(args.controller_spin_us)
             );
             spawn_listening(peer, cmd, port, version, log, dir)
         }

@@ -26,6 +26,8 @@ use ofp::{Action, Actions, FlowMod, FlowModFixed, Instruction, Instructions, Mat
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::runtime::spin::ParkSpin;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct FloorArgs {
     /// Where switches connect.
@@ -36,6 +38,10 @@ pub struct FloorArgs {
     /// os-ken peer, and for this one).
     #[arg(long)]
     pub plan: PathBuf,
+    /// Poll the switches' sockets this long before the worker sleeps, as flowgate's
+    /// `[runtime] spin_before_park_us` does (0: off).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub spin_before_park_us: u64,
 }
 
 /// One switch's service, as the plan gives it.
@@ -325,7 +331,11 @@ fn load_plan(path: &std::path::Path) -> anyhow::Result<HashMap<u64, Answers>> {
 }
 
 /// Serve switches on `listener` until the process ends.
-async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Answers>>) {
+async fn serve(
+    listener: TcpListener,
+    plan: Arc<HashMap<u64, Answers>>,
+    park_spin: Option<Arc<ParkSpin>>,
+) {
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -336,6 +346,11 @@ async fn serve(listener: TcpListener, plan: Arc<HashMap<u64, Answers>>) {
                 continue;
             }
         };
+        if let Some(spin) = &park_spin
+            && let Err(e) = spin.watch(&sock)
+        {
+            tracing::warn!(%peer, "cannot watch the switch's socket before parking: {e}");
+        }
         let plan = plan.clone();
         tokio::spawn(async move {
             if let Err(e) = session(sock, &plan).await {
@@ -401,15 +416,24 @@ async fn session(mut sock: TcpStream, plan: &HashMap<u64, Answers>) -> anyhow::R
 /// bench controller runs.
 pub fn run(args: &FloorArgs) -> anyhow::Result<()> {
     let plan = Arc::new(load_plan(&args.plan)?);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    let park_spin = match args.spin_before_park_us {
+        0 => None,
+        us => Some(Arc::new(ParkSpin::new(std::time::Duration::from_micros(
+            us,
+        ))?)),
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.worker_threads(1).enable_all();
+    if let Some(spin) = park_spin.clone() {
+        rt.on_thread_park(move || {
+            spin.before_park();
+        });
+    }
+    rt.build()?.block_on(async {
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
-        serve(listener, plan).await;
+        serve(listener, plan, park_spin).await;
         Ok(())
     })
 }

@@ -172,6 +172,21 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         fmt_rate(n as f64)
                     );
                 }
+                if let Some(s) = &r.steal {
+                    let cpus: Vec<String> = s
+                        .per_cpu_ms
+                        .iter()
+                        .enumerate()
+                        .map(|(i, ms)| format!("CPU {i} {ms} ms"))
+                        .collect();
+                    body += &format!(
+                        "\nHost steal over the measured loops of {}, {} ({:.1} s): {}.\n",
+                        r.controller,
+                        r.pace,
+                        s.over.as_secs_f64(),
+                        cpus.join(", ")
+                    );
+                }
                 if let Some(b) = &r.bursts {
                     body += &format!(
                         "\nTail of {}, {}: {}.\n",

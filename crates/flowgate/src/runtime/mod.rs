@@ -15,6 +15,7 @@ mod probe;
 pub mod reload;
 mod scrape;
 mod session;
+pub mod spin;
 mod tls;
 
 use std::collections::HashMap;
@@ -266,6 +267,9 @@ pub struct Handle {
     pub flow_counts: Arc<Mutex<HashMap<Dpid, FlowCount>>>,
     /// This instance's place in the cluster (single mode: a fixed, empty view).
     pub cluster: Arc<cluster::ClusterState>,
+    /// The workers' poll before they park (`[runtime] spin_before_park_us`), which
+    /// watches every switch socket the sessions accept.
+    pub park_spin: Option<Arc<spin::ParkSpin>>,
 }
 
 /// A switch's flow count as its last OFPMP_AGGREGATE reply said.
@@ -292,7 +296,15 @@ impl Handle {
             decision_latency: Arc::new(latency::LatencyHistogram::new()),
             flow_counts: Arc::new(Mutex::new(HashMap::new())),
             cluster,
+            park_spin: None,
         }
+    }
+
+    /// The runtime's workers poll with `spin` before they park: the sessions have it
+    /// watch their sockets.
+    pub fn with_park_spin(mut self, spin: Option<Arc<spin::ParkSpin>>) -> Handle {
+        self.park_spin = spin;
+        self
     }
 
     pub(crate) fn record_flow_count(&self, dpid: Dpid, flows: u32) {

@@ -76,6 +76,12 @@ pub(super) async fn accept_loop(
         // buffer grows to megabytes: under a flood, seconds of stale SYNs whose clients
         // have long retransmitted, each answered too late, and no answer ever in time.
         let _ = sock.set_recv_buffer_size(SWITCH_RECV_BUFFER);
+        if let Some(spin) = &handle.park_spin
+            && let Err(e) = spin.watch(&stream)
+        {
+            // The session runs as it would without the poller: woken by tokio alone.
+            tracing::warn!(%peer, error = %e, "cannot watch the switch's socket before parking");
+        }
         let handle = handle.clone();
         let stop = stop.clone();
         let tls = tls.clone();

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use flowgate_testbed::rootleg::RootLeg;
 use flowgate_testbed::{Bridge, Host, Prefix, ProcGuard, cleanup_stale, require_root_ovs};
 
+pub mod fake_switch;
+
 pub const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
 /// The start of a config whose controller listens on ports of its choosing (read back

@@ -1,0 +1,190 @@
+//! The core's cost per new connection, without I/O: a TCP SYN to a VIP, as the bytes of
+//! its PACKET_IN, to the encoded forward rule, reverse rule and PACKET_OUT. It is the
+//! runtime's batch loop minus the sockets: the batch's connection-table lines are
+//! prefetched, then each PACKET_IN is decoded into one reused slot and handled, and the
+//! outbox is encoded and cleared per batch of 256.
+//!
+//! `cargo bench -p flowgate-core --features testkit --bench packet_in -- --warm-up-time 1 --measurement-time 3`
+//!
+//! * `syn/<algorithm>/<table>`: a SYN from a client never seen before, with `<table>`
+//!   connections already tracked (the table keeps growing while it is measured, as it does
+//!   under a SYN load; 0 starts empty, so it stays in cache). One switch, three backends.
+//! * `decode/<table>`: the same PACKET_INs decoded only, into the same slot: the part of
+//!   the cost that any controller that reads the message pays.
+//!
+//! Wall-clock time on a shared machine: compare the two in one run (the ratio), not
+//! absolute figures across runs.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use flowgate_core::Outbox;
+use flowgate_core::testkit::sim::{Sim, VIP, VMAC, arp_request, ip, mac};
+use flowgate_packet::{self as packet, TcpFlags, TcpSegment};
+use ofp::{Bytes, Message, PacketIn, PacketInReason};
+
+/// PACKET_INs handled between two flushes of the outbox (the runtime's batch).
+const BATCH: usize = 256;
+/// The client's switch port (h1's in the sim).
+const CLIENT_PORT: u32 = 1;
+const DPID: u64 = 1;
+
+/// One switch; h1 the clients' router on port 1, backends h2..h4 on ports 2..4.
+fn controller(algorithm: &str) -> Sim {
+    let mut cfg = format!(
+        "[openflow]\npacket_in_rate = 100000000\n\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nthreshold_rps = 1500\n[service.health]\nkind = \"none\"\n"
+    );
+    for b in 2..=4u8 {
+        cfg += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(b));
+    }
+    let hosts = [
+        ("h1", DPID, 1),
+        ("h2", DPID, 2),
+        ("h3", DPID, 3),
+        ("h4", DPID, 4),
+    ];
+    let mut sim = Sim::new(&cfg, &[(DPID, 4)], &[], &hosts);
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim
+}
+
+/// The PACKET_IN of client `k`'s SYN (a distinct address and port per `k`, behind h1).
+fn syn_packet_in(k: u32) -> Bytes {
+    let client = Ipv4Addr::from(0x0a80_0000 | (k >> 14));
+    let data = packet::ipv4_tcp(&TcpSegment {
+        eth_src: mac(1),
+        eth_dst: VMAC,
+        ip_src: client,
+        ip_dst: VIP,
+        src_port: 1024 + (k & 0x3fff) as u16,
+        dst_port: 80,
+        seq: k,
+        flags: TcpFlags(0x02),
+        ..TcpSegment::default()
+    });
+    let pi = PacketIn {
+        buffer_id: ofp::NO_BUFFER,
+        total_len: data.len() as u16,
+        reason: PacketInReason::NoMatch,
+        table_id: 0,
+        cookie: u64::MAX,
+        match_: ofp::Match::new().with(ofp::Oxm::InPort(CLIENT_PORT)),
+        data,
+    };
+    let mut buf = bytes::BytesMut::new();
+    ofp::encode(k, &Message::PacketIn(pi), &mut buf).expect("a SYN's PACKET_IN encodes");
+    buf.freeze()
+}
+
+/// A source of never-seen clients, built a batch at a time outside the timed part.
+struct Clients {
+    next: u32,
+    batch: Vec<Bytes>,
+}
+
+impl Clients {
+    fn new() -> Self {
+        Clients {
+            next: 0,
+            batch: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn refill(&mut self) -> &[Bytes] {
+        self.batch.clear();
+        for _ in 0..BATCH {
+            self.batch.push(syn_packet_in(self.next));
+            self.next = self.next.wrapping_add(1);
+        }
+        &self.batch
+    }
+}
+
+/// Handle one batch as the runtime does; returns how many messages the switch is sent.
+fn handle_batch(sim: &mut Sim, out: &mut Outbox, slot: &mut Message, frames: &[Bytes]) -> usize {
+    for f in frames {
+        sim.c.prefetch_packet_in(f);
+    }
+    for f in frames {
+        if ofp::decode_into(f.clone(), slot).is_ok() {
+            sim.c.handle_message(sim.now, DPID, slot, out);
+        }
+    }
+    let Some(enc) = out.encoded_mut() else {
+        return 0;
+    };
+    let n = enc.iter().filter(|(_, _, b)| !b.is_empty()).count();
+    enc.clear();
+    n
+}
+
+fn syn(c: &mut Criterion) {
+    for table in [0usize, 1_000_000] {
+        let mut g = c.benchmark_group("syn");
+        g.throughput(Throughput::Elements(1));
+        for algorithm in ["round-robin", "isslm"] {
+            let mut sim = controller(algorithm);
+            let mut out = Outbox::encoding();
+            let mut slot = Message::EchoReply(Bytes::new());
+            let mut clients = Clients::new();
+            let mut fill = |sim: &mut Sim, n: usize| {
+                for _ in 0..n.div_ceil(BATCH) {
+                    let frames = clients.refill().to_vec();
+                    handle_batch(sim, &mut out, &mut slot, &frames);
+                }
+            };
+            fill(&mut sim, table);
+            // An empty table stays empty: each batch's connections are forgotten.
+            let reset = table == 0;
+            let (mut sent, mut answered) = (0usize, 0usize);
+            g.bench_function(BenchmarkId::new(algorithm, table), |b| {
+                b.iter_custom(|iters| {
+                    let mut took = Duration::ZERO;
+                    let mut done = 0;
+                    while done < iters {
+                        if reset {
+                            sim = controller(algorithm);
+                        }
+                        let frames = clients.refill().to_vec();
+                        let t = Instant::now();
+                        answered += handle_batch(&mut sim, &mut out, &mut slot, &frames);
+                        took += t.elapsed();
+                        sent += BATCH;
+                        done += BATCH as u64;
+                    }
+                    took.mul_f64(iters as f64 / done as f64)
+                })
+            });
+            // Every SYN was answered with its two rules and its PACKET_OUT, and tracked (a
+            // bench of a controller that drops them would be measuring nothing).
+            assert_eq!(answered, 3 * sent, "{algorithm}: three messages per SYN");
+            assert!(sent == 0 || sim.c.connections().len() > table);
+        }
+        let mut slot = Message::EchoReply(Bytes::new());
+        let mut clients = Clients::new();
+        g.bench_function(BenchmarkId::new("decode", table), |b| {
+            b.iter_custom(|iters| {
+                let mut took = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let frames = clients.refill().to_vec();
+                    let t = Instant::now();
+                    for f in &frames {
+                        let _ = black_box(ofp::decode_into(f.clone(), &mut slot));
+                    }
+                    took += t.elapsed();
+                    done += BATCH as u64;
+                }
+                took.mul_f64(iters as f64 / done as f64)
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, syn);
+criterion_main!(benches);
