@@ -12,5 +12,7 @@ $F bench controller --peers flowgate,osken -l 10 -w 2 --expire-after 10000 -q --
 $F bench controller --peers flowgate -l 10 -w 2 --rate 10000 -q --out target/bench/controller-rate10k.md
 $F bench controller --peers flowgate -l 10 -w 2 --pin --also-rate-fraction 0.1,0.2,0.3,0.5 -q --out target/bench/controller-pinned.md
 $F bench controller --peers flowgate,floor -l 10 -w 2 --pin --busy-poll --also-rate-fraction 0.1,0.2,0.3,0.5 --fractions-of-first -q --out target/bench/controller-pinned-busy-poll.md
+$F bench controller --peers flowgate,floor -l 10 -w 2 --pin --busy-poll --controller-spin-us 150 --also-rate-fraction 0.1,0.2,0.3,0.5 --fractions-of-first -q --out target/bench/controller-pinned-busy-poll-spin.md
+cargo bench -p flowgate-core --features testkit --bench packet_in -- --warm-up-time 1 --measurement-time 3 | tee target/bench/core-packet-in.txt
 $F bench memory --out target/bench/memory.md
 $F --log warn bench datapath --duration 10 --rounds 5 --cases direct,flowgate-partitioned,flowgate-proactive,ovs-hash,ovs-group,haproxy,nginx,flowgate --out target/bench/datapath.md

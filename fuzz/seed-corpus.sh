@@ -3,7 +3,7 @@
 # Usage: fuzz/seed-corpus.sh [CONFORMANCE_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-src="${1:-${FLOWGATE_CONFORMANCE_DIR:-$here/../../shared/conformance/ryu-of13}}"
+src="${1:-${FLOWGATE_CONFORMANCE_DIR:-$here/../crates/ofp/tests/data/ryu-of13}}"
 for t in decode framer; do
     mkdir -p "$here/corpus/$t"
     for f in "$src"/*.packet; do

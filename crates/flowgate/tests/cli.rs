@@ -12,7 +12,7 @@ fn repo() -> PathBuf {
 fn conformance_dir() -> PathBuf {
     std::env::var_os("FLOWGATE_CONFORMANCE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("../shared/conformance/ryu-of13"))
+        .unwrap_or_else(|| repo().join("crates/ofp/tests/data/ryu-of13"))
 }
 
 fn run(args: &[&str]) -> (bool, String, String) {

@@ -12,10 +12,7 @@ use serde_json::{Value, json};
 fn dir() -> PathBuf {
     match std::env::var_os("FLOWGATE_CONFORMANCE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/conformance/ryu-of13"
-        )),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ryu-of13")),
     }
 }
 

@@ -11,10 +11,7 @@ fn corpus() -> Vec<Vec<u8>> {
     let dir = std::env::var_os("FLOWGATE_CONFORMANCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../shared/conformance/ryu-of13"
-            ))
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ryu-of13"))
         });
     let mut v: Vec<Vec<u8>> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
