@@ -161,25 +161,9 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    runtime_with(None, None)
-}
-
-/// A multi-threaded runtime of `workers` threads (tokio's default, one per CPU, if `None`),
-/// whose workers poll with `park_spin` before they sleep.
-fn runtime_with(
-    workers: Option<usize>,
-    park_spin: Option<std::sync::Arc<flowgate::runtime::spin::ParkSpin>>,
-) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = workers {
-        b.worker_threads(n);
-    }
-    if let Some(spin) = park_spin {
-        b.on_thread_park(move || {
-            spin.before_park();
-        });
-    }
-    Ok(b.enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn load_config(path: &PathBuf) -> anyhow::Result<Config> {
@@ -199,14 +183,13 @@ fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow
         );
         return Ok(());
     }
-    let park_spin = match config.runtime.spin_before_park {
-        d if d.is_zero() => None,
-        d => Some(std::sync::Arc::new(
-            flowgate::runtime::spin::ParkSpin::new(d)
-                .map_err(|e| anyhow::anyhow!("runtime.spin_before_park_us: {e}"))?,
-        )),
-    };
-    runtime_with(config.runtime.worker_threads, park_spin.clone())?.block_on(async move {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.runtime.worker_threads {
+        rt.worker_threads(n);
+    }
+    let park_spin = flowgate::runtime::spin::hook(&mut rt, config.runtime.spin_before_park)
+        .map_err(|e| anyhow::anyhow!("runtime.spin_before_park_us: {e}"))?;
+    rt.enable_all().build()?.block_on(async move {
         let openflow = tokio::net::TcpListener::bind(config.openflow.listen)
             .await
             .map_err(|e| anyhow::anyhow!("openflow.listen {}: {e}", config.openflow.listen))?;

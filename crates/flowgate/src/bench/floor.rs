@@ -26,7 +26,7 @@ use ofp::{Action, Actions, FlowMod, FlowModFixed, Instruction, Instructions, Mat
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::runtime::spin::ParkSpin;
+use crate::runtime::spin::{self, ParkSpin};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FloorArgs {
@@ -416,19 +416,12 @@ async fn session(mut sock: TcpStream, plan: &HashMap<u64, Answers>) -> anyhow::R
 /// bench controller runs.
 pub fn run(args: &FloorArgs) -> anyhow::Result<()> {
     let plan = Arc::new(load_plan(&args.plan)?);
-    let park_spin = match args.spin_before_park_us {
-        0 => None,
-        us => Some(Arc::new(ParkSpin::new(std::time::Duration::from_micros(
-            us,
-        ))?)),
-    };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.worker_threads(1).enable_all();
-    if let Some(spin) = park_spin.clone() {
-        rt.on_thread_park(move || {
-            spin.before_park();
-        });
-    }
+    let park_spin = spin::hook(
+        &mut rt,
+        std::time::Duration::from_micros(args.spin_before_park_us),
+    )?;
     rt.build()?.block_on(async {
         let listener = TcpListener::bind(args.listen)
             .await

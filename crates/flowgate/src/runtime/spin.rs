@@ -23,6 +23,7 @@
 //! sleeping. The kernel drops a socket from the set when the socket is closed.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,23 @@ use rustix::event::epoll;
 /// The most `spin_before_park_us` may be: beyond a few milliseconds, polling is sleeping
 /// made expensive.
 pub const MAX_SPIN: Duration = Duration::from_millis(10);
+
+/// Hook a poller of `budget` into `runtime`'s workers; none for a zero budget. The
+/// caller has it watch the sockets it accepts ([`ParkSpin::watch`]).
+pub fn hook(
+    runtime: &mut tokio::runtime::Builder,
+    budget: Duration,
+) -> std::io::Result<Option<Arc<ParkSpin>>> {
+    if budget.is_zero() {
+        return Ok(None);
+    }
+    let spin = Arc::new(ParkSpin::new(budget)?);
+    let hooked = spin.clone();
+    runtime.on_thread_park(move || {
+        hooked.before_park();
+    });
+    Ok(Some(spin))
+}
 
 /// The sockets to watch and how long to watch them.
 #[derive(Debug)]
