@@ -288,20 +288,6 @@ fn domain(test: &str, etcd: &EtcdCluster) -> Domain {
     }
 }
 
-fn pid_of(ctl: &Ctl) -> u32 {
-    let text = std::fs::read_to_string(ctl.dir.join("ready.json")).expect("ready file");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-    v["pid"].as_u64().expect("pid") as u32
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid}");
-}
-
 /// A domain's master is killed (SIGKILL): the standby masters both switches within 3 s,
 /// with a higher generation_id; established (keep-alive) connections carry on and new
 /// connections are served throughout.
@@ -446,7 +432,7 @@ fn ovs_stale_master_is_fenced() {
     let client = &d.topo.hosts[0];
     let url = format!("http://{VIP}/");
     assert_eq!(load(client, &url, &["--requests", "20"])["ok"], 20);
-    let pid = pid_of(&d.a);
+    let pid = d.a.pid();
     let stopped_at = unix_ms();
     signal(pid, "STOP");
     wait_until("b masters the domain", Duration::from_secs(8), || {

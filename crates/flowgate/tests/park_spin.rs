@@ -50,6 +50,28 @@ fn the_worker_polls_the_switch_sockets_before_it_sleeps() {
     // the host stalled this test for 10 ms), so not all 50 are required.
     assert!(polls("readable") >= 10.0, "{body}");
     assert!(polls("spent") >= 0.0);
+
+    // The runtime is built once: a reload that changes the budget says it needs a restart.
+    let cfg = ctl.dir.join("flowgate.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &cfg,
+        text.replace("spin_before_park_us = 10000", "spin_before_park_us = 50"),
+    )
+    .expect("write config");
+    signal(ctl.pid(), "HUP");
+    wait_until("the reload's report", Duration::from_secs(10), || {
+        ctl.log().contains("SIGHUP: config reloaded")
+    });
+    let log = strip_ansi(&ctl.log());
+    let line = log
+        .lines()
+        .find(|l| l.contains("SIGHUP: config reloaded"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("runtime.spin_before_park_us"),
+        "a restart is needed: {line}"
+    );
 }
 
 #[test]

@@ -51,7 +51,7 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
     let mut restart_needed = Vec::new();
     {
         let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
-        let checks: [(&'static str, bool); 6] = [
+        let checks: [(&'static str, bool); 8] = [
             (
                 "openflow.listen",
                 old.openflow.listen != config.openflow.listen,
@@ -70,6 +70,15 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
                 old.openflow.packet_in_rate != config.openflow.packet_in_rate,
             ),
             ("api.listen", old.api.listen != config.api.listen),
+            // The runtime is built once, before the config's first use.
+            (
+                "runtime.worker_threads",
+                old.runtime.worker_threads != config.runtime.worker_threads,
+            ),
+            (
+                "runtime.spin_before_park_us",
+                old.runtime.spin_before_park != config.runtime.spin_before_park,
+            ),
         ];
         restart_needed.extend(checks.iter().filter(|c| c.1).map(|c| c.0));
     }

@@ -20,7 +20,9 @@
 //! How: a second epoll instance holds every switch socket, level-triggered, besides
 //! tokio's. The runtime's `on_thread_park` hook polls it until a socket is readable or
 //! the budget is spent; tokio's own `epoll_wait` then finds the event at once instead of
-//! sleeping. The kernel drops a socket from the set when the socket is closed.
+//! sleeping. The kernel drops a socket from the set when the socket is closed. A socket
+//! that its session has stopped reading (a switch that does not take its answers) stays
+//! readable: the poll then ends at once, and the worker sleeps as it would without it.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -81,11 +83,6 @@ impl ParkSpin {
             epoll::EventFlags::IN,
         )?;
         Ok(())
-    }
-
-    /// The budget.
-    pub fn budget(&self) -> Duration {
-        self.budget
     }
 
     /// Polls so far that ended with a socket readable, and with the budget spent.

@@ -142,6 +142,13 @@ impl Ctl {
         }
     }
 
+    /// The controller's pid, from its ready file.
+    pub fn pid(&self) -> u32 {
+        let text = std::fs::read_to_string(self.dir.join("ready.json")).expect("ready file");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        v["pid"].as_u64().expect("pid") as u32
+    }
+
     pub fn log(&self) -> String {
         let mut s = String::new();
         for i in 1..=self.starts {
@@ -242,6 +249,15 @@ fn pin_ports(cfg: &str, of: SocketAddr, api: SocketAddr) -> String {
 }
 
 /// The value of an unlabelled metric in a Prometheus text body.
+/// `kill -SIG pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}
+
 pub fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines().find_map(|l| {
         l.strip_prefix(name)
