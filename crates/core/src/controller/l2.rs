@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::{self as packet, ARP_OP_REPLY, ARP_OP_REQUEST, Frame, L3, MacAddr};
-use ofp::{Action, Actions, Message, PacketIn};
+use ofp::{Action, Actions, Bytes, Message};
 
 use super::{Controller, Outbox, rules};
 use crate::topology::{Dpid, HostChange, PortRef};
@@ -19,16 +19,17 @@ impl Controller {
         &mut self,
         now: Instant,
         dpid: Dpid,
-        pi: &PacketIn,
+        in_port: Option<u32>,
+        data: &Bytes,
         out: &mut Outbox,
     ) {
         self.counters.packet_in += 1;
-        let Some(in_port) = pi.in_port() else {
+        let Some(in_port) = in_port else {
             // §7.4.1: the match of a PACKET_IN always carries OXM_OF_IN_PORT.
             self.counters.packet_in_unparsable += 1;
             return;
         };
-        let frame = match packet::parse(&pi.data) {
+        let frame = match packet::parse(data) {
             Ok(f) => f,
             Err(_) => {
                 self.counters.packet_in_unparsable += 1;
@@ -55,7 +56,7 @@ impl Controller {
         }
         self.learn(now, dpid, in_port, &frame, out);
         match &frame.l3 {
-            L3::Arp(arp) if self.handle_arp(now, dpid, in_port, &frame, arp, pi, out) => return,
+            L3::Arp(arp) if self.handle_arp(now, dpid, in_port, &frame, arp, out) => return,
             L3::Ipv4(ip) => {
                 if let Some(tcp) = frame.tcp() {
                     let at = super::vip::Arrival {
@@ -63,7 +64,7 @@ impl Controller {
                         in_port,
                         frame: &frame,
                         tcp,
-                        pi,
+                        data,
                     };
                     if self.handle_tcp(now, &at, ip.src, ip.dst, out) {
                         return;
@@ -72,7 +73,7 @@ impl Controller {
             }
             _ => {}
         }
-        self.forward_l2(dpid, in_port, frame.eth_dst, pi, out);
+        self.forward_l2(dpid, in_port, frame.eth_dst, data, out);
     }
 
     fn learn(
@@ -125,7 +126,6 @@ impl Controller {
     }
 
     /// Returns true when the ARP packet was consumed.
-    #[allow(clippy::too_many_arguments)]
     fn handle_arp(
         &mut self,
         now: Instant,
@@ -133,7 +133,6 @@ impl Controller {
         in_port: u32,
         frame: &Frame<'_>,
         arp: &packet::Arp,
-        _pi: &PacketIn,
         out: &mut Outbox,
     ) -> bool {
         if arp.op == ARP_OP_REQUEST {
@@ -169,7 +168,7 @@ impl Controller {
         dpid: Dpid,
         in_port: u32,
         dst: MacAddr,
-        pi: &PacketIn,
+        data: &Bytes,
         out: &mut Outbox,
     ) {
         let mut actions = Actions::new();
@@ -201,7 +200,7 @@ impl Controller {
                 }
             }
         }
-        out.push(dpid, rules::packet_out(in_port, actions, pi.data.clone()));
+        out.push(dpid, rules::packet_out(in_port, actions, data.clone()));
     }
 
     /// Install, on every switch, the rule carrying traffic for `mac` toward it.

@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use ahash::RandomState;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use ofp::{Message, MultipartReplyBody, PortDesc, PortReason, SwitchFeatures};
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -485,6 +485,27 @@ impl Controller {
         }
     }
 
+    /// A PACKET_IN from a switch whose handshake is complete, as the switch sent it (the
+    /// whole message), read in place through [`ofp::PacketInView`] rather than decoded
+    /// into a [`Message`]: what the sessions do on the PACKET_IN path. It fails as
+    /// [`ofp::decode`] would, with the same error, and handles nothing then.
+    pub fn handle_packet_in_frame(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        frame: &Bytes,
+        out: &mut Outbox,
+    ) -> Result<(), ofp::DecodeError> {
+        let v = ofp::PacketInView::new(frame)?;
+        // The view's data lies in `frame`: a slice of it shares the buffer.
+        let data = frame.slice_ref(v.data());
+        if let Some(s) = self.switches.get_mut(&dpid) {
+            s.packet_in += 1;
+        }
+        self.handle_packet_in(now, dpid, v.in_port(), &data, out);
+        Ok(())
+    }
+
     /// A message from a switch whose handshake is complete.
     pub fn handle_message(&mut self, now: Instant, dpid: Dpid, msg: &Message, out: &mut Outbox) {
         match msg {
@@ -492,7 +513,7 @@ impl Controller {
                 if let Some(s) = self.switches.get_mut(&dpid) {
                     s.packet_in += 1;
                 }
-                self.handle_packet_in(now, dpid, pi, out);
+                self.handle_packet_in(now, dpid, pi.in_port(), &pi.data, out);
             }
             Message::FlowRemoved(fr) => self.handle_rule_ended(now, &RuleEnded::of_message(fr)),
             Message::PortStatus(ps) => {

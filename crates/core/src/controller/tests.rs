@@ -762,3 +762,71 @@ fn a_rebuilt_connection_learns_its_clients_mac_from_its_next_packet() {
         Some(ip(backend[1..].parse().expect("a host name")))
     );
 }
+
+/// The sessions hand the core PACKET_INs as their bytes (`handle_packet_in_frame`): it
+/// must do exactly what the decoded message does, and fail as `decode` fails, handling
+/// nothing.
+#[test]
+fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
+    let (mut framed, mut decoded) = (single_switch("round-robin"), single_switch("round-robin"));
+    for (i, frame) in [
+        tcp(mac(1), VMAC, (ip(1), 40100), (VIP, 80), SYN),
+        arp_request(1, VIP),
+        tcp(mac(1), mac(3), (ip(1), 40101), (ip(3), 22), SYN),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pi = Message::PacketIn(ofp::PacketIn {
+            buffer_id: ofp::NO_BUFFER,
+            total_len: frame.len() as u16,
+            reason: ofp::PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: u64::MAX,
+            match_: ofp::Match::new().with(ofp::Oxm::InPort(1)),
+            data: frame,
+        });
+        let mut bytes = bytes::BytesMut::new();
+        ofp::encode(i as u32, &pi, &mut bytes).expect("encodes");
+        let bytes = bytes.freeze();
+        framed
+            .c
+            .handle_packet_in_frame(framed.now, 1, &bytes, &mut framed.out)
+            .expect("a good PACKET_IN");
+        decoded
+            .c
+            .handle_message(decoded.now, 1, &pi, &mut decoded.out);
+        let a: Vec<_> = framed.out.drain().collect();
+        let b: Vec<_> = decoded.out.drain().collect();
+        assert!(!a.is_empty(), "case {i}: answered");
+        assert_eq!(a, b, "case {i}");
+    }
+    assert_eq!(
+        framed.c.counters().packet_in,
+        decoded.c.counters().packet_in
+    );
+
+    // Cut short inside its match: the error `decode` gives, and nothing handled.
+    let mut bytes = bytes::BytesMut::new();
+    let pi = Message::PacketIn(ofp::PacketIn {
+        buffer_id: ofp::NO_BUFFER,
+        total_len: 0,
+        reason: ofp::PacketInReason::NoMatch,
+        table_id: 0,
+        cookie: 0,
+        match_: ofp::Match::new().with(ofp::Oxm::InPort(1)),
+        data: ofp::Bytes::new(),
+    });
+    ofp::encode(9, &pi, &mut bytes).expect("encodes");
+    let mut cut = bytes[..30].to_vec();
+    cut[2..4].copy_from_slice(&30u16.to_be_bytes());
+    let cut = ofp::Bytes::from(cut);
+    let handled = framed.c.counters().packet_in;
+    let err = framed
+        .c
+        .handle_packet_in_frame(framed.now, 1, &cut, &mut framed.out)
+        .expect_err("cut short");
+    assert_eq!(Some(err), ofp::decode(cut.clone()).err());
+    assert_eq!(framed.c.counters().packet_in, handled);
+    assert!(framed.out.is_empty());
+}

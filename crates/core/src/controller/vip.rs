@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::{self as packet, Frame, MacAddr, Tcp};
-use ofp::{Action, Instruction, Oxm, PacketIn};
+use ofp::{Action, Bytes, Instruction, Oxm};
 
 use super::conn_rule::{ConnPacketOut, ConnRule, Out, Rewrite, Syn};
 use super::ended::Tuple;
@@ -50,7 +50,8 @@ pub(crate) struct Arrival<'a> {
     pub(crate) in_port: u32,
     pub(crate) frame: &'a Frame<'a>,
     pub(crate) tcp: &'a Tcp<'a>,
-    pub(crate) pi: &'a PacketIn,
+    /// The packet, as the PACKET_IN carried it.
+    pub(crate) data: &'a Bytes,
 }
 
 impl Arrival<'_> {
@@ -773,7 +774,7 @@ impl Controller {
                 in_port: at.in_port,
                 rewrite,
                 out_port,
-                data: &at.pi.data,
+                data: at.data,
             },
         );
     }

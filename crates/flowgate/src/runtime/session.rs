@@ -392,8 +392,6 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut dropped_packet_ins: u64 = 0;
     let mut unreported_drops: u64 = 0;
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
-    // Where each message of a batch is decoded for the core, in turn (see below).
-    let mut slot = Message::EchoReply(Bytes::new());
     let dpid = features.datapath_id;
     let mut read_pauses: u64 = 0;
     loop {
@@ -515,55 +513,44 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 // `None` after a message of another kind, whose time is not counted.
                 let mut t = Some(locked);
                 for p in batch.drain(..) {
-                    // PACKET_INs are decoded here, one at a time, into one slot: a batch
-                    // of 256 decoded messages is 200 KB (a `Message` is 792 bytes) moved
-                    // twice each, 6 % of the controller's CPU, and even one move per
-                    // message was 3 %.
                     match p {
+                        // PACKET_INs are read in place, never decoded into a `Message`
+                        // (792 bytes, and its packet's reference count): the core takes
+                        // the frame through `ofp::PacketInView`.
                         Pending::Frame(f) => {
-                            if let Err(e) = ofp::decode_into(f, &mut slot) {
+                            let shed_before = c.shed_total();
+                            let start = t.unwrap_or_else(Instant::now);
+                            if let Err(e) = c.handle_packet_in_frame(now, dpid, &f, out) {
                                 undecodable = Some(e);
                                 break;
                             }
+                            let end = Instant::now();
+                            t = Some(end);
+                            let took = end.saturating_duration_since(start);
+                            if c.shed_total() == shed_before {
+                                // Decision latency: the core's whole handling of one
+                                // PACKET_IN.
+                                handle.decision_latency.observe(took);
+                            } else {
+                                shed_work += took;
+                                shed_n += 1;
+                            }
                         }
-                        Pending::Decoded(m) => slot = *m,
+                        Pending::Decoded(m) => {
+                            c.handle_message(now, dpid, &m, out);
+                            t = None;
+                        }
                         Pending::Ended(e) => {
                             c.handle_rule_ended(now, &e);
                             t = None;
-                            continue;
                         }
                         Pending::Undecodable(e) => {
                             undecodable = Some(e);
                             break;
                         }
                     }
-                    let m = &slot;
-                    if matches!(m, Message::PacketIn(_)) {
-                        let shed_before = c.shed_total();
-                        let start = t.unwrap_or_else(Instant::now);
-                        c.handle_message(now, dpid, m, out);
-                        let end = Instant::now();
-                        t = Some(end);
-                        let took = end.saturating_duration_since(start);
-                        if c.shed_total() == shed_before {
-                            // Decision latency: the core's whole handling of one PACKET_IN.
-                            handle.decision_latency.observe(took);
-                        } else {
-                            shed_work += took;
-                            shed_n += 1;
-                        }
-                    } else {
-                        c.handle_message(now, dpid, m, out);
-                        t = None;
-                    }
                 }
             });
-            // The slot keeps its PACKET_IN's storage but lets go of the read buffer, which
-            // can then be reused in place rather than reallocated.
-            match &mut slot {
-                Message::PacketIn(p) => p.data = Bytes::new(),
-                other => *other = Message::EchoReply(Bytes::new()),
-            }
             if let Some(e) = undecodable {
                 return Err(SessionError::Decode(e.to_string()));
             }
@@ -618,9 +605,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-/// A message of a batch for the core: a PACKET_IN still as bytes, decoded while the core
-/// handles it; a FLOW_REMOVED as the core reads it; the rest decoded already (boxed: they
-/// are rare, and a `Message` is 792 bytes).
+/// A message of a batch for the core: a PACKET_IN as its bytes, which the core reads in
+/// place (checked as it is handled: a bad one ends the batch there); a FLOW_REMOVED as the
+/// core reads it; the rest decoded already (boxed: they are rare, and a `Message` is 792
+/// bytes).
 enum Pending {
     /// A PACKET_IN.
     Frame(Bytes),
