@@ -49,7 +49,9 @@ fn the_worker_polls_the_switch_sockets_before_it_sleeps() {
     // Most echoes arrive during a poll; a few may not (the worker had other work, or
     // the host stalled this test for 10 ms), so not all 50 are required.
     assert!(polls("readable") >= 10.0, "{body}");
-    assert!(polls("spent") >= 0.0);
+    // The worker runs out of work after each echo's reply (the next comes 1 ms later), so
+    // each of the 50 is followed by a poll, however it ends.
+    assert!(polls("readable") + polls("spent") >= 50.0, "{body}");
 
     // The runtime is built once: a reload that changes the budget says it needs a restart.
     let cfg = ctl.dir.join("flowgate.toml");
