@@ -6,6 +6,7 @@ set -euxo pipefail
 cd "$(dirname "$0")/.."
 F=target/release/flowgate
 mkdir -p target/bench
+$F bench hiccups --secs 10 --out target/bench/hiccups.md
 $F bench controller --peers flowgate,osken,ovs-testcontroller -l 10 -w 2 --also-rate-fraction 0.5 -q --out target/bench/controller-throughput.md
 $F bench controller --peers flowgate,osken,ovs-testcontroller -l 10 -w 2 --latency -q --out target/bench/controller-latency.md
 $F bench controller --peers flowgate,osken -l 10 -w 2 --expire-after 10000 -q --out target/bench/controller-expire.md

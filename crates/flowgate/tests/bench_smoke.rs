@@ -434,6 +434,17 @@ fn bench_controller_floor_answers_at_flowgates_rates_both_polling_before_they_sl
             "{table}"
         );
     }
+    // And what the machine's CPUs lost to hiccups just before it, each CPU's.
+    for peer in ["flowgate", "floor"] {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("Host hiccups in the 1.0 s before {peer}, ")))
+            .unwrap_or_else(|| panic!("no hiccups line for {peer}:\n{table}"));
+        assert!(
+            line.contains("CPU 0: ") && line.contains("CPU 1: "),
+            "{line}"
+        );
+    }
     // Both ran with the poll (flowgate's config, the floor's flag), and say so.
     for version in ["flowgate 0", "floor (flowgate "] {
         let line = table
@@ -649,4 +660,49 @@ fn bench_cluster_spill_and_setup_answer() {
     let v = vil(&c[8]);
     assert_eq!(v[1], 0, "invalid answers in the spill trial:\n{t}");
     let _ = std::fs::remove_file(out);
+}
+
+/// The hiccup meter sees a stop it did not cause: a `flowgate bench hiccups` stopped
+/// (SIGSTOP) for 300 ms in the middle of its span reports a gap at least that long.
+#[test]
+fn bench_hiccups_reports_a_stop_of_the_process_as_a_gap() {
+    let dir = std::env::temp_dir().join(format!("flowgate-bench-hiccups-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("hiccups.md");
+    let mut child = std::process::Command::new(flowgate_bin())
+        .args(["bench", "hiccups", "--secs", "4", "--cpus", "0", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run flowgate bench hiccups");
+    let kill = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    kill("-STOP");
+    std::thread::sleep(Duration::from_millis(300));
+    kill("-CONT");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let table = std::fs::read_to_string(&out).expect("--out written");
+    let _ = std::fs::remove_dir_all(&dir);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| 0 |"))
+        .unwrap_or_else(|| panic!("no row for CPU 0:\n{table}"));
+    let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+    // "longest": "312.4 ms"
+    let longest: f64 = cells[9]
+        .strip_suffix(" ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("longest {:?}:\n{table}", cells[9]));
+    assert!(longest >= 300.0, "the stop was 300 ms:\n{table}");
+    let over_10ms: u64 = cells[8].parse().expect("gaps ≥ 10 ms");
+    assert!(over_10ms >= 1, "{table}");
+    let measured: f64 = cells[1].parse().expect("measured s");
+    assert!((4.0..5.0).contains(&measured), "{table}");
 }

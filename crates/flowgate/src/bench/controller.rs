@@ -13,6 +13,7 @@ use flowgate_packet::MacAddr;
 use hdrhistogram::Histogram;
 
 use super::bursts::Bursts;
+use super::hiccups::{self, Hiccups};
 
 use super::switch::{
     CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, run_switch_in,
@@ -126,6 +127,11 @@ pub struct ControllerArgs {
     /// sleeps, so a batch does not wait for its CPU to wake.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub controller_spin_us: u64,
+    /// Before each run, measure the machine's hiccups for this many milliseconds: a busy
+    /// thread on each CPU, and how long each went without running (see `flowgate bench
+    /// hiccups`), before the controller under test is started. 0: not measured.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub hiccups_ms: u64,
     /// A probe without a complete answer after this many milliseconds is lost.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
@@ -213,6 +219,9 @@ pub struct RunResult {
     pub tracked_at_end: Option<u64>,
     /// What the hypervisor took from this (virtual) machine over the measured loops.
     pub steal: Option<Steal>,
+    /// The machine's hiccups just before the run (`--hiccups-ms`), one per CPU, before
+    /// the bench started the controller under test.
+    pub hiccups_before: Vec<Hiccups>,
 }
 
 /// Milliseconds each CPU was ready to run but the hypervisor ran something else
@@ -552,7 +561,27 @@ async fn measure_async(
         bench_cpu_us_per_setup,
         tracked_at_end,
         steal,
+        hiccups_before: Vec::new(),
     })
+}
+
+/// The machine's hiccups over `--hiccups-ms`, before a run (empty when 0). Measured
+/// before the bench starts the controller under test: a controller that polls when it
+/// is idle (`--controller-spin-us`) would take the meter's CPU, and the switches'
+/// thread does, busy-polled. Not measured is no reason to stop the bench: the report
+/// then has no such line.
+fn hiccups_before(args: &ControllerArgs) -> Vec<Hiccups> {
+    if args.hiccups_ms == 0 {
+        return Vec::new();
+    }
+    let span = Duration::from_millis(args.hiccups_ms);
+    match hiccups::online_cpus().and_then(|cpus| hiccups::measure(&cpus, span)) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("bench controller: the host's hiccups were not measured: {e:#}");
+            Vec::new()
+        }
+    }
 }
 
 async fn futures_join(
@@ -1032,6 +1061,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         } else {
             args.mode
         };
+        let before = hiccups_before(args);
         let mut spawned = match t {
             Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
             None => None,
@@ -1059,9 +1089,10 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             }
             r
         };
-        let r = pinned(measure_watched(
+        let mut r = pinned(measure_watched(
             &rt, &name, addr, args, mode, base_pace, watched,
         )?);
+        r.hiccups_before = before;
         let own_peak = r.avg;
         runs.push(r);
         if !matches!(base_pace, Pace::Window(w) if w > 1) || own_peak <= 0.0 {
@@ -1077,6 +1108,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             // A fresh controller, so each open-loop run starts from the same state
             // (the one before is stopped first: they would share the cores).
             drop(spawned.take());
+            let before = hiccups_before(args);
             spawned = match t {
                 Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
                 None => None,
@@ -1092,6 +1124,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             )?);
             // "open loop N/s (F of the peak), ..."
             r.pace = r.pace.replacen("/s", &format!("/s ({f} of {whose})"), 1);
+            r.hiccups_before = before;
             runs.push(r);
         }
     }

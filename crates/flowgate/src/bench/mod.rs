@@ -9,6 +9,8 @@
 //! - [`floor`]: the controller bench's floor, a VIP responder that decides nothing: the
 //!   machine's part of a setup's cost and latency.
 //! - [`bursts`]: what the latency tail of a run is made of.
+//! - [`hiccups`]: how long the machine's CPUs go without running a busy thread: the
+//!   host's part of any latency tail, measured before each controller run.
 //! - [`cluster`]: the distributed mode: spill latency, and a domain's flow setup against
 //!   single-controller mode, in one run with one etcd.
 //!
@@ -19,6 +21,7 @@ pub mod cluster;
 pub mod controller;
 pub mod datapath;
 pub mod floor;
+pub mod hiccups;
 pub mod memory;
 pub mod switch;
 
@@ -39,6 +42,9 @@ pub enum BenchCmd {
     /// The controller bench's floor: a VIP responder that decides nothing (its peer
     /// `floor`; it runs until stopped).
     Floor(floor::FloorArgs),
+    /// The machine's hiccups: a busy thread on each CPU, and how long each went without
+    /// running (what no controller can answer through).
+    Hiccups(hiccups::HiccupsArgs),
 }
 
 /// A Markdown table.
@@ -187,6 +193,27 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         cpus.join(", ")
                     );
                 }
+                if !r.hiccups_before.is_empty() {
+                    let cpus: Vec<String> = r
+                        .hiccups_before
+                        .iter()
+                        .map(hiccups::Hiccups::sentence)
+                        .collect();
+                    // Peers the bench started have a version line; those were started
+                    // after the meter ran.
+                    let when = if report.versions.is_empty() {
+                        ""
+                    } else {
+                        ", before the controller was started"
+                    };
+                    body += &format!(
+                        "\nHost hiccups in the {:.1} s before {}, {} (a busy thread on each CPU{when}): {}.\n",
+                        r.hiccups_before[0].span.as_secs_f64(),
+                        r.controller,
+                        r.pace,
+                        cpus.join("; ")
+                    );
+                }
                 if let Some(b) = &r.bursts {
                     body += &format!(
                         "\nTail of {}, {}: {}.\n",
@@ -222,6 +249,15 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             )
         }
         BenchCmd::Floor(args) => floor::run(&args),
+        BenchCmd::Hiccups(args) => {
+            let seen = hiccups::run(&args)?;
+            emit(
+                "Host hiccups: how long a busy thread on each CPU went without running",
+                &command_line(),
+                &hiccups::table(&seen).markdown(),
+                args.out.as_deref(),
+            )
+        }
         BenchCmd::Memory(args) => {
             let results = memory::run(&args)?;
             if args.child.is_some() {
