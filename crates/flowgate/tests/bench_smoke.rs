@@ -445,6 +445,20 @@ fn bench_controller_floor_answers_at_flowgates_rates_both_polling_before_they_sl
             "{line}"
         );
     }
+    // The open-loop runs say how late the switches sent against the schedule; the
+    // throughput runs have no schedule.
+    for peer in ["flowgate", "floor"] {
+        let lines: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with(&format!("Send lag of {peer}, ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{peer}:\n{table}");
+        assert!(
+            lines[0].contains("open loop") && lines[0].contains(" p99 "),
+            "{}",
+            lines[0]
+        );
+    }
     // Both ran with the poll (flowgate's config, the floor's flag), and say so.
     for version in ["flowgate 0", "floor (flowgate "] {
         let line = table

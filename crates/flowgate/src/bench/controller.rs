@@ -219,9 +219,22 @@ pub struct RunResult {
     pub tracked_at_end: Option<u64>,
     /// What the hypervisor took from this (virtual) machine over the measured loops.
     pub steal: Option<Steal>,
+    /// Open loop: how late the emulated switches sent their probes against the schedule
+    /// (a probe's latency counts from when it was sent, so this is not in it).
+    pub send_lag: Option<SendLag>,
     /// The machine's hiccups just before the run (`--hiccups-ms`), one per CPU, before
     /// the bench started the controller under test.
     pub hiccups_before: Vec<Hiccups>,
+}
+
+/// How late the emulated switches sent their batches of probes against the open-loop
+/// schedule, in µs: the bench's own delay (its thread busy, or its CPU stalled), which a
+/// probe's latency does not count.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct SendLag {
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
 }
 
 /// Milliseconds each CPU was ready to run but the hypervisor ran something else
@@ -502,11 +515,13 @@ async fn measure_async(
     flags.stop.store(true, Ordering::Relaxed);
     let results = futures_join(handles).await;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut send_lag = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     let (mut slow, mut capped) = (Vec::new(), false);
     for (i, r) in results.into_iter().enumerate() {
         hist.add(&r.hist)?;
+        send_lag.add(&r.send_lag)?;
         let i = u16::try_from(i).unwrap_or(u16::MAX);
         slow.extend(r.slow.into_iter().map(|t| (t, i)));
         capped |= r.slow_capped;
@@ -561,6 +576,11 @@ async fn measure_async(
         bench_cpu_us_per_setup,
         tracked_at_end,
         steal,
+        send_lag: (matches!(pace, Pace::Rate(_)) && !send_lag.is_empty()).then(|| SendLag {
+            p50_us: send_lag.value_at_quantile(0.5),
+            p99_us: send_lag.value_at_quantile(0.99),
+            max_us: send_lag.max(),
+        }),
         hiccups_before: Vec::new(),
     })
 }

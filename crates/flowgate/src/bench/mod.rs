@@ -214,6 +214,12 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         cpus.join("; ")
                     );
                 }
+                if let Some(l) = &r.send_lag {
+                    body += &format!(
+                        "\nSend lag of {}, {} (how late the switches sent their probes against the schedule; not in the latencies, which count from the send): p50 {} µs, p99 {} µs, max {} µs.\n",
+                        r.controller, r.pace, l.p50_us, l.p99_us, l.max_us
+                    );
+                }
                 if let Some(b) = &r.bursts {
                     body += &format!(
                         "\nTail of {}, {}: {}.\n",

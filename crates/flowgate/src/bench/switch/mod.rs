@@ -145,6 +145,9 @@ pub struct SwitchResult {
     /// [`bursts::KEEP_PER_SWITCH`]), and whether there were more.
     pub slow: Vec<Instant>,
     pub slow_capped: bool,
+    /// Open loop, over the measured loops: how late each batch of probes was sent
+    /// against the schedule, in µs (see `OpenLoop::lag`).
+    pub send_lag: Histogram<u64>,
     pub samples: Samples,
     pub error: Option<String>,
     /// Per backend of the plan (by index): complete VIP answers naming it, and when the
@@ -168,6 +171,7 @@ struct Sw {
     hist: Histogram<u64>,
     slow: Vec<Instant>,
     slow_capped: bool,
+    send_lag: Histogram<u64>,
     samples: Samples,
     /// Open loop: the schedule and this switch's place in it.
     open: Option<(Arc<OpenLoop>, usize)>,
@@ -235,6 +239,7 @@ pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>)
         hist: sw.hist,
         slow: sw.slow,
         slow_capped: sw.slow_capped,
+        send_lag: sw.send_lag,
         samples: sw.samples,
         error,
         by_backend: sw.by_backend,
@@ -271,6 +276,8 @@ impl Sw {
             hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
             slow: Vec::new(),
             slow_capped: false,
+            send_lag: Histogram::new_with_bounds(1, 60_000_000, 3)
+                .expect("histogram bounds are valid"),
             samples: Vec::new(),
             open,
             hello_seen: false,
@@ -626,6 +633,11 @@ impl Sw {
                 }
             }
             Pace::Rate(_) => {
+                if self.flags.measuring.load(Ordering::Relaxed)
+                    && let Some(lag) = self.open.as_ref().and_then(|(o, i)| o.lag(*i, now))
+                {
+                    let _ = self.send_lag.record((lag.as_micros() as u64).max(1));
+                }
                 let due = self.open.as_ref().map_or(0, |(o, i)| o.take(*i, now));
                 for _ in 0..due {
                     if self.backlogged {

@@ -150,6 +150,24 @@ impl OpenLoop {
         Ok(())
     }
 
+    /// How late switch `i` is, at `now`, with the oldest of its probes that fell due and
+    /// were not taken yet: `now` less the time its batch fell due (`None` if none is due).
+    /// A probe's latency counts from when it was sent, so this is what the bench itself
+    /// (its thread, its CPU) added before the controller could see the probe.
+    pub(super) fn lag(&self, i: usize, now: Instant) -> Option<Duration> {
+        let start = *self.start.get()?;
+        let taken = self.slots.get(i)?.taken.load(Ordering::Relaxed);
+        if self.due(i, now) <= taken {
+            return None;
+        }
+        // The switch's next probe is the first of its (taken / batch)-th batch, which is
+        // batch g of the whole schedule: it fell due with the schedule's probe g * batch.
+        let n = self.slots.len() as u64;
+        let g = i as u64 + taken / self.batch * n;
+        let due = start + Duration::from_secs_f64((g * self.batch) as f64 / self.rate);
+        Some(now.saturating_duration_since(due))
+    }
+
     /// Switch `i` sends its probes due by `now`: how many (at most 100,000 at once, so a
     /// stalled bench catches up over several turns).
     pub(super) fn take(&self, i: usize, now: Instant) -> u64 {

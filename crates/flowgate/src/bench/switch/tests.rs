@@ -378,6 +378,46 @@ fn the_open_loop_schedule_interleaves_the_switches_evenly() {
     }
 }
 
+/// The send lag: how long the oldest batch a switch has not taken yet has been due (its
+/// first probe's time on the schedule), and nothing once it took all that fell due.
+#[test]
+fn the_send_lag_is_how_long_the_oldest_batch_not_taken_has_been_due() {
+    // A million probes a second in batches of 10: batch g falls due at g × 10 µs, and
+    // with 4 switches, switch i's batches are i, i + 4, i + 8, ...
+    let open = OpenLoop {
+        rate: 1_000_000.0,
+        batch: 10,
+        slots: (0..4).map(|_| Slot::default()).collect(),
+        start: std::sync::OnceLock::new(),
+        done: AtomicBool::new(false),
+    };
+    let us = Duration::from_micros;
+    let t0 = Instant::now();
+    assert_eq!(open.lag(0, t0), None, "no schedule before the start");
+    assert!(open.start.set(t0).is_ok());
+    let close = |lag: Option<Duration>, want: u64| {
+        let lag = lag.unwrap_or_else(|| panic!("a batch is due; want a lag of {want} µs"));
+        assert!(lag.abs_diff(us(want)) <= us(1), "{lag:?}, want {want} µs");
+    };
+    close(open.lag(0, t0), 0);
+    assert_eq!(
+        open.lag(1, t0),
+        None,
+        "switch 1's first batch falls due at 10 µs"
+    );
+    close(open.lag(1, t0 + us(35)), 25);
+    assert_eq!(open.take(1, t0 + us(35)), 10);
+    assert_eq!(
+        open.lag(1, t0 + us(35)),
+        None,
+        "taken: nothing due until 50 µs"
+    );
+    // Batches 5 (50 µs) and 9 (90 µs) are switch 1's: the oldest sets the lag.
+    close(open.lag(1, t0 + us(95)), 45);
+    assert_eq!(open.take(1, t0 + us(95)), 20);
+    assert_eq!(open.lag(1, t0 + us(95)), None);
+}
+
 /// Connections end (`--expire-after 1`): once probe 1 is answered, probe 0's two rules
 /// "idle out", and the switch sends a FLOW_REMOVED for each, with its own next xids: the
 /// messages `ofp::encode` writes for them, copied from the rules' matches.
