@@ -8,7 +8,7 @@
 //! clear. So a machine whose CPUs spend more than about half a percent of their time in
 //! gaps over 100 µs cannot show that p99 for any controller, however cheap its work.
 //! `/proc/stat`'s steal does not show it: on this project's VMs it counted 10–20 ms over
-//! 5 s in which a busy loop lost 130–180 ms in gaps over 20 µs. The controller bench
+//! 5 s in which a busy loop lost 128–179 ms in gaps over 20 µs. The controller bench
 //! samples the machine with this meter before each run, and `flowgate bench hiccups`
 //! measures it on its own.
 
