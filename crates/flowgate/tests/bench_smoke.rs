@@ -458,6 +458,24 @@ fn bench_controller_floor_answers_at_flowgates_rates_both_polling_before_they_sl
             "{}",
             lines[0]
         );
+        // Counted from the schedule, no setup is faster than counted from its send.
+        let p99_from_due: u64 = lines[0]
+            .split("Counted from the schedule instead")
+            .nth(1)
+            .and_then(|rest| rest.split("p99 ").nth(1))
+            .and_then(|v| v.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no p99 from the schedule: {}", lines[0]));
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {peer} |")) && l.contains("open loop"))
+            .unwrap_or_else(|| panic!("no open-loop row for {peer}:\n{table}"));
+        let p99_from_send: u64 = row
+            .split('|')
+            .nth(9)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the p99 cell of {row}"));
+        assert!(p99_from_due >= p99_from_send, "{}\n{row}", lines[0]);
     }
     // Both ran with the poll (flowgate's config, the floor's flag), and say so.
     for version in ["flowgate 0", "floor (flowgate "] {

@@ -229,12 +229,16 @@ pub struct RunResult {
 
 /// How late the emulated switches sent their batches of probes against the open-loop
 /// schedule, in µs: the bench's own delay (its thread busy, or its CPU stalled), which a
-/// probe's latency does not count.
+/// probe's latency does not count; and the latencies counted from the schedule instead,
+/// which do (wrk2's correction for coordinated omission).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct SendLag {
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
+    pub from_due_p50_us: u64,
+    pub from_due_p99_us: u64,
+    pub from_due_p999_us: u64,
 }
 
 /// Milliseconds each CPU was ready to run but the hypervisor ran something else
@@ -516,12 +520,14 @@ async fn measure_async(
     let results = futures_join(handles).await;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut send_lag = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut from_due = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     let (mut slow, mut capped) = (Vec::new(), false);
     for (i, r) in results.into_iter().enumerate() {
         hist.add(&r.hist)?;
         send_lag.add(&r.send_lag)?;
+        from_due.add(&r.hist_from_due)?;
         let i = u16::try_from(i).unwrap_or(u16::MAX);
         slow.extend(r.slow.into_iter().map(|t| (t, i)));
         capped |= r.slow_capped;
@@ -580,6 +586,9 @@ async fn measure_async(
             p50_us: send_lag.value_at_quantile(0.5),
             p99_us: send_lag.value_at_quantile(0.99),
             max_us: send_lag.max(),
+            from_due_p50_us: from_due.value_at_quantile(0.5),
+            from_due_p99_us: from_due.value_at_quantile(0.99),
+            from_due_p999_us: from_due.value_at_quantile(0.999),
         }),
         hiccups_before: Vec::new(),
     })

@@ -216,8 +216,15 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 }
                 if let Some(l) = &r.send_lag {
                     body += &format!(
-                        "\nSend lag of {}, {} (how late the switches sent their probes against the schedule; not in the latencies, which count from the send): p50 {} µs, p99 {} µs, max {} µs.\n",
-                        r.controller, r.pace, l.p50_us, l.p99_us, l.max_us
+                        "\nSend lag of {}, {} (how late the switches sent their probes against the schedule; not in the latencies, which count from the send): p50 {} µs, p99 {} µs, max {} µs. Counted from the schedule instead, the setups' latency: p50 {} µs, p99 {} µs, p99.9 {} µs.\n",
+                        r.controller,
+                        r.pace,
+                        l.p50_us,
+                        l.p99_us,
+                        l.max_us,
+                        l.from_due_p50_us,
+                        l.from_due_p99_us,
+                        l.from_due_p999_us
                     );
                 }
                 if let Some(b) = &r.bursts {

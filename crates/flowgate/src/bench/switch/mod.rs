@@ -148,6 +148,9 @@ pub struct SwitchResult {
     /// Open loop, over the measured loops: how late each batch of probes was sent
     /// against the schedule, in µs (see `OpenLoop::lag`).
     pub send_lag: Histogram<u64>,
+    /// Open loop: the setups' latencies counted from when the schedule had each probe
+    /// fall due, not from its send (wrk2's correction for coordinated omission), in µs.
+    pub hist_from_due: Histogram<u64>,
     pub samples: Samples,
     pub error: Option<String>,
     /// Per backend of the plan (by index): complete VIP answers naming it, and when the
@@ -166,12 +169,15 @@ struct Sw {
     next_probe: u64,
     pending: Outstanding,
     /// L2 mode: send times of outstanding probes, oldest first.
-    fifo: VecDeque<Instant>,
+    fifo: VecDeque<(Instant, Instant)>,
     vip_mac: MacAddr,
     hist: Histogram<u64>,
     slow: Vec<Instant>,
     slow_capped: bool,
     send_lag: Histogram<u64>,
+    hist_from_due: Histogram<u64>,
+    /// Open loop: the probes this switch took from the schedule so far (sent or not).
+    scheduled: u64,
     samples: Samples,
     /// Open loop: the schedule and this switch's place in it.
     open: Option<(Arc<OpenLoop>, usize)>,
@@ -240,6 +246,7 @@ pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>)
         slow: sw.slow,
         slow_capped: sw.slow_capped,
         send_lag: sw.send_lag,
+        hist_from_due: sw.hist_from_due,
         samples: sw.samples,
         error,
         by_backend: sw.by_backend,
@@ -278,6 +285,9 @@ impl Sw {
             slow_capped: false,
             send_lag: Histogram::new_with_bounds(1, 60_000_000, 3)
                 .expect("histogram bounds are valid"),
+            hist_from_due: Histogram::new_with_bounds(1, 60_000_000, 3)
+                .expect("histogram bounds are valid"),
+            scheduled: 0,
             samples: Vec::new(),
             open,
             hello_seen: false,
@@ -588,7 +598,8 @@ impl Sw {
         self.packet_in(self.plan.client_port, &ack);
     }
 
-    fn send_probe(&mut self, sent: Instant) {
+    /// Send the next probe at `sent`, which fell due at `due` (open loop; else `sent`).
+    fn send_probe(&mut self, sent: Instant, due: Instant) {
         let k = self.next_probe;
         self.next_probe += 1;
         let client = self.plan.client_of(k);
@@ -599,6 +610,7 @@ impl Sw {
                     k,
                     Pending {
                         sent,
+                        due,
                         fwd: None,
                         rev: false,
                         out: None,
@@ -608,7 +620,7 @@ impl Sw {
                     },
                 );
             }
-            CheckMode::L2 => self.fifo.push_back(sent),
+            CheckMode::L2 => self.fifo.push_back((sent, due)),
         }
         let (src_mac, dst_mac) = self.probe_macs(k);
         self.counters.packet_ins.fetch_add(1, Ordering::Relaxed);
@@ -629,7 +641,7 @@ impl Sw {
         match self.pace {
             Pace::Window(w) => {
                 while self.outstanding() < w {
-                    self.send_probe(now);
+                    self.send_probe(now, now);
                 }
             }
             Pace::Rate(_) => {
@@ -638,12 +650,16 @@ impl Sw {
                 {
                     let _ = self.send_lag.record((lag.as_micros() as u64).max(1));
                 }
-                let due = self.open.as_ref().map_or(0, |(o, i)| o.take(*i, now));
-                for _ in 0..due {
+                let Some((open, i)) = self.open.clone() else {
+                    return;
+                };
+                for _ in 0..open.take(i, now) {
+                    let due = open.due_at(i, self.scheduled).unwrap_or(now);
+                    self.scheduled += 1;
                     if self.backlogged {
                         self.counters.not_sent.fetch_add(1, Ordering::Relaxed);
                     } else {
-                        self.send_probe(now);
+                        self.send_probe(now, due);
                     }
                 }
             }
@@ -662,7 +678,7 @@ impl Sw {
                 while self
                     .fifo
                     .front()
-                    .is_some_and(|t| now.saturating_duration_since(*t) >= timeout)
+                    .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= timeout)
                 {
                     self.fifo.pop_front();
                 }
@@ -674,11 +690,17 @@ impl Sw {
         }
     }
 
-    fn record(&mut self, now: Instant, sent: Instant) {
+    fn record(&mut self, now: Instant, sent: Instant, due: Instant) {
         self.counters.valid.fetch_add(1, Ordering::Relaxed);
         if self.flags.measuring.load(Ordering::Relaxed) {
             let took = now.saturating_duration_since(sent);
             let _ = self.hist.record((took.as_micros() as u64).max(1));
+            if self.open.is_some() {
+                let since_due = now.saturating_duration_since(due);
+                let _ = self
+                    .hist_from_due
+                    .record((since_due.as_micros() as u64).max(1));
+            }
             if took > bursts::SLOW && self.pace.keeps_slow() {
                 if self.slow.len() < bursts::KEEP_PER_SWITCH {
                     self.slow.push(sent);
@@ -700,8 +722,8 @@ impl Sw {
     }
 
     fn l2_response(&mut self, now: Instant) {
-        if let Some(sent) = self.fifo.pop_front() {
-            self.record(now, sent);
+        if let Some((sent, due)) = self.fifo.pop_front() {
+            self.record(now, sent, due);
         }
     }
 
@@ -863,7 +885,7 @@ impl Sw {
                     e.0 += 1;
                     e.1.get_or_insert(now);
                 }
-                self.record(now, p.sent);
+                self.record(now, p.sent, p.due);
                 if self.expire_after > 0 {
                     self.live.extend_from_slice(&p.removals);
                     self.live_lens.push_back(p.removals.len());

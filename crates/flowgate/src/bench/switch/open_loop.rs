@@ -155,17 +155,22 @@ impl OpenLoop {
     /// A probe's latency counts from when it was sent, so this is what the bench itself
     /// (its thread, its CPU) added before the controller could see the probe.
     pub(super) fn lag(&self, i: usize, now: Instant) -> Option<Duration> {
-        let start = *self.start.get()?;
         let taken = self.slots.get(i)?.taken.load(Ordering::Relaxed);
         if self.due(i, now) <= taken {
             return None;
         }
-        // The switch's next probe is the first of its (taken / batch)-th batch, which is
-        // batch g of the whole schedule: it fell due with the schedule's probe g * batch.
+        Some(now.saturating_duration_since(self.due_at(i, taken)?))
+    }
+
+    /// When switch `i`'s probe number `k` (counting from 0, all it took) fell due on the
+    /// schedule (`None` before the start).
+    pub(super) fn due_at(&self, i: usize, k: u64) -> Option<Instant> {
+        let start = *self.start.get()?;
+        // Probe k is in the switch's (k / batch)-th batch, which is batch g of the whole
+        // schedule; a batch falls due with its first probe, the schedule's g * batch.
         let n = self.slots.len() as u64;
-        let g = i as u64 + taken / self.batch * n;
-        let due = start + Duration::from_secs_f64((g * self.batch) as f64 / self.rate);
-        Some(now.saturating_duration_since(due))
+        let g = i as u64 + k / self.batch * n;
+        Some(start + Duration::from_secs_f64((g * self.batch) as f64 / self.rate))
     }
 
     /// Switch `i` sends its probes due by `now`: how many (at most 100,000 at once, so a

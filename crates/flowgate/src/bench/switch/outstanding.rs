@@ -104,6 +104,9 @@ impl Outstanding {
 #[derive(Debug, Clone)]
 pub(super) struct Pending {
     pub(super) sent: Instant,
+    /// When the open-loop schedule had it fall due (`sent` otherwise): a latency counted
+    /// from here includes the bench's own delay in sending it.
+    pub(super) due: Instant,
     pub(super) fwd: Option<usize>,
     pub(super) rev: bool,
     pub(super) out: Option<usize>,

@@ -59,7 +59,8 @@ fn probe_packet_ins_are_the_encoded_messages() {
             sw.next_probe = k;
             sw.pending = Outstanding::new(sw.plan.client_base);
             sw.wbuf.clear();
-            sw.send_probe(Instant::now());
+            let now = Instant::now();
+            sw.send_probe(now, now);
             let (ip, port) = sw.plan.client_of(k);
             let (src_mac, dst_mac) = sw.probe_macs(k);
             let syn = packet::tcp_syn(
@@ -91,6 +92,7 @@ fn outstanding_probes_are_found_by_client_and_leave_in_order() {
     let mut o = Outstanding::new(p.client_base);
     let pending = |ms: u64| Pending {
         sent: Instant::now() - Duration::from_millis(ms),
+        due: Instant::now() - Duration::from_millis(ms),
         fwd: None,
         rev: false,
         out: None,
@@ -189,7 +191,8 @@ fn answer_to(sw: &Sw, k: u64, b: usize) -> Answer {
 /// return the counts of valid and invalid answers and the first reason.
 fn judge(edit: impl FnOnce(&Sw, &mut Answer)) -> (u64, u64, String) {
     let mut sw = switch(CheckMode::Vip);
-    sw.send_probe(Instant::now());
+    let now = Instant::now();
+    sw.send_probe(now, now);
     let mut a = answer(&sw, 0);
     edit(&sw, &mut a);
     let msgs = [
@@ -416,6 +419,15 @@ fn the_send_lag_is_how_long_the_oldest_batch_not_taken_has_been_due() {
     close(open.lag(1, t0 + us(95)), 45);
     assert_eq!(open.take(1, t0 + us(95)), 20);
     assert_eq!(open.lag(1, t0 + us(95)), None);
+    // Each probe's own due time: that of its batch (the latencies "from the schedule").
+    let since = |k: u64| open.due_at(1, k).map(|t| t.saturating_duration_since(t0));
+    for (k, want) in [(0, 10), (9, 10), (10, 50), (19, 50), (20, 90), (29, 90)] {
+        let at = since(k).unwrap_or_else(|| panic!("probe {k} has a due time"));
+        assert!(
+            at.abs_diff(us(want)) <= us(1),
+            "probe {k}: {at:?}, want {want} µs"
+        );
+    }
 }
 
 /// Connections end (`--expire-after 1`): once probe 1 is answered, probe 0's two rules
@@ -440,7 +452,8 @@ fn ended_connections_send_the_flow_removed_of_each_rule() {
     };
     let mut want = Vec::new();
     for k in 0..2u64 {
-        sw.send_probe(Instant::now());
+        let now = Instant::now();
+        sw.send_probe(now, now);
         let mut a = answer_to(&sw, k, 1);
         for (fm, cookie) in [(&mut a.fwd, 0xc0de_0000 + k), (&mut a.rev, 0xbeef_0000 + k)] {
             fm.cookie = cookie;
