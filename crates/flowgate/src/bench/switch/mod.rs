@@ -168,7 +168,7 @@ struct Sw {
     xid: u32,
     next_probe: u64,
     pending: Outstanding,
-    /// L2 mode: send times of outstanding probes, oldest first.
+    /// L2 mode: when each outstanding probe was sent and fell due, oldest first.
     fifo: VecDeque<(Instant, Instant)>,
     vip_mac: MacAddr,
     hist: Histogram<u64>,
