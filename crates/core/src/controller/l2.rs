@@ -24,6 +24,9 @@ impl Controller {
         out: &mut Outbox,
     ) {
         self.counters.packet_in += 1;
+        if let Some(s) = self.switches.get_mut(&dpid) {
+            s.packet_in += 1;
+        }
         let Some(in_port) = in_port else {
             // §7.4.1: the match of a PACKET_IN always carries OXM_OF_IN_PORT.
             self.counters.packet_in_unparsable += 1;

@@ -499,9 +499,6 @@ impl Controller {
         let v = ofp::PacketInView::new(frame)?;
         // The view's data lies in `frame`: a slice of it shares the buffer.
         let data = frame.slice_ref(v.data());
-        if let Some(s) = self.switches.get_mut(&dpid) {
-            s.packet_in += 1;
-        }
         self.handle_packet_in(now, dpid, v.in_port(), &data, out);
         Ok(())
     }
@@ -509,12 +506,7 @@ impl Controller {
     /// A message from a switch whose handshake is complete.
     pub fn handle_message(&mut self, now: Instant, dpid: Dpid, msg: &Message, out: &mut Outbox) {
         match msg {
-            Message::PacketIn(pi) => {
-                if let Some(s) = self.switches.get_mut(&dpid) {
-                    s.packet_in += 1;
-                }
-                self.handle_packet_in(now, dpid, pi.in_port(), &pi.data, out);
-            }
+            Message::PacketIn(pi) => self.handle_packet_in(now, dpid, pi.in_port(), &pi.data, out),
             Message::FlowRemoved(fr) => self.handle_rule_ended(now, &RuleEnded::of_message(fr)),
             Message::PortStatus(ps) => {
                 match ps.reason {

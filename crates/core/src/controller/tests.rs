@@ -769,6 +769,9 @@ fn a_rebuilt_connection_learns_its_clients_mac_from_its_next_packet() {
 #[test]
 fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
     let (mut framed, mut decoded) = (single_switch("round-robin"), single_switch("round-robin"));
+    // Each switch's own PACKET_IN count, as operators see it.
+    let per_switch = |c: &Controller| c.switch_view(1).map_or(0, |v| v.packet_in);
+    let before = per_switch(&framed.c);
     for (i, frame) in [
         tcp(mac(1), VMAC, (ip(1), 40100), (VIP, 80), SYN),
         arp_request(1, VIP),
@@ -805,6 +808,9 @@ fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
         framed.c.counters().packet_in,
         decoded.c.counters().packet_in
     );
+    let counted = per_switch(&framed.c);
+    assert_eq!(counted, before + 3);
+    assert_eq!(counted, per_switch(&decoded.c));
 
     // Cut short inside its match: the error `decode` gives, and nothing handled.
     let mut bytes = bytes::BytesMut::new();
@@ -828,5 +834,6 @@ fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
         .expect_err("cut short");
     assert_eq!(Some(err), ofp::decode(cut.clone()).err());
     assert_eq!(framed.c.counters().packet_in, handled);
+    assert_eq!(per_switch(&framed.c), counted, "nothing counted");
     assert!(framed.out.is_empty());
 }

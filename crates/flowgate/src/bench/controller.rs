@@ -221,7 +221,7 @@ pub struct RunResult {
     pub steal: Option<Steal>,
     /// Open loop: how late the emulated switches sent their probes against the schedule
     /// (a probe's latency counts from when it was sent, so this is not in it).
-    pub send_lag: Option<SendLag>,
+    pub against_schedule: Option<AgainstSchedule>,
     /// The machine's hiccups just before the run (`--hiccups-ms`), one per CPU, before
     /// the bench started the controller under test.
     pub hiccups_before: Vec<Hiccups>,
@@ -232,10 +232,10 @@ pub struct RunResult {
 /// probe's latency does not count; and the latencies counted from the schedule instead,
 /// which do (wrk2's correction for coordinated omission).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct SendLag {
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub max_us: u64,
+pub struct AgainstSchedule {
+    pub send_lag_p50_us: u64,
+    pub send_lag_p99_us: u64,
+    pub send_lag_max_us: u64,
     pub from_due_p50_us: u64,
     pub from_due_p99_us: u64,
     pub from_due_p999_us: u64,
@@ -582,13 +582,15 @@ async fn measure_async(
         bench_cpu_us_per_setup,
         tracked_at_end,
         steal,
-        send_lag: (matches!(pace, Pace::Rate(_)) && !send_lag.is_empty()).then(|| SendLag {
-            p50_us: send_lag.value_at_quantile(0.5),
-            p99_us: send_lag.value_at_quantile(0.99),
-            max_us: send_lag.max(),
-            from_due_p50_us: from_due.value_at_quantile(0.5),
-            from_due_p99_us: from_due.value_at_quantile(0.99),
-            from_due_p999_us: from_due.value_at_quantile(0.999),
+        against_schedule: (matches!(pace, Pace::Rate(_)) && !send_lag.is_empty()).then(|| {
+            AgainstSchedule {
+                send_lag_p50_us: send_lag.value_at_quantile(0.5),
+                send_lag_p99_us: send_lag.value_at_quantile(0.99),
+                send_lag_max_us: send_lag.max(),
+                from_due_p50_us: from_due.value_at_quantile(0.5),
+                from_due_p99_us: from_due.value_at_quantile(0.99),
+                from_due_p999_us: from_due.value_at_quantile(0.999),
+            }
         }),
         hiccups_before: Vec::new(),
     })

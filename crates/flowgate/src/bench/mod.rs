@@ -214,14 +214,14 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         cpus.join("; ")
                     );
                 }
-                if let Some(l) = &r.send_lag {
+                if let Some(l) = &r.against_schedule {
                     body += &format!(
                         "\nSend lag of {}, {} (how late the switches sent their probes against the schedule; not in the latencies, which count from the send): p50 {} µs, p99 {} µs, max {} µs. Counted from the schedule instead, the setups' latency: p50 {} µs, p99 {} µs, p99.9 {} µs.\n",
                         r.controller,
                         r.pace,
-                        l.p50_us,
-                        l.p99_us,
-                        l.max_us,
+                        l.send_lag_p50_us,
+                        l.send_lag_p99_us,
+                        l.send_lag_max_us,
                         l.from_due_p50_us,
                         l.from_due_p99_us,
                         l.from_due_p999_us
