@@ -205,12 +205,31 @@ fn ovs_proactive_vip_serves_and_rebalances() {
         },
     );
     // Re-added in place, nothing doubled: table 1 holds the new-connection rule, one per
-    // backend, the reply rule and the two catch-alls.
-    let flows = br.dump_flows().expect("dump-flows");
-    let t1 = flows.lines().filter(|l| l.contains(" table=1,")).count();
-    assert_eq!(t1, 7, "table 1 after the resync:\n{flows}");
+    // backend, the reply rule and the two catch-alls. The per-backend rules follow the
+    // backends' locations, which the API may report a moment before their FLOW_MODs reach
+    // the switch: so wait for the seven, and check after the load that they stayed seven
+    // (a stale generation left behind, or a rule doubled, would show there).
+    let table1 = || {
+        let flows = br.dump_flows().unwrap_or_default();
+        let n = flows.lines().filter(|l| l.contains(" table=1,")).count();
+        (n, flows)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (n, flows) = table1();
+        if n == 7 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "table 1 after the resync holds {n} rules, not 7:\n{flows}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let again = load(client, &url, &["--requests", "30", "--concurrency", "2"]);
     assert_eq!(again["ok"], 30, "{again}");
+    let (n, flows) = table1();
+    assert_eq!(n, 7, "table 1 after the load:\n{flows}");
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
