@@ -35,11 +35,13 @@ pub enum RuleKind {
 }
 
 impl RuleKind {
-    /// Proactive kinds: re-installed from controller state on every (re)connection.
-    pub const PROACTIVE: [RuleKind; 6] = [
+    /// Proactive kinds: deleted and re-installed from controller state on every
+    /// (re)connection. Not [`RuleKind::L2`]: a switch keeps carrying its hosts' traffic by
+    /// its earlier L2 rules while a restarted controller relearns them, and the stale ones
+    /// go when the switch's reconnect grace ends (by the rules' generation bit, [`l2::GEN`]).
+    pub const PROACTIVE: [RuleKind; 5] = [
         RuleKind::TableMiss,
         RuleKind::Lldp,
-        RuleKind::L2,
         RuleKind::Intercept,
         RuleKind::Gap,
         RuleKind::Partition,
@@ -71,6 +73,13 @@ pub fn kind_of(cookie: u64) -> Option<RuleKind> {
     })
 }
 
+/// Detail bits of an L2 rule's cookie (the low 48 are the destination MAC).
+pub mod l2 {
+    /// The generation bit: each recomputation of the L2 rules re-adds them all with the
+    /// other value, then deletes the rules still carrying the old one (make before break).
+    pub const GEN: u64 = 1 << 48;
+}
+
 /// Detail bits of a connection rule's cookie.
 pub mod conn {
     /// Set on the forward rule at the client's edge switch: the one whose FLOW_REMOVED
@@ -93,7 +102,10 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_stay_in_the_top_byte() {
-        for k in RuleKind::PROACTIVE.into_iter().chain([RuleKind::Conn]) {
+        for k in RuleKind::PROACTIVE
+            .into_iter()
+            .chain([RuleKind::L2, RuleKind::Conn])
+        {
             let c = cookie(k, 0x00ff_ffff_ffff_ffff);
             assert_eq!(kind_of(c), Some(k));
             assert_eq!(c & KIND_MASK, k.base());

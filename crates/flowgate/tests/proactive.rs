@@ -27,6 +27,76 @@ fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
     })
 }
 
+/// In a `dump-flows`: the backends' rewrite rules of table 1 (`nw_dst` a backend), and
+/// the hosts' L2 rules.
+fn count_rules(flows: &str) -> (usize, usize) {
+    let rewrites = flows
+        .lines()
+        .filter(|l| l.contains(" table=1,") && l.contains("priority=20,") && l.contains("nw_dst="))
+        .count();
+    let l2 = flows
+        .lines()
+        .filter(|l| l.contains("priority=100,dl_dst="))
+        .count();
+    (rewrites, l2)
+}
+
+/// What [`RuleWatch`] saw.
+#[derive(Debug)]
+struct Watched {
+    dumps: usize,
+    /// The fewest (rewrites, L2 rules) of any dump.
+    fewest: (usize, usize),
+    /// Dumps with fewer of either than the bridge held at the start, and the time from
+    /// the first such dump to the end of the last.
+    short: usize,
+    short_span: Duration,
+}
+
+/// Dumps a bridge's flows over and over on a thread, counting [`count_rules`] in each.
+struct RuleWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Watched>,
+}
+
+impl RuleWatch {
+    fn start(bridge: &str, full: (usize, usize)) -> RuleWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bridge = bridge.to_string();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut w = Watched {
+                dumps: 0,
+                fewest: (usize::MAX, usize::MAX),
+                short: 0,
+                short_span: Duration::ZERO,
+            };
+            let mut first_short = None;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                if let Ok(flows) = flowgate_testbed::ovs::ofctl(&["dump-flows", &bridge]) {
+                    let (r, l) = count_rules(&flows);
+                    w.fewest = (w.fewest.0.min(r), w.fewest.1.min(l));
+                    w.dumps += 1;
+                    if r < full.0 || l < full.1 {
+                        w.short += 1;
+                        let since = *first_short.get_or_insert(t);
+                        w.short_span = since.elapsed();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            w
+        });
+        RuleWatch { stop, thread }
+    }
+
+    fn stop(self) -> Watched {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the watch")
+    }
+}
+
 #[test]
 fn ovs_proactive_vip_serves_and_rebalances() {
     let Some(p) = setup("ovs_proactive_vip_serves_and_rebalances") else {
@@ -170,7 +240,15 @@ fn ovs_proactive_vip_serves_and_rebalances() {
 
     // A controller restart: the switch reconnects and is resynced (stale groups deleted by
     // id range, the group and the rules re-added); a download in flight across it keeps
-    // its backend (conntrack holds it) and finishes.
+    // its backend (conntrack holds it) and finishes. Through the restart and the switch's
+    // reconnect grace, the switch keeps the rules it has: every dump of its flows shows
+    // the backends' rewrite rules (table 1) and the hosts' L2 rules.
+    let full = count_rules(&br.dump_flows().expect("dump-flows"));
+    assert!(
+        full.0 == 3 && full.1 >= 4,
+        "the rewrites and the hosts' L2 rules: {full:?}"
+    );
+    let watch = RuleWatch::start(br.name(), full);
     let mut ctl = ctl;
     let dl = client
         .command(&[
@@ -204,28 +282,32 @@ fn ovs_proactive_vip_serves_and_rebalances() {
             g.matches("group_id=").count() == 1 && g.matches("nat(dst=").count() == 3
         },
     );
-    // Re-added in place, nothing doubled: table 1 holds the new-connection rule, one per
-    // backend, the reply rule and the two catch-alls. The per-backend rules follow the
-    // backends' locations, which the API may report a moment before their FLOW_MODs reach
-    // the switch: so wait for the seven, and check after the load that they stayed seven
-    // (a stale generation left behind, or a rule doubled, would show there).
+    // Past the grace (3 s by default), the stale rules are deleted: table 1 holds the
+    // new-connection rule, one per backend, the reply rule and the two catch-alls.
+    std::thread::sleep(Duration::from_secs(4));
+    let w = watch.stop();
+    eprintln!(
+        "across the restart, from (rewrites, L2 rules) {full:?}: {w:?}; PACKET_INs at the new \
+         controller: {}",
+        packet_ins(&ctl)
+    );
+    assert!(
+        w.dumps >= 20,
+        "the watch dumped the flows {} times",
+        w.dumps
+    );
+    assert_eq!(
+        w.fewest, full,
+        "(backend rewrites, L2 rules) in the fewest of {} dumps across the restart",
+        w.dumps
+    );
     let table1 = || {
         let flows = br.dump_flows().unwrap_or_default();
         let n = flows.lines().filter(|l| l.contains(" table=1,")).count();
         (n, flows)
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (n, flows) = table1();
-        if n == 7 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "table 1 after the resync holds {n} rules, not 7:\n{flows}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (n, flows) = table1();
+    assert_eq!(n, 7, "table 1 after the grace:\n{flows}");
     let again = load(client, &url, &["--requests", "30", "--concurrency", "2"]);
     assert_eq!(again["ok"], 30, "{again}");
     let (n, flows) = table1();

@@ -241,3 +241,24 @@ fn spinning_before_parking_is_off_by_default_and_bounded() {
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].path, "runtime.spin_before_park_us");
 }
+
+#[test]
+fn the_reconnect_grace_defaults_to_three_seconds_and_is_bounded() {
+    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    assert_eq!(cfg.controller.reconnect_grace, Duration::from_secs(3));
+    let cfg = Config::from_toml(
+        &format!("[controller]\nreconnect_grace_ms = 0\n{base}"),
+        &no_env,
+    )
+    .expect("valid");
+    assert_eq!(cfg.controller.reconnect_grace, Duration::ZERO);
+    let errs = Config::from_toml(
+        &format!("[controller]\nreconnect_grace_ms = 600001\n{base}"),
+        &no_env,
+    )
+    .expect_err("invalid")
+    .0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].path, "controller.reconnect_grace_ms");
+}

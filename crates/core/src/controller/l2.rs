@@ -214,31 +214,93 @@ impl Controller {
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
             match self.topo.egress_toward(d, at) {
-                Some(port) => out.push(d, rules::l2_forward(mac, port)),
+                Some(port) => out.push(d, rules::l2_forward(mac, port, self.l2_gen)),
                 None => out.push(d, rules::l2_delete(mac)),
             }
         }
     }
 
-    /// After the topology changed, recompute every host's L2 rules on every switch.
+    /// After the topology changed, recompute every host's L2 rules on every switch, make
+    /// before break: each switch gets every rule again with the other generation bit (an
+    /// ADD with the same match and priority replaces a rule in place, §6.4), then the rules
+    /// still carrying the old bit, which no host's path uses now, are deleted. A switch in
+    /// its reconnect grace keeps those (they may be its earlier controller's, for hosts
+    /// not relearned yet) until [`Self::l2_settle`].
     pub(crate) fn maybe_recompute_l2(&mut self, out: &mut Outbox) {
         let generation = self.topo.generation();
         if generation == self.l2_generation {
             return;
         }
         self.l2_generation = generation;
+        self.l2_gen = !self.l2_gen;
         let dpids: Vec<Dpid> = self.switch_ids().collect();
-        for &d in &dpids {
-            out.push(d, rules::delete_kind(crate::cookie::RuleKind::L2));
-            out.push(d, Message::BarrierRequest);
+        for d in dpids {
+            self.l2_sync(d, self.l2_gen, !self.in_grace(d), out);
         }
-        let hosts: Vec<(MacAddr, PortRef)> = self.topo.hosts().map(|(m, h)| (*m, h.at)).collect();
-        for (mac, at) in hosts {
-            for &d in &dpids {
-                if let Some(port) = self.topo.egress_toward(d, at) {
-                    out.push(d, rules::l2_forward(mac, port));
-                }
+    }
+
+    /// A rule from a switch's flow stats: if it is one of our L2 rules on a switch in its
+    /// reconnect grace, note where it sends its MAC's frames.
+    pub(crate) fn note_l2_rule(&mut self, dpid: Dpid, fs: &ofp::FlowStats) {
+        if crate::cookie::kind_of(fs.cookie) != Some(crate::cookie::RuleKind::L2)
+            || !self.in_grace(dpid)
+        {
+            return;
+        }
+        let mac = fs.match_.iter().find_map(|o| match o {
+            ofp::Oxm::EthDst { value, mask: None } => Some(MacAddr(*value)),
+            _ => None,
+        });
+        let port = fs.instructions.iter().find_map(|i| match i {
+            ofp::Instruction::ApplyActions(a) => a.iter().find_map(|a| match a {
+                Action::Output { port, .. } => Some(*port),
+                _ => None,
+            }),
+            _ => None,
+        });
+        if let (Some(mac), Some(port)) = (mac, port) {
+            self.l2_reported.push((mac, PortRef::new(dpid, port)));
+        }
+    }
+
+    /// Hosts the switches' L2 rules still carry frames to, that this controller has not
+    /// heard from since they connected: a host whose traffic all goes to known MACs sends
+    /// nothing up, so without this a restarted controller would never learn it again and
+    /// its frames would be flooded through the controller. Each is adopted where the rule
+    /// of its edge switch sends it (a port without a link: by now LLDP has found them).
+    pub(crate) fn adopt_reported_hosts(&mut self, now: Instant, out: &mut Outbox) {
+        let reported = std::mem::take(&mut self.l2_reported);
+        for &(mac, at) in &reported {
+            if self.topo.host(mac).is_some() || self.is_virtual_mac(mac) {
+                continue;
             }
+            if self.topo.learn_host(now, mac, at, None) != HostChange::Same {
+                self.install_l2_for(mac, out);
+            }
+        }
+        self.l2_reported = reported;
+    }
+
+    /// A switch's reconnect grace ended: whatever L2 rules it held from before are
+    /// replaced or deleted now. Its rules may carry either generation bit, so two passes,
+    /// ending on the current one.
+    pub(crate) fn l2_settle(&mut self, dpid: Dpid, out: &mut Outbox) {
+        self.l2_sync(dpid, !self.l2_gen, true, out);
+        self.l2_sync(dpid, self.l2_gen, true, out);
+    }
+
+    /// Every known host's rule on switch `d` with generation bit `gen_bit`; then, with
+    /// `delete_other`, a barrier (§6.2: the adds land first) and the delete of `d`'s L2
+    /// rules of the other generation.
+    fn l2_sync(&self, d: Dpid, gen_bit: bool, delete_other: bool, out: &mut Outbox) {
+        for (mac, h) in self.topo.hosts() {
+            if let Some(port) = self.topo.egress_toward(d, h.at) {
+                out.push(d, rules::l2_forward(*mac, port, gen_bit));
+            }
+        }
+        if delete_other {
+            out.push(d, Message::BarrierRequest);
+            out.push(d, rules::l2_delete_generation(!gen_bit));
         }
     }
 

@@ -34,7 +34,7 @@ use crate::config::{BackendConfig, Config, ControllerConfig};
 use crate::conntrack::ConnTable;
 use crate::cookie::RuleKind;
 use crate::service::{AdminState, BackendState, ServiceState};
-use crate::topology::{Dpid, PortInfo, Topology};
+use crate::topology::{Dpid, PortInfo, PortRef, Topology};
 
 /// Messages for switches, produced by one or more calls into the [`Controller`].
 /// The runtime drains it after each call; reusing one keeps the hot path allocation-free.
@@ -213,6 +213,9 @@ struct SwitchState {
     packet_in: u64,
     /// An OpenFlow ERROR from this switch, the last one, for operators.
     last_error: Option<String>,
+    /// Until then the L2 and proactive rules the switch held when it connected are left
+    /// beside the new ones (`reconnect_grace_ms`); `None` once they are settled.
+    grace_until: Option<Instant>,
 }
 
 /// What an address:port on the network means to the controller.
@@ -249,8 +252,14 @@ pub struct Controller {
     pub(crate) last_decision_sample_ms: u64,
     /// The tag of the next decision, in its rules' cookies (wraps; see `rules::conn_tag_bits`).
     pub(crate) next_conn_tag: u16,
+    /// Where switches in their reconnect grace have L2 rules sending frames (the
+    /// destination MAC and the port), from their flow stats; cleared once every grace
+    /// has ended.
+    pub(crate) l2_reported: Vec<(flowgate_packet::MacAddr, PortRef)>,
     /// Topology generation the L2 rules were last computed for.
     l2_generation: u64,
+    /// The generation bit of the L2 rules last computed ([`crate::cookie::l2::GEN`]).
+    l2_gen: bool,
     /// The body of the `fin_timeout` action added to connection rules (built once, static:
     /// each rule's action refers to it, no allocation and no shared reference count).
     pub(crate) fin_timeout_body: Option<&'static [u8]>,
@@ -303,7 +312,9 @@ impl Controller {
             last_arp_probe: None,
             last_decision_sample_ms: 0,
             next_conn_tag: 0,
+            l2_reported: Vec::new(),
             l2_generation: 0,
+            l2_gen: false,
             fin_timeout_body: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout_body(config.controller.fin_timeout_secs)),
             overload: overload::Overload::new(config),
@@ -423,7 +434,12 @@ impl Controller {
     /// A switch finished the handshake (HELLO, FEATURES). Resync it: remove stale proactive
     /// rules, install the current ones, and ask for its ports and its connection rules.
     /// Connection rules are left alone: the connections they carry survive a controller
-    /// restart or a switch reconnect, and their flow stats rebuild the table.
+    /// restart or a switch reconnect, and their flow stats rebuild the table. L2 rules and
+    /// a proactive service's rules and group are left alone too, for the switch's
+    /// reconnect grace (`reconnect_grace_ms`): a restarted controller (or the peer that
+    /// took over) knows no host and no backend's place yet, and until it has relearned
+    /// them the switch keeps carrying established traffic by what it holds. New rules are
+    /// added beside them meanwhile; the grace's end deletes the ones not re-added.
     pub fn handle_switch_up(&mut self, now: Instant, features: SwitchFeatures, out: &mut Outbox) {
         let dpid = features.datapath_id;
         // Its resync deletes every `Gap` rule: the reply-catch rules go out again with the
@@ -439,6 +455,8 @@ impl Controller {
                 connected_at: now,
                 packet_in: 0,
                 last_error: None,
+                grace_until: (!self.cfg.reconnect_grace.is_zero())
+                    .then(|| now + self.cfg.reconnect_grace),
             },
         );
         self.topo.add_switch(dpid);
@@ -467,10 +485,20 @@ impl Controller {
         self.proactive_switch_up(dpid, out);
         self.partition_switch_up(dpid, out);
         out.push(dpid, rules::port_desc_request());
-        out.push(dpid, rules::conn_flow_stats_request());
+        out.push(dpid, rules::flow_stats_request(RuleKind::Conn));
+        // Where the switch's L2 rules say hosts are: the ones not heard from again by the
+        // grace's end are adopted from them (`adopt_reported_hosts`). A report from an
+        // earlier session of the switch is replaced, so one that flaps adds nothing.
+        self.l2_reported.retain(|(_, at)| at.dpid != dpid);
+        if self.in_grace(dpid) {
+            out.push(dpid, rules::flow_stats_request(RuleKind::L2));
+        }
         out.push(dpid, Message::BarrierRequest);
         // L2 rules for the hosts already known are sent when paths are recomputed.
         self.l2_generation = 0;
+        if !self.in_grace(dpid) {
+            self.l2_settle(dpid, out);
+        }
     }
 
     /// A switch's session ended. Its rules stay in the switch (fail-secure); only our view
@@ -528,6 +556,7 @@ impl Controller {
                 MultipartReplyBody::Flow(stats) => {
                     for fs in stats {
                         self.rebuild_conn(now, fs);
+                        self.note_l2_rule(dpid, fs);
                     }
                 }
                 MultipartReplyBody::Meter(stats) => {
@@ -609,6 +638,38 @@ impl Controller {
         self.expire_handshakes(now);
         self.overload_tick(now, out);
         self.maybe_recompute_l2(out);
+        self.end_graces(now, out);
+    }
+
+    /// Whether switch `dpid` is in its reconnect grace: the rules it held when it
+    /// connected are not deleted yet.
+    pub(crate) fn in_grace(&self, dpid: Dpid) -> bool {
+        self.switches
+            .get(&dpid)
+            .is_some_and(|s| s.grace_until.is_some())
+    }
+
+    /// Settle the switches whose reconnect grace is over: their earlier L2 and proactive
+    /// rules not re-added by now are stale, and deleted.
+    fn end_graces(&mut self, now: Instant, out: &mut Outbox) {
+        let mut ended = SmallVec::<[Dpid; 4]>::new();
+        for (&d, s) in &mut self.switches {
+            if s.grace_until.is_some_and(|t| now >= t) {
+                s.grace_until = None;
+                ended.push(d);
+            }
+        }
+        if ended.is_empty() {
+            return;
+        }
+        self.adopt_reported_hosts(now, out);
+        for d in ended {
+            self.l2_settle(d, out);
+            self.proactive_settle(d, out);
+        }
+        if !self.switches.values().any(|s| s.grace_until.is_some()) {
+            self.l2_reported = Vec::new();
+        }
     }
 
     // ----- operator commands ------------------------------------------------------------
@@ -860,7 +921,7 @@ impl Controller {
         now: Instant,
         ip: Ipv4Addr,
         mac: flowgate_packet::MacAddr,
-        at: crate::topology::PortRef,
+        at: PortRef,
     ) -> bool {
         if !self.backend_index.contains_key(&ip) {
             return false;

@@ -35,8 +35,12 @@
 //! --may-create mod-group`), never deleted while in use; group ids of the range
 //! `GROUP_BASE .. GROUP_BASE + max(GROUP_RANGE, services)` that no proactive service uses
 //! now are deleted (a delete of a group that does not exist is no error, §7.3.4.2; a stale
-//! group takes its stale rules with it). On a switch's (re)connection, whose rules may
-//! carry either bit, the sync runs twice, once with each bit.
+//! group takes its stale rules with it). A switch that (re)connects keeps what it holds
+//! through its reconnect grace (`reconnect_grace_ms`): a restarted controller has not
+//! located the backends yet, and its rules would lack their rewrites, so the current rules
+//! and group are added only once every backend is located, and nothing is deleted. When
+//! the grace ends, the switch's rules may carry either bit: the sync runs twice, once with
+//! each bit.
 //!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
@@ -308,15 +312,16 @@ impl Controller {
 
     /// One make-before-break sync (see the module doc): stale groups deleted, current
     /// groups added or replaced, every current rule (re-)added with `gen_bit`, a barrier,
-    /// then the rules of the other generation deleted.
-    fn sync_messages(&self, gen_bit: bool) -> Vec<Message> {
+    /// then the rules of the other generation deleted. Without `deletes` (a switch in its
+    /// reconnect grace), only the adds.
+    fn sync_messages(&self, gen_bit: bool, deletes: bool) -> Vec<Message> {
         let mut v = Vec::new();
         let proactive: Vec<usize> = (0..self.services.len())
             .filter(|&i| self.is_proactive(i))
             .collect();
         let range = GROUP_RANGE.max(self.services.len() as u32);
         for id in GROUP_BASE..GROUP_BASE + range {
-            if proactive.iter().any(|&i| group_id(i) == id) {
+            if !deletes || proactive.iter().any(|&i| group_id(i) == id) {
                 continue;
             }
             v.push(Message::GroupMod(GroupMod {
@@ -353,44 +358,84 @@ impl Controller {
                 acts([nicira::resubmit_table(0)]),
             ));
         }
-        // §6.2: the adds must be done before the delete of the other generation.
-        v.push(Message::BarrierRequest);
-        let mut del = FlowMod::delete(Match::new());
-        del.table_id = rules::TABLE_ALL;
-        del.cookie = cookie_of(!gen_bit, 0);
-        del.cookie_mask = cookie::KIND_MASK | COOKIE_GEN;
-        v.push(Message::FlowMod(del));
+        if deletes {
+            // §6.2: the adds must be done before the delete of the other generation.
+            v.push(Message::BarrierRequest);
+            let mut del = FlowMod::delete(Match::new());
+            del.table_id = rules::TABLE_ALL;
+            del.cookie = cookie_of(!gen_bit, 0);
+            del.cookie_mask = cookie::KIND_MASK | COOKIE_GEN;
+            v.push(Message::FlowMod(del));
+        }
         v
     }
 
-    /// A switch (re)connected: its proactive rules may carry either generation bit, so
-    /// sync twice, ending on the current one.
+    /// Every backend of every proactive service is located: the rules and the group
+    /// weights built now are complete.
+    fn proactive_located(&self) -> bool {
+        (0..self.services.len())
+            .filter(|&i| self.is_proactive(i))
+            .all(|i| self.services[i].backends.iter().all(|b| b.mac.is_some()))
+    }
+
+    /// Whether proactive rules and groups may be written to switch `d` now. In its
+    /// reconnect grace, not before every backend is located: until then, what the switch
+    /// holds from before (all backends placed, weights from live load) serves better than
+    /// rules without the unlocated backends' rewrites and a group that gives them nothing.
+    fn proactive_may_write(&self, d: Dpid) -> bool {
+        !self.in_grace(d) || self.proactive_located()
+    }
+
+    /// A switch (re)connected. In its reconnect grace: the current rules are added once
+    /// they are complete, and nothing is deleted (until [`Self::proactive_settle`]).
+    /// Without a grace: settled at once.
     pub(crate) fn proactive_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
-        let g = self.proactive.gen_bit;
         self.proactive.synced_any |= (0..self.services.len()).any(|i| self.is_proactive(i));
+        if !self.in_grace(dpid) {
+            self.proactive_settle(dpid, out);
+        } else if self.proactive_may_write(dpid) {
+            for m in self.sync_messages(self.proactive.gen_bit, false) {
+                out.push(dpid, m);
+            }
+        }
+    }
+
+    /// A switch's reconnect grace ended: its proactive rules may carry either generation
+    /// bit, so sync twice, ending on the current one (stale groups and rules deleted).
+    pub(crate) fn proactive_settle(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let g = self.proactive.gen_bit;
         for m in self
-            .sync_messages(!g)
+            .sync_messages(!g, true)
             .into_iter()
-            .chain(self.sync_messages(g))
+            .chain(self.sync_messages(g, true))
         {
             out.push(dpid, m);
         }
     }
 
-    /// The proactive services' pools, locations or modes changed: sync every switch.
+    /// The proactive services' pools, locations or modes changed: sync every switch (one
+    /// in its reconnect grace without the deletes, and only once the rules are complete).
     pub(crate) fn proactive_resync(&mut self, out: &mut Outbox) {
         let any = (0..self.services.len()).any(|i| self.is_proactive(i));
         if !any && !self.proactive.synced_any {
             // Reactive only, now and since this controller started (a switch's leftovers
-            // from an earlier run were removed when it connected).
+            // from an earlier run are removed when its grace ends).
             return;
         }
         self.proactive.synced_any = any;
         self.proactive.gen_bit = !self.proactive.gen_bit;
-        let msgs = self.sync_messages(self.proactive.gen_bit);
+        let g = self.proactive.gen_bit;
+        let (full, adds) = (self.sync_messages(g, true), self.sync_messages(g, false));
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
-            for m in &msgs {
+            let msgs = if !self.in_grace(d) {
+                &full
+            } else if self.proactive_located() {
+                &adds
+            } else {
+                continue;
+            };
+            for m in msgs {
                 out.push(d, m.clone());
             }
         }
@@ -481,7 +526,10 @@ impl Controller {
             self.proactive_resync(out);
             return;
         }
-        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        let dpids: Vec<Dpid> = self
+            .switch_ids()
+            .filter(|&d| self.proactive_may_write(d))
+            .collect();
         for i in modify {
             if let Some(m) = self.group_mod(i, GroupModCommand::Other(OFPGC_ADD_OR_MOD)) {
                 let detail = format!(
@@ -516,6 +564,16 @@ mod tests {
 
     const VIP: &str = "10.0.0.100";
 
+    fn switch_1() -> SwitchFeatures {
+        SwitchFeatures {
+            datapath_id: 1,
+            n_buffers: 0,
+            n_tables: 254,
+            auxiliary_id: 0,
+            capabilities: 0,
+        }
+    }
+
     fn controller(algorithm: &str, weights: &[u32]) -> (Controller, Instant) {
         let mut c = format!(
             "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"proactive\"\n[service.health]\nkind = \"none\"\n"
@@ -530,17 +588,7 @@ mod tests {
         let mut ctl = Controller::new(&cfg);
         let now = Instant::now();
         let mut out = Outbox::new();
-        ctl.handle_switch_up(
-            now,
-            SwitchFeatures {
-                datapath_id: 1,
-                n_buffers: 0,
-                n_tables: 254,
-                auxiliary_id: 0,
-                capabilities: 0,
-            },
-            &mut out,
-        );
+        ctl.handle_switch_up(now, switch_1(), &mut out);
         // Locate the backends as ARP would.
         for (i, b) in ctl.services[0].backends.iter_mut().enumerate() {
             b.mac = Some(MacAddr([2, 0, 0, 0, 0, i as u8 + 2]));
@@ -562,54 +610,13 @@ mod tests {
         g.buckets.iter().map(|b| b.weight).collect()
     }
 
-    #[test]
-    fn switch_up_sends_groups_before_the_flows_that_use_them_and_no_intercept() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
-        let mut out = Outbox::new();
-        ctl.handle_switch_up(
-            now,
-            SwitchFeatures {
-                datapath_id: 1,
-                n_buffers: 0,
-                n_tables: 254,
-                auxiliary_id: 0,
-                capabilities: 0,
-            },
-            &mut out,
-        );
-        let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
-        let pos = |f: &dyn Fn(&Message) -> bool| msgs.iter().position(f);
-        let first_delete = pos(&|m| {
-            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Delete && g.group_id == GROUP_BASE + 1)
-        })
-        .expect("stale groups deleted by id range");
-        let add = pos(&|m| {
-            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Other(OFPGC_ADD_OR_MOD) && g.group_id == group_id(0))
-        })
-        .expect("group added (or replaced)");
-        let uses = pos(&|m| match m {
-            Message::FlowMod(fm) => fm.instructions.iter().any(|i| match i {
-                Instruction::ApplyActions(a) => a.iter().any(|a| matches!(a, Action::Group(_))),
-                _ => false,
-            }),
-            _ => false,
-        })
-        .expect("a flow sends new connections to the group");
-        assert!(first_delete < add && add < uses);
-        // The group in use is never deleted; the rest of the range is, once per pass.
-        let deletes: Vec<u32> = msgs
-            .iter()
-            .filter_map(|m| match m {
-                Message::GroupMod(g) if g.command == GroupModCommand::Delete => Some(g.group_id),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(deletes.len() as u32, 2 * (GROUP_RANGE - 1));
-        assert!(!deletes.contains(&group_id(0)));
-        // Make before break: no proactive rule is deleted before the rules of the new
-        // generation are added, and the deletes take only the other generation.
-        let gen_deletes: Vec<usize> = msgs
-            .iter()
+    fn is_group_delete(m: &Message) -> bool {
+        matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Delete)
+    }
+
+    /// Positions of the cookie-masked deletes of proactive rules (by generation).
+    fn generation_deletes(msgs: &[Message]) -> Vec<usize> {
+        msgs.iter()
             .enumerate()
             .filter_map(|(i, m)| match m {
                 Message::FlowMod(fm)
@@ -621,26 +628,43 @@ mod tests {
                 }
                 _ => None,
             })
-            .collect();
-        assert_eq!(gen_deletes.len(), 2, "one per pass");
-        assert!(gen_deletes[0] > uses);
-        assert!(matches!(msgs[gen_deletes[0] - 1], Message::BarrierRequest));
-        let last_gen = match &msgs[gen_deletes[1]] {
-            Message::FlowMod(fm) => fm.cookie & COOKIE_GEN,
-            _ => unreachable!(),
-        };
-        let last_add = msgs[..gen_deletes[1]]
-            .iter()
-            .rev()
-            .find_map(|m| match m {
-                Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Add => Some(fm.cookie),
-                _ => None,
-            })
-            .unwrap();
-        assert_ne!(
-            last_add & COOKIE_GEN,
-            last_gen,
-            "the pass keeps what it added"
+            .collect()
+    }
+
+    fn uses_group(m: &Message) -> bool {
+        match m {
+            Message::FlowMod(fm) => fm.instructions.iter().any(|i| match i {
+                Instruction::ApplyActions(a) => a.iter().any(|a| matches!(a, Action::Group(_))),
+                _ => false,
+            }),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn switch_up_sends_groups_before_the_flows_that_use_them_and_no_intercept() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
+        let grace = ctl.config().reconnect_grace;
+        assert!(!grace.is_zero());
+        let mut out = Outbox::new();
+        // The switch reconnects (the backends are located): in its grace, the current
+        // group and rules are added, and nothing is deleted.
+        ctl.handle_switch_up(now, switch_1(), &mut out);
+        let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        let pos = |f: &dyn Fn(&Message) -> bool| msgs.iter().position(f);
+        let add = pos(&|m| {
+            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Other(OFPGC_ADD_OR_MOD) && g.group_id == group_id(0))
+        })
+        .expect("group added (or replaced)");
+        let uses = pos(&uses_group).expect("a flow sends new connections to the group");
+        assert!(add < uses);
+        assert!(
+            !msgs.iter().any(is_group_delete),
+            "no group deleted in the grace"
+        );
+        assert!(
+            generation_deletes(&msgs).is_empty(),
+            "no rule deleted in the grace"
         );
         // No rule sends the VIP's new connections to the controller.
         let to_controller = msgs.iter().any(|m| match m {
@@ -665,6 +689,124 @@ mod tests {
             })
             .collect();
         assert!(tables.contains(&TABLE_CT) && tables.iter().all(|&t| t <= TABLE_CT));
+
+        // The grace ends: two passes, one per generation bit, each adding before it deletes.
+        ctl.handle_tick(now + grace, &mut out);
+        let msgs: Vec<Message> = out
+            .drain()
+            .map(|(_, m)| m)
+            .filter(|m| match m {
+                Message::GroupMod(_) => true,
+                Message::FlowMod(fm) => fm.cookie & cookie::KIND_MASK == COOKIE_KIND,
+                _ => matches!(m, Message::BarrierRequest),
+            })
+            .collect();
+        let pos = |f: &dyn Fn(&Message) -> bool| msgs.iter().position(f);
+        let first_delete = pos(&|m| {
+            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Delete && g.group_id == GROUP_BASE + 1)
+        })
+        .expect("stale groups deleted by id range");
+        // (The tick's own refresh may come first: a weight update, or the rules of the
+        // backends' locations, found on this first tick. The settling passes follow.)
+        let after = |from: usize, f: &dyn Fn(&Message) -> bool| {
+            msgs[from..].iter().position(f).map(|i| from + i)
+        };
+        let add = after(first_delete, &|m| {
+            matches!(m, Message::GroupMod(g) if g.command == GroupModCommand::Other(OFPGC_ADD_OR_MOD) && g.group_id == group_id(0))
+        })
+        .expect("group added (or replaced)");
+        let uses = after(add, &uses_group).expect("a flow sends new connections to the group");
+        // The group in use is never deleted; the rest of the range is, once per pass.
+        let deletes: Vec<u32> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Message::GroupMod(g) if g.command == GroupModCommand::Delete => Some(g.group_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deletes.len() as u32, 2 * (GROUP_RANGE - 1));
+        assert!(!deletes.contains(&group_id(0)));
+        // Make before break: no proactive rule is deleted before the rules of the new
+        // generation are added, and the deletes take only the other generation.
+        let gen_deletes = generation_deletes(&msgs);
+        assert_eq!(gen_deletes.len(), 2, "one per pass");
+        assert!(gen_deletes[0] > uses);
+        assert!(matches!(msgs[gen_deletes[0] - 1], Message::BarrierRequest));
+        let last_gen = match &msgs[gen_deletes[1]] {
+            Message::FlowMod(fm) => fm.cookie & COOKIE_GEN,
+            _ => unreachable!(),
+        };
+        let last_add = msgs[..gen_deletes[1]]
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Add => Some(fm.cookie),
+                _ => None,
+            })
+            .unwrap();
+        assert_ne!(
+            last_add & COOKIE_GEN,
+            last_gen,
+            "the pass keeps what it added"
+        );
+        // Settled once: the next tick sends no proactive deletes.
+        ctl.handle_tick(now + grace * 2, &mut out);
+        let later: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        assert!(generation_deletes(&later).is_empty() && !later.iter().any(is_group_delete));
+    }
+
+    #[test]
+    fn a_reconnected_switch_keeps_its_group_until_the_backends_are_located() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
+        let mut out = Outbox::new();
+        ctl.handle_tick(now, &mut out);
+        out.drain().for_each(drop);
+        // A restarted controller: nothing located when the switch connects.
+        for b in &mut ctl.services[0].backends {
+            b.mac = None;
+        }
+        ctl.services[0].sync_eligibility();
+        ctl.handle_switch_down(now, 1, &mut out);
+        ctl.handle_switch_up(now, switch_1(), &mut out);
+        let proactive = |out: &mut Outbox| -> Vec<Message> {
+            out.drain()
+                .map(|(_, m)| m)
+                .filter(|m| match m {
+                    Message::GroupMod(_) => true,
+                    Message::FlowMod(fm) => fm.cookie & cookie::KIND_MASK == COOKIE_KIND,
+                    _ => false,
+                })
+                .collect()
+        };
+        assert_eq!(
+            proactive(&mut out),
+            [],
+            "nothing proactive before the backends are placed"
+        );
+        // Two of three located: a group now would give the third nothing; still nothing.
+        let t = now + Duration::from_millis(100);
+        for (i, b) in ctl.services[0].backends.iter_mut().enumerate().take(2) {
+            b.mac = Some(MacAddr([2, 0, 0, 0, 0, i as u8 + 2]));
+        }
+        ctl.services[0].sync_eligibility();
+        ctl.handle_tick(t, &mut out);
+        assert_eq!(proactive(&mut out), []);
+        // All three: the group with a bucket weight for each, and the rules, added only.
+        ctl.services[0].backends[2].mac = Some(MacAddr([2, 0, 0, 0, 0, 4]));
+        ctl.services[0].sync_eligibility();
+        ctl.handle_tick(t + Duration::from_millis(100), &mut out);
+        let msgs = proactive(&mut out);
+        let g: Vec<&GroupMod> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Message::GroupMod(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(g.len(), 1, "{g:?}");
+        assert!(weights(g[0]).iter().all(|&w| w > 0), "{g:?}");
+        assert!(msgs.iter().any(uses_group));
+        assert!(generation_deletes(&msgs).is_empty());
     }
 
     #[test]

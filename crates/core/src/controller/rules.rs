@@ -149,8 +149,10 @@ pub(crate) fn gap_delete(service: u16) -> Message {
     Message::FlowMod(fm)
 }
 
-pub(crate) fn l2_forward(mac: MacAddr, port: u32) -> Message {
-    let low = mac_bits(mac);
+/// Frames to `mac` out of `port`, its cookie carrying generation bit `gen`
+/// ([`cookie::l2::GEN`]).
+pub(crate) fn l2_forward(mac: MacAddr, port: u32, gen_bit: bool) -> Message {
+    let low = mac_bits(mac) | l2_gen(gen_bit);
     let m = Match::new().with(Oxm::EthDst {
         value: mac.0,
         mask: None,
@@ -158,6 +160,7 @@ pub(crate) fn l2_forward(mac: MacAddr, port: u32) -> Message {
     Message::FlowMod(flow(RuleKind::L2, low, PRIO_L2, m, output(port)))
 }
 
+/// The L2 rule for `mac`, of either generation.
 pub(crate) fn l2_delete(mac: MacAddr) -> Message {
     let mut fm = FlowMod::delete(Match::new().with(Oxm::EthDst {
         value: mac.0,
@@ -166,8 +169,21 @@ pub(crate) fn l2_delete(mac: MacAddr) -> Message {
     fm.command = FlowModCommand::DeleteStrict;
     fm.priority = PRIO_L2;
     fm.cookie = cookie::cookie(RuleKind::L2, mac_bits(mac));
-    fm.cookie_mask = u64::MAX;
+    fm.cookie_mask = !cookie::l2::GEN;
     Message::FlowMod(fm)
+}
+
+/// Every L2 rule carrying generation bit `gen_bit` (§6.4: a cookie-masked delete).
+pub(crate) fn l2_delete_generation(gen_bit: bool) -> Message {
+    let mut fm = FlowMod::delete(Match::new());
+    fm.table_id = TABLE_ALL;
+    fm.cookie = cookie::cookie(RuleKind::L2, l2_gen(gen_bit));
+    fm.cookie_mask = cookie::KIND_MASK | cookie::l2::GEN;
+    Message::FlowMod(fm)
+}
+
+fn l2_gen(gen_bit: bool) -> u64 {
+    if gen_bit { cookie::l2::GEN } else { 0 }
 }
 
 fn mac_bits(mac: MacAddr) -> u64 {
@@ -292,14 +308,15 @@ pub(crate) fn packet_out(in_port: u32, actions: Actions, data: Bytes) -> Message
 }
 
 /// Flow stats of every connection rule, to rebuild the connection table after a restart.
-pub(crate) fn conn_flow_stats_request() -> Message {
+/// Every rule of `kind` the switch holds (§7.3.5.2, filtered by cookie).
+pub(crate) fn flow_stats_request(kind: RuleKind) -> Message {
     ofp::Message::MultipartRequest(ofp::MultipartRequest {
         flags: 0,
         body: ofp::MultipartRequestBody::Flow(ofp::FlowStatsRequest {
             table_id: TABLE_ALL,
             out_port: ofp::port::ANY,
             out_group: ofp::group::ANY,
-            cookie: RuleKind::Conn.base(),
+            cookie: kind.base(),
             cookie_mask: cookie::KIND_MASK,
             match_: Match::new(),
         }),

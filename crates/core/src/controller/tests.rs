@@ -375,6 +375,140 @@ fn a_restarted_controller_rebuilds_connections_from_flow_stats() {
     assert_eq!(active, 1);
 }
 
+/// The hosts switch `dpid`'s L2 rules carry frames to, by their last MAC byte.
+fn l2_hosts(sim: &Sim, dpid: u64) -> Vec<u8> {
+    let mut v: Vec<u8> = sim
+        .net
+        .switch(dpid)
+        .expect("switch")
+        .flows()
+        .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::L2))
+        .map(|f| (f.cookie & 0xff) as u8)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// A restarted controller (or the peer taking over) knows no host: the switches keep
+/// carrying frames by the L2 rules they hold until their reconnect grace ends. By then the
+/// hosts heard from again are relearned; the silent ones are adopted where the switches'
+/// own rules say they are; a rule that places its host nowhere (only toward a link) goes.
+#[test]
+fn a_restarted_controller_keeps_the_switches_l2_rules_and_adopts_silent_hosts() {
+    let links = [((1, 2), (2, 2)), ((2, 3), (3, 2))];
+    let hosts = [("h1", 1, 1), ("h5", 3, 1), ("h6", 3, 3)];
+    let cfg = service_config("round-robin", &[5, 6]);
+    let mut sim = Sim::new(&cfg, &[(1, 2), (2, 3), (3, 3)], &links, &hosts);
+    sim.tick(sim.c.config().reconnect_grace);
+    for (h, i) in [("h1", 1), ("h5", 5), ("h6", 6)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    // A host that left while no controller watched: only s1's rule, toward s2, remains.
+    sim.carry_out(1, rules::l2_forward(mac(9), 2, false));
+    assert_eq!(l2_hosts(&sim, 1), [1, 5, 6, 9]);
+    let carried = |sim: &mut Sim, to: u8| {
+        let before = sim.packet_ins;
+        let got = sim.send(
+            "h1",
+            &tcp(mac(1), mac(to), (ip(1), 5555), (ip(to), 22), SYN),
+        );
+        let names: Vec<String> = got.into_iter().map(|(h, _)| h).collect();
+        names == [format!("h{to}")] && sim.packet_ins == before
+    };
+    assert!(carried(&mut sim, 6));
+
+    sim.restart(&cfg);
+    let grace = sim.c.config().reconnect_grace;
+    assert_eq!(sim.c.topology().hosts().count(), 0, "a fresh controller");
+    assert_eq!(
+        l2_hosts(&sim, 1),
+        [1, 5, 6, 9],
+        "nothing deleted on reconnection"
+    );
+    // Every switch reported its L2 rules; one that reconnects replaces its report.
+    let reported = sim.c.l2_reported.len();
+    assert_eq!(reported, 4 + 3 + 3, "{:?}", sim.c.l2_reported);
+    let features = sim.c.switches[&1].features;
+    sim.c.handle_switch_up(sim.now, features, &mut sim.out);
+    sim.pump();
+    assert_eq!(sim.c.l2_reported.len(), reported);
+    assert!(carried(&mut sim, 6), "carried by the switches alone");
+    // h1 and h5 speak again within the grace; h6 stays silent.
+    sim.tick(grace / 2);
+    for (h, i) in [("h1", 1), ("h5", 5)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    assert!(carried(&mut sim, 6));
+    assert_eq!(l2_hosts(&sim, 1), [1, 5, 6, 9]);
+    // The grace ends.
+    sim.tick(grace / 2 + Duration::from_millis(10));
+    assert_eq!(
+        sim.c.topology().host(mac(6)).map(|h| h.at),
+        Some(PortRef::new(3, 3)),
+        "the silent h6 adopted at its edge port"
+    );
+    assert_eq!(sim.c.topology().host(mac(9)), None);
+    for d in 1..=3 {
+        assert_eq!(l2_hosts(&sim, d), [1, 5, 6], "switch {d}");
+    }
+    assert!(
+        carried(&mut sim, 6),
+        "h6 still carried without the controller"
+    );
+    assert!(sim.c.l2_reported.is_empty(), "the reports are let go");
+}
+
+#[test]
+fn recomputed_l2_rules_are_added_before_the_old_ones_are_deleted() {
+    let mut sim = single_switch("round-robin");
+    sim.tick(sim.c.config().reconnect_grace);
+    // A topology change: every host's rule again.
+    sim.c.l2_generation = 0;
+    let mut out = Outbox::new();
+    sim.c.handle_tick(sim.now, &mut out);
+    let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+    let l2 = |m: &Message, cmd: ofp::FlowModCommand| {
+        matches!(m, Message::FlowMod(fm)
+            if fm.command == cmd && cookie::kind_of(fm.cookie) == Some(RuleKind::L2))
+    };
+    let adds: Vec<usize> = (0..msgs.len())
+        .filter(|&i| l2(&msgs[i], ofp::FlowModCommand::Add))
+        .collect();
+    let deletes: Vec<usize> = (0..msgs.len())
+        .filter(|&i| l2(&msgs[i], ofp::FlowModCommand::Delete))
+        .collect();
+    assert_eq!(adds.len(), 4, "{msgs:?}");
+    assert_eq!(deletes.len(), 1, "{msgs:?}");
+    assert!(deletes[0] > adds[3]);
+    assert!(matches!(msgs[deletes[0] - 1], Message::BarrierRequest));
+    let Message::FlowMod(del) = &msgs[deletes[0]] else {
+        unreachable!()
+    };
+    let Message::FlowMod(add) = &msgs[adds[0]] else {
+        unreachable!()
+    };
+    assert_eq!(del.cookie_mask, cookie::KIND_MASK | cookie::l2::GEN);
+    let new_gen = add.cookie & cookie::l2::GEN;
+    assert_ne!(
+        del.cookie & cookie::l2::GEN,
+        new_gen,
+        "the delete takes the other generation only"
+    );
+    // Carried out, the switch holds one rule per host, all of the new generation.
+    for m in msgs {
+        sim.carry_out(1, m);
+    }
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4]);
+    assert!(
+        sim.net
+            .switch(1)
+            .unwrap()
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::L2))
+            .all(|f| f.cookie & cookie::l2::GEN == new_gen)
+    );
+}
+
 /// Passive outlier detection: connections that a backend never answered (the switch
 /// reports their reverse rule gone with no packets) eject it after five in a row.
 #[test]

@@ -162,10 +162,30 @@ impl Sim {
                     });
                     self.c.handle_message(self.now, dpid, &reply, &mut self.out);
                 }
-                ofp::MultipartRequestBody::Flow(_) => {
+                ofp::MultipartRequestBody::Flow(req) => {
+                    // The rules the cookie filter selects (§7.3.5.2), as the switch holds them.
+                    let table = self.net.switch(dpid).expect("switch");
+                    let stats = table
+                        .flows()
+                        .filter(|f| (f.cookie & req.cookie_mask) == (req.cookie & req.cookie_mask))
+                        .map(|f| ofp::FlowStats {
+                            table_id: f.table_id,
+                            duration_sec: 0,
+                            duration_nsec: 0,
+                            priority: f.priority,
+                            idle_timeout: f.idle_timeout,
+                            hard_timeout: f.hard_timeout,
+                            flags: f.flags,
+                            cookie: f.cookie,
+                            packet_count: 0,
+                            byte_count: 0,
+                            match_: f.match_.clone(),
+                            instructions: f.instructions.iter().cloned().collect(),
+                        })
+                        .collect();
                     let reply = Message::MultipartReply(MultipartReply {
                         flags: 0,
-                        body: MultipartReplyBody::Flow(Vec::new()),
+                        body: MultipartReplyBody::Flow(stats),
                     });
                     self.c.handle_message(self.now, dpid, &reply, &mut self.out);
                 }
