@@ -36,15 +36,15 @@ pub enum RuleKind {
 
 impl RuleKind {
     /// Proactive kinds: deleted and re-installed from controller state on every
-    /// (re)connection. Not [`RuleKind::L2`]: a switch keeps carrying its hosts' traffic by
-    /// its earlier L2 rules while a restarted controller relearns them, and the stale ones
-    /// go when the switch's reconnect grace ends (by the rules' generation bit, [`l2::GEN`]).
-    pub const PROACTIVE: [RuleKind; 5] = [
+    /// (re)connection. Not [`RuleKind::L2`] nor [`RuleKind::Partition`]: a switch keeps
+    /// carrying its hosts' traffic and its partitions' connections by its earlier rules
+    /// while a restarted controller relearns them, and the stale ones go when the
+    /// switch's reconnect grace ends.
+    pub const PROACTIVE: [RuleKind; 4] = [
         RuleKind::TableMiss,
         RuleKind::Lldp,
         RuleKind::Intercept,
         RuleKind::Gap,
-        RuleKind::Partition,
     ];
 
     /// The cookie value with only the kind byte set (for cookie-masked deletes).
@@ -102,10 +102,11 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_stay_in_the_top_byte() {
-        for k in RuleKind::PROACTIVE
-            .into_iter()
-            .chain([RuleKind::L2, RuleKind::Conn])
-        {
+        for k in RuleKind::PROACTIVE.into_iter().chain([
+            RuleKind::L2,
+            RuleKind::Partition,
+            RuleKind::Conn,
+        ]) {
             let c = cookie(k, 0x00ff_ffff_ffff_ffff);
             assert_eq!(kind_of(c), Some(k));
             assert_eq!(c & KIND_MASK, k.base());

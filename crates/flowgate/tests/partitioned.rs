@@ -180,6 +180,40 @@ fn conn_log(path: &std::path::Path) -> Vec<(Option<u16>, String, String)> {
         .collect()
 }
 
+/// `flowgate load` on `concurrency` keep-alive connections for `secs`, each request
+/// logged to `log`; its JSON report on stdout.
+fn keep_alive_load(
+    client: &Host,
+    url: &str,
+    concurrency: u32,
+    secs: u64,
+    log: &std::path::Path,
+) -> std::process::Child {
+    client
+        .command(&[
+            FLOWGATE,
+            "load",
+            "--url",
+            url,
+            "--json",
+            "--new-connection-per-request",
+            "false",
+            "--concurrency",
+            &concurrency.to_string(),
+            "--requests",
+            "1000000",
+            "--duration-secs",
+            &secs.to_string(),
+            "--timeout-ms",
+            "3000",
+            "--conn-log",
+            log.to_str().expect("utf-8 path"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("keep-alive load")
+}
+
 /// One bridge with the client h1 and three backends that hold the VIP (`flowgate httpd`
 /// named b2..b4, answering after `delay_ms`), under a controller that runs the VIP
 /// partitioned by least connections with `keys`; returns once the backends are located.
@@ -336,29 +370,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
     // and the end of the transition.
     let ka_log = ctl.dir.join("keepalive.log");
     let ka_secs = TRANSITION_SECS + 6;
-    let mut ka = client
-        .command(&[
-            FLOWGATE,
-            "load",
-            "--url",
-            &url,
-            "--json",
-            "--new-connection-per-request",
-            "false",
-            "--concurrency",
-            "1",
-            "--requests",
-            "100000",
-            "--duration-secs",
-            &ka_secs.to_string(),
-            "--timeout-ms",
-            "2000",
-            "--conn-log",
-            ka_log.to_str().expect("utf-8 path"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("keep-alive load");
+    let mut ka = keep_alive_load(client, &url, 1, ka_secs, &ka_log);
     // Its backend, and its local port (the key of its per-connection rule once its
     // partition moves).
     let mut carrier = None;
@@ -518,6 +530,56 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
             (*port, backend.as_str(), outcome.as_str()),
             (Some(ka_port), busy_name.as_str(), "200"),
             "every keep-alive request on the first connection to {busy_name}"
+        );
+    }
+    ctl.assert_no_openflow_errors();
+
+    // A controller restart under eight live keep-alive connections (eight partitions),
+    // placed by the partition rules alone. The new controller knows neither the owners nor
+    // the drain that placed them: it takes the owners from the switch's rules, so every
+    // connection keeps its backend (and when it then gives the undrained backend its share
+    // back, the moving partitions' connections keep theirs through the transition).
+    let mut ctl = ctl;
+    let many_log = ctl.dir.join("restart.log");
+    let many_secs = 10;
+    let many = keep_alive_load(client, &url, 8, many_secs, &many_log);
+    std::thread::sleep(Duration::from_secs(2));
+    let map_before = partitions(&br.dump_flows().expect("dump-flows"));
+    ctl.restart();
+    br.wait_connected(Duration::from_secs(10))
+        .expect("switch reconnects");
+    let out = many.wait_with_output().expect("keep-alive load finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rep: serde_json::Value = serde_json::from_str(&text).expect("load report");
+    let recs = conn_log(&many_log);
+    let ok = rep["ok"].as_u64().unwrap_or(0);
+    assert_eq!(ok, recs.len() as u64, "no request failed: {rep}");
+    assert!(ok >= 1_000, "the eight kept going at ~50/s each: {rep}");
+    let mut per_conn: BTreeMap<u16, BTreeMap<String, usize>> = BTreeMap::new();
+    for (port, backend, outcome) in recs {
+        let port = port.unwrap_or_else(|| panic!("a local port for {backend} {outcome}"));
+        assert_eq!(outcome, "200", "port {port} ({backend}): {rep}");
+        *per_conn
+            .entry(port)
+            .or_default()
+            .entry(backend)
+            .or_default() += 1;
+    }
+    eprintln!("across the restart, requests per connection and backend: {per_conn:?}; {rep}");
+    assert_eq!(
+        per_conn.len(),
+        8,
+        "eight connections, none replaced: {per_conn:?}"
+    );
+    for (port, by) in &per_conn {
+        assert_eq!(by.len(), 1, "port {port} kept one backend: {by:?}");
+        let Some(Owner::Mac(mac)) = map_before.get(&((port & MASK) >> 1)) else {
+            panic!("partition of port {port} had a backend before the restart");
+        };
+        assert_eq!(
+            by.keys().next(),
+            name_of_mac.get(mac),
+            "port {port} on its partition's owner from before the restart"
         );
     }
     ctl.assert_no_openflow_errors();

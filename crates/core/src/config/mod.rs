@@ -40,9 +40,9 @@ pub const DEFAULT_FIN_TIMEOUT_SECS: u64 = 1;
 pub const DEFAULT_REFRESH_INTERVAL_MS: u64 = 10;
 /// Link discovery probe period; links unseen for three periods are dropped.
 pub const DEFAULT_LLDP_INTERVAL_MS: u64 = 1_000;
-/// After a switch connects, how long its earlier L2 and proactive rules are kept beside the
-/// new ones: a restarted controller relearns hosts and locates backends (ARP probes each
-/// second) in about one second on the lab's networks.
+/// After a switch connects, how long its earlier L2, proactive and partition rules are kept
+/// beside the new ones: a restarted controller relearns hosts and locates backends (ARP
+/// probes each second) in about one second on the lab's networks.
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 3_000;
 /// HAProxy's default check interval is 2 s; we check a little faster.
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
@@ -247,11 +247,11 @@ pub struct ControllerConfig {
     pub idle_timeout_secs: u16,
     pub refresh_interval: Duration,
     pub lldp_interval: Duration,
-    /// After a switch connects, how long the L2 and proactive rules it already holds (from
-    /// this controller's earlier run, or its peer's before a failover) stay in place beside
-    /// the new ones; then the ones not re-added are deleted. Meanwhile the switch keeps
-    /// carrying what it carried while the controller relearns hosts and backends. 0 deletes
-    /// them at once.
+    /// After a switch connects, how long the L2, proactive and partition rules it already
+    /// holds (from this controller's earlier run, or its peer's before a failover) stay in
+    /// place beside the new ones; then the ones not re-added are deleted. Meanwhile the
+    /// switch keeps carrying what it carried while the controller relearns hosts and
+    /// backends. 0 deletes them at once.
     pub reconnect_grace: Duration,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST

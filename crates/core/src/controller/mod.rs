@@ -213,8 +213,8 @@ struct SwitchState {
     packet_in: u64,
     /// An OpenFlow ERROR from this switch, the last one, for operators.
     last_error: Option<String>,
-    /// Until then the L2 and proactive rules the switch held when it connected are left
-    /// beside the new ones (`reconnect_grace_ms`); `None` once they are settled.
+    /// Until then the L2, proactive and partition rules the switch held when it connected
+    /// are left beside the new ones (`reconnect_grace_ms`); `None` once they are settled.
     grace_until: Option<Instant>,
 }
 
@@ -434,12 +434,13 @@ impl Controller {
     /// A switch finished the handshake (HELLO, FEATURES). Resync it: remove stale proactive
     /// rules, install the current ones, and ask for its ports and its connection rules.
     /// Connection rules are left alone: the connections they carry survive a controller
-    /// restart or a switch reconnect, and their flow stats rebuild the table. L2 rules and
-    /// a proactive service's rules and group are left alone too, for the switch's
-    /// reconnect grace (`reconnect_grace_ms`): a restarted controller (or the peer that
-    /// took over) knows no host and no backend's place yet, and until it has relearned
-    /// them the switch keeps carrying established traffic by what it holds. New rules are
-    /// added beside them meanwhile; the grace's end deletes the ones not re-added.
+    /// restart or a switch reconnect, and their flow stats rebuild the table. L2 rules, a
+    /// proactive service's rules and group, and partition rules are left alone too, for the
+    /// switch's reconnect grace (`reconnect_grace_ms`): a restarted controller (or the peer
+    /// that took over) knows no host, no backend's place and no partition's owner yet, and
+    /// until it has relearned them the switch keeps carrying established traffic by what it
+    /// holds. New rules are added beside them meanwhile; the grace's end deletes the ones
+    /// not re-added.
     pub fn handle_switch_up(&mut self, now: Instant, features: SwitchFeatures, out: &mut Outbox) {
         let dpid = features.datapath_id;
         // Its resync deletes every `Gap` rule: the reply-catch rules go out again with the
@@ -557,6 +558,7 @@ impl Controller {
                     for fs in stats {
                         self.rebuild_conn(now, fs);
                         self.note_l2_rule(dpid, fs);
+                        self.note_partition_rule(dpid, fs);
                     }
                 }
                 MultipartReplyBody::Meter(stats) => {
@@ -649,8 +651,8 @@ impl Controller {
             .is_some_and(|s| s.grace_until.is_some())
     }
 
-    /// Settle the switches whose reconnect grace is over: their earlier L2 and proactive
-    /// rules not re-added by now are stale, and deleted.
+    /// Settle the switches whose reconnect grace is over: their earlier L2, proactive and
+    /// partition rules not re-added by now are stale, and deleted.
     fn end_graces(&mut self, now: Instant, out: &mut Outbox) {
         let mut ended = SmallVec::<[Dpid; 4]>::new();
         for (&d, s) in &mut self.switches {
@@ -666,9 +668,11 @@ impl Controller {
         for d in ended {
             self.l2_settle(d, out);
             self.proactive_settle(d, out);
+            self.partition_settle(d, out);
         }
         if !self.switches.values().any(|s| s.grace_until.is_some()) {
             self.l2_reported = Vec::new();
+            self.partitions.reported = Vec::new();
         }
     }
 

@@ -63,6 +63,15 @@
 //! packets, its owner's even if that one was drained since the last refresh, held when a
 //! connection rule on its 4-tuple names another backend (`vip::new_connection`).
 
+//!
+//! **A restart.** A switch that connects keeps its partition rules through its reconnect
+//! grace (`reconnect_grace_ms`), and is asked for them. A controller that has not placed
+//! a partition yet (it just started, or took over) gives it to the owner the switch's rule
+//! names, so the connections that rule carries keep their backend; while such an owner is
+//! not located yet, no partition is placed by the balancer (until the last grace ends).
+//! When a switch's grace ends, a partition rule on it that no service would write now is
+//! stale, and the switch's partition rules are rewritten ([`Controller::partition_settle`]).
+
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -70,7 +79,7 @@ use bytes::Bytes;
 use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
 use ofp::{Action, Actions, FlowMod, Instruction, Match, Message, Oxm, RawOxm};
 
-use super::{Controller, Outbox};
+use super::{Controller, Outbox, rules};
 use crate::config::ServiceMode;
 use crate::cookie::{self, RuleKind};
 use crate::topology::{Dpid, PortRef};
@@ -201,6 +210,70 @@ pub(crate) struct PartitionState {
     /// The `(vip, port, partition_bits)` of every partitioned service, as the switches'
     /// rules were last written for them (what decides whether a reload leaves stale ones).
     shapes: Vec<(Ipv4Addr, u16, u8)>,
+    /// The partition rules switches in their reconnect grace hold, from their flow stats:
+    /// a restarted controller takes the partitions' owners from them.
+    pub(crate) reported: Vec<Reported>,
+}
+
+/// One partition rule a switch reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reported {
+    dpid: Dpid,
+    priority: u16,
+    vip: Ipv4Addr,
+    port: u16,
+    /// The client-port bits and mask it matches.
+    value: u16,
+    mask: u16,
+    /// The owner's MAC it rewrites to (a wildcard rule; `None` for a moving one).
+    mac: Option<MacAddr>,
+}
+
+impl Reported {
+    /// A partition rule on switch `dpid` (as its flow stats report it, or as we write
+    /// it); `None` if it is not one of the shapes `partition_rules` writes.
+    fn of(
+        dpid: Dpid,
+        priority: u16,
+        match_: &Match,
+        instructions: &[Instruction],
+    ) -> Option<Reported> {
+        let (mut vip, mut port, mut bits) = (None, None, None);
+        for o in match_.iter() {
+            match o {
+                Oxm::Ipv4Dst { value, mask: None } => vip = Some(*value),
+                Oxm::TcpDst(p) => port = Some(*p),
+                Oxm::Raw(r)
+                    if r.class == ofp::oxm::class::OPENFLOW_BASIC
+                        && r.field == ofp::oxm::ofb::TCP_SRC
+                        && r.hasmask
+                        && r.payload.len() == 4 =>
+                {
+                    let v = u16::from_be_bytes([r.payload[0], r.payload[1]]);
+                    let m = u16::from_be_bytes([r.payload[2], r.payload[3]]);
+                    bits = Some((v, m));
+                }
+                _ => {}
+            }
+        }
+        let mac = instructions.iter().find_map(|i| match i {
+            Instruction::ApplyActions(a) => a.iter().find_map(|a| match a {
+                Action::SetField(Oxm::EthDst { value, mask: None }) => Some(MacAddr(*value)),
+                _ => None,
+            }),
+            _ => None,
+        });
+        let (value, mask) = bits?;
+        Some(Reported {
+            dpid,
+            priority,
+            vip: vip?,
+            port: port?,
+            value,
+            mask,
+            mac,
+        })
+    }
 }
 
 /// Largest-remainder shares of `n` partitions by `weights` (all zero: all zero).
@@ -446,11 +519,66 @@ impl Controller {
         v
     }
 
-    /// A switch (re)connected (its `Partition` rules were deleted with the other
-    /// controller-derived kinds): install the current ones.
+    /// A switch (re)connected: install the current rules. Without a reconnect grace its
+    /// `Partition` rules were deleted first; in one they are kept, and asked for: a
+    /// restarted controller takes the owners from them ([`Self::partition_tick`]).
     pub(crate) fn partition_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
+        self.partitions.reported.retain(|r| r.dpid != dpid);
+        if self.in_grace(dpid) {
+            out.push(dpid, rules::flow_stats_request(RuleKind::Partition));
+        } else {
+            out.push(dpid, rules::delete_kind(RuleKind::Partition));
+            out.push(dpid, Message::BarrierRequest);
+        }
         for m in self.partition_switch_rules(dpid) {
             out.push(dpid, m);
+        }
+    }
+
+    /// A rule from a switch's flow stats: note it if it is one of our partition rules on
+    /// a switch in its reconnect grace.
+    pub(crate) fn note_partition_rule(&mut self, dpid: Dpid, fs: &ofp::FlowStats) {
+        if cookie::kind_of(fs.cookie) != Some(RuleKind::Partition) || !self.in_grace(dpid) {
+            return;
+        }
+        if let Some(r) = Reported::of(dpid, fs.priority, &fs.match_, &fs.instructions) {
+            self.partitions.reported.push(r);
+        }
+    }
+
+    /// A switch's reconnect grace ended. A partition rule it holds that this controller
+    /// would not write (a moving rule of a move it never knew, a shape no service has now)
+    /// is stale: the switch's partition rules are deleted and the current ones written
+    /// (the intercept rule takes the packets in between). Rules that only name another
+    /// owner were replaced in place already.
+    pub(crate) fn partition_settle(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let current = self.partition_switch_rules(dpid);
+        let key = |priority: u16, vip: Ipv4Addr, port: u16, value: u16, mask: u16| {
+            (priority, vip, port, value & mask, mask)
+        };
+        let written: Vec<_> = current
+            .iter()
+            .filter_map(|m| match m {
+                Message::FlowMod(fm) => {
+                    let r = Reported::of(dpid, fm.priority, &fm.match_, &fm.instructions)?;
+                    Some(key(r.priority, r.vip, r.port, r.value, r.mask))
+                }
+                _ => None,
+            })
+            .collect();
+        let stale = self
+            .partitions
+            .reported
+            .iter()
+            .filter(|r| r.dpid == dpid)
+            .any(|r| !written.contains(&key(r.priority, r.vip, r.port, r.value, r.mask)));
+        self.partitions.reported.retain(|r| r.dpid != dpid);
+        if stale {
+            out.push(dpid, rules::delete_kind(RuleKind::Partition));
+            out.push(dpid, Message::BarrierRequest);
+            for m in current {
+                out.push(dpid, m);
+            }
         }
     }
 
@@ -520,6 +648,7 @@ impl Controller {
         }
         let now_ms = self.ms_since_start(now);
         let generation = self.topo.generation();
+        let any_grace = self.switch_ids().any(|d| self.in_grace(d));
         for si in 0..n {
             if !self.is_partitioned(si) {
                 continue;
@@ -543,10 +672,46 @@ impl Controller {
                 .collect();
             let weights = self.compute_weights(now, si);
             let transition = self.services[si].cfg.partitions.transition;
+            let (vip, port) = (self.services[si].cfg.vip, self.services[si].cfg.port);
             let Some(st) = self.partitions.services[si].as_mut() else {
                 continue;
             };
             let mut changed: Vec<usize> = Vec::new();
+            // A restarted controller: partitions it has not placed yet go where the
+            // switches' rules send them, the connections there with them. One whose
+            // owner is not located yet holds the placing of the rest until it is, or
+            // until every switch's grace has ended.
+            let mut unresolved = false;
+            for p in 0..st.owner.len() {
+                if st.owner[p].is_some() {
+                    continue;
+                }
+                let mask = port_mask(st.bits);
+                let value = ((p as u16) << 1) & mask;
+                let Some(mac) = self.partitions.reported.iter().find_map(|r| {
+                    (r.priority == PRIO_PARTITION
+                        && Some(r.vip) == vip
+                        && r.port == port
+                        && r.mask == mask
+                        && r.value & mask == value)
+                        .then_some(r.mac)
+                        .flatten()
+                }) else {
+                    continue;
+                };
+                match self.services[si]
+                    .backends
+                    .iter()
+                    .find(|b| b.mac == Some(mac))
+                {
+                    Some(b) => {
+                        st.owner[p] = Some(b.address);
+                        changed.push(p);
+                    }
+                    None => unresolved = true,
+                }
+            }
+            let hold = unresolved && any_grace;
             let mut ended: Vec<usize> = Vec::new();
             for (p, m) in st.moving.iter_mut().enumerate() {
                 if m.is_some_and(|m| m.until_ms <= now_ms) {
@@ -577,7 +742,7 @@ impl Controller {
                 .rebalanced_at
                 .is_none_or(|t| now.saturating_duration_since(t) >= REBALANCE_MIN);
             let enough = deviation >= (st.owner.len() / REBALANCE_DEVIATION_DIV).max(2);
-            if target.iter().any(|&t| t > 0) && (lost || (enough && due)) {
+            if !hold && target.iter().any(|&t| t > 0) && (lost || (enough && due)) {
                 let moves = rebalance(&st.owner, &st.moving, &addrs, &target);
                 if !moves.is_empty() {
                     st.rebalanced_at = Some(now);
@@ -709,15 +874,19 @@ mod tests {
         partitioned_with("round-robin", 3)
     }
 
-    fn partitioned_with(algorithm: &str, bits: u8) -> Sim {
+    fn partitioned_config(algorithm: &str, bits: u8) -> String {
         let mut c = format!(
             "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"{algorithm}\"\nmode = \"partitioned\"\npartition_bits = {bits}\ntransition_secs = 2\n[service.health]\nkind = \"none\"\n"
         );
         for b in 2..=4 {
             c += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(b));
         }
+        c
+    }
+
+    fn partitioned_with(algorithm: &str, bits: u8) -> Sim {
         let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-        let mut sim = Sim::new(&c, &[(1, 4)], &[], &hosts);
+        let mut sim = Sim::new(&partitioned_config(algorithm, bits), &[(1, 4)], &[], &hosts);
         for i in 1..=4u8 {
             sim.send(&format!("h{i}"), &sim::arp_request(i, ip(9)));
         }
@@ -862,6 +1031,82 @@ mod tests {
         let st = sim.c.partitions.services[0].as_ref().expect("partitioned");
         assert_eq!(st.moves_total, moved.len() as u64);
         assert!(st.moving.iter().all(Option::is_none));
+    }
+
+    /// A restarted controller knows neither the partitions' owners nor why they are where
+    /// they are (here a drain it has forgotten): it takes them from the switch's partition
+    /// rules, so the connections those rules carry keep their backends.
+    #[test]
+    fn a_restarted_controller_takes_the_partitions_owners_from_the_switch() {
+        let mut sim = partitioned();
+        let before = drain_partition_0(&mut sim);
+        sim.tick(Duration::from_millis(2_100));
+        // A live connection in every partition, placed by the switch's rules alone.
+        let owners: Vec<String> = (0..8u16)
+            .map(|i| {
+                let (who, asked) = send(&mut sim, 42_000 + 2 * i, SYN);
+                assert!(!asked);
+                who
+            })
+            .collect();
+        assert_ne!(owners, before, "the drain moved partitions");
+        sim.restart(&partitioned_config("round-robin", 3));
+        // The controller locates the backends, one a while before the others (what their
+        // partitions must not be given to meanwhile); the client speaks too.
+        for i in 0..400 {
+            if i == 0 || i == 50 {
+                let hosts: &[u8] = if i == 0 { &[1, 2] } else { &[3, 4] };
+                for &h in hosts {
+                    sim.send(&format!("h{h}"), &sim::arp_request(h, ip(9)));
+                }
+            }
+            sim.tick(Duration::from_millis(10));
+            for (p, owner) in owners.iter().enumerate() {
+                let (who, _) = send(&mut sim, 42_000 + 2 * p as u16, ACK);
+                assert_eq!(&who, owner, "partition {p}'s connection, tick {i}");
+            }
+        }
+        // Placed from the switch's rules, the drained backend's share included.
+        let view = sim.c.partition_view(0).expect("partitioned");
+        assert_eq!(view.owned.iter().sum::<usize>(), 8, "{view:?}");
+    }
+
+    /// The partition rules switch 1 holds: (priority, client-port mask) of each.
+    fn partition_rules_held(sim: &Sim) -> Vec<(u16, u16)> {
+        sim.net
+            .switch(1)
+            .expect("switch 1")
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Partition))
+            .map(|f| {
+                let r = Reported::of(1, f.priority, &f.match_, &f.instructions).expect("ours");
+                (r.priority, r.mask)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn partition_rules_no_service_would_write_go_when_the_grace_ends() {
+        let mut sim = partitioned();
+        assert_eq!(
+            partition_rules_held(&sim),
+            [(PRIO_PARTITION, port_mask(3)); 8]
+        );
+        // Restarted with 16 partitions instead of 8: the 8 old rules stay through the
+        // grace, beside the new ones, then go.
+        sim.restart(&partitioned_config("round-robin", 4));
+        for h in 1..=4u8 {
+            sim.send(&format!("h{h}"), &sim::arp_request(h, ip(9)));
+        }
+        sim.tick(Duration::from_millis(10));
+        let held = partition_rules_held(&sim);
+        assert_eq!(held.len(), 8 + 16, "{held:?}");
+        sim.tick(sim.c.config().reconnect_grace);
+        assert_eq!(
+            partition_rules_held(&sim),
+            [(PRIO_PARTITION, port_mask(4)); 16]
+        );
+        assert!(sim.c.partitions.reported.is_empty());
     }
 
     /// A SYN from h1's `port` with its own ISN (`sim::tcp` always sends 1000).
