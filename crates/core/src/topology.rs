@@ -75,6 +75,15 @@ pub enum HostChange {
     Moved,
     /// Nothing new about its location (its IP may have been recorded).
     Same,
+    /// Seen for the first time with the host table full (`max_hosts`): not learned.
+    Refused,
+}
+
+impl HostChange {
+    /// Whether the host's location changed (it needs its L2 rules).
+    pub fn placed(self) -> bool {
+        matches!(self, HostChange::New | HostChange::Moved)
+    }
 }
 
 /// Switches, links and hosts as discovered.
@@ -99,11 +108,27 @@ pub struct Topology {
     tree_ports: BTreeSet<PortRef>,
     /// Bumped whenever paths may have changed, so derived rules can be recomputed.
     generation: u64,
+    /// The most hosts (and addresses in `mac_by_ip`) kept; `None`: no bound. Each host
+    /// costs an entry here and an L2 rule on every switch, and forged source MACs cost
+    /// nothing to send.
+    max_hosts: Option<usize>,
 }
 
 impl Topology {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A topology that learns at most `max_hosts` hosts.
+    pub fn with_max_hosts(max_hosts: usize) -> Self {
+        Self {
+            max_hosts: Some(max_hosts),
+            ..Self::default()
+        }
+    }
+
+    fn full(&self, n: usize) -> bool {
+        self.max_hosts.is_some_and(|m| n >= m)
     }
 
     pub fn generation(&self) -> u64 {
@@ -238,8 +263,13 @@ impl Topology {
         {
             return HostChange::Same;
         }
+        if !self.hosts.contains_key(&mac) && self.full(self.hosts.len()) {
+            return HostChange::Refused;
+        }
         if let Some(ip) = ip {
-            if !ip.is_unspecified() {
+            if !ip.is_unspecified()
+                && (self.mac_by_ip.contains_key(&ip) || !self.full(self.mac_by_ip.len()))
+            {
                 self.mac_by_ip.insert(ip, mac);
             }
         }
@@ -294,6 +324,10 @@ impl Topology {
 
     pub fn host(&self, mac: MacAddr) -> Option<&HostInfo> {
         self.hosts.get(&mac)
+    }
+
+    pub fn host_count(&self) -> usize {
+        self.hosts.len()
     }
 
     pub fn hosts(&self) -> impl Iterator<Item = (&MacAddr, &HostInfo)> {
@@ -430,6 +464,28 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_host_table_refuses_new_hosts_and_keeps_the_known_ones_moving() {
+        let now = Instant::now();
+        let mut t = Topology::with_max_hosts(2);
+        t.add_switch(1);
+        let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
+        let ip = |i: u8| Some(Ipv4Addr::new(10, 0, 0, i));
+        let at = |p: u32| PortRef::new(1, p);
+        assert_eq!(t.learn_host(now, mac(1), at(1), ip(1)), HostChange::New);
+        assert_eq!(t.learn_host(now, mac(2), at(2), ip(2)), HostChange::New);
+        assert_eq!(t.learn_host(now, mac(3), at(3), ip(3)), HostChange::Refused);
+        assert!(!HostChange::Refused.placed());
+        assert_eq!((t.host_count(), t.mac_of(ip(3).unwrap())), (2, None));
+        // Known hosts still move, and keep their addresses.
+        assert_eq!(t.learn_host(now, mac(2), at(4), ip(2)), HostChange::Moved);
+        assert_eq!(t.mac_of(ip(2).unwrap()), Some(mac(2)));
+        // The address table is bounded too: a known host claiming more addresses (ARP
+        // from a forged sender address) adds none past the bound.
+        assert_eq!(t.learn_host(now, mac(1), at(1), ip(9)), HostChange::Same);
+        assert_eq!(t.mac_of(ip(9).unwrap()), None);
+    }
 
     fn port(name: &str) -> PortInfo {
         PortInfo {

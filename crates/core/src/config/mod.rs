@@ -44,6 +44,8 @@ pub const DEFAULT_LLDP_INTERVAL_MS: u64 = 1_000;
 /// beside the new ones: a restarted controller relearns hosts and locates backends (ARP
 /// probes each second) in about one second on the lab's networks.
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 3_000;
+/// The most hosts learned: each costs an L2 rule on every switch.
+pub const DEFAULT_MAX_HOSTS: usize = 65_536;
 /// HAProxy's default check interval is 2 s; we check a little faster.
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
@@ -253,6 +255,10 @@ pub struct ControllerConfig {
     /// switch keeps carrying what it carried while the controller relearns hosts and
     /// backends. 0 deletes them at once.
     pub reconnect_grace: Duration,
+    /// The most hosts (source MACs) learned. Past it a new MAC is not learned (counted in
+    /// `hosts_refused`): frames to it are flooded by the controller, as to any unknown
+    /// MAC. A flood of forged source MACs fills the table, not the switches' flow tables.
+    pub max_hosts: usize,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST
     /// (Open vSwitch's `fin_timeout` extension action); 0 leaves the rules to the plain
@@ -547,6 +553,9 @@ fn validate(
         600_000,
         errs,
     );
+    let max_hosts = ctl
+        .int_in("max_hosts", 1, 10_000_000, errs)
+        .map_or(DEFAULT_MAX_HOSTS, |v| v as usize);
     let unknown_flow = choice(
         &mut ctl,
         "unknown_flow",
@@ -616,6 +625,7 @@ fn validate(
             refresh_interval,
             lldp_interval,
             reconnect_grace,
+            max_hosts,
             unknown_flow,
             fin_timeout_secs,
             seed,

@@ -262,3 +262,15 @@ fn the_reconnect_grace_defaults_to_three_seconds_and_is_bounded() {
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].path, "controller.reconnect_grace_ms");
 }
+
+#[test]
+fn the_host_table_is_bounded_by_default() {
+    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    assert_eq!(cfg.controller.max_hosts, 65_536);
+    let errs = Config::from_toml(&format!("[controller]\nmax_hosts = 0\n{base}"), &no_env)
+        .expect_err("invalid")
+        .0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].path, "controller.max_hosts");
+}

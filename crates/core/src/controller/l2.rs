@@ -113,12 +113,14 @@ impl Controller {
         let change = self
             .topo
             .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
-        if change != HostChange::Same {
+        if change == HostChange::Refused {
+            self.counters.hosts_refused += 1;
+        }
+        if change.placed() {
             self.install_l2_for(frame.eth_src, out);
         }
         if backend_ip_news
-            || (change != HostChange::Same
-                && ip.is_some_and(|ip| self.backend_index.contains_key(&ip)))
+            || (change.placed() && ip.is_some_and(|ip| self.backend_index.contains_key(&ip)))
         {
             self.sync_backend_locations(now);
         }
@@ -267,14 +269,25 @@ impl Controller {
     /// heard from since they connected: a host whose traffic all goes to known MACs sends
     /// nothing up, so without this a restarted controller would never learn it again and
     /// its frames would be flooded through the controller. Each is adopted where the rule
-    /// of its edge switch sends it (a port without a link: by now LLDP has found them).
+    /// of its edge switch sends it: the one port, of all the rules for its MAC, without a
+    /// link (by now LLDP has found them). A MAC with two such ports (a link not found yet)
+    /// is left to be learned when it speaks.
     pub(crate) fn adopt_reported_hosts(&mut self, now: Instant, out: &mut Outbox) {
-        let reported = std::mem::take(&mut self.l2_reported);
-        for &(mac, at) in &reported {
+        let mut reported = std::mem::take(&mut self.l2_reported);
+        reported.sort_unstable_by_key(|&(mac, at)| (mac.0, at.dpid, at.port));
+        for run in reported.chunk_by(|a, b| a.0 == b.0) {
+            let mac = run[0].0;
             if self.topo.host(mac).is_some() || self.is_virtual_mac(mac) {
                 continue;
             }
-            if self.topo.learn_host(now, mac, at, None) != HostChange::Same {
+            let mut edges = run
+                .iter()
+                .map(|r| r.1)
+                .filter(|&at| !self.topo.is_link_port(at));
+            let (Some(at), None) = (edges.next(), edges.next()) else {
+                continue;
+            };
+            if self.topo.learn_host(now, mac, at, None).placed() {
                 self.install_l2_for(mac, out);
             }
         }

@@ -193,6 +193,8 @@ pub struct Counters {
     /// New connections on the 4-tuple of an earlier one still in the table (a SYN with
     /// another ISN): decided afresh, the earlier one's accounting ended.
     pub connections_reopened: u64,
+    /// Source MACs not learned because the host table was full (`max_hosts`).
+    pub hosts_refused: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.
@@ -296,7 +298,7 @@ impl Controller {
         let mut c = Controller {
             cfg: config.controller.clone(),
             epoch: None,
-            topo: Topology::new(),
+            topo: Topology::with_max_hosts(config.controller.max_hosts),
             switches: BTreeMap::new(),
             services: Vec::new(),
             listeners: HashMap::default(),

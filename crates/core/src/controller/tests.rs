@@ -459,6 +459,49 @@ fn a_restarted_controller_keeps_the_switches_l2_rules_and_adopts_silent_hosts() 
 }
 
 #[test]
+fn forged_source_macs_fill_the_host_table_not_the_switches() {
+    let cfg = format!(
+        "{}[controller]\nmax_hosts = 6\n",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    // Twenty frames from h1's port, each from another made-up MAC.
+    for i in 0..20u8 {
+        sim.send("h1", &arp_request(100 + i, ip(9)));
+    }
+    assert_eq!(sim.c.topology().host_count(), 6);
+    assert_eq!(sim.c.counters().hosts_refused, 18);
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4, 100, 101]);
+    // The hosts known before still get their frames from the switch alone.
+    let before = sim.packet_ins;
+    let got = sim.send("h1", &tcp(mac(1), mac(3), (ip(1), 5555), (ip(3), 22), SYN));
+    assert_eq!((got.len(), sim.packet_ins), (1, before));
+}
+
+#[test]
+fn a_host_is_adopted_only_where_one_rule_places_it() {
+    let mut sim = single_switch("round-robin");
+    let mut out = Outbox::new();
+    // Two switches' rules would put mac(7) at an edge port each (a link not found yet):
+    // neither is taken. mac(8) has one.
+    sim.c.l2_reported = vec![
+        (mac(7), PortRef::new(1, 2)),
+        (mac(8), PortRef::new(1, 3)),
+        (mac(7), PortRef::new(1, 4)),
+    ];
+    sim.c.adopt_reported_hosts(sim.now, &mut out);
+    assert_eq!(sim.c.topology().host(mac(7)), None);
+    assert_eq!(
+        sim.c.topology().host(mac(8)).map(|h| h.at),
+        Some(PortRef::new(1, 3))
+    );
+}
+
+#[test]
 fn recomputed_l2_rules_are_added_before_the_old_ones_are_deleted() {
     let mut sim = single_switch("round-robin");
     sim.tick(sim.c.config().reconnect_grace);

@@ -74,6 +74,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.packet_in_unparsable,
         ),
         (
+            "flowgate_hosts_refused_total",
+            "Source MACs not learned because the host table was full (max_hosts).",
+            counters.hosts_refused,
+        ),
+        (
             "flowgate_flow_removed_total",
             "FLOW_REMOVED messages received.",
             counters.flow_removed,
@@ -193,6 +198,13 @@ pub(crate) fn render(handle: &Handle) -> String {
     }
     family(&mut o, "flowgate_switches", "gauge", "Connected switches.");
     let _ = writeln!(o, "flowgate_switches {}", c.switch_ids().count());
+    family(
+        &mut o,
+        "flowgate_hosts",
+        "gauge",
+        "Hosts learned (at most max_hosts).",
+    );
+    let _ = writeln!(o, "flowgate_hosts {}", c.topology().host_count());
 
     let per_service: [(&str, &str, &str); 7] = [
         (
