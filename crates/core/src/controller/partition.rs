@@ -1066,7 +1066,7 @@ mod tests {
                 assert_eq!(&who, owner, "partition {p}'s connection, tick {i}");
             }
         }
-        // Placed from the switch's rules, the drained backend's share included.
+        // Every partition has its owner.
         let view = sim.c.partition_view(0).expect("partitioned");
         assert_eq!(view.owned.iter().sum::<usize>(), 8, "{view:?}");
     }
