@@ -93,18 +93,6 @@ fn wait_closed(s: &mut TcpStream, timeout: Duration) -> Option<Duration> {
     None
 }
 
-fn wait_log(ctl: &Ctl, needle: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !ctl.log_plain().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "no log line with {needle:?}:\n{}",
-            ctl.log_plain()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A fake switch `dpid` sends a real SYN PACKET_IN and then a message of type `ty` whose
 /// body is 4 bytes: its session ends with "undecodable message" (the caller then checks
 /// that the controller is healthy).
@@ -124,8 +112,7 @@ fn malformed_after_a_syn(ctl: &mut Ctl, dpid: u64, ty: u8, what: &str) {
         wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
         "{what}: the session is still open after 5 s"
     );
-    wait_log(
-        ctl,
+    ctl.wait_log(
         &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
         Duration::from_secs(3),
     );
@@ -200,8 +187,7 @@ fn ovs_hostile_switch_peers() {
         took.is_some(),
         "(a) the garbage session is still open after 5 s"
     );
-    wait_log(
-        &ctl,
+    ctl.wait_log(
         &format!("switch session ended peer=127.0.0.1:{g_port}"),
         Duration::from_secs(3),
     );
@@ -222,18 +208,13 @@ fn ovs_hostile_switch_peers() {
         took >= Duration::from_millis(900),
         "(b) closed after {took:?}: before the echo timeout could have run out"
     );
-    wait_log(
-        &ctl,
+    ctl.wait_log(
         &format!(
             "switch session ended peer=127.0.0.1:{s_port} error=timed out waiting for an echo reply"
         ),
         Duration::from_secs(3),
     );
-    wait_log(
-        &ctl,
-        "dpid=000000000000dead n_tables",
-        Duration::from_secs(1),
-    );
+    ctl.wait_log("dpid=000000000000dead n_tables", Duration::from_secs(1));
     wait_until("0xdead gone", Duration::from_secs(5), || {
         switch_count(&ctl) == 1
     });
@@ -412,8 +393,7 @@ fn ovs_hostile_switch_peers() {
         dropped > 0.0,
         "(d) the flood was throttled (nothing dropped)"
     );
-    wait_log(
-        &ctl,
+    ctl.wait_log(
         "PACKET_IN flood: dropping beyond the session budget",
         Duration::from_secs(1),
     );
@@ -477,13 +457,9 @@ fn ovs_hostile_switch_peers() {
     let ended = format!(
         "switch session ended peer=127.0.0.1:{mute_port} error=the switch stopped reading its messages: "
     );
-    wait_log(&ctl, &ended, Duration::from_secs(10));
+    ctl.wait_log(&ended, Duration::from_secs(10));
     let closed_after = mute_start.elapsed();
-    wait_log(
-        &ctl,
-        "pausing reads until it catches up",
-        Duration::from_secs(1),
-    );
+    ctl.wait_log("pausing reads until it catches up", Duration::from_secs(1));
     wait_until("0xfeed gone", Duration::from_secs(5), || {
         switch_count(&ctl) == 1
     });

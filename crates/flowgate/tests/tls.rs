@@ -183,11 +183,8 @@ fn ovs_tls_openflow_channel() {
     );
     let cfg = vip_config(VIP, "round-robin", &backends, "").replacen("[api]\n", &tls, 1);
     let ctl = Ctl::start("tls", &cfg);
-    assert!(
-        ctl.log_plain().contains("tls=true"),
-        "the listener is TLS:\n{}",
-        ctl.log_plain()
-    );
+    // The listener is TLS.
+    ctl.wait_log("tls=true", Duration::from_secs(5));
 
     let _ssl = SslGuard::set(
         &pki.join("switch-key.pem"),

@@ -452,6 +452,20 @@ impl Ctl {
     pub fn log_plain(&self) -> String {
         strip_ansi(&self.log())
     }
+
+    /// Waits for a log line containing `needle`: the log is written a moment after what
+    /// it reports (the ready file, an API answer), so a test that reads it must wait.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log_plain().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?}:\n{}",
+                self.log_plain()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Removes ANSI escape sequences (`ESC [ ... letter`) from a text.
