@@ -221,56 +221,50 @@ fn runtime_threads_are_bounded_and_optional() {
     assert!(paths.contains(&"runtime.threads"), "{errs:?}");
 }
 
+/// One service, nothing else: the defaults of every other key.
+const ONE_SERVICE: &str = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+
+/// [`ONE_SERVICE`] under `section` (e.g. "[controller]\nkey = 1\n").
+fn with(section: &str) -> Result<Config, ConfigErrors> {
+    Config::from_toml(&format!("{section}{ONE_SERVICE}"), &no_env)
+}
+
+/// The path of the one error `section` makes.
+fn the_error(section: &str) -> String {
+    let errs = with(section).expect_err("invalid").0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    errs[0].path.clone()
+}
+
 #[test]
 fn spinning_before_parking_is_off_by_default_and_bounded() {
-    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
-    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    let cfg = with("").expect("valid");
     assert_eq!(cfg.runtime.spin_before_park, Duration::ZERO);
-    let cfg = Config::from_toml(
-        &format!("[runtime]\nspin_before_park_us = 150\n{base}"),
-        &no_env,
-    )
-    .expect("valid");
+    let cfg = with("[runtime]\nspin_before_park_us = 150\n").expect("valid");
     assert_eq!(cfg.runtime.spin_before_park, Duration::from_micros(150));
-    let errs = Config::from_toml(
-        &format!("[runtime]\nspin_before_park_us = 10001\n{base}"),
-        &no_env,
-    )
-    .expect_err("invalid")
-    .0;
-    assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!(errs[0].path, "runtime.spin_before_park_us");
+    assert_eq!(
+        the_error("[runtime]\nspin_before_park_us = 10001\n"),
+        "runtime.spin_before_park_us"
+    );
 }
 
 #[test]
 fn the_reconnect_grace_defaults_to_three_seconds_and_is_bounded() {
-    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
-    let cfg = Config::from_toml(base, &no_env).expect("valid");
+    let cfg = with("").expect("valid");
     assert_eq!(cfg.controller.reconnect_grace, Duration::from_secs(3));
-    let cfg = Config::from_toml(
-        &format!("[controller]\nreconnect_grace_ms = 0\n{base}"),
-        &no_env,
-    )
-    .expect("valid");
+    let cfg = with("[controller]\nreconnect_grace_ms = 0\n").expect("valid");
     assert_eq!(cfg.controller.reconnect_grace, Duration::ZERO);
-    let errs = Config::from_toml(
-        &format!("[controller]\nreconnect_grace_ms = 600001\n{base}"),
-        &no_env,
-    )
-    .expect_err("invalid")
-    .0;
-    assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!(errs[0].path, "controller.reconnect_grace_ms");
+    assert_eq!(
+        the_error("[controller]\nreconnect_grace_ms = 600001\n"),
+        "controller.reconnect_grace_ms"
+    );
 }
 
 #[test]
 fn the_host_table_is_bounded_by_default() {
-    let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
-    let cfg = Config::from_toml(base, &no_env).expect("valid");
-    assert_eq!(cfg.controller.max_hosts, 65_536);
-    let errs = Config::from_toml(&format!("[controller]\nmax_hosts = 0\n{base}"), &no_env)
-        .expect_err("invalid")
-        .0;
-    assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!(errs[0].path, "controller.max_hosts");
+    assert_eq!(with("").expect("valid").controller.max_hosts, 65_536);
+    assert_eq!(
+        the_error("[controller]\nmax_hosts = 0\n"),
+        "controller.max_hosts"
+    );
 }

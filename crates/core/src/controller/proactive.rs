@@ -425,15 +425,16 @@ impl Controller {
         self.proactive.synced_any = any;
         self.proactive.gen_bit = !self.proactive.gen_bit;
         let g = self.proactive.gen_bit;
-        let (full, adds) = (self.sync_messages(g, true), self.sync_messages(g, false));
+        let full = self.sync_messages(g, true);
+        // Built only if some switch in its grace may be written now.
+        let adds = (self.proactive_located() && self.switch_ids().any(|d| self.in_grace(d)))
+            .then(|| self.sync_messages(g, false));
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
-            let msgs = if !self.in_grace(d) {
-                &full
-            } else if self.proactive_located() {
-                &adds
-            } else {
-                continue;
+            let msgs = match (self.in_grace(d), &adds) {
+                (false, _) => &full,
+                (true, Some(adds)) => adds,
+                (true, None) => continue,
             };
             for m in msgs {
                 out.push(d, m.clone());

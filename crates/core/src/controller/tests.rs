@@ -264,18 +264,25 @@ fn flow_removed_ends_the_connection_and_its_count() {
     }
 }
 
-/// Three switches in a line (s1 - s2 - s3), the client on s1 and the backends on s3:
-/// LLDP finds the links, and a connection gets rules on all three switches.
-#[test]
-fn linear_topology_paths_cross_every_switch() {
+/// Three switches in a line (s1 - s2 - s3), the client h1 on s1 and the backends h5 and h6
+/// on s3; every host has said something.
+fn linear() -> Sim {
     let links = [((1, 2), (2, 2)), ((2, 3), (3, 2))];
     let hosts = [("h1", 1, 1), ("h5", 3, 1), ("h6", 3, 3)];
     let cfg = service_config("round-robin", &[5, 6]);
     let mut sim = Sim::new(&cfg, &[(1, 2), (2, 3), (3, 3)], &links, &hosts);
-    assert_eq!(sim.c.topology().links().count(), 2, "LLDP found both links");
     for (h, i) in [("h1", 1), ("h5", 5), ("h6", 6)] {
         sim.send(h, &arp_request(i, ip(9)));
     }
+    sim
+}
+
+/// The linear network: LLDP finds the links, and a connection gets rules on all three
+/// switches.
+#[test]
+fn linear_topology_paths_cross_every_switch() {
+    let mut sim = linear();
+    assert_eq!(sim.c.topology().links().count(), 2, "LLDP found both links");
     let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN));
     assert_eq!(got.len(), 1);
     let backend = got[0].0.clone();
@@ -337,18 +344,10 @@ fn conn_rules_as_flow_stats(sim: &Sim) -> Vec<ofp::FlowStats> {
         .flows()
         .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
         .map(|f| ofp::FlowStats {
-            table_id: 0,
             duration_sec: 5,
-            duration_nsec: 0,
-            priority: f.priority,
-            idle_timeout: f.idle_timeout,
-            hard_timeout: 0,
-            flags: ofp::FlowModFlags::SEND_FLOW_REM,
-            cookie: f.cookie,
             packet_count: 1,
             byte_count: 60,
-            match_: f.match_.clone(),
-            instructions: f.instructions.iter().cloned().collect(),
+            ..flow_stats_of(f)
         })
         .collect()
 }
@@ -395,14 +394,8 @@ fn l2_hosts(sim: &Sim, dpid: u64) -> Vec<u8> {
 /// own rules say they are; a rule that places its host nowhere (only toward a link) goes.
 #[test]
 fn a_restarted_controller_keeps_the_switches_l2_rules_and_adopts_silent_hosts() {
-    let links = [((1, 2), (2, 2)), ((2, 3), (3, 2))];
-    let hosts = [("h1", 1, 1), ("h5", 3, 1), ("h6", 3, 3)];
-    let cfg = service_config("round-robin", &[5, 6]);
-    let mut sim = Sim::new(&cfg, &[(1, 2), (2, 3), (3, 3)], &links, &hosts);
+    let mut sim = linear();
     sim.tick(sim.c.config().reconnect_grace);
-    for (h, i) in [("h1", 1), ("h5", 5), ("h6", 6)] {
-        sim.send(h, &arp_request(i, ip(9)));
-    }
     // A host that left while no controller watched: only s1's rule, toward s2, remains.
     sim.carry_out(1, rules::l2_forward(mac(9), 2, false));
     assert_eq!(l2_hosts(&sim, 1), [1, 5, 6, 9]);
@@ -417,7 +410,7 @@ fn a_restarted_controller_keeps_the_switches_l2_rules_and_adopts_silent_hosts() 
     };
     assert!(carried(&mut sim, 6));
 
-    sim.restart(&cfg);
+    sim.restart(&service_config("round-robin", &[5, 6]));
     let grace = sim.c.config().reconnect_grace;
     assert_eq!(sim.c.topology().hosts().count(), 0, "a fresh controller");
     assert_eq!(

@@ -168,20 +168,7 @@ impl Sim {
                     let stats = table
                         .flows()
                         .filter(|f| (f.cookie & req.cookie_mask) == (req.cookie & req.cookie_mask))
-                        .map(|f| ofp::FlowStats {
-                            table_id: f.table_id,
-                            duration_sec: 0,
-                            duration_nsec: 0,
-                            priority: f.priority,
-                            idle_timeout: f.idle_timeout,
-                            hard_timeout: f.hard_timeout,
-                            flags: f.flags,
-                            cookie: f.cookie,
-                            packet_count: 0,
-                            byte_count: 0,
-                            match_: f.match_.clone(),
-                            instructions: f.instructions.iter().cloned().collect(),
-                        })
+                        .map(flow_stats_of)
                         .collect();
                     let reply = Message::MultipartReply(MultipartReply {
                         flags: 0,
@@ -235,6 +222,24 @@ impl Sim {
         let d = self.net.deliver_frame(from, frame).expect("no loop");
         self.absorb(d);
         std::mem::take(&mut self.received)
+    }
+}
+
+/// A rule as a switch's flow stats report it (just installed: no time, no packets).
+pub fn flow_stats_of(f: &super::FlowEntry) -> ofp::FlowStats {
+    ofp::FlowStats {
+        table_id: f.table_id,
+        duration_sec: 0,
+        duration_nsec: 0,
+        priority: f.priority,
+        idle_timeout: f.idle_timeout,
+        hard_timeout: f.hard_timeout,
+        flags: f.flags,
+        cookie: f.cookie,
+        packet_count: 0,
+        byte_count: 0,
+        match_: f.match_.clone(),
+        instructions: f.instructions.iter().cloned().collect(),
     }
 }
 

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flowgate_packet::MacAddr;
-use hdrhistogram::Histogram;
 
 use super::bursts::Bursts;
 use super::hiccups::{self, Hiccups};
 
 use super::switch::{
-    CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, run_switch_in,
+    CheckMode, OpenLoop, Pace, RunFlags, SwitchCounters, SwitchPlan, SwitchRun, micros_hist,
+    run_switch_in,
 };
 use super::{Table, fmt_rate};
 
@@ -518,9 +518,7 @@ async fn measure_async(
     };
     flags.stop.store(true, Ordering::Relaxed);
     let results = futures_join(handles).await;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut send_lag = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut from_due = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut hist, mut send_lag, mut from_due) = (micros_hist(), micros_hist(), micros_hist());
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     let (mut slow, mut capped) = (Vec::new(), false);
@@ -613,6 +611,24 @@ fn hiccups_before(args: &ControllerArgs) -> Vec<Hiccups> {
             Vec::new()
         }
     }
+}
+
+/// Before a run: the host's hiccups, then the peer under test started (none for a
+/// controller the user runs) and its pinning checked.
+fn start_peer(
+    peer: Option<Peer>,
+    args: &ControllerArgs,
+    pin: Option<&Pinning>,
+) -> anyhow::Result<(Vec<Hiccups>, Option<Spawned>)> {
+    let before = hiccups_before(args);
+    let Some(p) = peer else {
+        return Ok((before, None));
+    };
+    let spawned = spawn_peer(p, args, pin)?;
+    if let Some(pin) = pin {
+        pin.check(spawned.pid())?;
+    }
+    Ok((before, Some(spawned)))
 }
 
 async fn futures_join(
@@ -1092,11 +1108,7 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         } else {
             args.mode
         };
-        let before = hiccups_before(args);
-        let mut spawned = match t {
-            Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
-            None => None,
-        };
+        let (before, mut spawned) = start_peer(t, args, pin.as_ref())?;
         let (name, addr) = match &spawned {
             Some(s) => {
                 versions.push(s.version.clone());
@@ -1111,19 +1123,17 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             ),
         };
         let watched = spawned.as_ref().map(Spawned::watched);
-        if let (Some(p), Some(w)) = (&pin, watched) {
-            p.check(w.pid)?;
-        }
-        let pinned = |mut r: RunResult| {
+        let pinned = |mut r: RunResult, before: Vec<Hiccups>| {
             if let Some(p) = &pin {
                 let _ = write!(r.pace, ", pinned (controller on CPU {})", p.controller);
             }
+            r.hiccups_before = before;
             r
         };
-        let mut r = pinned(measure_watched(
-            &rt, &name, addr, args, mode, base_pace, watched,
-        )?);
-        r.hiccups_before = before;
+        let r = pinned(
+            measure_watched(&rt, &name, addr, args, mode, base_pace, watched)?,
+            before,
+        );
         let own_peak = r.avg;
         runs.push(r);
         if !matches!(base_pace, Pace::Window(w) if w > 1) || own_peak <= 0.0 {
@@ -1139,23 +1149,17 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
             // A fresh controller, so each open-loop run starts from the same state
             // (the one before is stopped first: they would share the cores).
             drop(spawned.take());
-            let before = hiccups_before(args);
-            spawned = match t {
-                Some(p) => Some(spawn_peer(p, args, pin.as_ref())?),
-                None => None,
-            };
+            let before;
+            (before, spawned) = start_peer(t, args, pin.as_ref())?;
             let addr = spawned.as_ref().map_or(addr, |s| s.addr);
             let watched = spawned.as_ref().map(Spawned::watched);
-            if let (Some(p), Some(w)) = (&pin, watched) {
-                p.check(w.pid)?;
-            }
             let pace = Pace::Rate(peak * f);
-            let mut r = pinned(measure_watched(
-                &rt, &name, addr, args, mode, pace, watched,
-            )?);
+            let mut r = pinned(
+                measure_watched(&rt, &name, addr, args, mode, pace, watched)?,
+                before,
+            );
             // "open loop N/s (F of the peak), ..."
             r.pace = r.pace.replacen("/s", &format!("/s ({f} of {whose})"), 1);
-            r.hiccups_before = before;
             runs.push(r);
         }
     }

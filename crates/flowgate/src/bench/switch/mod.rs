@@ -158,6 +158,12 @@ pub struct SwitchResult {
     pub by_backend: Vec<(u64, Option<Instant>)>,
 }
 
+/// A histogram of microseconds, 1 µs to 60 s at 3 significant digits: every latency and
+/// lag the bench keeps.
+pub fn micros_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant bounds are valid")
+}
+
 struct Sw {
     plan: SwitchPlan,
     check: CheckMode,
@@ -280,13 +286,11 @@ impl Sw {
             pending,
             fifo: VecDeque::new(),
             vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
-            hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
+            hist: micros_hist(),
             slow: Vec::new(),
             slow_capped: false,
-            send_lag: Histogram::new_with_bounds(1, 60_000_000, 3)
-                .expect("histogram bounds are valid"),
-            hist_from_due: Histogram::new_with_bounds(1, 60_000_000, 3)
-                .expect("histogram bounds are valid"),
+            send_lag: micros_hist(),
+            hist_from_due: micros_hist(),
             scheduled: 0,
             samples: Vec::new(),
             open,
