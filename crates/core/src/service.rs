@@ -106,6 +106,9 @@ pub struct ServiceCounters {
     pub no_optimal_server: u64,
     /// New connections refused because no backend could take them.
     pub refused_no_backend: u64,
+    /// SYNs no backend could take yet, held (dropped for the client to send again)
+    /// instead of refused, while a switch was in its reconnect grace.
+    pub held_settling: u64,
     /// Non-SYN packets of connections the controller did not know.
     pub unknown_flow_packets: u64,
 }

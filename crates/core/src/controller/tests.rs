@@ -173,6 +173,74 @@ fn round_robin_spreads_connections_and_counts_them() {
     assert_eq!(active, 30);
 }
 
+/// A controller that has just connected (started, restarted, promoted) finds its
+/// backends by ARP. A SYN that comes before any is found is held, not refused: the
+/// client sends it again a second later, when they are. Past the reconnect grace, a SYN
+/// no backend can take is refused with a RST, as always.
+#[test]
+fn a_syn_before_any_backend_is_located_is_held_through_the_grace_then_refused() {
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(
+        &service_config("round-robin", &[2, 3, 4]),
+        &[(1, 4)],
+        &[],
+        &hosts,
+    );
+    let grace = sim.c.config().reconnect_grace;
+    assert!(grace >= Duration::from_secs(1), "{grace:?}");
+    let counters = |sim: &Sim| {
+        let c = &sim.c.services()[0].counters;
+        (c.held_settling, c.refused_no_backend)
+    };
+    let syn = |port: u16| tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN);
+    // What the controller asked for by ARP (out of every edge port).
+    let arp_asks = |got: &[(String, crate::testkit::PacketFields)]| {
+        let mut asked: Vec<_> = got
+            .iter()
+            .filter(|(_, f)| f.arp_op == Some(packet::ARP_OP_REQUEST))
+            .filter_map(|(_, f)| f.arp_tpa)
+            .collect();
+        asked.sort();
+        asked.dedup();
+        asked
+    };
+    let no_tcp = |got: &[(String, crate::testkit::PacketFields)]| {
+        got.iter().all(|(_, f)| f.tcp_flags.is_none())
+    };
+    sim.tick(Duration::from_millis(200));
+    let got = sim.send("h1", &syn(41000));
+    assert!(no_tcp(&got), "no RST, and nothing to a backend: {got:?}");
+    assert_eq!(counters(&sim), (1, 0));
+    assert_eq!(
+        arp_asks(&got),
+        [ip(2), ip(3), ip(4)],
+        "the backends are asked for at once"
+    );
+    // Within 100 ms of that probe, a second held SYN asks nothing more.
+    let got = sim.send("h1", &syn(41001));
+    assert!(got.is_empty(), "held, nothing asked: {got:?}");
+    assert_eq!(counters(&sim), (2, 0));
+
+    // Past the grace, with still no backend found, a SYN is refused at once.
+    sim.tick(grace);
+    let got = sim.send("h1", &syn(41002));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h1");
+    assert_eq!(
+        got[0].1.tcp_flags.map(|f| f & 0x04 != 0),
+        Some(true),
+        "a RST"
+    );
+    assert_eq!(counters(&sim), (2, 1));
+
+    // Once a backend answers, the held client's SYN, sent again, is served.
+    sim.send("h3", &arp_request(3, ip(9)));
+    let got = sim.send("h1", &syn(41000));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h3");
+    assert_eq!(sim.c.services()[0].counters.connections_total, 1);
+}
+
 #[test]
 fn an_unknown_non_syn_segment_is_reset_not_forwarded() {
     let mut sim = single_switch("round-robin");

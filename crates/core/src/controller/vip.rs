@@ -23,6 +23,10 @@ use crate::topology::{Dpid, MacId, PortRef};
 /// Minimum time between two decisions sampled into the event ring.
 const DECISION_SAMPLE_MS: u64 = 250;
 
+/// How often a held SYN may ask for the backends not located yet (ARP out of every edge
+/// port of every switch): often enough that the held client's next SYN finds them.
+const HELD_PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Which way a packet of a known connection travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
@@ -384,9 +388,8 @@ impl Controller {
             .backend
             .filter(|&b| s.backends.get(b).is_some_and(|b| b.mac.is_some()))
         else {
-            s.counters.refused_no_backend += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "no backend can take the connection");
-            self.reset(at, out);
+            self.refuse_or_hold(now, si, at, out);
             return;
         };
         // A connection we cannot route (client or backend unreachable from each other)
@@ -406,10 +409,7 @@ impl Controller {
         let placed = self.placement(&key, conn);
         let routed = placed.is_some_and(|p| self.compute_paths(&p) == (true, true));
         let (true, Some(p)) = (routed, placed) else {
-            if let Some(s) = self.services.get_mut(si) {
-                s.counters.refused_no_backend += 1;
-            }
-            self.reset(at, out);
+            self.refuse_or_hold(now, si, at, out);
             return;
         };
         let Some(s) = self.services.get_mut(si) else {
@@ -841,6 +841,35 @@ impl Controller {
         }
         if self.config().unknown_flow == UnknownFlowPolicy::Reset {
             self.reset(at, out);
+        }
+    }
+
+    /// A new connection no backend can take, or that has no path to its backend: refused
+    /// with a RST, so the client learns at once. Except while a switch is in its reconnect
+    /// grace (the controller has just started, reconnected or been promoted, and is
+    /// finding the backends and links again by ARP and LLDP): then the SYN is held
+    /// (dropped, and counted), and the client sends it again a second later (RFC 6298's
+    /// initial RTO), by when they are found. Refused, it would fail a connection that only
+    /// came in the controller's first second (seen on OVS: a standby started after the
+    /// hosts were learned, promoted, refused a third of the SYNs of its first 2 s). The
+    /// backends not located yet are asked for now, not at the next second's probe.
+    fn refuse_or_hold(&mut self, now: Instant, si: usize, at: &Arrival<'_>, out: &mut Outbox) {
+        let settling = self.switches.values().any(|s| s.grace_until.is_some());
+        let Some(s) = self.services.get_mut(si) else {
+            return;
+        };
+        if !settling {
+            s.counters.refused_no_backend += 1;
+            self.reset(at, out);
+            return;
+        }
+        s.counters.held_settling += 1;
+        if self
+            .last_arp_probe
+            .is_none_or(|t| now.saturating_duration_since(t) >= HELD_PROBE_EVERY)
+        {
+            self.last_arp_probe = Some(now);
+            self.probe_unlocated_backends(out);
         }
     }
 

@@ -206,7 +206,7 @@ pub(crate) fn render(handle: &Handle) -> String {
     );
     let _ = writeln!(o, "flowgate_hosts {}", c.topology().host_count());
 
-    let per_service: [(&str, &str, &str); 7] = [
+    let per_service: [(&str, &str, &str); 8] = [
         (
             "flowgate_service_connections_total",
             "counter",
@@ -221,6 +221,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "flowgate_service_refused_total",
             "counter",
             "New connections refused: no backend could take them.",
+        ),
+        (
+            "flowgate_service_held_settling_total",
+            "counter",
+            "SYNs no backend could take yet, held (for the client to send again) instead of refused while a switch was in its reconnect grace.",
         ),
         (
             "flowgate_service_unknown_flow_packets_total",
@@ -250,9 +255,10 @@ pub(crate) fn render(handle: &Handle) -> String {
                 0 => s.counters.connections_total,
                 1 => s.counters.no_optimal_server,
                 2 => s.counters.refused_no_backend,
-                3 => s.counters.unknown_flow_packets,
-                4 => s.handshakes.deferred,
-                5 => s.handshakes.completed,
+                3 => s.counters.held_settling,
+                4 => s.counters.unknown_flow_packets,
+                5 => s.handshakes.deferred,
+                6 => s.handshakes.completed,
                 _ => s.handshakes.abandoned,
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
