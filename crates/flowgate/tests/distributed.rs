@@ -312,6 +312,48 @@ fn ovs_domain_master_failover() {
     let b_switches = d.b.get_json("/api/v1/switches");
     assert_eq!(b_switches.as_array().map(Vec::len), Some(2), "{b_switches}");
 
+    // A standby that started after the hosts were learned (restarted here) has heard of
+    // none of them: their traffic is carried by the switches' rules, and the TCP that
+    // comes up to it is the master's. Promoted, it must still keep the switches' L2
+    // rules through its reconnect grace (read back from the switches, and the silent
+    // hosts adopted where the rules place them): every dump shows all of them.
+    d.b.restart();
+    let slave_on_both = |c: &Ctl| {
+        cluster_view(c)["switches"]
+            .as_object()
+            .is_some_and(|m| m.len() == 2 && m.values().all(|s| s["role"] == "slave"))
+    };
+    wait_until(
+        "the restarted standby is SLAVE on both switches",
+        Duration::from_secs(15),
+        || slave_on_both(&d.b),
+    );
+    let hosts_known = |c: &Ctl| metric(&c.get("/metrics").1, "flowgate_hosts").unwrap_or(-1.0);
+    eprintln!(
+        "MEASURE hosts known before the failover: master {}, restarted standby {}",
+        hosts_known(&d.a),
+        hosts_known(&d.b)
+    );
+    let l2 = |flows: &str| vec![l2_rules(flows)];
+    let watches: Vec<_> = d
+        .topo
+        .bridges
+        .iter()
+        .map(|br| {
+            let full = l2(&br.dump_flows().expect("dump-flows"));
+            assert!(
+                full[0] >= 3,
+                "{}: the three hosts' L2 rules: {full:?}",
+                br.name()
+            );
+            (
+                br.name().to_string(),
+                full.clone(),
+                RuleWatch::start(br.name(), full, l2),
+            )
+        })
+        .collect();
+
     let url = format!("http://{VIP}/");
     let (kept, fresh, killed_at) = std::thread::scope(|s| {
         // Established connections: two keep-alive connections (closed loop), opened
@@ -390,10 +432,36 @@ fn ovs_domain_master_failover() {
         fresh["failed"] == 0 && fresh["ok"] == fresh["sent"],
         "new connections all served: {fresh}"
     );
+    let (_, m) = d.b.get("/metrics");
+    let of_web = |name: &str| metric_labelled(&m, name, "service=\"web\"").unwrap_or(-1.0);
+    eprintln!(
+        "MEASURE new master's SYNs held before it found the backends: {}, refused: {}",
+        of_web("flowgate_service_held_settling_total"),
+        of_web("flowgate_service_refused_total")
+    );
     eprintln!(
         "MEASURE during failover: {} + {} requests, 0 failed, worst latency {} ms / {} ms (a SYN lost in the window is retransmitted)",
         kept["ok"], fresh["ok"], kept["latency_ms"]["max"], fresh["latency_ms"]["max"]
     );
+    // Past the grace (3 s by default) of the last switch b took over.
+    let promoted = killed_at + worst;
+    std::thread::sleep(Duration::from_millis(
+        (promoted + 3500).saturating_sub(unix_ms()),
+    ));
+    for (bridge, full, watch) in watches {
+        let w = watch.stop();
+        eprintln!("MEASURE L2 rules of {bridge} across the failover, from {full:?}: {w:?}");
+        assert!(
+            w.dumps >= 20,
+            "{bridge}: the watch dumped {} times",
+            w.dumps
+        );
+        assert_eq!(
+            w.fewest, full,
+            "{bridge}: L2 rules in the fewest of {} dumps across the failover",
+            w.dumps
+        );
+    }
     let after = load(client, &url, &["--requests", "50", "--concurrency", "2"]);
     assert_eq!(after["ok"], 50, "{after}");
     // The old master comes back (a new process, same ports): without the leadership it

@@ -29,72 +29,12 @@ fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
 
 /// In a `dump-flows`: the backends' rewrite rules of table 1 (`nw_dst` a backend), and
 /// the hosts' L2 rules.
-fn count_rules(flows: &str) -> (usize, usize) {
+fn count_rules(flows: &str) -> Vec<usize> {
     let rewrites = flows
         .lines()
         .filter(|l| l.contains(" table=1,") && l.contains("priority=20,") && l.contains("nw_dst="))
         .count();
-    let l2 = flows
-        .lines()
-        .filter(|l| l.contains("priority=100,dl_dst="))
-        .count();
-    (rewrites, l2)
-}
-
-/// What [`RuleWatch`] saw.
-#[derive(Debug)]
-struct Watched {
-    dumps: usize,
-    /// The fewest (rewrites, L2 rules) of any dump.
-    fewest: (usize, usize),
-    /// Dumps with fewer of either than the bridge held at the start, and the time from
-    /// the first such dump to the end of the last.
-    short: usize,
-    short_span: Duration,
-}
-
-/// Dumps a bridge's flows over and over on a thread, counting [`count_rules`] in each.
-struct RuleWatch {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Watched>,
-}
-
-impl RuleWatch {
-    fn start(bridge: &str, full: (usize, usize)) -> RuleWatch {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let bridge = bridge.to_string();
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut w = Watched {
-                dumps: 0,
-                fewest: (usize::MAX, usize::MAX),
-                short: 0,
-                short_span: Duration::ZERO,
-            };
-            let mut first_short = None;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                let t = Instant::now();
-                if let Ok(flows) = flowgate_testbed::ovs::ofctl(&["dump-flows", &bridge]) {
-                    let (r, l) = count_rules(&flows);
-                    w.fewest = (w.fewest.0.min(r), w.fewest.1.min(l));
-                    w.dumps += 1;
-                    if r < full.0 || l < full.1 {
-                        w.short += 1;
-                        let since = *first_short.get_or_insert(t);
-                        w.short_span = since.elapsed();
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            w
-        });
-        RuleWatch { stop, thread }
-    }
-
-    fn stop(self) -> Watched {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().expect("the watch")
-    }
+    vec![rewrites, l2_rules(flows)]
 }
 
 #[test]
@@ -245,10 +185,10 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     // the backends' rewrite rules (table 1) and the hosts' L2 rules.
     let full = count_rules(&br.dump_flows().expect("dump-flows"));
     assert!(
-        full.0 == 3 && full.1 >= 4,
+        full[0] == 3 && full[1] >= 4,
         "the rewrites and the hosts' L2 rules: {full:?}"
     );
-    let watch = RuleWatch::start(br.name(), full);
+    let watch = RuleWatch::start(br.name(), full.clone(), count_rules);
     let mut ctl = ctl;
     let dl = client
         .command(&[

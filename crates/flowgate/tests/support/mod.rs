@@ -509,3 +509,73 @@ pub fn vip_config_openflow(
         1,
     )
 }
+
+/// In a `dump-flows`: the hosts' L2 rules (priority 100, on `dl_dst`).
+pub fn l2_rules(flows: &str) -> usize {
+    flows
+        .lines()
+        .filter(|l| l.contains("priority=100,dl_dst="))
+        .count()
+}
+
+/// What a [`RuleWatch`] saw.
+#[derive(Debug)]
+pub struct Watched {
+    pub dumps: usize,
+    /// The fewest of each counted kind of rule, over all dumps.
+    pub fewest: Vec<usize>,
+    /// Dumps with fewer of any kind than the bridge held at the start, and the time from
+    /// the first such dump to the end of the last.
+    pub short: usize,
+    pub short_span: Duration,
+}
+
+/// Dumps a bridge's flows every 20 ms on a thread, counting rules in each with `count`
+/// (one number per kind of rule): whether a bridge kept its rules across a controller's
+/// restart or failover, which no request's success shows while the rules come back
+/// within a retransmission.
+pub struct RuleWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Watched>,
+}
+
+impl RuleWatch {
+    /// Watch `bridge`; `full` is what `count` gives for its flows at the start.
+    pub fn start(bridge: &str, full: Vec<usize>, count: fn(&str) -> Vec<usize>) -> RuleWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bridge = bridge.to_string();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut w = Watched {
+                dumps: 0,
+                fewest: vec![usize::MAX; full.len()],
+                short: 0,
+                short_span: Duration::ZERO,
+            };
+            let mut first_short = None;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                if let Ok(flows) = flowgate_testbed::ovs::ofctl(&["dump-flows", &bridge]) {
+                    let n = count(&flows);
+                    for (f, &c) in w.fewest.iter_mut().zip(&n) {
+                        *f = (*f).min(c);
+                    }
+                    w.dumps += 1;
+                    if n.iter().zip(&full).any(|(c, f)| c < f) {
+                        w.short += 1;
+                        let since = *first_short.get_or_insert(t);
+                        w.short_span = since.elapsed();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            w
+        });
+        RuleWatch { stop, thread }
+    }
+
+    pub fn stop(self) -> Watched {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the watch")
+    }
+}
