@@ -41,8 +41,12 @@ pub const DEFAULT_OFF_RULE_MIN_GAP_MS: u64 = 2_000;
 pub const DEFAULT_TARGET_UTILIZATION: f64 = 0.9;
 pub const DEFAULT_TARGET_DELAY_MS: u64 = 5;
 /// Bytes queued for one switch beyond which the control channel counts as overloaded:
-/// 1 MiB is thousands of FLOW_MODs, seconds of work for a switch that is falling behind.
-pub const DEFAULT_TARGET_OUTFLOW_BYTES: u64 = 1 << 20;
+/// about a thousand connections' answers, as much again as the socket's own buffer holds.
+/// Every answer waits behind them, a quiet service's too: with 1 MiB, Open vSwitch under a
+/// SYN flood read them so late that `ovs_overload_packet_in_flood` failed 12 of 16 runs
+/// (up to 13 of a quiet service's 45 new connections timed out); with 256 KiB it passed 9
+/// of 9 (`docs/benchmarks.md`, stop 16).
+pub const DEFAULT_TARGET_OUTFLOW_BYTES: u64 = 256 << 10;
 /// The controller's control interval (its PACKET_IN rate is measured in bulk).
 pub const DEFAULT_CONTROLLER_INTERVAL_MS: u64 = 100;
 /// The controller never meters itself below 100 PACKET_INs per second (OVS's own floor

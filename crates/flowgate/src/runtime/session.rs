@@ -327,7 +327,7 @@ const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 /// queue: reading faster than the switch takes them serves no one sooner, and grows a
 /// backlog whose answers come too late. Paused, the PACKET_INs wait in the switch, which
 /// drops beyond its own queue (Open vSwitch keeps 100 per connection and counts the rest).
-/// Four times the controller's default `target_outflow_bytes`, so that its overload control
+/// Sixteen times the controller's default `target_outflow_bytes`, so that its overload control
 /// acts first; the pause is what holds when a switch stalls faster than it can.
 pub(crate) const PAUSE_READING_BYTES: usize = 4 << 20;
 pub(crate) const RESUME_READING_BYTES: usize = PAUSE_READING_BYTES / 2;
