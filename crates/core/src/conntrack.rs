@@ -247,6 +247,18 @@ impl ConnTable {
         self.entries.len
     }
 
+    /// The connection at position `i` of the store (`0..len()`). A removal moves the last
+    /// entry into its hole, and an insert appends: a walk from the end down visits every
+    /// entry that was there when it started (some twice), whatever it removes on the way.
+    pub fn at(&self, i: usize) -> Option<(&ConnKey, &Conn)> {
+        self.entries.get(i).map(|(k, c)| (k, c))
+    }
+
+    /// The connection at position `i`, to change (not its key).
+    pub fn at_mut(&mut self, i: usize) -> Option<(&ConnKey, &mut Conn)> {
+        self.entries.get_mut(i).map(|(k, c)| (&*k, c))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.len == 0
     }

@@ -66,6 +66,9 @@ impl MacId {
 /// ARP taught the client address's MAC (refused otherwise, as unroutable).
 const MAX_MAC_IDS: usize = 1 << 20;
 
+/// Forgotten hosts remembered, for telling a host that moved from one that is new.
+const MAX_FORGOTTEN: usize = 4096;
+
 /// What learning a host's source address changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostChange {
@@ -104,6 +107,12 @@ pub struct Topology {
     macs: Vec<MacAddr>,
     /// `(from, to) -> port of `from` leading one hop closer to `to``.
     next_hop: HashMap<(Dpid, Dpid), u32, RandomState>,
+    /// The next hops before the first change of the links since they were last taken
+    /// (see [`Topology::take_next_hops_before`]).
+    next_hop_before: Option<HashMap<(Dpid, Dpid), u32, RandomState>>,
+    /// Hosts forgotten because their port or switch went, and where they were (the last
+    /// `MAX_FORGOTTEN` or fewer): one that turns up at another port has moved.
+    forgotten: HashMap<MacAddr, PortRef, RandomState>,
     /// Link ports on the flooding spanning tree.
     tree_ports: BTreeSet<PortRef>,
     /// Bumped whenever paths may have changed, so derived rules can be recomputed.
@@ -113,6 +122,10 @@ pub struct Topology {
     /// nothing to send.
     max_hosts: Option<usize>,
 }
+
+/// Next hops of an earlier state of the links (see [`Topology::take_next_hops_before`]).
+#[derive(Debug, Default)]
+pub struct NextHops(HashMap<(Dpid, Dpid), u32, RandomState>);
 
 impl Topology {
     pub fn new() -> Self {
@@ -298,7 +311,12 @@ impl Topology {
                         last_seen: now,
                     },
                 );
-                HostChange::New
+                // A host forgotten with its port (unplugged, its switch gone) that comes
+                // back elsewhere moved: what was routed to it must follow.
+                match self.forgotten.remove(&mac) {
+                    Some(was) if was != at => HostChange::Moved,
+                    _ => HostChange::New,
+                }
             }
         }
     }
@@ -352,7 +370,13 @@ impl Topology {
             .map(|(m, _)| *m)
             .collect();
         for m in gone {
-            self.hosts.remove(&m);
+            if let Some(h) = self.hosts.remove(&m) {
+                if self.forgotten.len() >= MAX_FORGOTTEN {
+                    // Most never come back: start over rather than stop remembering.
+                    self.forgotten.clear();
+                }
+                self.forgotten.insert(m, h.at);
+            }
             self.mac_by_ip.retain(|_, v| *v != m);
         }
     }
@@ -375,10 +399,44 @@ impl Topology {
     /// The switches a packet crosses from `from` to the host at `dst`, each with its egress
     /// port, in order. None when there is no path.
     pub fn path(&self, from: Dpid, dst: PortRef, out: &mut Vec<(Dpid, u32)>) -> Option<()> {
+        self.path_with(&self.next_hop, from, dst, out)
+    }
+
+    /// The path [`Topology::path`] gave before the links last changed (`before`, from
+    /// [`Topology::take_next_hops_before`]), to the host where it is now. None when there
+    /// was none, or when it crosses a link that is gone.
+    pub fn path_before(
+        &self,
+        before: &NextHops,
+        from: Dpid,
+        dst: PortRef,
+        out: &mut Vec<(Dpid, u32)>,
+    ) -> Option<()> {
+        self.path_with(&before.0, from, dst, out)
+    }
+
+    /// The next hops as they were before the first change of the links since the last
+    /// call (`None`: no change since). The paths of what was routed before that change
+    /// are worked out again with them, to see which changed.
+    pub fn take_next_hops_before(&mut self) -> Option<NextHops> {
+        self.next_hop_before.take().map(NextHops)
+    }
+
+    fn path_with(
+        &self,
+        next_hop: &HashMap<(Dpid, Dpid), u32, RandomState>,
+        from: Dpid,
+        dst: PortRef,
+        out: &mut Vec<(Dpid, u32)>,
+    ) -> Option<()> {
         out.clear();
         let mut at = from;
         for _ in 0..=self.switches.len() {
-            let port = self.egress_toward(at, dst)?;
+            let port = if at == dst.dpid {
+                dst.port
+            } else {
+                *next_hop.get(&(at, dst.dpid))?
+            };
             out.push((at, port));
             if at == dst.dpid {
                 return Some(());
@@ -417,7 +475,11 @@ impl Topology {
     /// lowest dpid of each connected component).
     fn recompute(&mut self) {
         self.generation += 1;
-        self.next_hop.clear();
+        if self.next_hop_before.is_none() {
+            self.next_hop_before = Some(std::mem::take(&mut self.next_hop));
+        } else {
+            self.next_hop.clear();
+        }
         self.tree_ports.clear();
         // Adjacency in a deterministic order.
         let mut adj: BTreeMap<Dpid, Vec<(u32, PortRef)>> = BTreeMap::new();
@@ -485,6 +547,24 @@ mod tests {
         // from a forged sender address) adds none past the bound.
         assert_eq!(t.learn_host(now, mac(1), at(1), ip(9)), HostChange::Same);
         assert_eq!(t.mac_of(ip(9).unwrap()), None);
+    }
+
+    /// A host whose port went (unplugged) and that turns up elsewhere moved; one that
+    /// comes back where it was (its switch reconnected) is simply new again.
+    #[test]
+    fn a_host_forgotten_with_its_port_and_seen_elsewhere_has_moved() {
+        let now = Instant::now();
+        let mut t = Topology::new();
+        t.add_switch(1);
+        let m = MacAddr([2, 0, 0, 0, 0, 7]);
+        let at = |p: u32| PortRef::new(1, p);
+        assert_eq!(t.learn_host(now, m, at(3), None), HostChange::New);
+        t.remove_port(1, 3);
+        assert!(t.host(m).is_none(), "forgotten with its port");
+        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::Moved);
+        t.remove_port(1, 4);
+        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::New);
+        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::Same);
     }
 
     fn port(name: &str) -> PortInfo {

@@ -74,16 +74,9 @@ fn ovs_tree_topology() {
 /// Three switches in a ring, one host on each. A broadcast ARP flooded by the controller
 /// around a ring would come back to it for ever; with link discovery and a spanning tree it
 /// does not: hosts on different switches ping, and PACKET_INs stay few.
-#[test]
-fn ovs_ring_does_not_loop() {
-    let Some(p) = setup("ovs_ring_does_not_loop") else {
-        return;
-    };
-    let p = p.as_str();
-    let ctl = Ctl::start(
-        "ring",
-        &vip_config(VIP, "round-robin", &["10.0.0.3".parse().expect("ip")], ""),
-    );
+/// Three switches in a ring under `ctl`, each with one host (h1..h3, 10.0.0.1..3, on
+/// port 1), linked s1–s2, s2–s3, s3–s1 by `kind`; returned once every switch is connected.
+fn ring(p: &str, ctl: &Ctl, kind: LinkKind) -> (Vec<Bridge>, Vec<Host>, Vec<Link>) {
     let bridges: Vec<Bridge> = (1..=3u64)
         .map(|i| Bridge::create(&format!("{p}s{i}"), i, &[ctl.target()]).expect("bridge"))
         .collect();
@@ -104,11 +97,11 @@ fn ovs_ring_does_not_loop() {
             .expect("host")
         })
         .collect();
-    let _links: Vec<Link> = [(0usize, 1usize), (1, 2), (2, 0)]
+    let links: Vec<Link> = [(0usize, 1usize), (1, 2), (2, 0)]
         .iter()
         .map(|&(a, b)| {
             Link::create(
-                LinkKind::Patch,
+                kind,
                 &bridges[a],
                 &format!("{p}p{}x{}", a + 1, b + 1),
                 &bridges[b],
@@ -121,6 +114,99 @@ fn ovs_ring_does_not_loop() {
         b.wait_connected(Duration::from_secs(10))
             .expect("switch connects");
     }
+    (bridges, hosts, links)
+}
+
+/// The ring, the client h1 on s1 and the backend h2 on s2: keep-alive connections through
+/// the VIP go over the s1–s2 link. When that cable is pulled (one end of the veth pair
+/// down: both switches report the link down), their rules are written again around the
+/// ring, s1–s3–s2, and no request on them fails. Before, their rules kept sending them
+/// into the dead link, and every retransmission kept those rules alive.
+#[test]
+fn ovs_open_connections_go_around_a_failed_link() {
+    let Some(p) = setup("ovs_open_connections_go_around_a_failed_link") else {
+        return;
+    };
+    let p = p.as_str();
+    let ctl = Ctl::start(
+        "ringfail",
+        &vip_config(VIP, "round-robin", &["10.0.0.2".parse().expect("ip")], ""),
+    );
+    let (bridges, hosts, links) = ring(p, &ctl, LinkKind::Veth);
+    let _b2 = httpd(&hosts[1], "b2", &[]);
+    for b in [1, 2] {
+        assert!(
+            hosts[0]
+                .ping_until(hosts[b].ip(), Duration::from_secs(15))
+                .expect("ping"),
+            "h1 reaches h{} across the ring",
+            b + 1
+        );
+    }
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    let conn_rules = |b: &Bridge| {
+        b.dump_flows()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("priority=300,tcp"))
+            .count()
+    };
+    let url = format!("http://{VIP}/");
+    let report = std::thread::scope(|s| {
+        let kept = s.spawn(|| {
+            load(
+                &hosts[0],
+                &url,
+                &[
+                    "--new-connection-per-request",
+                    "false",
+                    "--concurrency",
+                    "2",
+                    "--requests",
+                    "1000000",
+                    "--duration-secs",
+                    "6",
+                    "--timeout-ms",
+                    "10000",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(conn_rules(&bridges[2]), 0, "the short way, not by s3");
+        links[0].set_up(false).expect("the s1–s2 cable pulled");
+        kept.join().expect("the load")
+    });
+    let rerouted = metric(
+        &ctl.get("/metrics").1,
+        "flowgate_connections_rerouted_total",
+    );
+    eprintln!("MEASURE across the link failure: {report}; connections re-routed: {rerouted:?}");
+    assert!(
+        report["failed"] == 0 && report["ok"] == report["sent"],
+        "every request on the kept connections served: {report}"
+    );
+    assert_eq!(rerouted, Some(2.0), "both connections re-routed");
+    assert_eq!(
+        conn_rules(&bridges[2]),
+        4,
+        "both connections, both ways, by s3"
+    );
+    let again = load(&hosts[0], &url, &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(again["ok"], 20, "new connections go around too: {again}");
+    ctl.assert_no_openflow_errors();
+}
+
+#[test]
+fn ovs_ring_does_not_loop() {
+    let Some(p) = setup("ovs_ring_does_not_loop") else {
+        return;
+    };
+    let p = p.as_str();
+    let ctl = Ctl::start(
+        "ring",
+        &vip_config(VIP, "round-robin", &["10.0.0.3".parse().expect("ip")], ""),
+    );
+    let (_bridges, hosts, _links) = ring(p, &ctl, LinkKind::Patch);
     let start_pi = packet_ins(&ctl);
 
     // Warm-up: the first pings may need link discovery to finish.

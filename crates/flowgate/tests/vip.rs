@@ -295,6 +295,77 @@ fn ovs_linear_three_switches() {
     ctl.assert_no_openflow_errors();
 }
 
+/// A backend migrates while clients hold keep-alive connections to it: its port moves
+/// from s3 to s2, as a virtual machine's moves to another hypervisor, addresses and open
+/// sockets kept. Once it speaks from its new port, the controller gives its open
+/// connections rules along their new path, and no request on them fails. Before, their
+/// rules kept sending the client's packets to the old port, and every retransmission kept
+/// those rules alive.
+#[test]
+fn ovs_open_connections_follow_a_migrated_backend() {
+    let Some(p) = setup("ovs_open_connections_follow_a_migrated_backend") else {
+        return;
+    };
+    let mut t = topo::linear(&TopoOptions::new(p.as_str()), 3, 1).expect("topology");
+    let ctl = Ctl::start(
+        "migrate",
+        &vip_config(VIP, "round-robin", &[t.hosts[1].ip(), t.hosts[2].ip()], ""),
+    );
+    ctl.control(&t.bridges);
+    let _s2 = httpd(&t.hosts[1], "b2", &[]);
+    let _s3 = httpd(&t.hosts[2], "b3", &[]);
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    let url = format!("http://{VIP}/");
+    let (left, right) = t.hosts.split_at_mut(2);
+    let (client, b3) = (&left[0], &mut right[0]);
+    let s2 = &t.bridges[1];
+    let report = std::thread::scope(|s| {
+        // Four keep-alive connections, two on each backend (round robin), used back to
+        // back across the move.
+        let kept = s.spawn(|| {
+            load(
+                client,
+                &url,
+                &[
+                    "--new-connection-per-request",
+                    "false",
+                    "--concurrency",
+                    "4",
+                    "--requests",
+                    "1000000",
+                    "--duration-secs",
+                    "6",
+                    "--timeout-ms",
+                    "10000",
+                ],
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let port = b3.move_to(s2).expect("h3 moves to s2");
+        // A migrated VM announces itself (a gratuitous ARP); here its first frame from the
+        // new port is an ARP request for an address nobody has.
+        let _ = b3.exec(&["ping", "-c", "1", "-W", "1", "10.0.0.250"]);
+        eprintln!("h3 moved to s2 port {port}");
+        kept.join().expect("the load")
+    });
+    let rerouted = metric(
+        &ctl.get("/metrics").1,
+        "flowgate_connections_rerouted_total",
+    );
+    eprintln!("MEASURE across the backend's move: {report}; connections re-routed: {rerouted:?}");
+    assert!(
+        report["failed"] == 0 && report["ok"] == report["sent"],
+        "every request on the kept connections served: {report}"
+    );
+    assert_eq!(shares(&report).len(), 2, "both backends served: {report}");
+    assert_eq!(rerouted, Some(2.0), "h3's two connections re-routed");
+    // New connections reach it at its new place too.
+    let again = load(client, &url, &["--requests", "40", "--concurrency", "2"]);
+    assert_eq!(again["ok"], 40, "{again}");
+    assert_eq!(shares(&again).len(), 2, "{again}");
+    ctl.assert_no_openflow_errors();
+}
+
 /// Killing the controller in the middle of a long download through the VIP does not break
 /// the download; the restarted controller rebuilds its connections from the switch's flow
 /// table and balances new connections again.

@@ -182,6 +182,16 @@ impl Host {
         self.ofport
     }
 
+    /// Unplug the host from its bridge and plug it into `to` (a virtual machine migrated
+    /// to another hypervisor: its namespace, addresses and open sockets stay as they
+    /// are). Returns its OpenFlow port number there.
+    pub fn move_to(&mut self, to: &crate::ovs::Bridge) -> Result<u32> {
+        crate::ovs::vsctl(&["--timeout=30", "del-port", &self.bridge, &self.veth])?;
+        self.ofport = to.add_port(&self.veth)?;
+        self.bridge = to.name().to_string();
+        Ok(self.ofport)
+    }
+
     /// The argv prefix that runs a program in this namespace.
     pub fn exec_prefix(&self) -> [&str; 3] {
         ["netns", "exec", &self.ns]

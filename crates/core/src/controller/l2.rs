@@ -113,8 +113,10 @@ impl Controller {
         let change = self
             .topo
             .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
-        if change == HostChange::Refused {
-            self.counters.hosts_refused += 1;
+        match change {
+            HostChange::Refused => self.counters.hosts_refused += 1,
+            HostChange::Moved => self.host_moved(frame.eth_src),
+            _ => {}
         }
         if change.placed() {
             self.install_l2_for(frame.eth_src, out);

@@ -16,6 +16,7 @@ pub(crate) mod overload;
 mod partition;
 pub use partition::PartitionView;
 mod proactive;
+mod reroute;
 pub(crate) mod rules;
 mod vip;
 
@@ -34,7 +35,7 @@ use crate::config::{BackendConfig, Config, ControllerConfig};
 use crate::conntrack::ConnTable;
 use crate::cookie::RuleKind;
 use crate::service::{AdminState, BackendState, ServiceState};
-use crate::topology::{Dpid, PortInfo, PortRef, Topology};
+use crate::topology::{Dpid, HostChange, PortInfo, PortRef, Topology};
 
 /// Messages for switches, produced by one or more calls into the [`Controller`].
 /// The runtime drains it after each call; reusing one keeps the hot path allocation-free.
@@ -195,6 +196,9 @@ pub struct Counters {
     pub connections_reopened: u64,
     /// Source MACs not learned because the host table was full (`max_hosts`).
     pub hosts_refused: u64,
+    /// Open connections given rules along new paths because their backend or client
+    /// moved (see `reroute`).
+    pub connections_rerouted: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.
@@ -278,6 +282,8 @@ pub struct Controller {
     pub(crate) proactive: proactive::ProactiveState,
     /// The partitioned services' partitions (`mode = "partitioned"`).
     pub(crate) partitions: partition::PartitionState,
+    /// Open connections whose backend or client moved, given rules along their new paths.
+    pub(crate) reroute: reroute::Reroute,
 }
 
 /// The balancer weighs a backend's measured `rps` over `rps_window` (default: the 10 ms
@@ -326,6 +332,7 @@ impl Controller {
             scratch_ports: Vec::with_capacity(64),
             proactive: proactive::ProactiveState::default(),
             partitions: partition::PartitionState::default(),
+            reroute: reroute::Reroute::default(),
         };
         for (i, s) in config.services.iter().enumerate() {
             c.services.push(ServiceState::new(
@@ -643,6 +650,7 @@ impl Controller {
         self.overload_tick(now, out);
         self.maybe_recompute_l2(out);
         self.end_graces(now, out);
+        self.reroute_tick(out);
     }
 
     /// Whether switch `dpid` is in its reconnect grace: the rules it held when it
@@ -933,7 +941,9 @@ impl Controller {
             return false;
         }
         if self.topo.locate_ip(ip) != Some((mac, at)) {
-            self.topo.learn_host(now, mac, at, Some(ip));
+            if self.topo.learn_host(now, mac, at, Some(ip)) == HostChange::Moved {
+                self.host_moved(mac);
+            }
             self.sync_backend_locations(now);
         }
         true

@@ -383,6 +383,132 @@ fn linear_topology_paths_cross_every_switch() {
     }
 }
 
+/// A backend migrates (a virtual machine moved to another hypervisor, addresses kept)
+/// while a client's connection to it is open. Once it announces itself at its new port (a
+/// gratuitous ARP, as a migrated VM sends), the connection's packets follow it, both ways,
+/// carried by the switches' rules.
+#[test]
+fn an_open_connection_follows_its_backend_when_the_backend_moves() {
+    let mut sim = linear();
+    let client = (ip(1), 45100);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let backend = got[0].0.clone();
+    let b: u8 = backend[1..].parse().unwrap();
+    // From s3 port 1 or 3 to s2 port 1 (s2's ports 2 and 3 are its links).
+    sim.net.move_host(&backend, (2, 1));
+    sim.send(&backend, &arp_request(b, ip(b)));
+    sim.tick(Duration::from_millis(10));
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [backend.as_str()],
+        "the client's segment reaches the backend where it is now"
+    );
+    let back = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(back[0].1.ipv4_src, Some(VIP));
+    assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
+    assert_eq!(sim.c.counters().connections_rerouted, 1);
+}
+
+/// The client moves to another switch: its connection's rules are written at its new
+/// edge, under a new tag, so the end of the rule it left at its old edge (no packet
+/// reaches it now) is not taken for the connection's end.
+#[test]
+fn an_open_connection_follows_its_client_to_another_switch() {
+    let mut sim = linear();
+    let client = (ip(1), 45200);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let backend = got[0].0.clone();
+    let b: u8 = backend[1..].parse().unwrap();
+    let old_edge = conn_flows(&sim, cookie::conn::ACCOUNTING);
+    assert_eq!(old_edge.len(), 1, "the accounting rule at s1");
+    sim.net.move_host("h1", (2, 1));
+    sim.send("h1", &arp_request(1, ip(1)));
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().connections_rerouted, 1);
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [backend.as_str()]
+    );
+    assert_eq!(fwd[0].1.ipv4_dst, Some(ip(b)), "rewritten at the new edge");
+    let back = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(back[0].1.ipv4_src, Some(VIP));
+    assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
+    // The rule left at s1 expires: the connection goes on.
+    let active_before = active(&sim);
+    sim.c
+        .handle_message(sim.now, 1, &flow_removed_of(&old_edge[0]), &mut sim.out);
+    assert_eq!(sim.c.connections().len(), 1, "still open");
+    assert_eq!(active(&sim), active_before);
+}
+
+/// A ring of three switches, the client on s1 and the backend on s2: an open connection
+/// goes over the s1–s2 link. When that link goes down (the switches report the ports
+/// down), its rules are written again around the ring, s1–s3–s2, and it carries on.
+#[test]
+fn an_open_connection_goes_around_a_link_that_went_down() {
+    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
+    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
+    let mut sim = Sim::new(
+        &service_config("round-robin", &[2]),
+        &[(1, 3), (2, 3), (3, 3)],
+        &links,
+        &hosts,
+    );
+    for (h, i) in [("h1", 1), ("h2", 2), ("h3", 3)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    let client = (ip(1), 45300);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    assert_eq!(got[0].0, "h2");
+    let on_s3 = |sim: &Sim| {
+        sim.net
+            .switch(3)
+            .unwrap()
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
+            .count()
+    };
+    assert_eq!(on_s3(&sim), 0, "the short way, s1–s2");
+    // The link goes down: both ends report it.
+    sim.net.remove_link((1, 2));
+    for (d, p) in [(1, 2), (2, 3)] {
+        let mut desc = port_desc(d, p);
+        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
+        let ps = Message::PortStatus(ofp::PortStatus {
+            reason: ofp::PortReason::Modify,
+            desc,
+        });
+        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
+        sim.pump();
+    }
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().connections_rerouted, 1);
+    assert_eq!(on_s3(&sim), 2, "both directions by s3 now");
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        ["h2"]
+    );
+    let back = sim.send("h2", &tcp(mac(2), mac(1), (ip(2), 80), client, ACK));
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(back[0].1.ipv4_src, Some(VIP));
+    assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
+    // Nothing else moved: a later topology change with the same paths re-routes nothing.
+    sim.send("h3", &arp_request(3, ip(9)));
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().connections_rerouted, 1);
+}
+
 /// A ring of three switches: broadcasts follow the spanning tree and never loop.
 #[test]
 fn a_ring_floods_along_a_tree() {

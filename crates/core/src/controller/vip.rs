@@ -38,11 +38,11 @@ enum Dir {
 
 /// Everything needed to place one connection's rules.
 #[derive(Debug, Clone, Copy)]
-struct Placement {
-    client_at: PortRef,
+pub(super) struct Placement {
+    pub(super) client_at: PortRef,
     backend_ip: Ipv4Addr,
     backend_mac: MacAddr,
-    backend_at: PortRef,
+    pub(super) backend_at: PortRef,
     /// The address the client believes it talks to, and its MAC.
     service_mac: MacAddr,
 }
@@ -460,7 +460,7 @@ impl Controller {
     }
 
     /// Where the client and the backend of a connection are, if both are known.
-    fn placement(&self, key: &ConnKey, conn: Conn) -> Option<Placement> {
+    pub(super) fn placement(&self, key: &ConnKey, conn: Conn) -> Option<Placement> {
         let s = self.services.get(usize::from(conn.service))?;
         let b = s.backends.get(usize::from(conn.backend))?;
         let backend_mac = b.mac?;
@@ -493,7 +493,7 @@ impl Controller {
 
     /// Both paths of a placed connection, client → backend into `scratch_path` and
     /// backend → client into `scratch_rev`; whether each exists.
-    fn compute_paths(&mut self, p: &Placement) -> (bool, bool) {
+    pub(super) fn compute_paths(&mut self, p: &Placement) -> (bool, bool) {
         let fwd = self
             .topo
             .path(p.client_at.dpid, p.backend_at, &mut self.scratch_path)
@@ -524,6 +524,30 @@ impl Controller {
         if let Some(c) = self.conns.get_mut(key) {
             c.installed = true;
         }
+        true
+    }
+
+    /// Give connection `key` its rules again along the paths it has now, under a new tag
+    /// (see `reroute`). False, changing nothing, when it cannot be placed or routed now.
+    pub(super) fn reroute_conn(&mut self, key: &ConnKey, out: &mut Outbox) -> bool {
+        let Some(conn) = self.conns.get(key).copied() else {
+            return false;
+        };
+        let Some(p) = self.placement(key, conn) else {
+            return false;
+        };
+        let found = self.compute_paths(&p);
+        if found != (true, true) {
+            return false;
+        }
+        let tag = self.next_conn_tag & rules::CONN_TAG_MASK;
+        self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
+        let Some(c) = self.conns.get_mut(key) else {
+            return false;
+        };
+        c.tag = tag;
+        let conn = *c;
+        self.emit_rules(key, conn, &p, found, false, out);
         true
     }
 

@@ -156,6 +156,15 @@ impl FakeNetwork {
         self.host_ports.insert(name.to_string(), at);
     }
 
+    /// Host `name` is unplugged from where it was and plugged in at `at` (a virtual
+    /// machine migrated to another hypervisor, keeping its addresses).
+    pub fn move_host(&mut self, name: &str, at: PortRef) {
+        if let Some(old) = self.host_ports.remove(name) {
+            self.hosts.remove(&old);
+        }
+        self.add_host(name, at);
+    }
+
     /// The host attached at `at`, if any.
     pub fn host_at(&self, at: PortRef) -> Option<&str> {
         self.hosts.get(&at).map(String::as_str)

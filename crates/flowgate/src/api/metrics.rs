@@ -74,6 +74,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.packet_in_unparsable,
         ),
         (
+            "flowgate_connections_rerouted_total",
+            "Open connections given rules along new paths because their backend or client moved.",
+            counters.connections_rerouted,
+        ),
+        (
             "flowgate_hosts_refused_total",
             "Source MACs not learned because the host table was full (max_hosts).",
             counters.hosts_refused,

@@ -1,0 +1,145 @@
+//! Open connections follow the network: a host that moves, a link that comes or goes.
+//!
+//! A connection's rules name the ports of its path, switch by switch, worked out when it
+//! was decided. Two things make those ports wrong while the connection is open:
+//! - Its backend or its client turns up at another port. A virtual machine migrated to
+//!   another hypervisor keeps its MAC and address, and announces itself with a gratuitous
+//!   ARP.
+//! - A link of its path goes (the switch reports the port down, or LLDP stops seeing it),
+//!   or a new one gives it a shorter path.
+//!
+//! The rules then send its packets to a port where nobody answers, and each
+//! retransmission resets their idle timeout, so the connection never recovers. So either
+//! change starts a walk of the connection table. Each installed connection whose endpoint
+//! moved, or whose path is not the one the next hops before the change gave, gets its
+//! rules again along its paths now, under a new tag. An ADD with the same match and
+//! priority replaces a rule in place (OpenFlow 1.3 §6.4). A rule left on a switch the new
+//! path avoids sees no more packets and expires, and with the old tag its end is not
+//! taken for the connection's.
+//!
+//! The walk runs on the tick, a slice at a time, so that a change under a million
+//! connections does not stall the PACKET_IN path. Changes during a walk wait for the next
+//! one (the moved MACs queued here, the next hops kept by the topology).
+//!
+//! One case is missed: links that change and change back while a walk runs. A connection
+//! decided in between follows neither the next hops the next walk compares with nor, when
+//! they are the same, the ones it compares against.
+
+use smallvec::SmallVec;
+
+use flowgate_packet::MacAddr;
+
+use super::{Controller, Outbox};
+use crate::conntrack::{Conn, ConnKey};
+use crate::topology::{Dpid, NextHops};
+
+/// Connections looked at per second (each a read of its entry, and with links changed,
+/// its paths worked out twice).
+const CHECKED_PER_SEC: f64 = 500_000.0;
+/// Connections given new rules per second, at most (each two to a few rules per switch of
+/// its path): a move of a busy backend re-routes all its connections, and Open vSwitch
+/// takes some tens of thousands of rules a second.
+const REROUTED_PER_SEC: f64 = 20_000.0;
+
+/// The walk in progress, and the moves that wait for the next.
+#[derive(Debug, Default)]
+pub(crate) struct Reroute {
+    /// MACs whose connections the current walk re-routes.
+    moved: SmallVec<[MacAddr; 4]>,
+    /// The next hops before the links changed, if they did: connections whose paths they
+    /// give are not the paths now are re-routed.
+    before: Option<NextHops>,
+    /// Position of the next entry to look at, plus one (the walk goes down; 0: no walk).
+    cursor: usize,
+    /// Moves seen since the current walk started: the entries it already passed were not
+    /// checked for them.
+    pending: SmallVec<[MacAddr; 4]>,
+    /// A connection's paths by `before`.
+    old_fwd: Vec<(Dpid, u32)>,
+    old_rev: Vec<(Dpid, u32)>,
+}
+
+impl Controller {
+    /// Host `mac` turned up at another port.
+    pub(crate) fn host_moved(&mut self, mac: MacAddr) {
+        if !self.reroute.pending.contains(&mac) {
+            self.reroute.pending.push(mac);
+        }
+    }
+
+    /// Walk one slice of the connection table (starting a walk if hosts moved or links
+    /// changed since the last one).
+    pub(crate) fn reroute_tick(&mut self, out: &mut Outbox) {
+        if self.reroute.cursor == 0 {
+            let r = &mut self.reroute;
+            r.moved = std::mem::take(&mut r.pending);
+            r.before = self.topo.take_next_hops_before();
+            if r.moved.is_empty() && r.before.is_none() {
+                return;
+            }
+            r.cursor = self.conns.len();
+        }
+        // The tick comes every `refresh_interval`: the budgets are per second.
+        let tick = self.cfg.refresh_interval.as_secs_f64();
+        let checks = (CHECKED_PER_SEC * tick).clamp(1_000.0, 500_000.0) as usize;
+        let reroutes = (REROUTED_PER_SEC * tick).clamp(50.0, 20_000.0) as usize;
+        let (mut checked, mut rerouted) = (0, 0);
+        while self.reroute.cursor > 0 && checked < checks && rerouted < reroutes {
+            self.reroute.cursor -= 1;
+            checked += 1;
+            let Some((&key, &conn)) = self.conns.at(self.reroute.cursor) else {
+                continue;
+            };
+            // A connection with no path now keeps its rules as they are, as a connection
+            // decided while a path was missing gets none.
+            if conn.installed && self.must_reroute(&key, &conn) && self.reroute_conn(&key, out) {
+                rerouted += 1;
+                self.counters.connections_rerouted += 1;
+            }
+        }
+    }
+
+    /// Whether connection `key`'s rules may follow ports it no longer has.
+    fn must_reroute(&mut self, key: &ConnKey, conn: &Conn) -> bool {
+        let moved = &self.reroute.moved;
+        let backend = self
+            .services
+            .get(usize::from(conn.service))
+            .and_then(|s| s.backends.get(usize::from(conn.backend)))
+            .and_then(|b| b.mac);
+        if backend.is_some_and(|m| moved.contains(&m))
+            || self
+                .topo
+                .mac_by_id(conn.client_mac)
+                .is_some_and(|m| moved.contains(&m))
+        {
+            return true;
+        }
+        if self.reroute.before.is_none() {
+            return false;
+        }
+        let Some(p) = self.placement(key, *conn) else {
+            return false;
+        };
+        let Reroute {
+            before: Some(before),
+            old_fwd,
+            old_rev,
+            ..
+        } = &mut self.reroute
+        else {
+            return false;
+        };
+        let old = (
+            self.topo
+                .path_before(before, p.client_at.dpid, p.backend_at, old_fwd),
+            self.topo
+                .path_before(before, p.backend_at.dpid, p.client_at, old_rev),
+        );
+        let new = self.compute_paths(&p);
+        old != (Some(()), Some(()))
+            || new != (true, true)
+            || self.reroute.old_fwd != self.scratch_path
+            || self.reroute.old_rev != self.scratch_rev
+    }
+}
