@@ -358,24 +358,7 @@ fn ovs_domain_master_failover() {
     let (kept, fresh, killed_at) = std::thread::scope(|s| {
         // Established connections: two keep-alive connections (closed loop), opened
         // before the kill and used back to back across it.
-        let kept = s.spawn(|| {
-            load(
-                client,
-                &url,
-                &[
-                    "--new-connection-per-request",
-                    "false",
-                    "--concurrency",
-                    "2",
-                    "--requests",
-                    "1000000",
-                    "--duration-secs",
-                    "6",
-                    "--timeout-ms",
-                    "8000",
-                ],
-            )
-        });
+        let kept = s.spawn(|| keepalive_load(client, &url, 2, 6, 8000));
         // New connections all along (a SYN lost in the failover window is retransmitted).
         let fresh = s.spawn(|| {
             load(

@@ -153,24 +153,7 @@ fn ovs_open_connections_go_around_a_failed_link() {
     };
     let url = format!("http://{VIP}/");
     let report = std::thread::scope(|s| {
-        let kept = s.spawn(|| {
-            load(
-                &hosts[0],
-                &url,
-                &[
-                    "--new-connection-per-request",
-                    "false",
-                    "--concurrency",
-                    "2",
-                    "--requests",
-                    "1000000",
-                    "--duration-secs",
-                    "6",
-                    "--timeout-ms",
-                    "10000",
-                ],
-            )
-        });
+        let kept = s.spawn(|| keepalive_load(&hosts[0], &url, 2, 6, 10000));
         std::thread::sleep(Duration::from_secs(2));
         assert_eq!(conn_rules(&bridges[2]), 0, "the short way, not by s3");
         links[0].set_up(false).expect("the s1–s2 cable pulled");

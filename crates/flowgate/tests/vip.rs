@@ -322,24 +322,7 @@ fn ovs_open_connections_follow_a_migrated_backend() {
     let report = std::thread::scope(|s| {
         // Four keep-alive connections, two on each backend (round robin), used back to
         // back across the move.
-        let kept = s.spawn(|| {
-            load(
-                client,
-                &url,
-                &[
-                    "--new-connection-per-request",
-                    "false",
-                    "--concurrency",
-                    "4",
-                    "--requests",
-                    "1000000",
-                    "--duration-secs",
-                    "6",
-                    "--timeout-ms",
-                    "10000",
-                ],
-            )
-        });
+        let kept = s.spawn(|| keepalive_load(client, &url, 4, 6, 10000));
         std::thread::sleep(Duration::from_secs(2));
         let port = b3.move_to(s2).expect("h3 moves to s2");
         // A migrated VM announces itself (a gratuitous ARP); here its first frame from the

@@ -449,19 +449,25 @@ fn an_open_connection_follows_its_client_to_another_switch() {
     assert_eq!(active(&sim), active_before);
 }
 
+/// A ring of three switches (s1–s2 on ports 2 and 3, s2–s3 on 2 and 3, s3–s1 on 2 and 3),
+/// h1..h3 on port 1 of each, h2 the service's one backend.
+fn ring() -> Sim {
+    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
+    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
+    Sim::new(
+        &service_config("round-robin", &[2]),
+        &[(1, 3), (2, 3), (3, 3)],
+        &links,
+        &hosts,
+    )
+}
+
 /// A ring of three switches, the client on s1 and the backend on s2: an open connection
 /// goes over the s1–s2 link. When that link goes down (the switches report the ports
 /// down), its rules are written again around the ring, s1–s3–s2, and it carries on.
 #[test]
 fn an_open_connection_goes_around_a_link_that_went_down() {
-    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
-    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
-    let mut sim = Sim::new(
-        &service_config("round-robin", &[2]),
-        &[(1, 3), (2, 3), (3, 3)],
-        &links,
-        &hosts,
-    );
+    let mut sim = ring();
     for (h, i) in [("h1", 1), ("h2", 2), ("h3", 3)] {
         sim.send(h, &arp_request(i, ip(9)));
     }
@@ -512,14 +518,7 @@ fn an_open_connection_goes_around_a_link_that_went_down() {
 /// A ring of three switches: broadcasts follow the spanning tree and never loop.
 #[test]
 fn a_ring_floods_along_a_tree() {
-    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
-    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
-    let mut sim = Sim::new(
-        &service_config("round-robin", &[2]),
-        &[(1, 3), (2, 3), (3, 3)],
-        &links,
-        &hosts,
-    );
+    let mut sim = ring();
     let got = sim.send("h1", &arp_request(1, ip(3)));
     let mut names: Vec<&str> = got.iter().map(|(h, _)| h.as_str()).collect();
     names.sort();

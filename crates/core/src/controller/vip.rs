@@ -505,22 +505,23 @@ impl Controller {
         (fwd, rev)
     }
 
+    /// Connection `key` as it is placed now, its paths in the scratch vectors; `None` when
+    /// it cannot be placed, or has no path either way.
+    fn routed(&mut self, key: &ConnKey) -> Option<(Conn, Placement)> {
+        let conn = self.conns.get(key).copied()?;
+        let p = self.placement(key, conn)?;
+        (self.compute_paths(&p) == (true, true)).then_some((conn, p))
+    }
+
     /// Install the connection's rules on every switch of its path, both directions.
     /// Returns false, installing nothing, when the connection can no longer be placed or
     /// routed (a path broke since it was decided): without its forward rule nothing would
     /// ever report its end.
     fn install(&mut self, key: &ConnKey, out: &mut Outbox) -> bool {
-        let Some(conn) = self.conns.get(key).copied() else {
+        let Some((conn, p)) = self.routed(key) else {
             return false;
         };
-        let Some(p) = self.placement(key, conn) else {
-            return false;
-        };
-        let found = self.compute_paths(&p);
-        if found != (true, true) {
-            return false;
-        }
-        self.emit_rules(key, conn, &p, found, false, out);
+        self.emit_rules(key, conn, &p, (true, true), false, out);
         if let Some(c) = self.conns.get_mut(key) {
             c.installed = true;
         }
@@ -530,24 +531,15 @@ impl Controller {
     /// Give connection `key` its rules again along the paths it has now, under a new tag
     /// (see `reroute`). False, changing nothing, when it cannot be placed or routed now.
     pub(super) fn reroute_conn(&mut self, key: &ConnKey, out: &mut Outbox) -> bool {
-        let Some(conn) = self.conns.get(key).copied() else {
+        let Some((mut conn, p)) = self.routed(key) else {
             return false;
         };
-        let Some(p) = self.placement(key, conn) else {
-            return false;
-        };
-        let found = self.compute_paths(&p);
-        if found != (true, true) {
-            return false;
-        }
-        let tag = self.next_conn_tag & rules::CONN_TAG_MASK;
+        conn.tag = self.next_conn_tag & rules::CONN_TAG_MASK;
         self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
-        let Some(c) = self.conns.get_mut(key) else {
-            return false;
-        };
-        c.tag = tag;
-        let conn = *c;
-        self.emit_rules(key, conn, &p, found, false, out);
+        if let Some(c) = self.conns.get_mut(key) {
+            c.tag = conn.tag;
+        }
+        self.emit_rules(key, conn, &p, (true, true), false, out);
         true
     }
 

@@ -579,3 +579,36 @@ impl RuleWatch {
         self.thread.join().expect("the watch")
     }
 }
+
+/// `concurrency` keep-alive connections from `host` to `url`, used back to back for
+/// `secs` seconds (a request may take up to `timeout_ms`): what a change in the network
+/// must not break.
+pub fn keepalive_load(
+    host: &Host,
+    url: &str,
+    concurrency: u32,
+    secs: u32,
+    timeout_ms: u32,
+) -> serde_json::Value {
+    let (c, s, t) = (
+        concurrency.to_string(),
+        secs.to_string(),
+        timeout_ms.to_string(),
+    );
+    load(
+        host,
+        url,
+        &[
+            "--new-connection-per-request",
+            "false",
+            "--concurrency",
+            &c,
+            "--requests",
+            "1000000",
+            "--duration-secs",
+            &s,
+            "--timeout-ms",
+            &t,
+        ],
+    )
+}
