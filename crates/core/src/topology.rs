@@ -123,6 +123,18 @@ pub struct Topology {
     max_hosts: Option<usize>,
 }
 
+/// What the earlier next hops made of a path ([`Topology::path_before`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlierPath {
+    /// A path, in the `out` vector.
+    Found,
+    /// None: they had no route (the links were not known yet, as when the controller
+    /// starts, or the switches were apart).
+    None,
+    /// It crossed a link that is gone now.
+    LinkGone,
+}
+
 /// Next hops of an earlier state of the links (see [`Topology::take_next_hops_before`]).
 #[derive(Debug, Default)]
 pub struct NextHops(HashMap<(Dpid, Dpid), u32, RandomState>);
@@ -403,16 +415,26 @@ impl Topology {
     }
 
     /// The path [`Topology::path`] gave before the links last changed (`before`, from
-    /// [`Topology::take_next_hops_before`]), to the host where it is now. None when there
-    /// was none, or when it crosses a link that is gone.
+    /// [`Topology::take_next_hops_before`]), to the host where it is now, into `out`.
     pub fn path_before(
         &self,
         before: &NextHops,
         from: Dpid,
         dst: PortRef,
         out: &mut Vec<(Dpid, u32)>,
-    ) -> Option<()> {
-        self.path_with(&before.0, from, dst, out)
+    ) -> EarlierPath {
+        match self.path_with(&before.0, from, dst, out) {
+            Some(()) => EarlierPath::Found,
+            // The walk stopped at a hop the earlier next hops gave and the links have no
+            // more: it crossed a link that is gone.
+            None if out.last().is_some_and(|&(d, p)| {
+                d != dst.dpid && !self.links.contains_key(&PortRef::new(d, p))
+            }) =>
+            {
+                EarlierPath::LinkGone
+            }
+            None => EarlierPath::None,
+        }
     }
 
     /// The next hops as they were before the first change of the links since the last

@@ -11,8 +11,8 @@
 //! The rules then send its packets to a port where nobody answers, and each
 //! retransmission resets their idle timeout, so the connection never recovers. So either
 //! change starts a walk of the connection table. Each installed connection whose endpoint
-//! moved, or whose path is not the one the next hops before the change gave, gets its
-//! rules again along its paths now, under a new tag. An ADD with the same match and
+//! moved, or whose path by the next hops before the change crossed a link that is gone or
+//! is not its path now, gets its rules again along its paths now, under a new tag. An ADD with the same match and
 //! priority replaces a rule in place (OpenFlow 1.3 §6.4). A rule left on a switch the new
 //! path avoids sees no more packets and expires, and with the old tag its end is not
 //! taken for the connection's.
@@ -31,7 +31,7 @@ use flowgate_packet::MacAddr;
 
 use super::{Controller, Outbox};
 use crate::conntrack::{Conn, ConnKey};
-use crate::topology::{Dpid, NextHops};
+use crate::topology::{Dpid, EarlierPath, NextHops};
 
 /// Connections looked at per second (each a read of its entry, and with links changed,
 /// its paths worked out twice).
@@ -136,10 +136,18 @@ impl Controller {
             self.topo
                 .path_before(before, p.backend_at.dpid, p.client_at, old_rev),
         );
-        let new = self.compute_paths(&p);
-        old != (Some(()), Some(()))
-            || new != (true, true)
-            || self.reroute.old_fwd != self.scratch_path
-            || self.reroute.old_rev != self.scratch_rev
+        match old {
+            // Into a link that is gone: its rules lead nowhere now.
+            (EarlierPath::LinkGone, _) | (_, EarlierPath::LinkGone) => true,
+            // Both paths as they were: re-routed if either is another now.
+            (EarlierPath::Found, EarlierPath::Found) => {
+                self.compute_paths(&p) == (true, true)
+                    && (self.reroute.old_fwd != self.scratch_path
+                        || self.reroute.old_rev != self.scratch_rev)
+            }
+            // No route then (a restarted controller had not found the links yet): its
+            // rules were not written by those next hops, and are left as they are.
+            _ => false,
+        }
     }
 }

@@ -449,6 +449,29 @@ fn an_open_connection_follows_its_client_to_another_switch() {
     assert_eq!(active(&sim), active_before);
 }
 
+/// A restarted controller rebuilds its connections from the switches' rules and finds the
+/// links again: that is no change of their paths, and re-routes none of them.
+#[test]
+fn a_restarted_controller_does_not_reroute_the_connections_it_rebuilt() {
+    let mut sim = linear();
+    let client = (ip(1), 45400);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let backend = got[0].0.clone();
+    sim.restart(&service_config("round-robin", &[5, 6]));
+    assert_eq!(sim.c.connections().len(), 1, "rebuilt from the rules");
+    for (h, i) in [("h1", 1), ("h5", 5), ("h6", 6)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    sim.tick(Duration::from_millis(10));
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().connections_rerouted, 0);
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(fwd.len(), 1, "{fwd:?}");
+    assert_eq!(fwd[0].0, backend);
+    assert_eq!(sim.packet_ins, before, "still carried by its rules");
+}
+
 /// A ring of three switches (s1–s2 on ports 2 and 3, s2–s3 on 2 and 3, s3–s1 on 2 and 3),
 /// h1..h3 on port 1 of each, h2 the service's one backend.
 fn ring() -> Sim {
