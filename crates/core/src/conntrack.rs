@@ -254,11 +254,6 @@ impl ConnTable {
         self.entries.get(i).map(|(k, c)| (k, c))
     }
 
-    /// The connection at position `i`, to change (not its key).
-    pub fn at_mut(&mut self, i: usize) -> Option<(&ConnKey, &mut Conn)> {
-        self.entries.get_mut(i).map(|(k, c)| (&*k, c))
-    }
-
     pub fn is_empty(&self) -> bool {
         self.entries.len == 0
     }

@@ -123,14 +123,27 @@ pub struct Topology {
     max_hosts: Option<usize>,
 }
 
+/// [`Topology::egress_toward`] by the next hops `next_hop`.
+fn egress_with(
+    next_hop: &HashMap<(Dpid, Dpid), u32, RandomState>,
+    dpid: Dpid,
+    dst: PortRef,
+) -> Option<u32> {
+    if dpid == dst.dpid {
+        Some(dst.port)
+    } else {
+        next_hop.get(&(dpid, dst.dpid)).copied()
+    }
+}
+
 /// What the earlier next hops made of a path ([`Topology::path_before`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EarlierPath {
     /// A path, in the `out` vector.
     Found,
-    /// None: they had no route (the links were not known yet, as when the controller
-    /// starts, or the switches were apart).
-    None,
+    /// They had no route (the links were not known yet, as when the controller starts,
+    /// or the switches were apart).
+    NoRoute,
     /// It crossed a link that is gone now.
     LinkGone,
 }
@@ -393,19 +406,10 @@ impl Topology {
         }
     }
 
-    /// The port of `from` that leads one hop closer to `to` (None if unreachable or equal).
-    pub fn port_toward(&self, from: Dpid, to: Dpid) -> Option<u32> {
-        self.next_hop.get(&(from, to)).copied()
-    }
-
     /// The egress port at `dpid` for traffic to a host at `dst`: the host's own port when
     /// it is on this switch, else the next hop toward its switch.
     pub fn egress_toward(&self, dpid: Dpid, dst: PortRef) -> Option<u32> {
-        if dpid == dst.dpid {
-            Some(dst.port)
-        } else {
-            self.port_toward(dpid, dst.dpid)
-        }
+        egress_with(&self.next_hop, dpid, dst)
     }
 
     /// The switches a packet crosses from `from` to the host at `dst`, each with its egress
@@ -433,7 +437,7 @@ impl Topology {
             {
                 EarlierPath::LinkGone
             }
-            None => EarlierPath::None,
+            None => EarlierPath::NoRoute,
         }
     }
 
@@ -454,11 +458,7 @@ impl Topology {
         out.clear();
         let mut at = from;
         for _ in 0..=self.switches.len() {
-            let port = if at == dst.dpid {
-                dst.port
-            } else {
-                *next_hop.get(&(at, dst.dpid))?
-            };
+            let port = egress_with(next_hop, at, dst)?;
             out.push((at, port));
             if at == dst.dpid {
                 return Some(());

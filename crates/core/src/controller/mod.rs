@@ -197,7 +197,7 @@ pub struct Counters {
     /// Source MACs not learned because the host table was full (`max_hosts`).
     pub hosts_refused: u64,
     /// Open connections given rules along new paths because their backend or client
-    /// moved (see `reroute`).
+    /// moved, or a link of their path changed (see `reroute`).
     pub connections_rerouted: u64,
 }
 
@@ -282,7 +282,8 @@ pub struct Controller {
     pub(crate) proactive: proactive::ProactiveState,
     /// The partitioned services' partitions (`mode = "partitioned"`).
     pub(crate) partitions: partition::PartitionState,
-    /// Open connections whose backend or client moved, given rules along their new paths.
+    /// The walk that gives open connections rules along their new paths when a host
+    /// moves or the links change.
     pub(crate) reroute: reroute::Reroute,
 }
 
@@ -661,6 +662,12 @@ impl Controller {
             .is_some_and(|s| s.grace_until.is_some())
     }
 
+    /// Whether any switch is in its reconnect grace (the controller's view of the network
+    /// is still being rebuilt).
+    pub(crate) fn any_in_grace(&self) -> bool {
+        self.switches.values().any(|s| s.grace_until.is_some())
+    }
+
     /// Settle the switches whose reconnect grace is over: their earlier L2, proactive and
     /// partition rules not re-added by now are stale, and deleted.
     fn end_graces(&mut self, now: Instant, out: &mut Outbox) {
@@ -680,7 +687,7 @@ impl Controller {
             self.proactive_settle(d, out);
             self.partition_settle(d, out);
         }
-        if !self.switches.values().any(|s| s.grace_until.is_some()) {
+        if !self.any_in_grace() {
             self.l2_reported = Vec::new();
             self.partitions.reported = Vec::new();
         }

@@ -12,10 +12,10 @@
 //! retransmission resets their idle timeout, so the connection never recovers. So either
 //! change starts a walk of the connection table. Each installed connection whose endpoint
 //! moved, or whose path by the next hops before the change crossed a link that is gone or
-//! is not its path now, gets its rules again along its paths now, under a new tag. An ADD with the same match and
-//! priority replaces a rule in place (OpenFlow 1.3 §6.4). A rule left on a switch the new
-//! path avoids sees no more packets and expires, and with the old tag its end is not
-//! taken for the connection's.
+//! is not its path now, gets its rules again along its paths now, under a new tag. An ADD
+//! with the same match and priority replaces a rule in place (OpenFlow 1.3 §6.4). A rule
+//! left on a switch the new path avoids sees no more packets and expires, and with the old
+//! tag its end is not taken for the connection's.
 //!
 //! The walk runs on the tick, a slice at a time, so that a change under a million
 //! connections does not stall the PACKET_IN path. Changes during a walk wait for the next

@@ -870,7 +870,7 @@ impl Controller {
     /// hosts were learned, promoted, refused a third of the SYNs of its first 2 s). The
     /// backends not located yet are asked for now, not at the next second's probe.
     fn refuse_or_hold(&mut self, now: Instant, si: usize, at: &Arrival<'_>, out: &mut Outbox) {
-        let settling = self.switches.values().any(|s| s.grace_until.is_some());
+        let settling = self.any_in_grace();
         let Some(s) = self.services.get_mut(si) else {
             return;
         };

@@ -75,7 +75,7 @@ pub(crate) fn render(handle: &Handle) -> String {
         ),
         (
             "flowgate_connections_rerouted_total",
-            "Open connections given rules along new paths because their backend or client moved.",
+            "Open connections given rules along new paths because their backend or client moved, or a link of their path changed.",
             counters.connections_rerouted,
         ),
         (
