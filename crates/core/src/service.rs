@@ -106,9 +106,12 @@ pub struct ServiceCounters {
     pub no_optimal_server: u64,
     /// New connections refused because no backend could take them.
     pub refused_no_backend: u64,
-    /// SYNs no backend could take yet, held (dropped for the client to send again)
-    /// instead of refused, while a switch was in its reconnect grace.
+    /// SYNs no backend could take yet, held instead of refused while a switch was in its
+    /// reconnect grace (answered once a backend can take them: `controller::held`).
     pub held_settling: u64,
+    /// Held SYNs given a backend once one could take them, within their client's
+    /// initial RTO (it did not have to send them again).
+    pub held_answered: u64,
     /// Non-SYN packets of connections the controller did not know.
     pub unknown_flow_packets: u64,
 }

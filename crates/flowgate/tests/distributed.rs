@@ -417,11 +417,17 @@ fn ovs_domain_master_failover() {
     );
     let (_, m) = d.b.get("/metrics");
     let of_web = |name: &str| metric_labelled(&m, name, "service=\"web\"").unwrap_or(-1.0);
-    eprintln!(
-        "MEASURE new master's SYNs held before it found the backends: {}, refused: {}",
+    let (held, answered) = (
         of_web("flowgate_service_held_settling_total"),
+        of_web("flowgate_service_held_answered_total"),
+    );
+    eprintln!(
+        "MEASURE new master's SYNs held before it found the backends: {held}, answered once it had (not sent again): {answered}, refused: {}",
         of_web("flowgate_service_refused_total")
     );
+    // A held SYN is answered when the backend is found, within its client's RTO, or,
+    // taken by the client's retransmission, not at all.
+    assert!(answered <= held, "{held} held, {answered} answered");
     eprintln!(
         "MEASURE during failover: {} + {} requests, 0 failed, worst latency {} ms / {} ms (a SYN lost in the window is retransmitted)",
         kept["ok"], fresh["ok"], kept["latency_ms"]["max"], fresh["latency_ms"]["max"]

@@ -10,6 +10,7 @@ mod conn_rule;
 mod ended;
 pub use ended::RuleEnded;
 pub mod handshake;
+mod held;
 mod l2;
 mod nicira;
 pub(crate) mod overload;
@@ -285,6 +286,8 @@ pub struct Controller {
     /// The walk that gives open connections rules along their new paths when a host
     /// moves or the links change.
     pub(crate) reroute: reroute::Reroute,
+    /// SYNs held while the controller finds the network again.
+    pub(crate) held: held::Held,
 }
 
 /// The balancer weighs a backend's measured `rps` over `rps_window` (default: the 10 ms
@@ -334,6 +337,7 @@ impl Controller {
             proactive: proactive::ProactiveState::default(),
             partitions: partition::PartitionState::default(),
             reroute: reroute::Reroute::default(),
+            held: held::Held::default(),
         };
         for (i, s) in config.services.iter().enumerate() {
             c.services.push(ServiceState::new(
@@ -651,6 +655,7 @@ impl Controller {
         self.overload_tick(now, out);
         self.maybe_recompute_l2(out);
         self.end_graces(now, out);
+        self.retry_held(now, out);
         self.reroute_tick(out);
     }
 

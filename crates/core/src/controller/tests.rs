@@ -173,44 +173,54 @@ fn round_robin_spreads_connections_and_counts_them() {
     assert_eq!(active, 30);
 }
 
-/// A controller that has just connected (started, restarted, promoted) finds its
-/// backends by ARP. A SYN that comes before any is found is held, not refused: the
-/// client sends it again a second later, when they are. Past the reconnect grace, a SYN
-/// no backend can take is refused with a RST, as always.
-#[test]
-fn a_syn_before_any_backend_is_located_is_held_through_the_grace_then_refused() {
+/// One switch, a client (h1) and three backends (h2..h4) the controller has not located
+/// yet (it has just connected: started, restarted, promoted), in its reconnect grace.
+fn unlocated_backends() -> Sim {
     let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(
+    Sim::new(
         &service_config("round-robin", &[2, 3, 4]),
         &[(1, 4)],
         &[],
         &hosts,
-    );
-    let grace = sim.c.config().reconnect_grace;
-    assert!(grace >= Duration::from_secs(1), "{grace:?}");
-    let counters = |sim: &Sim| {
-        let c = &sim.c.services()[0].counters;
-        (c.held_settling, c.refused_no_backend)
-    };
+    )
+}
+
+/// (SYNs held, connections refused) of the one service.
+fn held_and_refused(sim: &Sim) -> (u64, u64) {
+    let c = &sim.c.services()[0].counters;
+    (c.held_settling, c.refused_no_backend)
+}
+
+/// What the controller asked for by ARP (out of every edge port).
+fn arp_asks(got: &[(String, crate::testkit::PacketFields)]) -> Vec<Ipv4Addr> {
+    let mut asked: Vec<_> = got
+        .iter()
+        .filter(|(_, f)| f.arp_op == Some(packet::ARP_OP_REQUEST))
+        .filter_map(|(_, f)| f.arp_tpa)
+        .collect();
+    asked.sort();
+    asked.dedup();
+    asked
+}
+
+fn is_rst(f: &crate::testkit::PacketFields) -> bool {
+    f.tcp_flags.is_some_and(|f| f & 0x04 != 0)
+}
+
+/// A SYN that comes before any backend is found is held, not refused, and answered
+/// within a tick of a backend answering the controller's ARP: its client does not wait
+/// a second to send it again.
+#[test]
+fn a_syn_held_before_any_backend_is_located_is_answered_once_one_is() {
+    let mut sim = unlocated_backends();
     let syn = |port: u16| tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN);
-    // What the controller asked for by ARP (out of every edge port).
-    let arp_asks = |got: &[(String, crate::testkit::PacketFields)]| {
-        let mut asked: Vec<_> = got
-            .iter()
-            .filter(|(_, f)| f.arp_op == Some(packet::ARP_OP_REQUEST))
-            .filter_map(|(_, f)| f.arp_tpa)
-            .collect();
-        asked.sort();
-        asked.dedup();
-        asked
-    };
-    let no_tcp = |got: &[(String, crate::testkit::PacketFields)]| {
-        got.iter().all(|(_, f)| f.tcp_flags.is_none())
-    };
     sim.tick(Duration::from_millis(200));
     let got = sim.send("h1", &syn(41000));
-    assert!(no_tcp(&got), "no RST, and nothing to a backend: {got:?}");
-    assert_eq!(counters(&sim), (1, 0));
+    assert!(
+        got.iter().all(|(_, f)| f.tcp_flags.is_none()),
+        "no RST, and nothing to a backend: {got:?}"
+    );
+    assert_eq!(held_and_refused(&sim), (1, 0));
     assert_eq!(
         arp_asks(&got),
         [ip(2), ip(3), ip(4)],
@@ -219,21 +229,87 @@ fn a_syn_before_any_backend_is_located_is_held_through_the_grace_then_refused() 
     // Within 100 ms of that probe, a second held SYN asks nothing more.
     let got = sim.send("h1", &syn(41001));
     assert!(got.is_empty(), "held, nothing asked: {got:?}");
-    assert_eq!(counters(&sim), (2, 0));
+    assert_eq!(held_and_refused(&sim), (2, 0));
+    assert_eq!(sim.c.syns_held(), 2);
+    // A tick that changes nothing sends nothing; 100 ms on, the backends are asked for
+    // again (a switch promoted since the last ask carries this one).
+    sim.received.clear();
+    sim.tick(Duration::from_millis(10));
+    assert!(sim.received.is_empty(), "{:?}", sim.received);
+    assert_eq!(sim.c.syns_held(), 2);
+    sim.tick(Duration::from_millis(100));
+    assert_eq!(arp_asks(&sim.received), [ip(2), ip(3), ip(4)]);
+    assert_eq!(sim.c.syns_held(), 2);
 
-    // Past the grace, with still no backend found, a SYN is refused at once.
-    sim.tick(grace);
+    // A backend answers: at the next tick both SYNs go to it, as they were sent.
+    sim.send("h3", &arp_request(3, ip(9)));
+    sim.received.clear();
+    sim.tick(Duration::from_millis(10));
+    let mut to_h3: Vec<_> = sim
+        .received
+        .iter()
+        .filter(|(h, f)| h == "h3" && f.tcp_flags == Some(u16::from(SYN)))
+        .map(|(_, f)| (f.ipv4_dst, f.tcp_src))
+        .collect();
+    to_h3.sort();
+    assert_eq!(
+        to_h3,
+        [(Some(ip(3)), Some(41000)), (Some(ip(3)), Some(41001))],
+        "{:?}",
+        sim.received
+    );
+    assert_eq!(sim.c.services()[0].counters.connections_total, 2);
+    assert_eq!(sim.c.syns_held(), 0);
+    assert_eq!(held_and_refused(&sim), (2, 0), "counted once each");
+    assert_eq!(sim.c.services()[0].counters.held_answered, 2);
+    // The connections have their rules: the client's next segment goes by the switch.
+    let before = sim.packet_ins;
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 41000), (VIP, 80), ACK));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h3");
+    assert_eq!(sim.packet_ins, before, "no PACKET_IN");
+}
+
+/// Past the reconnect grace, a SYN still held is refused with a RST, as a SYN no backend
+/// can take is from then on; a SYN held longer than the client's initial RTO is dropped
+/// (the client has sent it again, and its new copy is held instead).
+#[test]
+fn a_syn_held_through_the_grace_is_refused_when_it_ends() {
+    let mut sim = unlocated_backends();
+    let grace = sim.c.config().reconnect_grace;
+    assert!(grace >= Duration::from_secs(2), "{grace:?}");
+    let syn = |port: u16| tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN);
+    sim.tick(Duration::from_millis(200));
+    sim.send("h1", &syn(41000));
+    // Its client's RTO passes: dropped.
+    sim.tick(Duration::from_millis(1000));
+    assert_eq!(sim.c.syns_held(), 0);
+    // Held nearer the grace's end, until it.
+    sim.tick(grace.saturating_sub(Duration::from_millis(1500)));
+    sim.send("h1", &syn(41001));
+    assert_eq!(sim.c.syns_held(), 1);
+    assert_eq!(held_and_refused(&sim), (2, 0));
+    sim.received.clear();
+    sim.tick(Duration::from_millis(500));
+    let rsts: Vec<_> = sim
+        .received
+        .iter()
+        .filter(|(h, f)| h == "h1" && is_rst(f))
+        .map(|(_, f)| f.tcp_dst)
+        .collect();
+    assert_eq!(rsts, [Some(41001)], "{:?}", sim.received);
+    assert_eq!(held_and_refused(&sim), (2, 1));
+    assert_eq!(sim.c.syns_held(), 0);
+    assert_eq!(sim.c.services()[0].counters.held_answered, 0);
+
+    // From then on, a SYN no backend can take is refused at once.
     let got = sim.send("h1", &syn(41002));
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].0, "h1");
-    assert_eq!(
-        got[0].1.tcp_flags.map(|f| f & 0x04 != 0),
-        Some(true),
-        "a RST"
-    );
-    assert_eq!(counters(&sim), (2, 1));
+    assert!(is_rst(&got[0].1), "a RST: {got:?}");
+    assert_eq!(held_and_refused(&sim), (2, 2));
 
-    // Once a backend answers, the held client's SYN, sent again, is served.
+    // Once a backend answers, a client's SYN sent again is served.
     sim.send("h3", &arp_request(3, ip(9)));
     let got = sim.send("h1", &syn(41000));
     assert_eq!(got.len(), 1, "{got:?}");

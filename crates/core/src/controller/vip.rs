@@ -23,10 +23,6 @@ use crate::topology::{Dpid, MacId, PortRef};
 /// Minimum time between two decisions sampled into the event ring.
 const DECISION_SAMPLE_MS: u64 = 250;
 
-/// How often a held SYN may ask for the backends not located yet (ARP out of every edge
-/// port of every switch): often enough that the held client's next SYN finds them.
-const HELD_PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// Which way a packet of a known connection travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dir {
@@ -310,7 +306,8 @@ impl Controller {
         let si = usize::from(l.service);
         // Overload control: the service's gap refuses it, with a RST so the client learns
         // at once (or silently, if so configured).
-        if !self.overload_admit(now, dpid, si, out) {
+        // (A held SYN tried again was admitted when it came.)
+        if self.held.retrying.is_none() && !self.overload_admit(now, dpid, si, out) {
             if self.overload_refusal_resets(si) {
                 self.reset(at, out);
             }
@@ -416,6 +413,9 @@ impl Controller {
             return;
         };
         s.record_pick(b);
+        if self.held.retrying.is_some() {
+            s.counters.held_answered += 1;
+        }
         // Not on the 4-tuple of a connection that has rules: its forward rule would carry
         // the client's ACK past the controller.
         let defer = reuse.is_none_or(|o| !o.installed) && s.handshakes.defer(gapping);
@@ -860,37 +860,8 @@ impl Controller {
         }
     }
 
-    /// A new connection no backend can take, or that has no path to its backend: refused
-    /// with a RST, so the client learns at once. Except while a switch is in its reconnect
-    /// grace (the controller has just started, reconnected or been promoted, and is
-    /// finding the backends and links again by ARP and LLDP): then the SYN is held
-    /// (dropped, and counted), and the client sends it again a second later (RFC 6298's
-    /// initial RTO), by when they are found. Refused, it would fail a connection that only
-    /// came in the controller's first second (seen on OVS: a standby started after the
-    /// hosts were learned, promoted, refused a third of the SYNs of its first 2 s). The
-    /// backends not located yet are asked for now, not at the next second's probe.
-    fn refuse_or_hold(&mut self, now: Instant, si: usize, at: &Arrival<'_>, out: &mut Outbox) {
-        let settling = self.any_in_grace();
-        let Some(s) = self.services.get_mut(si) else {
-            return;
-        };
-        if !settling {
-            s.counters.refused_no_backend += 1;
-            self.reset(at, out);
-            return;
-        }
-        s.counters.held_settling += 1;
-        if self
-            .last_arp_probe
-            .is_none_or(|t| now.saturating_duration_since(t) >= HELD_PROBE_EVERY)
-        {
-            self.last_arp_probe = Some(now);
-            self.probe_unlocated_backends(out);
-        }
-    }
-
     /// Answer a segment with the RST its destination would send (RFC 9293 §3.10.7.1).
-    fn reset(&mut self, at: &Arrival<'_>, out: &mut Outbox) {
+    pub(super) fn reset(&mut self, at: &Arrival<'_>, out: &mut Outbox) {
         if let Some(rst) = packet::tcp_rst(at.frame) {
             self.counters.resets_sent += 1;
             out.push(

@@ -210,8 +210,15 @@ pub(crate) fn render(handle: &Handle) -> String {
         "Hosts learned (at most max_hosts).",
     );
     let _ = writeln!(o, "flowgate_hosts {}", c.topology().host_count());
+    family(
+        &mut o,
+        "flowgate_syns_held",
+        "gauge",
+        "SYNs held while a switch is in its reconnect grace, until a backend and a path can take them.",
+    );
+    let _ = writeln!(o, "flowgate_syns_held {}", c.syns_held());
 
-    let per_service: [(&str, &str, &str); 8] = [
+    let per_service: [(&str, &str, &str); 9] = [
         (
             "flowgate_service_connections_total",
             "counter",
@@ -230,7 +237,12 @@ pub(crate) fn render(handle: &Handle) -> String {
         (
             "flowgate_service_held_settling_total",
             "counter",
-            "SYNs no backend could take yet, held (for the client to send again) instead of refused while a switch was in its reconnect grace.",
+            "SYNs no backend could take yet, held (answered once one can, or refused when the grace ends) instead of refused while a switch was in its reconnect grace.",
+        ),
+        (
+            "flowgate_service_held_answered_total",
+            "counter",
+            "Held SYNs given a backend once one could take them (their clients did not have to send them again).",
         ),
         (
             "flowgate_service_unknown_flow_packets_total",
@@ -261,9 +273,10 @@ pub(crate) fn render(handle: &Handle) -> String {
                 1 => s.counters.no_optimal_server,
                 2 => s.counters.refused_no_backend,
                 3 => s.counters.held_settling,
-                4 => s.counters.unknown_flow_packets,
-                5 => s.handshakes.deferred,
-                6 => s.handshakes.completed,
+                4 => s.counters.held_answered,
+                5 => s.counters.unknown_flow_packets,
+                6 => s.handshakes.deferred,
+                7 => s.handshakes.completed,
                 _ => s.handshakes.abandoned,
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
