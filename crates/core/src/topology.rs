@@ -80,6 +80,9 @@ pub enum HostChange {
     Same,
     /// Seen for the first time with the host table full (`max_hosts`): not learned.
     Refused,
+    /// Seen for the first time at a port that has `max_hosts_per_port` hosts already:
+    /// not learned.
+    PortFull,
 }
 
 impl HostChange {
@@ -121,6 +124,23 @@ pub struct Topology {
     /// costs an entry here and an L2 rule on every switch, and forged source MACs cost
     /// nothing to send.
     max_hosts: Option<usize>,
+    /// The most hosts learned at one port (`None`: no bound), so that one port sending
+    /// forged source MACs cannot fill the table for every other (the host table does
+    /// not age: hosts are forgotten with their port). A host that moves is not refused:
+    /// a move adds no entry.
+    max_hosts_per_port: Option<u32>,
+    /// Hosts learned at each port that has any.
+    hosts_at: HashMap<PortRef, u32, RandomState>,
+}
+
+/// One host fewer at `at`.
+fn count_out(hosts_at: &mut HashMap<PortRef, u32, RandomState>, at: PortRef) {
+    if let Some(n) = hosts_at.get_mut(&at) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            hosts_at.remove(&at);
+        }
+    }
 }
 
 /// [`Topology::egress_toward`] by the next hops `next_hop`.
@@ -157,10 +177,12 @@ impl Topology {
         Self::default()
     }
 
-    /// A topology that learns at most `max_hosts` hosts.
-    pub fn with_max_hosts(max_hosts: usize) -> Self {
+    /// A topology that learns at most `max_hosts` hosts, and at most `per_port` of
+    /// them at any one port.
+    pub fn with_max_hosts(max_hosts: usize, per_port: u32) -> Self {
         Self {
             max_hosts: Some(max_hosts),
+            max_hosts_per_port: Some(per_port),
             ..Self::default()
         }
     }
@@ -301,8 +323,14 @@ impl Topology {
         {
             return HostChange::Same;
         }
-        if !self.hosts.contains_key(&mac) && self.full(self.hosts.len()) {
-            return HostChange::Refused;
+        if !self.hosts.contains_key(&mac) {
+            if self.full(self.hosts.len()) {
+                return HostChange::Refused;
+            }
+            let here = self.hosts_at.get(&at).copied().unwrap_or(0);
+            if self.max_hosts_per_port.is_some_and(|m| here >= m) {
+                return HostChange::PortFull;
+            }
         }
         if let Some(ip) = ip {
             if !ip.is_unspecified()
@@ -320,11 +348,13 @@ impl Topology {
                 HostChange::Same
             }
             Some(h) => {
-                h.at = at;
+                let from = std::mem::replace(&mut h.at, at);
                 h.last_seen = now;
                 if ip.is_some() {
                     h.ip = ip;
                 }
+                count_out(&mut self.hosts_at, from);
+                *self.hosts_at.entry(at).or_default() += 1;
                 HostChange::Moved
             }
             None => {
@@ -336,6 +366,7 @@ impl Topology {
                         last_seen: now,
                     },
                 );
+                *self.hosts_at.entry(at).or_default() += 1;
                 // A host forgotten with its port (unplugged, its switch gone) that comes
                 // back elsewhere moved: what was routed to it must follow.
                 match self.forgotten.remove(&mac) {
@@ -396,6 +427,7 @@ impl Topology {
             .collect();
         for m in gone {
             if let Some(h) = self.hosts.remove(&m) {
+                count_out(&mut self.hosts_at, h.at);
                 if self.forgotten.len() >= MAX_FORGOTTEN {
                     // Most never come back: start over rather than stop remembering.
                     self.forgotten.clear();
@@ -552,7 +584,7 @@ mod tests {
     #[test]
     fn a_full_host_table_refuses_new_hosts_and_keeps_the_known_ones_moving() {
         let now = Instant::now();
-        let mut t = Topology::with_max_hosts(2);
+        let mut t = Topology::with_max_hosts(2, 2);
         t.add_switch(1);
         let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
         let ip = |i: u8| Some(Ipv4Addr::new(10, 0, 0, i));
@@ -569,6 +601,45 @@ mod tests {
         // from a forged sender address) adds none past the bound.
         assert_eq!(t.learn_host(now, mac(1), at(1), ip(9)), HostChange::Same);
         assert_eq!(t.mac_of(ip(9).unwrap()), None);
+    }
+
+    /// One port sending forged source MACs fills its own share of the host table, not
+    /// the table: hosts at other ports are still learned. Its share comes back as its
+    /// hosts move away or are forgotten.
+    #[test]
+    fn a_port_learns_at_most_its_share_of_hosts() {
+        let now = Instant::now();
+        let mut t = Topology::with_max_hosts(100, 3);
+        t.add_switch(1);
+        let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
+        let at = |p: u32| PortRef::new(1, p);
+        for i in 1..=3 {
+            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::New);
+        }
+        for i in 4..=50 {
+            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::PortFull);
+        }
+        assert!(!HostChange::PortFull.placed());
+        assert_eq!(t.host_count(), 3);
+        // Another port's hosts are learned.
+        assert_eq!(t.learn_host(now, mac(60), at(2), None), HostChange::New);
+        // A known host seen again where it is is not refused; one that moves away frees
+        // a place, and one that moves in is not refused (a move adds no entry).
+        assert_eq!(t.learn_host(now, mac(1), at(1), None), HostChange::Same);
+        assert_eq!(t.learn_host(now, mac(1), at(3), None), HostChange::Moved);
+        assert_eq!(t.learn_host(now, mac(4), at(1), None), HostChange::New);
+        assert_eq!(t.learn_host(now, mac(60), at(1), None), HostChange::Moved);
+        assert_eq!(t.learn_host(now, mac(5), at(1), None), HostChange::PortFull);
+        // The port goes: its hosts are forgotten, and its share is whole again.
+        t.remove_port(1, 1);
+        assert_eq!(t.host_count(), 1, "mac(1), at port 3");
+        for i in 20..=22 {
+            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::New);
+        }
+        assert_eq!(
+            t.learn_host(now, mac(23), at(1), None),
+            HostChange::PortFull
+        );
     }
 
     /// A host whose port went (unplugged) and that turns up elsewhere moved; one that

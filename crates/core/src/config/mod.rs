@@ -46,6 +46,9 @@ pub const DEFAULT_LLDP_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_RECONNECT_GRACE_MS: u64 = 3_000;
 /// The most hosts learned: each costs an L2 rule on every switch.
 pub const DEFAULT_MAX_HOSTS: usize = 65_536;
+/// Hosts learned at one switch port at most, by default: a sixteenth of the table, far
+/// more than a server, a router or a hypervisor's trunk has behind one port.
+pub const DEFAULT_MAX_HOSTS_PER_PORT: u32 = 4096;
 /// HAProxy's default check interval is 2 s; we check a little faster.
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
@@ -259,6 +262,10 @@ pub struct ControllerConfig {
     /// `hosts_refused`): frames to it are flooded by the controller, as to any unknown
     /// MAC. A flood of forged source MACs fills the table, not the switches' flow tables.
     pub max_hosts: usize,
+    /// The most hosts learned at one switch port; past it a new MAC seen there is not
+    /// learned (counted in `hosts_refused_port_full`), so that one port sending forged
+    /// source MACs cannot fill the table for every other.
+    pub max_hosts_per_port: u32,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST
     /// (Open vSwitch's `fin_timeout` extension action); 0 leaves the rules to the plain
@@ -556,6 +563,9 @@ fn validate(
     let max_hosts = ctl
         .int_in("max_hosts", 1, 10_000_000, errs)
         .map_or(DEFAULT_MAX_HOSTS, |v| v as usize);
+    let max_hosts_per_port = ctl
+        .int_in("max_hosts_per_port", 1, 10_000_000, errs)
+        .map_or(DEFAULT_MAX_HOSTS_PER_PORT, |v| v as u32);
     let unknown_flow = choice(
         &mut ctl,
         "unknown_flow",
@@ -626,6 +636,7 @@ fn validate(
             lldp_interval,
             reconnect_grace,
             max_hosts,
+            max_hosts_per_port,
             unknown_flow,
             fin_timeout_secs,
             seed,

@@ -267,4 +267,16 @@ fn the_host_table_is_bounded_by_default() {
         the_error("[controller]\nmax_hosts = 0\n"),
         "controller.max_hosts"
     );
+    assert_eq!(with("").expect("valid").controller.max_hosts_per_port, 4096);
+    assert_eq!(
+        with("[controller]\nmax_hosts_per_port = 8\n")
+            .expect("valid")
+            .controller
+            .max_hosts_per_port,
+        8
+    );
+    assert_eq!(
+        the_error("[controller]\nmax_hosts_per_port = 0\n"),
+        "controller.max_hosts_per_port"
+    );
 }

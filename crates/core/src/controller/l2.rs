@@ -115,6 +115,7 @@ impl Controller {
             .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
         match change {
             HostChange::Refused => self.counters.hosts_refused += 1,
+            HostChange::PortFull => self.counters.hosts_refused_port_full += 1,
             HostChange::Moved => self.host_moved(frame.eth_src),
             _ => {}
         }

@@ -197,6 +197,8 @@ pub struct Counters {
     pub connections_reopened: u64,
     /// Source MACs not learned because the host table was full (`max_hosts`).
     pub hosts_refused: u64,
+    /// Source MACs not learned because their port had `max_hosts_per_port` hosts.
+    pub hosts_refused_port_full: u64,
     /// Open connections given rules along new paths because their backend or client
     /// moved, or a link of their path changed (see `reroute`).
     pub connections_rerouted: u64,
@@ -308,7 +310,10 @@ impl Controller {
         let mut c = Controller {
             cfg: config.controller.clone(),
             epoch: None,
-            topo: Topology::with_max_hosts(config.controller.max_hosts),
+            topo: Topology::with_max_hosts(
+                config.controller.max_hosts,
+                config.controller.max_hosts_per_port,
+            ),
             switches: BTreeMap::new(),
             services: Vec::new(),
             listeners: HashMap::default(),

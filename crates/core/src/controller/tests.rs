@@ -767,6 +767,38 @@ fn forged_source_macs_fill_the_host_table_not_the_switches() {
     assert_eq!((got.len(), sim.packet_ins), (1, before));
 }
 
+/// A port sending forged source MACs takes its share of the host table
+/// (`max_hosts_per_port`), and the hosts that come later at other ports are still
+/// learned, and carried by the switch.
+#[test]
+fn forged_source_macs_at_one_port_leave_the_table_to_the_others() {
+    let cfg = format!(
+        "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 3\n",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    sim.send("h1", &arp_request(1, ip(9)));
+    for i in 0..200u8 {
+        sim.send("h1", &arp_request(50 + i, ip(9)));
+    }
+    assert_eq!(sim.c.counters().hosts_refused_port_full, 198);
+    assert_eq!(sim.c.counters().hosts_refused, 0);
+    assert_eq!(l2_hosts(&sim, 1), [1, 50, 51]);
+    // The backends, heard from afterwards, are learned, and their frames carried.
+    for i in 2..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4, 50, 51]);
+    let before = sim.packet_ins;
+    let got = sim.send("h1", &tcp(mac(1), mac(3), (ip(1), 5555), (ip(3), 22), SYN));
+    assert_eq!((got.len(), sim.packet_ins), (1, before));
+    // And the service works: a client's connection goes to a backend.
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(["h2", "h3", "h4"].contains(&got[0].0.as_str()), "{got:?}");
+}
+
 #[test]
 fn a_host_is_adopted_only_where_one_rule_places_it() {
     let mut sim = single_switch("round-robin");

@@ -84,6 +84,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.hosts_refused,
         ),
         (
+            "flowgate_hosts_refused_port_full_total",
+            "Source MACs not learned because their switch port had max_hosts_per_port hosts already.",
+            counters.hosts_refused_port_full,
+        ),
+        (
             "flowgate_flow_removed_total",
             "FLOW_REMOVED messages received.",
             counters.flow_removed,
