@@ -32,7 +32,9 @@ pub use build::{
     ETH_MIN_FRAME_LEN, LLDP_MULTICAST, TcpSegment, arp_frame, arp_reply, arp_request, ipv4_tcp,
     ipv4_udp, lldp_probe, tcp_rst, tcp_syn,
 };
-pub use frame::{Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, parse};
+pub use frame::{
+    Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_ports, parse,
+};
 pub use lldp::Lldp;
 pub use mac::{MacAddr, MacParseError};
 

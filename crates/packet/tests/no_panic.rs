@@ -49,12 +49,21 @@ fn valid_frames() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Exercises everything a caller would touch, including the reset builder.
+/// Exercises everything a caller would touch, including the reset builder; and checks
+/// that the fast read of an IPv4 TCP segment's ports agrees with `parse` wherever
+/// `parse` finds one.
 fn poke(data: &[u8]) {
+    let fast = ipv4_tcp_ports(data);
     if let Ok(f) = parse(data) {
         let _ = format!("{f:?}");
-        let _ = f.tcp();
         let _ = tcp_rst(&f);
+        if let (Some(ip), Some(tcp)) = (f.ipv4(), f.tcp()) {
+            assert_eq!(
+                fast,
+                Some((ip.src, ip.dst, tcp.src_port, tcp.dst_port)),
+                "{data:02x?}"
+            );
+        }
     }
 }
 

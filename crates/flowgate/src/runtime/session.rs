@@ -511,7 +511,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 // One clock read per PACKET_IN: the end of one is the start of the next
                 // (the clock was 2.7 % of the controller's CPU read twice each). `t` is
                 // `None` after a message of another kind, whose time is not counted.
-                let mut t = Some(locked);
+                let clock = &handle.clock;
+                let mut t = Some(clock.raw());
                 for p in batch.drain(..) {
                     match p {
                         // PACKET_INs are read in place, never decoded into a `Message`
@@ -519,14 +520,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         // the frame through `ofp::PacketInView`.
                         Pending::Frame(f) => {
                             let shed_before = c.shed_total();
-                            let start = t.unwrap_or_else(Instant::now);
+                            let start = t.unwrap_or_else(|| clock.raw());
                             if let Err(e) = c.handle_packet_in_frame(now, dpid, &f, out) {
                                 undecodable = Some(e);
                                 break;
                             }
-                            let end = Instant::now();
+                            let end = clock.raw();
                             t = Some(end);
-                            let took = end.saturating_duration_since(start);
+                            let took = clock.delta(start, end);
                             if c.shed_total() == shed_before {
                                 // Decision latency: the core's whole handling of one
                                 // PACKET_IN.
