@@ -483,3 +483,70 @@ while True:\n  d,a=s.recvfrom(100)\n  if a[0]==dst:\n    f=d[20+13]\n    print('
     );
     ctl.assert_no_openflow_errors();
 }
+
+/// A host sending frames from forged source MACs (a MAC flood) takes its port's share of
+/// the host table (`max_hosts_per_port`), not the table: a host heard from afterwards at
+/// another port is still learned, and the VIP keeps serving.
+#[test]
+fn ovs_forged_source_macs_take_one_ports_share_of_hosts() {
+    let Some(p) = setup("ovs_forged_source_macs_take_one_ports_share_of_hosts") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let cfg = vip_config(VIP, "round-robin", &[t.hosts[1].ip()], "")
+        + "\n[controller]\nmax_hosts = 24\nmax_hosts_per_port = 8\n";
+    let ctl = Ctl::start("macflood", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let _s = httpd(&t.hosts[1], "b1", &[]);
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let (client, late) = (&t.hosts[0], &t.hosts[2]);
+    let url = format!("http://{VIP}/");
+    let r = load(client, &url, &["--requests", "10"]);
+    assert_eq!(r["ok"], 10, "{r}");
+    let m = |name: &str| metric(&ctl.get("/metrics").1, name).unwrap_or(-1.0);
+
+    // 300 gratuitous ARPs from the client's port, each from another forged MAC, 1 ms
+    // apart (a burst would overrun Open vSwitch's queue of PACKET_INs, not the table).
+    const FORGED: usize = 300;
+    let script = format!(
+        "import socket,struct,time\n\
+s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
+s.bind(('eth0',0))\n\
+for i in range({FORGED}):\n  mac=bytes([2,0xfa,0,0,i>>8,i&255])\n  ip=bytes([10,0,9,i%250+1])\n  arp=struct.pack('!HHBBH',1,0x0800,6,4,1)+mac+ip+bytes(6)+ip\n  s.send(b'\\xff'*6+mac+b'\\x08\\x06'+arp)\n  time.sleep(0.001)\n"
+    );
+    client
+        .exec_checked(&["python3", "-c", &script])
+        .expect("the forged frames");
+    wait_until(
+        "the forged MACs past the port's share refused",
+        Duration::from_secs(10),
+        || m("flowgate_hosts_refused_port_full_total") >= (FORGED - 8) as f64,
+    );
+    let refused = m("flowgate_hosts_refused_port_full_total");
+    let hosts = m("flowgate_hosts");
+    eprintln!(
+        "MEASURE {FORGED} forged source MACs at one port: {refused} refused, {hosts} hosts known"
+    );
+    assert!(
+        hosts <= 10.0,
+        "the client's port 8, the backend, at most one more: {hosts}"
+    );
+    assert_eq!(
+        m("flowgate_hosts_refused_total"),
+        0.0,
+        "the table never filled"
+    );
+
+    // A host that speaks only now, at another port, is learned.
+    assert!(
+        late.ping_until(client.ip(), Duration::from_secs(5))
+            .expect("ping")
+    );
+    wait_until("the late host learned", Duration::from_secs(5), || {
+        m("flowgate_hosts") >= hosts + 1.0
+    });
+    assert_eq!(m("flowgate_hosts_refused_total"), 0.0);
+    let r = load(client, &url, &["--requests", "20"]);
+    assert_eq!(r["ok"], 20, "{r}");
+    ctl.assert_no_openflow_errors();
+}

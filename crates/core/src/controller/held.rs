@@ -4,9 +4,10 @@
 //! backend until one answers its ARP, and no link until LLDP comes back. A SYN that comes
 //! before then, which no backend or no path can take yet, is neither refused nor dropped
 //! for the client to send again (RFC 6298's initial RTO is a second, then two more): it
-//! is held here, and tried again on every tick, so it is answered within a tick of the
-//! backend being found. Past the reconnect grace, a SYN no backend can take is refused
-//! with a RST, as always, the held ones included.
+//! is held here, and tried again at the first tick after anything that could place it
+//! changed, so it is answered within a tick of its backend being found. Past the
+//! reconnect grace, a SYN no backend can take is refused with a RST, as always, the held
+//! ones included.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use flowgate_packet as packet;
 
 use super::vip::Arrival;
 use super::{Controller, Outbox};
+use crate::conntrack::ConnKey;
 use crate::topology::Dpid;
 
 /// SYNs held at most: a few thousand clients' first second (their copies take about
@@ -171,6 +173,17 @@ impl Controller {
             let (Some(ip), Some(tcp)) = (frame.ipv4(), frame.tcp()) else {
                 continue;
             };
+            // Its client's retransmission was served meanwhile: nothing left to do (tried
+            // again, it would send the backend the SYN a second time).
+            let key = ConnKey {
+                client: ip.src,
+                client_port: tcp.src_port,
+                service_addr: ip.dst,
+                service_port: tcp.dst_port,
+            };
+            if self.conns.get(&key).is_some_and(|c| c.is_own_syn(tcp.seq)) {
+                continue;
+            }
             let at = Arrival {
                 dpid: h.dpid,
                 in_port: h.in_port,

@@ -270,6 +270,32 @@ fn a_syn_held_before_any_backend_is_located_is_answered_once_one_is() {
     assert_eq!(sim.packet_ins, before, "no PACKET_IN");
 }
 
+/// A held SYN whose client sent it again, and was served, meanwhile is let go: its
+/// backend does not get the SYN a second time.
+#[test]
+fn a_held_syn_served_by_its_retransmission_is_not_sent_again() {
+    let mut sim = unlocated_backends();
+    let syn = tcp(mac(1), VMAC, (ip(1), 41000), (VIP, 80), SYN);
+    sim.tick(Duration::from_millis(200));
+    sim.send("h1", &syn);
+    assert_eq!(sim.c.syns_held(), 1);
+    // A backend answers, and before the next tick the client's retransmission comes.
+    sim.send("h3", &arp_request(3, ip(9)));
+    let got = sim.send("h1", &syn);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "h3");
+    sim.received.clear();
+    sim.tick(Duration::from_millis(10));
+    assert!(
+        sim.received.iter().all(|(_, f)| f.tcp_flags.is_none()),
+        "{:?}",
+        sim.received
+    );
+    assert_eq!(sim.c.syns_held(), 0);
+    let c = &sim.c.services()[0].counters;
+    assert_eq!((c.connections_total, c.held_answered), (1, 0));
+}
+
 /// Past the reconnect grace, a SYN still held is refused with a RST, as a SYN no backend
 /// can take is from then on; a SYN held longer than the client's initial RTO is dropped
 /// (the client has sent it again, and its new copy is held instead).
