@@ -129,6 +129,9 @@ pub struct Topology {
     /// not age: hosts are forgotten with their port). A host that moves is not refused:
     /// a move adds no entry.
     max_hosts_per_port: Option<u32>,
+    /// A port the per-port bound does not apply to: a domain's uplink, behind which the
+    /// other domains' hosts are seen.
+    unbounded_port: Option<PortRef>,
     /// Hosts learned at each port that has any.
     hosts_at: HashMap<PortRef, u32, RandomState>,
 }
@@ -179,12 +182,18 @@ impl Topology {
 
     /// A topology that learns at most `max_hosts` hosts, and at most `per_port` of
     /// them at any one port.
-    pub fn with_max_hosts(max_hosts: usize, per_port: u32) -> Self {
+    pub fn with_host_bounds(max_hosts: usize, per_port: u32) -> Self {
         Self {
             max_hosts: Some(max_hosts),
             max_hosts_per_port: Some(per_port),
             ..Self::default()
         }
+    }
+
+    /// Learn any number of hosts at `port` (within the table's bound): a domain's
+    /// uplink, where the hosts of every other domain are seen.
+    pub fn unbound_port(&mut self, port: PortRef) {
+        self.unbounded_port = Some(port);
     }
 
     fn full(&self, n: usize) -> bool {
@@ -328,7 +337,8 @@ impl Topology {
                 return HostChange::Refused;
             }
             let here = self.hosts_at.get(&at).copied().unwrap_or(0);
-            if self.max_hosts_per_port.is_some_and(|m| here >= m) {
+            if self.max_hosts_per_port.is_some_and(|m| here >= m) && self.unbounded_port != Some(at)
+            {
                 return HostChange::PortFull;
             }
         }
@@ -584,7 +594,7 @@ mod tests {
     #[test]
     fn a_full_host_table_refuses_new_hosts_and_keeps_the_known_ones_moving() {
         let now = Instant::now();
-        let mut t = Topology::with_max_hosts(2, 2);
+        let mut t = Topology::with_host_bounds(2, 2);
         t.add_switch(1);
         let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
         let ip = |i: u8| Some(Ipv4Addr::new(10, 0, 0, i));
@@ -609,7 +619,7 @@ mod tests {
     #[test]
     fn a_port_learns_at_most_its_share_of_hosts() {
         let now = Instant::now();
-        let mut t = Topology::with_max_hosts(100, 3);
+        let mut t = Topology::with_host_bounds(100, 3);
         t.add_switch(1);
         let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
         let at = |p: u32| PortRef::new(1, p);
@@ -640,6 +650,11 @@ mod tests {
             t.learn_host(now, mac(23), at(1), None),
             HostChange::PortFull
         );
+        // A domain's uplink is not bounded.
+        t.unbound_port(at(5));
+        for i in 30..=40 {
+            assert_eq!(t.learn_host(now, mac(i), at(5), None), HostChange::New);
+        }
     }
 
     /// A host whose port went (unplugged) and that turns up elsewhere moved; one that

@@ -264,7 +264,8 @@ pub struct ControllerConfig {
     pub max_hosts: usize,
     /// The most hosts learned at one switch port; past it a new MAC seen there is not
     /// learned (counted in `hosts_refused_port_full`), so that one port sending forged
-    /// source MACs cannot fill the table for every other.
+    /// source MACs cannot fill the table for every other. Not at a domain's uplink
+    /// (`[cluster] uplink`), where the other domains' hosts are seen.
     pub max_hosts_per_port: u32,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST

@@ -310,7 +310,7 @@ impl Controller {
         let mut c = Controller {
             cfg: config.controller.clone(),
             epoch: None,
-            topo: Topology::with_max_hosts(
+            topo: Topology::with_host_bounds(
                 config.controller.max_hosts,
                 config.controller.max_hosts_per_port,
             ),
@@ -344,6 +344,9 @@ impl Controller {
             reroute: reroute::Reroute::default(),
             held: held::Held::default(),
         };
+        if let Some((dpid, port)) = config.cluster.uplink {
+            c.topo.unbound_port(PortRef::new(dpid, port));
+        }
         for (i, s) in config.services.iter().enumerate() {
             c.services.push(ServiceState::new(
                 rate_window(s.clone()),
