@@ -388,7 +388,7 @@ pub fn parse(data: &[u8]) -> Result<Frame<'_>, ParseError> {
 /// would be paid twice. Whenever [`parse`] finds an IPv4 TCP segment, this gives its
 /// addresses and ports; it may give some for a frame [`parse`] refuses. Never panics.
 #[inline]
-pub fn ipv4_tcp_ports(data: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, u16, u16)> {
+pub fn ipv4_tcp_tuple(data: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, u16, u16)> {
     let be16_at = |b: &[u8], at: usize| b.get(at..at + 2).map(|x| u16::from_be_bytes([x[0], x[1]]));
     let mut ethertype = be16_at(data, 12)?;
     let mut at = ETH_HEADER_LEN;

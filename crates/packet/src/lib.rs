@@ -33,7 +33,7 @@ pub use build::{
     ipv4_udp, lldp_probe, tcp_rst, tcp_syn,
 };
 pub use frame::{
-    Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_ports, parse,
+    Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_tuple, parse,
 };
 pub use lldp::Lldp;
 pub use mac::{MacAddr, MacParseError};

@@ -53,7 +53,7 @@ fn valid_frames() -> Vec<Vec<u8>> {
 /// that the fast read of an IPv4 TCP segment's ports agrees with `parse` wherever
 /// `parse` finds one.
 fn poke(data: &[u8]) {
-    let fast = ipv4_tcp_ports(data);
+    let fast = ipv4_tcp_tuple(data);
     if let Ok(f) = parse(data) {
         let _ = format!("{f:?}");
         let _ = tcp_rst(&f);

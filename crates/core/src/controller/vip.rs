@@ -73,7 +73,7 @@ impl Controller {
         // The 4-tuple read at its offsets (a whole parse here cost as much as the one
         // that handles the PACKET_IN); a wrong one only loads a line for nothing.
         let Some((client, service_addr, client_port, service_port)) =
-            ofp::view::packet_in_data(frame).and_then(packet::ipv4_tcp_ports)
+            ofp::view::packet_in_data(frame).and_then(packet::ipv4_tcp_tuple)
         else {
             return;
         };
