@@ -425,9 +425,12 @@ fn ovs_domain_master_failover() {
         "MEASURE new master's SYNs held before it found the backends: {held}, answered once it had (not sent again): {answered}, refused: {}",
         of_web("flowgate_service_refused_total")
     );
-    // A held SYN is answered when the backend is found, within its client's RTO, or,
-    // taken by the client's retransmission, not at all.
-    assert!(answered <= held, "{held} held, {answered} answered");
+    // A held SYN is answered once its backend is found, within its client's RTO (or,
+    // rarely, the client's retransmission comes first and is served instead).
+    assert!(
+        answered <= held && (held == 0.0 || answered >= 1.0),
+        "{held} held, {answered} answered without a retransmission"
+    );
     eprintln!(
         "MEASURE during failover: {} + {} requests, 0 failed, worst latency {} ms / {} ms (a SYN lost in the window is retransmitted)",
         kept["ok"], fresh["ok"], kept["latency_ms"]["max"], fresh["latency_ms"]["max"]
