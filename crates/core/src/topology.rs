@@ -43,8 +43,11 @@ pub struct SwitchInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostInfo {
     pub at: PortRef,
+    /// The address it last claimed (see [`Topology::learn_address`]).
     pub ip: Option<Ipv4Addr>,
     pub last_seen: Instant,
+    /// How many addresses map to it in the address table.
+    addresses: u32,
 }
 
 /// A host's MAC address by number, as a connection keeps it (4 bytes, not 6: the table
@@ -90,6 +93,34 @@ impl HostChange {
     pub fn placed(self) -> bool {
         matches!(self, HostChange::New | HostChange::Moved)
     }
+
+    /// Whether the host is in the table after it (known before, or learned now).
+    pub fn known(self) -> bool {
+        matches!(self, HostChange::New | HostChange::Moved | HostChange::Same)
+    }
+}
+
+/// What learning that a known host claims an address changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressChange {
+    /// The address maps to this host now (it was unknown, or another host's).
+    Learned,
+    /// It mapped to this host already.
+    Same,
+    /// Not learned: the address table is full (`max_hosts`).
+    Refused,
+    /// Not learned: the host's port has `max_hosts_per_port` addresses already.
+    PortFull,
+    /// Not learned: the host is not in the table, or the address is 0.0.0.0.
+    Ignored,
+}
+
+/// What one port holds of the host table.
+#[derive(Debug, Clone, Copy, Default)]
+struct PortShare {
+    hosts: u32,
+    /// The addresses of those hosts.
+    addresses: u32,
 }
 
 /// Switches, links and hosts as discovered.
@@ -132,16 +163,17 @@ pub struct Topology {
     /// A port the per-port bound does not apply to: a domain's uplink, behind which the
     /// other domains' hosts are seen.
     unbounded_port: Option<PortRef>,
-    /// Hosts learned at each port that has any.
-    hosts_at: HashMap<PortRef, u32, RandomState>,
+    /// The hosts and addresses learned at each port that has any.
+    share_at: HashMap<PortRef, PortShare, RandomState>,
 }
 
-/// One host fewer at `at`.
-fn count_out(hosts_at: &mut HashMap<PortRef, u32, RandomState>, at: PortRef) {
-    if let Some(n) = hosts_at.get_mut(&at) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            hosts_at.remove(&at);
+/// One host, with its `addresses`, fewer at `at`.
+fn count_out(share_at: &mut HashMap<PortRef, PortShare, RandomState>, at: PortRef, addresses: u32) {
+    if let Some(n) = share_at.get_mut(&at) {
+        n.hosts = n.hosts.saturating_sub(1);
+        n.addresses = n.addresses.saturating_sub(addresses);
+        if n.hosts == 0 {
+            share_at.remove(&at);
         }
     }
 }
@@ -316,15 +348,9 @@ impl Topology {
             .map(|(a, (b, _))| (*a, *b))
     }
 
-    /// Learn that `mac` (and maybe `ip`) sent a packet that entered at `at`.
+    /// Learn that `mac` sent a packet that entered at `at`.
     /// Packets entering on inter-switch links teach nothing about location.
-    pub fn learn_host(
-        &mut self,
-        now: Instant,
-        mac: MacAddr,
-        at: PortRef,
-        ip: Option<Ipv4Addr>,
-    ) -> HostChange {
+    pub fn learn_host(&mut self, now: Instant, mac: MacAddr, at: PortRef) -> HostChange {
         if mac.is_multicast()
             || mac == MacAddr::ZERO
             || self.is_link_port(at)
@@ -336,35 +362,23 @@ impl Topology {
             if self.full(self.hosts.len()) {
                 return HostChange::Refused;
             }
-            let here = self.hosts_at.get(&at).copied().unwrap_or(0);
-            if self.max_hosts_per_port.is_some_and(|m| here >= m) && self.unbounded_port != Some(at)
-            {
+            if self.port_full(at, |s| s.hosts) {
                 return HostChange::PortFull;
-            }
-        }
-        if let Some(ip) = ip {
-            if !ip.is_unspecified()
-                && (self.mac_by_ip.contains_key(&ip) || !self.full(self.mac_by_ip.len()))
-            {
-                self.mac_by_ip.insert(ip, mac);
             }
         }
         match self.hosts.get_mut(&mac) {
             Some(h) if h.at == at => {
                 h.last_seen = now;
-                if ip.is_some() {
-                    h.ip = ip;
-                }
                 HostChange::Same
             }
             Some(h) => {
                 let from = std::mem::replace(&mut h.at, at);
                 h.last_seen = now;
-                if ip.is_some() {
-                    h.ip = ip;
-                }
-                count_out(&mut self.hosts_at, from);
-                *self.hosts_at.entry(at).or_default() += 1;
+                let addresses = h.addresses;
+                count_out(&mut self.share_at, from, addresses);
+                let share = self.share_at.entry(at).or_default();
+                share.hosts += 1;
+                share.addresses += addresses;
                 HostChange::Moved
             }
             None => {
@@ -372,11 +386,12 @@ impl Topology {
                     mac,
                     HostInfo {
                         at,
-                        ip,
+                        ip: None,
                         last_seen: now,
+                        addresses: 0,
                     },
                 );
-                *self.hosts_at.entry(at).or_default() += 1;
+                self.share_at.entry(at).or_default().hosts += 1;
                 // A host forgotten with its port (unplugged, its switch gone) that comes
                 // back elsewhere moved: what was routed to it must follow.
                 match self.forgotten.remove(&mac) {
@@ -385,6 +400,52 @@ impl Topology {
                 }
             }
         }
+    }
+
+    /// Learn that the known host `mac` claims `ip` (by ARP, or as a backend's source).
+    ///
+    /// Addresses are bounded as hosts are: `max_hosts` in all, and `max_hosts_per_port`
+    /// at the host's port, so that one MAC answering ARP for forged sender addresses
+    /// fills its own port's share, not the table a new backend's address must go in.
+    pub fn learn_address(&mut self, mac: MacAddr, ip: Ipv4Addr) -> AddressChange {
+        let Some(at) = self.hosts.get(&mac).map(|h| h.at) else {
+            return AddressChange::Ignored;
+        };
+        if ip.is_unspecified() {
+            return AddressChange::Ignored;
+        }
+        let before = self.mac_by_ip.get(&ip).copied();
+        if before == Some(mac) {
+            if let Some(h) = self.hosts.get_mut(&mac) {
+                h.ip = Some(ip);
+            }
+            return AddressChange::Same;
+        }
+        if before.is_none() && self.full(self.mac_by_ip.len()) {
+            return AddressChange::Refused;
+        }
+        if self.port_full(at, |s| s.addresses) {
+            return AddressChange::PortFull;
+        }
+        if let Some(old) = before.and_then(|m| self.hosts.get_mut(&m)) {
+            old.addresses = old.addresses.saturating_sub(1);
+            if let Some(s) = self.share_at.get_mut(&old.at) {
+                s.addresses = s.addresses.saturating_sub(1);
+            }
+        }
+        self.mac_by_ip.insert(ip, mac);
+        if let Some(h) = self.hosts.get_mut(&mac) {
+            h.addresses += 1;
+            h.ip = Some(ip);
+        }
+        self.share_at.entry(at).or_default().addresses += 1;
+        AddressChange::Learned
+    }
+
+    /// Whether port `at` has its share of what `count` counts (not for the uplink).
+    fn port_full(&self, at: PortRef, count: impl Fn(&PortShare) -> u32) -> bool {
+        let here = self.share_at.get(&at).map(count).unwrap_or(0);
+        self.max_hosts_per_port.is_some_and(|m| here >= m) && self.unbounded_port != Some(at)
     }
 
     /// The number of `mac`, numbering it if it is new.
@@ -437,7 +498,7 @@ impl Topology {
             .collect();
         for m in gone {
             if let Some(h) = self.hosts.remove(&m) {
-                count_out(&mut self.hosts_at, h.at);
+                count_out(&mut self.share_at, h.at, h.addresses);
                 if self.forgotten.len() >= MAX_FORGOTTEN {
                     // Most never come back: start over rather than stop remembering.
                     self.forgotten.clear();
@@ -597,20 +658,80 @@ mod tests {
         let mut t = Topology::with_host_bounds(2, 2);
         t.add_switch(1);
         let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
-        let ip = |i: u8| Some(Ipv4Addr::new(10, 0, 0, i));
+        let ip = |i: u8| Ipv4Addr::new(10, 0, 0, i);
         let at = |p: u32| PortRef::new(1, p);
-        assert_eq!(t.learn_host(now, mac(1), at(1), ip(1)), HostChange::New);
-        assert_eq!(t.learn_host(now, mac(2), at(2), ip(2)), HostChange::New);
-        assert_eq!(t.learn_host(now, mac(3), at(3), ip(3)), HostChange::Refused);
-        assert!(!HostChange::Refused.placed());
-        assert_eq!((t.host_count(), t.mac_of(ip(3).unwrap())), (2, None));
+        assert_eq!(t.learn_host(now, mac(1), at(1)), HostChange::New);
+        assert_eq!(t.learn_address(mac(1), ip(1)), AddressChange::Learned);
+        assert_eq!(t.learn_host(now, mac(2), at(2)), HostChange::New);
+        assert_eq!(t.learn_address(mac(2), ip(2)), AddressChange::Learned);
+        assert_eq!(t.learn_host(now, mac(3), at(3)), HostChange::Refused);
+        assert!(!HostChange::Refused.placed() && !HostChange::Refused.known());
+        assert_eq!(t.learn_address(mac(3), ip(3)), AddressChange::Ignored);
+        assert_eq!((t.host_count(), t.mac_of(ip(3))), (2, None));
         // Known hosts still move, and keep their addresses.
-        assert_eq!(t.learn_host(now, mac(2), at(4), ip(2)), HostChange::Moved);
-        assert_eq!(t.mac_of(ip(2).unwrap()), Some(mac(2)));
+        assert_eq!(t.learn_host(now, mac(2), at(4)), HostChange::Moved);
+        assert_eq!(t.learn_address(mac(2), ip(2)), AddressChange::Same);
+        assert_eq!(t.mac_of(ip(2)), Some(mac(2)));
         // The address table is bounded too: a known host claiming more addresses (ARP
         // from a forged sender address) adds none past the bound.
-        assert_eq!(t.learn_host(now, mac(1), at(1), ip(9)), HostChange::Same);
-        assert_eq!(t.mac_of(ip(9).unwrap()), None);
+        assert_eq!(t.learn_address(mac(1), ip(9)), AddressChange::Refused);
+        assert_eq!(t.mac_of(ip(9)), None);
+        // An address another host claims now is not a new entry.
+        assert_eq!(t.learn_address(mac(1), ip(2)), AddressChange::Learned);
+        assert_eq!(t.locate_ip(ip(2)), Some((mac(1), at(1))));
+    }
+
+    /// One MAC claiming address after address (ARP with forged sender addresses) fills
+    /// its port's share of the address table, not the table: a backend's address at
+    /// another port is still learned. The share follows the host when it moves, and
+    /// comes back when an address is claimed by another port's host or the port goes.
+    #[test]
+    fn a_port_learns_at_most_its_share_of_addresses() {
+        let now = Instant::now();
+        let mut t = Topology::with_host_bounds(100, 3);
+        t.add_switch(1);
+        let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
+        let ip = |i: u8| Ipv4Addr::new(10, 0, 0, i);
+        let at = |p: u32| PortRef::new(1, p);
+        assert_eq!(t.learn_host(now, mac(1), at(1)), HostChange::New);
+        for i in 1..=3 {
+            assert_eq!(t.learn_address(mac(1), ip(i)), AddressChange::Learned);
+        }
+        for i in 4..=50 {
+            assert_eq!(t.learn_address(mac(1), ip(i)), AddressChange::PortFull);
+            assert_eq!(t.mac_of(ip(i)), None);
+        }
+        // Another host at the same port shares the port's bound; one elsewhere does not.
+        assert_eq!(t.learn_host(now, mac(2), at(1)), HostChange::New);
+        assert_eq!(t.learn_address(mac(2), ip(60)), AddressChange::PortFull);
+        assert_eq!(t.learn_host(now, mac(3), at(2)), HostChange::New);
+        assert_eq!(t.learn_address(mac(3), ip(61)), AddressChange::Learned);
+        // What it holds already is not refused.
+        assert_eq!(t.learn_address(mac(1), ip(2)), AddressChange::Same);
+        // An address claimed by port 2's host leaves port 1's share.
+        assert_eq!(t.learn_address(mac(3), ip(3)), AddressChange::Learned);
+        assert_eq!(t.learn_address(mac(2), ip(60)), AddressChange::Learned);
+        // A host that moves takes its addresses' share with it (and is not refused).
+        assert_eq!(t.learn_host(now, mac(1), at(2)), HostChange::Moved);
+        assert_eq!(t.learn_address(mac(2), ip(62)), AddressChange::Learned);
+        assert_eq!(t.learn_address(mac(3), ip(63)), AddressChange::PortFull);
+        // A port that goes takes its hosts' addresses, and its share is whole again.
+        t.remove_port(1, 2);
+        assert_eq!(t.mac_of(ip(1)), None);
+        assert_eq!(t.learn_host(now, mac(4), at(2)), HostChange::New);
+        for i in 70..=72 {
+            assert_eq!(t.learn_address(mac(4), ip(i)), AddressChange::Learned);
+        }
+        // The uplink is not bounded.
+        t.unbound_port(at(5));
+        assert_eq!(t.learn_host(now, mac(5), at(5)), HostChange::New);
+        for i in 80..=90 {
+            assert_eq!(t.learn_address(mac(5), ip(i)), AddressChange::Learned);
+        }
+        assert_eq!(
+            t.learn_address(mac(5), Ipv4Addr::UNSPECIFIED),
+            AddressChange::Ignored
+        );
     }
 
     /// One port sending forged source MACs fills its own share of the host table, not
@@ -624,36 +745,33 @@ mod tests {
         let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
         let at = |p: u32| PortRef::new(1, p);
         for i in 1..=3 {
-            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::New);
+            assert_eq!(t.learn_host(now, mac(i), at(1)), HostChange::New);
         }
         for i in 4..=50 {
-            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::PortFull);
+            assert_eq!(t.learn_host(now, mac(i), at(1)), HostChange::PortFull);
         }
         assert!(!HostChange::PortFull.placed());
         assert_eq!(t.host_count(), 3);
         // Another port's hosts are learned.
-        assert_eq!(t.learn_host(now, mac(60), at(2), None), HostChange::New);
+        assert_eq!(t.learn_host(now, mac(60), at(2)), HostChange::New);
         // A known host seen again where it is is not refused; one that moves away frees
         // a place, and one that moves in is not refused (a move adds no entry).
-        assert_eq!(t.learn_host(now, mac(1), at(1), None), HostChange::Same);
-        assert_eq!(t.learn_host(now, mac(1), at(3), None), HostChange::Moved);
-        assert_eq!(t.learn_host(now, mac(4), at(1), None), HostChange::New);
-        assert_eq!(t.learn_host(now, mac(60), at(1), None), HostChange::Moved);
-        assert_eq!(t.learn_host(now, mac(5), at(1), None), HostChange::PortFull);
+        assert_eq!(t.learn_host(now, mac(1), at(1)), HostChange::Same);
+        assert_eq!(t.learn_host(now, mac(1), at(3)), HostChange::Moved);
+        assert_eq!(t.learn_host(now, mac(4), at(1)), HostChange::New);
+        assert_eq!(t.learn_host(now, mac(60), at(1)), HostChange::Moved);
+        assert_eq!(t.learn_host(now, mac(5), at(1)), HostChange::PortFull);
         // The port goes: its hosts are forgotten, and its share is whole again.
         t.remove_port(1, 1);
         assert_eq!(t.host_count(), 1, "mac(1), at port 3");
         for i in 20..=22 {
-            assert_eq!(t.learn_host(now, mac(i), at(1), None), HostChange::New);
+            assert_eq!(t.learn_host(now, mac(i), at(1)), HostChange::New);
         }
-        assert_eq!(
-            t.learn_host(now, mac(23), at(1), None),
-            HostChange::PortFull
-        );
+        assert_eq!(t.learn_host(now, mac(23), at(1)), HostChange::PortFull);
         // A domain's uplink is not bounded.
         t.unbound_port(at(5));
         for i in 30..=40 {
-            assert_eq!(t.learn_host(now, mac(i), at(5), None), HostChange::New);
+            assert_eq!(t.learn_host(now, mac(i), at(5)), HostChange::New);
         }
     }
 
@@ -666,13 +784,13 @@ mod tests {
         t.add_switch(1);
         let m = MacAddr([2, 0, 0, 0, 0, 7]);
         let at = |p: u32| PortRef::new(1, p);
-        assert_eq!(t.learn_host(now, m, at(3), None), HostChange::New);
+        assert_eq!(t.learn_host(now, m, at(3)), HostChange::New);
         t.remove_port(1, 3);
         assert!(t.host(m).is_none(), "forgotten with its port");
-        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::Moved);
+        assert_eq!(t.learn_host(now, m, at(4)), HostChange::Moved);
         t.remove_port(1, 4);
-        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::New);
-        assert_eq!(t.learn_host(now, m, at(4), None), HostChange::Same);
+        assert_eq!(t.learn_host(now, m, at(4)), HostChange::New);
+        assert_eq!(t.learn_host(now, m, at(4)), HostChange::Same);
     }
 
     fn port(name: &str) -> PortInfo {
@@ -730,16 +848,10 @@ mod tests {
         t.add_switch(1);
         t.add_switch(2);
         let mac = MacAddr([2, 0, 0, 0, 0, 9]);
-        assert_eq!(
-            t.learn_host(now, mac, PortRef::new(1, 2), None),
-            HostChange::New
-        );
+        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2)), HostChange::New);
         t.link_seen(now, PortRef::new(1, 2), PortRef::new(2, 2));
         assert!(t.host(mac).is_none());
-        assert_eq!(
-            t.learn_host(now, mac, PortRef::new(1, 2), None),
-            HostChange::Same
-        );
+        assert_eq!(t.learn_host(now, mac, PortRef::new(1, 2)), HostChange::Same);
         assert!(t.host(mac).is_none());
     }
 

@@ -550,3 +550,90 @@ for i in range({FORGED}):\n  mac=bytes([2,0xfa,0,0,i>>8,i&255])\n  ip=bytes([10,
     assert_eq!(r["ok"], 20, "{r}");
     ctl.assert_no_openflow_errors();
 }
+
+/// A host answering ARP for forged sender addresses from its own MAC takes its port's
+/// share of the address table (`max_hosts_per_port`), not the table (`max_hosts`): a
+/// backend address that comes up afterwards at another port is still located, and the
+/// VIP places connections on it. Without the port's bound the claims fill the table and
+/// that backend is never located.
+#[test]
+fn ovs_forged_sender_addresses_take_one_ports_share_of_addresses() {
+    let Some(p) = setup("ovs_forged_sender_addresses_take_one_ports_share_of_addresses") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let (client, late) = (&t.hosts[0], &t.hosts[2]);
+    // A backend address no host has yet: `late` takes it after the flood.
+    let [a, b, c, _] = late.ip().octets();
+    let added = std::net::Ipv4Addr::new(a, b, c, 200);
+    let cfg = vip_config(VIP, "round-robin", &[t.hosts[1].ip(), added], "")
+        + "\n[controller]\nmax_hosts = 24\nmax_hosts_per_port = 8\n";
+    let ctl = Ctl::start("arpflood", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let _s = httpd(&t.hosts[1], "b1", &[]);
+    let located = |addr: std::net::Ipv4Addr| {
+        ctl.get_json("/api/v1/services/web")["backends"]
+            .as_array()
+            .is_some_and(|bs| {
+                bs.iter()
+                    .any(|b| b["address"] == addr.to_string() && b["located"] == true)
+            })
+    };
+    wait_until("b1 located", Duration::from_secs(15), || {
+        located(t.hosts[1].ip())
+    });
+    let url = format!("http://{VIP}/");
+    let r = load(client, &url, &["--requests", "10"]);
+    assert_eq!(r["ok"], 10, "{r}");
+    let m = |name: &str| metric(&ctl.get("/metrics").1, name).unwrap_or(-1.0);
+
+    // 300 gratuitous ARPs from the client's own MAC, each claiming another address, 1 ms
+    // apart (a burst would overrun Open vSwitch's queue of PACKET_INs, not the table).
+    const FORGED: usize = 300;
+    let script = format!(
+        "import socket,struct,time\n\
+mac=bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':',''))\n\
+s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
+s.bind(('eth0',0))\n\
+for i in range({FORGED}):\n  ip=bytes([10,99,i>>8,i&255])\n  arp=struct.pack('!HHBBH',1,0x0800,6,4,1)+mac+ip+bytes(6)+ip\n  s.send(b'\\xff'*6+mac+b'\\x08\\x06'+arp)\n  time.sleep(0.001)\n"
+    );
+    client
+        .exec_checked(&["python3", "-c", &script])
+        .expect("the forged claims");
+    wait_until(
+        "the claims past the port's share refused",
+        Duration::from_secs(10),
+        || m("flowgate_addresses_refused_port_full_total") >= (FORGED - 8) as f64,
+    );
+    let refused = m("flowgate_addresses_refused_port_full_total");
+    eprintln!("MEASURE {FORGED} forged sender addresses from one MAC: {refused} refused");
+    assert_eq!(
+        m("flowgate_addresses_refused_total"),
+        0.0,
+        "the address table never filled"
+    );
+
+    // The new backend address comes up at another port: it is located, and served.
+    late.exec_checked(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{added}/{}", late.prefix_len()),
+        "dev",
+        "eth0",
+    ])
+    .expect("add the backend's address");
+    let listen = format!("{added}:80");
+    let _s2 = late
+        .spawn(&[FLOWGATE, "httpd", "--listen", &listen, "--name", "b2"])
+        .expect("spawn httpd");
+    wait_until("the new backend located", Duration::from_secs(10), || {
+        located(added)
+    });
+    assert_eq!(m("flowgate_addresses_refused_total"), 0.0);
+    let r = load(client, &url, &["--requests", "20"]);
+    assert_eq!(r["ok"], 20, "{r}");
+    let served = shares(&r);
+    assert_eq!(served.len(), 2, "both backends: {served:?}");
+    ctl.assert_no_openflow_errors();
+}

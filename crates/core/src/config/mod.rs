@@ -262,10 +262,12 @@ pub struct ControllerConfig {
     /// `hosts_refused`): frames to it are flooded by the controller, as to any unknown
     /// MAC. A flood of forged source MACs fills the table, not the switches' flow tables.
     pub max_hosts: usize,
-    /// The most hosts learned at one switch port; past it a new MAC seen there is not
-    /// learned (counted in `hosts_refused_port_full`), so that one port sending forged
-    /// source MACs cannot fill the table for every other. Not at a domain's uplink
-    /// (`[cluster] uplink`), where the other domains' hosts are seen.
+    /// The most hosts learned at one switch port, and the most addresses those hosts
+    /// claim; past it a new MAC seen there is not learned (counted in
+    /// `hosts_refused_port_full`), nor a new address (`addresses_refused_port_full`), so
+    /// that one port sending forged source MACs, or ARP with forged sender addresses,
+    /// cannot fill the tables for every other. Not at a domain's uplink (`[cluster]
+    /// uplink`), where the other domains' hosts are seen.
     pub max_hosts_per_port: u32,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST

@@ -9,7 +9,7 @@ use flowgate_packet::{self as packet, ARP_OP_REPLY, ARP_OP_REQUEST, Frame, L3, M
 use ofp::{Action, Actions, Bytes, Message};
 
 use super::{Controller, Outbox, rules};
-use crate::topology::{Dpid, HostChange, PortRef};
+use crate::topology::{AddressChange, Dpid, HostChange, PortRef};
 
 impl Controller {
     /// The PACKET_IN path. It allocates nothing for a packet of a known connection or a new
@@ -104,15 +104,9 @@ impl Controller {
         if self.is_virtual_mac(frame.eth_src) {
             return;
         }
-        // Whether this packet tells us something new about a backend's address: only then
-        // are the backends' locations worth re-reading (not on every backend packet that
-        // comes up, which on the PACKET_IN path would be a scan of every pool).
-        let backend_ip_news = ip.is_some_and(|ip| {
-            self.backend_index.contains_key(&ip) && self.topo.mac_of(ip) != Some(frame.eth_src)
-        });
         let change = self
             .topo
-            .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port), ip);
+            .learn_host(now, frame.eth_src, PortRef::new(dpid, in_port));
         match change {
             HostChange::Refused => self.counters.hosts_refused += 1,
             HostChange::PortFull => self.counters.hosts_refused_port_full += 1,
@@ -122,8 +116,22 @@ impl Controller {
         if change.placed() {
             self.install_l2_for(frame.eth_src, out);
         }
-        if backend_ip_news
-            || (change.placed() && ip.is_some_and(|ip| self.backend_index.contains_key(&ip)))
+        let address = match ip {
+            Some(ip) if change.known() => self.topo.learn_address(frame.eth_src, ip),
+            _ => AddressChange::Ignored,
+        };
+        match address {
+            AddressChange::Refused => self.counters.addresses_refused += 1,
+            AddressChange::PortFull => self.counters.addresses_refused_port_full += 1,
+            _ => {}
+        }
+        // The backends' locations are worth re-reading only when this packet told us
+        // something new about a backend: not on every backend packet that comes up, which
+        // on the PACKET_IN path would be a scan of every pool.
+        let is_backend = ip.is_some_and(|ip| self.backend_index.contains_key(&ip));
+        if is_backend
+            && (address == AddressChange::Learned
+                || (change.placed() && address == AddressChange::Same))
         {
             self.sync_backend_locations(now);
         }
@@ -290,7 +298,7 @@ impl Controller {
             let (Some(at), None) = (edges.next(), edges.next()) else {
                 continue;
             };
-            if self.topo.learn_host(now, mac, at, None).placed() {
+            if self.topo.learn_host(now, mac, at).placed() {
                 self.install_l2_for(mac, out);
             }
         }

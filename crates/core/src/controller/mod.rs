@@ -199,6 +199,11 @@ pub struct Counters {
     pub hosts_refused: u64,
     /// Source MACs not learned because their port had `max_hosts_per_port` hosts.
     pub hosts_refused_port_full: u64,
+    /// Addresses (ARP senders, backends' sources) not learned because the address table
+    /// was full (`max_hosts`).
+    pub addresses_refused: u64,
+    /// Addresses not learned because their host's port had `max_hosts_per_port` of them.
+    pub addresses_refused_port_full: u64,
     /// Open connections given rules along new paths because their backend or client
     /// moved, or a link of their path changed (see `reroute`).
     pub connections_rerouted: u64,
@@ -961,8 +966,12 @@ impl Controller {
             return false;
         }
         if self.topo.locate_ip(ip) != Some((mac, at)) {
-            if self.topo.learn_host(now, mac, at, Some(ip)) == HostChange::Moved {
+            let change = self.topo.learn_host(now, mac, at);
+            if change == HostChange::Moved {
                 self.host_moved(mac);
+            }
+            if change.known() {
+                self.topo.learn_address(mac, ip);
             }
             self.sync_backend_locations(now);
         }

@@ -825,6 +825,40 @@ fn forged_source_macs_at_one_port_leave_the_table_to_the_others() {
     assert!(["h2", "h3", "h4"].contains(&got[0].0.as_str()), "{got:?}");
 }
 
+/// One MAC claiming address after address by ARP (forged sender addresses) takes its
+/// port's share of the address table, not the table: the backends' addresses, claimed
+/// afterwards at other ports, are still learned, and the service places connections on
+/// them. Without the port's bound the 200 claims would fill the table (`max_hosts`
+/// 100), and the backends would stay unlocated.
+#[test]
+fn forged_sender_addresses_at_one_port_leave_the_table_to_the_others() {
+    let cfg = format!(
+        "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 3\n",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    sim.send("h1", &arp_request(1, ip(9)));
+    for i in 0..200u8 {
+        let forged = Ipv4Addr::new(10, 0, 1, i);
+        sim.send("h1", &packet::arp_request(mac(1), forged, ip(9)));
+    }
+    assert_eq!(sim.c.counters().addresses_refused_port_full, 198);
+    assert_eq!(sim.c.counters().addresses_refused, 0);
+    assert_eq!(
+        sim.c.topology().mac_of(Ipv4Addr::new(10, 0, 1, 1)),
+        Some(mac(1))
+    );
+    assert_eq!(sim.c.topology().mac_of(Ipv4Addr::new(10, 0, 1, 2)), None);
+    for i in 2..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+        assert_eq!(sim.c.topology().mac_of(ip(i)), Some(mac(i)));
+    }
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(["h2", "h3", "h4"].contains(&got[0].0.as_str()), "{got:?}");
+}
+
 #[test]
 fn a_host_is_adopted_only_where_one_rule_places_it() {
     let mut sim = single_switch("round-robin");

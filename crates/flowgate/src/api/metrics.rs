@@ -89,6 +89,16 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.hosts_refused_port_full,
         ),
         (
+            "flowgate_addresses_refused_total",
+            "Addresses claimed by ARP (or a backend's packets) not learned because the address table was full (max_hosts).",
+            counters.addresses_refused,
+        ),
+        (
+            "flowgate_addresses_refused_port_full_total",
+            "Addresses claimed by ARP (or a backend's packets) not learned because their host's switch port had max_hosts_per_port addresses already.",
+            counters.addresses_refused_port_full,
+        ),
+        (
             "flowgate_flow_removed_total",
             "FLOW_REMOVED messages received.",
             counters.flow_removed,
