@@ -6,6 +6,7 @@ mod support;
 use std::time::Duration;
 
 use flowgate_testbed::topo::{self, TopoOptions};
+use flowgate_testbed::{Host, ProcGuard};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
@@ -484,6 +485,68 @@ while True:\n  d,a=s.recvfrom(100)\n  if a[0]==dst:\n    f=d[20+13]\n    print('
     ctl.assert_no_openflow_errors();
 }
 
+/// What each ARP of a flood forges.
+#[derive(Clone, Copy)]
+enum Forged {
+    /// Its source MAC: another one each time.
+    SourceMac,
+    /// Its sender address: the host's own MAC claims another address each time.
+    SenderAddress,
+}
+
+/// `n` gratuitous ARPs out of `host`'s eth0, 1 ms apart (a burst would overrun Open
+/// vSwitch's queue of PACKET_INs, not the controller's tables).
+fn send_forged_arps(host: &Host, n: usize, forged: Forged) {
+    let (mac, ip) = match forged {
+        Forged::SourceMac => ("bytes([2,0xfa,0,0,i>>8,i&255])", "bytes([10,0,9,i%250+1])"),
+        Forged::SenderAddress => ("own", "bytes([10,99,i>>8,i&255])"),
+    };
+    let script = format!(
+        "import socket,struct,time\n\
+own=bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':',''))\n\
+s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
+s.bind(('eth0',0))\n\
+for i in range({n}):\n  mac={mac}\n  ip={ip}\n  arp=struct.pack('!HHBBH',1,0x0800,6,4,1)+mac+ip+bytes(6)+ip\n  s.send(b'\\xff'*6+mac+b'\\x08\\x06'+arp)\n  time.sleep(0.001)\n"
+    );
+    host.exec_checked(&["python3", "-c", &script])
+        .expect("the forged ARPs");
+}
+
+/// Whether `ctl`'s service `web` has located its backend `addr`.
+fn backend_located(ctl: &Ctl, addr: std::net::Ipv4Addr) -> bool {
+    ctl.get_json("/api/v1/services/web")["backends"]
+        .as_array()
+        .is_some_and(|bs| {
+            bs.iter()
+                .any(|b| b["address"] == addr.to_string() && b["located"] == true)
+        })
+}
+
+/// A controller of `t`'s bridge whose host tables are small (24 in all, 8 per port), its
+/// service `web` on `backends` (the first, `t.hosts[1]`, serving as `b1` and located),
+/// and 10 requests from `t.hosts[0]` served.
+fn start_with_small_host_tables(
+    t: &topo::Topology,
+    name: &str,
+    backends: &[std::net::Ipv4Addr],
+) -> (Ctl, ProcGuard) {
+    let cfg = vip_config(VIP, "round-robin", backends, "")
+        + "\n[controller]\nmax_hosts = 24\nmax_hosts_per_port = 8\n";
+    let ctl = Ctl::start(name, &cfg);
+    ctl.control(&t.bridges[..1]);
+    let b1 = httpd(&t.hosts[1], "b1", &[]);
+    wait_until("b1 located", Duration::from_secs(15), || {
+        backend_located(&ctl, t.hosts[1].ip())
+    });
+    let r = load(
+        &t.hosts[0],
+        &format!("http://{VIP}/"),
+        &["--requests", "10"],
+    );
+    assert_eq!(r["ok"], 10, "{r}");
+    (ctl, b1)
+}
+
 /// A host sending frames from forged source MACs (a MAC flood) takes its port's share of
 /// the host table (`max_hosts_per_port`), not the table: a host heard from afterwards at
 /// another port is still learned, and the VIP keeps serving.
@@ -493,30 +556,12 @@ fn ovs_forged_source_macs_take_one_ports_share_of_hosts() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let cfg = vip_config(VIP, "round-robin", &[t.hosts[1].ip()], "")
-        + "\n[controller]\nmax_hosts = 24\nmax_hosts_per_port = 8\n";
-    let ctl = Ctl::start("macflood", &cfg);
-    ctl.control(&t.bridges[..1]);
-    let _s = httpd(&t.hosts[1], "b1", &[]);
-    ctl.wait_backends_ready(Duration::from_secs(15));
+    let (ctl, _b1) = start_with_small_host_tables(&t, "macflood", &[t.hosts[1].ip()]);
     let (client, late) = (&t.hosts[0], &t.hosts[2]);
-    let url = format!("http://{VIP}/");
-    let r = load(client, &url, &["--requests", "10"]);
-    assert_eq!(r["ok"], 10, "{r}");
     let m = |name: &str| metric(&ctl.get("/metrics").1, name).unwrap_or(-1.0);
 
-    // 300 gratuitous ARPs from the client's port, each from another forged MAC, 1 ms
-    // apart (a burst would overrun Open vSwitch's queue of PACKET_INs, not the table).
     const FORGED: usize = 300;
-    let script = format!(
-        "import socket,struct,time\n\
-s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
-s.bind(('eth0',0))\n\
-for i in range({FORGED}):\n  mac=bytes([2,0xfa,0,0,i>>8,i&255])\n  ip=bytes([10,0,9,i%250+1])\n  arp=struct.pack('!HHBBH',1,0x0800,6,4,1)+mac+ip+bytes(6)+ip\n  s.send(b'\\xff'*6+mac+b'\\x08\\x06'+arp)\n  time.sleep(0.001)\n"
-    );
-    client
-        .exec_checked(&["python3", "-c", &script])
-        .expect("the forged frames");
+    send_forged_arps(client, FORGED, Forged::SourceMac);
     wait_until(
         "the forged MACs past the port's share refused",
         Duration::from_secs(10),
@@ -546,7 +591,7 @@ for i in range({FORGED}):\n  mac=bytes([2,0xfa,0,0,i>>8,i&255])\n  ip=bytes([10,
         m("flowgate_hosts") >= hosts + 1.0
     });
     assert_eq!(m("flowgate_hosts_refused_total"), 0.0);
-    let r = load(client, &url, &["--requests", "20"]);
+    let r = load(client, &format!("http://{VIP}/"), &["--requests", "20"]);
     assert_eq!(r["ok"], 20, "{r}");
     ctl.assert_no_openflow_errors();
 }
@@ -566,40 +611,11 @@ fn ovs_forged_sender_addresses_take_one_ports_share_of_addresses() {
     // A backend address no host has yet: `late` takes it after the flood.
     let [a, b, c, _] = late.ip().octets();
     let added = std::net::Ipv4Addr::new(a, b, c, 200);
-    let cfg = vip_config(VIP, "round-robin", &[t.hosts[1].ip(), added], "")
-        + "\n[controller]\nmax_hosts = 24\nmax_hosts_per_port = 8\n";
-    let ctl = Ctl::start("arpflood", &cfg);
-    ctl.control(&t.bridges[..1]);
-    let _s = httpd(&t.hosts[1], "b1", &[]);
-    let located = |addr: std::net::Ipv4Addr| {
-        ctl.get_json("/api/v1/services/web")["backends"]
-            .as_array()
-            .is_some_and(|bs| {
-                bs.iter()
-                    .any(|b| b["address"] == addr.to_string() && b["located"] == true)
-            })
-    };
-    wait_until("b1 located", Duration::from_secs(15), || {
-        located(t.hosts[1].ip())
-    });
-    let url = format!("http://{VIP}/");
-    let r = load(client, &url, &["--requests", "10"]);
-    assert_eq!(r["ok"], 10, "{r}");
+    let (ctl, _b1) = start_with_small_host_tables(&t, "arpflood", &[t.hosts[1].ip(), added]);
     let m = |name: &str| metric(&ctl.get("/metrics").1, name).unwrap_or(-1.0);
 
-    // 300 gratuitous ARPs from the client's own MAC, each claiming another address, 1 ms
-    // apart (a burst would overrun Open vSwitch's queue of PACKET_INs, not the table).
     const FORGED: usize = 300;
-    let script = format!(
-        "import socket,struct,time\n\
-mac=bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':',''))\n\
-s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
-s.bind(('eth0',0))\n\
-for i in range({FORGED}):\n  ip=bytes([10,99,i>>8,i&255])\n  arp=struct.pack('!HHBBH',1,0x0800,6,4,1)+mac+ip+bytes(6)+ip\n  s.send(b'\\xff'*6+mac+b'\\x08\\x06'+arp)\n  time.sleep(0.001)\n"
-    );
-    client
-        .exec_checked(&["python3", "-c", &script])
-        .expect("the forged claims");
+    send_forged_arps(client, FORGED, Forged::SenderAddress);
     wait_until(
         "the claims past the port's share refused",
         Duration::from_secs(10),
@@ -624,14 +640,14 @@ for i in range({FORGED}):\n  ip=bytes([10,99,i>>8,i&255])\n  arp=struct.pack('!H
     ])
     .expect("add the backend's address");
     let listen = format!("{added}:80");
-    let _s2 = late
+    let _b2 = late
         .spawn(&[FLOWGATE, "httpd", "--listen", &listen, "--name", "b2"])
         .expect("spawn httpd");
     wait_until("the new backend located", Duration::from_secs(10), || {
-        located(added)
+        backend_located(&ctl, added)
     });
     assert_eq!(m("flowgate_addresses_refused_total"), 0.0);
-    let r = load(client, &url, &["--requests", "20"]);
+    let r = load(client, &format!("http://{VIP}/"), &["--requests", "20"]);
     assert_eq!(r["ok"], 20, "{r}");
     let served = shares(&r);
     assert_eq!(served.len(), 2, "both backends: {served:?}");

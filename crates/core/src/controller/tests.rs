@@ -798,13 +798,7 @@ fn forged_source_macs_fill_the_host_table_not_the_switches() {
 /// learned, and carried by the switch.
 #[test]
 fn forged_source_macs_at_one_port_leave_the_table_to_the_others() {
-    let cfg = format!(
-        "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 3\n",
-        service_config("round-robin", &[2, 3, 4])
-    );
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
-    sim.send("h1", &arp_request(1, ip(9)));
+    let mut sim = small_host_tables();
     for i in 0..200u8 {
         sim.send("h1", &arp_request(50 + i, ip(9)));
     }
@@ -819,10 +813,8 @@ fn forged_source_macs_at_one_port_leave_the_table_to_the_others() {
     let before = sim.packet_ins;
     let got = sim.send("h1", &tcp(mac(1), mac(3), (ip(1), 5555), (ip(3), 22), SYN));
     assert_eq!((got.len(), sim.packet_ins), (1, before));
-    // And the service works: a client's connection goes to a backend.
-    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert!(["h2", "h3", "h4"].contains(&got[0].0.as_str()), "{got:?}");
+    // And the service works.
+    assert_a_backend_takes_a_connection(&mut sim);
 }
 
 /// One MAC claiming address after address by ARP (forged sender addresses) takes its
@@ -832,13 +824,7 @@ fn forged_source_macs_at_one_port_leave_the_table_to_the_others() {
 /// 100), and the backends would stay unlocated.
 #[test]
 fn forged_sender_addresses_at_one_port_leave_the_table_to_the_others() {
-    let cfg = format!(
-        "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 3\n",
-        service_config("round-robin", &[2, 3, 4])
-    );
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
-    sim.send("h1", &arp_request(1, ip(9)));
+    let mut sim = small_host_tables();
     for i in 0..200u8 {
         let forged = Ipv4Addr::new(10, 0, 1, i);
         sim.send("h1", &packet::arp_request(mac(1), forged, ip(9)));
@@ -854,6 +840,24 @@ fn forged_sender_addresses_at_one_port_leave_the_table_to_the_others() {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
         assert_eq!(sim.c.topology().mac_of(ip(i)), Some(mac(i)));
     }
+    assert_a_backend_takes_a_connection(&mut sim);
+}
+
+/// One switch, the client h1 at port 1 (heard from once) and the service's backends h2-h4
+/// at ports 2-4 (not yet), with host tables of 100 in all and 3 per port.
+fn small_host_tables() -> Sim {
+    let cfg = format!(
+        "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 3\n",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    sim.send("h1", &arp_request(1, ip(9)));
+    sim
+}
+
+/// A new connection from h1 to the VIP goes to one of the backends h2-h4.
+fn assert_a_backend_takes_a_connection(sim: &mut Sim) {
     let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(["h2", "h3", "h4"].contains(&got[0].0.as_str()), "{got:?}");
