@@ -427,6 +427,27 @@ fn bench_controller_floor_answers_at_flowgates_rates_both_polling_before_they_sl
         "{table}"
     );
     assert!(table.contains("floor (flowgate "), "its version:\n{table}");
+    // The two latencies at that rate side by side, as in their rows.
+    let p99_cell = |peer: &str| -> String {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {peer} |")) && l.contains("open loop"))
+            .unwrap_or_else(|| panic!("no open-loop row for {peer}:\n{table}"));
+        row.split('|').nth(9).unwrap_or_default().trim().to_string()
+    };
+    let rate = open_loop("flowgate", "(0.5 of the peak)");
+    let side_by_side = table
+        .lines()
+        .find(|l| l.starts_with(&format!("- At {rate}/s offered, flowgate against floor: ")))
+        .unwrap_or_else(|| panic!("no comparison at {rate}/s:\n{table}"));
+    assert!(
+        side_by_side.contains(&format!(
+            "p99 {} / {} µs (",
+            p99_cell("flowgate"),
+            p99_cell("floor")
+        )),
+        "{side_by_side}\n{table}"
+    );
     // Each run says what the hypervisor took from each CPU meanwhile.
     for peer in ["flowgate", "floor"] {
         assert!(

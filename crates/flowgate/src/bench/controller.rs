@@ -178,6 +178,8 @@ pub struct RunResult {
     pub controller: String,
     pub mode: CheckMode,
     pub pace: String,
+    /// The offered rate of an open-loop run, setups/s (`None`: a closed loop).
+    pub offered: Option<f64>,
     pub switches: usize,
     /// responses/s per measured loop.
     pub loops: Vec<f64>,
@@ -552,6 +554,10 @@ async fn measure_async(
         controller: name.to_string(),
         mode,
         pace: pace_label,
+        offered: match pace {
+            Pace::Rate(r) => Some(r),
+            Pace::Window(_) => None,
+        },
         switches: n,
         loops,
         min,
@@ -1164,6 +1170,67 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<Report> {
         }
     }
     Ok(Report { runs, versions })
+}
+
+/// flowgate's latency beside each other peer's at the same offered rate, one sentence
+/// per rate both were run at: the comparison with a peer measured in the same run, on
+/// the same cores, that a latency from a shared machine needs (`--fractions-of-first`
+/// gives the peers flowgate's rates).
+pub fn latency_against_peers(report: &Report) -> Vec<String> {
+    let open = |r: &&RunResult| r.offered.is_some() && r.measured > 0;
+    let mut out = Vec::new();
+    for f in report
+        .runs
+        .iter()
+        .filter(open)
+        .filter(|r| r.controller == "flowgate")
+    {
+        let Some(rate) = f.offered else { continue };
+        let same_rate = |r: &&RunResult| r.offered.is_some_and(|o| (o - rate).abs() <= rate * 1e-6);
+        for p in report
+            .runs
+            .iter()
+            .filter(open)
+            .filter(|r| r.controller != "flowgate")
+            .filter(same_rate)
+        {
+            let ratio = |a: u64, b: u64| {
+                if b == 0 {
+                    "–".to_string()
+                } else {
+                    format!("{:.2}×", a as f64 / b as f64)
+                }
+            };
+            out.push(format!(
+                "At {}/s offered, flowgate against {}: p50 {} / {} µs ({}), p99 {} / {} µs ({}), p99.9 {} / {} µs ({}); setups over {} µs {} / {}.",
+                fmt_rate(rate),
+                p.controller,
+                f.p50_us,
+                p.p50_us,
+                ratio(f.p50_us, p.p50_us),
+                f.p99_us,
+                p.p99_us,
+                ratio(f.p99_us, p.p99_us),
+                f.p999_us,
+                p.p999_us,
+                ratio(f.p999_us, p.p999_us),
+                super::bursts::SLOW.as_micros(),
+                slow_share(f),
+                slow_share(p),
+            ));
+        }
+    }
+    out
+}
+
+/// The share of a run's measured setups over [`super::bursts::SLOW`], when it kept them.
+fn slow_share(r: &RunResult) -> String {
+    match &r.bursts {
+        Some(b) if r.measured > 0 && !b.capped => {
+            format!("{:.2} %", 100.0 * b.slow as f64 / r.measured as f64)
+        }
+        _ => "–".into(),
+    }
 }
 
 pub fn table(report: &Report) -> Table {

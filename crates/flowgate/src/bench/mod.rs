@@ -160,6 +160,13 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             if !report.versions.is_empty() {
                 body += &format!("\nControllers: {}\n", report.versions.join("; "));
             }
+            let against = controller::latency_against_peers(&report);
+            if !against.is_empty() {
+                body += "\nLatency against the peers at the same rates (flowgate / peer):\n\n";
+                for line in against {
+                    body += &format!("- {line}\n");
+                }
+            }
             for r in &report.runs {
                 if !r.invalid_samples.is_empty() {
                     body += &format!(
