@@ -116,11 +116,11 @@ pub enum AddressChange {
 }
 
 /// What one port holds of the host table.
-#[derive(Debug, Clone, Copy, Default)]
-struct PortShare {
-    hosts: u32,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortShare {
+    pub hosts: u32,
     /// The addresses of those hosts.
-    addresses: u32,
+    pub addresses: u32,
 }
 
 /// Switches, links and hosts as discovered.
@@ -442,6 +442,14 @@ impl Topology {
         AddressChange::Learned
     }
 
+    /// The hosts and addresses learned at `at`, and whether either is at the port's
+    /// bound (`max_hosts_per_port`), so that new ones there are refused.
+    pub fn share_of(&self, at: PortRef) -> (PortShare, bool) {
+        let share = self.share_at.get(&at).copied().unwrap_or_default();
+        let full = self.port_full(at, |s| s.hosts) || self.port_full(at, |s| s.addresses);
+        (share, full)
+    }
+
     /// Whether port `at` has its share of what `count` counts (not for the uplink).
     fn port_full(&self, at: PortRef, count: impl Fn(&PortShare) -> u32) -> bool {
         let here = self.share_at.get(&at).map(count).unwrap_or(0);
@@ -701,6 +709,9 @@ mod tests {
             assert_eq!(t.learn_address(mac(1), ip(i)), AddressChange::PortFull);
             assert_eq!(t.mac_of(ip(i)), None);
         }
+        let share = |hosts, addresses| PortShare { hosts, addresses };
+        assert_eq!(t.share_of(at(1)), (share(1, 3), true));
+        assert_eq!(t.share_of(at(2)), (share(0, 0), false));
         // Another host at the same port shares the port's bound; one elsewhere does not.
         assert_eq!(t.learn_host(now, mac(2), at(1)), HostChange::New);
         assert_eq!(t.learn_address(mac(2), ip(60)), AddressChange::PortFull);
@@ -715,6 +726,8 @@ mod tests {
         assert_eq!(t.learn_host(now, mac(1), at(2)), HostChange::Moved);
         assert_eq!(t.learn_address(mac(2), ip(62)), AddressChange::Learned);
         assert_eq!(t.learn_address(mac(3), ip(63)), AddressChange::PortFull);
+        assert_eq!(t.share_of(at(1)), (share(1, 2), false));
+        assert_eq!(t.share_of(at(2)), (share(2, 4), true));
         // A port that goes takes its hosts' addresses, and its share is whole again.
         t.remove_port(1, 2);
         assert_eq!(t.mac_of(ip(1)), None);

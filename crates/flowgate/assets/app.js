@@ -174,6 +174,14 @@ function setBadge(td, text, cls) {
   span.className = "badge " + cls;
   span.textContent = text;
 }
+// A backend's overload gate (GapView): its mode, and while it gaps, the gap between two
+// admitted new flows.
+function gapBadge(g) {
+  if (g === null || g === undefined) return ["n/a", "b-none"];
+  if (g.mode === "off") return ["off", "b-none"];
+  if (!g.gapping) return [`${g.mode}: open`, "b-ok"];
+  return [g.gap_ms === null ? `${g.mode}: gapping` : `${g.mode}: ${fmt(g.gap_ms, 1)} ms`, "b-warn"];
+}
 function renderService(s, now) {
   let v = serviceEls.get(s.name);
   if (!v) { v = serviceCard(s.name); serviceEls.set(s.name, v); $("#services").append(v.root); }
@@ -197,7 +205,7 @@ function renderService(s, now) {
     td("weight").textContent = b.effective_weight !== b.weight ? `${b.weight} (${b.effective_weight})` : String(b.weight);
     setBadge(td("health"), !b.located ? "unlocated" : b.healthy ? "healthy" : "down", !b.located ? "b-warn" : b.healthy ? "b-ok" : "b-bad");
     setBadge(td("state"), b.state, b.draining ? "b-warn" : "b-ok");
-    setBadge(td("gap"), b.gap === null || b.gap === undefined ? "n/a" : String(b.gap.state || b.gap), "b-none");
+    setBadge(td("gap"), ...gapBadge(b.gap));
     td("active_connections").textContent = fmtInt(b.active_connections);
     td("connections_total").textContent = fmtInt(b.connections_total);
     td("connections_total").dataset.value = String(b.connections_total);
@@ -221,13 +229,18 @@ function renderService(s, now) {
 // ----- switches and events -------------------------------------------------------------------
 function renderSwitches(list) {
   const tb = $("#switches tbody");
-  if (!list.length) { tb.replaceChildren(el("tr", {}, el("td", { colspan: "6", class: "muted" }, "No switch connected."))); return; }
+  if (!list.length) { tb.replaceChildren(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No switch connected."))); return; }
   tb.replaceChildren(...list.map((s) => {
     const up = s.ports.filter((p) => p.up).length;
     const since = new Date(s.connected_since_unix * 1000);
+    // A port at max_hosts_per_port refuses new hosts: name it, so the operator sees where.
+    const hosts = s.ports.reduce((n, p) => n + p.hosts, 0);
+    const full = s.ports.filter((p) => p.full).map((p) => p.port_no);
     return el("tr", { dataset: { dpid: s.dpid } },
       el("td", { class: "mono" }, s.dpid),
       el("td", {}, `${up}/${s.ports.length}`),
+      el("td", { class: "num", dataset: { field: "hosts" } },
+        full.length ? `${fmtInt(hosts)} (port ${full.join(", ")} full)` : fmtInt(hosts)),
       el("td", {}, `${since.toLocaleTimeString()} (${fmtDuration(s.connected_secs)})`),
       el("td", { class: "num", dataset: { field: "flow_count" } }, s.flow_count === null ? "–" : fmtInt(s.flow_count)),
       el("td", { class: "num" }, fmtInt(s.packet_in)),

@@ -345,6 +345,29 @@ fn ovs_dashboard_in_chromium() {
     driver.screenshot(&art.join("dashboard-live.png"));
     let _ = traffic.wait();
 
+    // The switch's row counts the hosts learned at its ports, as the API does: the
+    // client and both backends at least.
+    let api_hosts = || -> u64 {
+        ctl.get_json("/api/v1/switches")[0]["ports"]
+            .as_array()
+            .map_or(0, |ps| ps.iter().filter_map(|p| p["hosts"].as_u64()).sum())
+    };
+    // Each backend's overload gate shows as its mode (none configured here: off).
+    for b in [b2, b3] {
+        let api = ctl.get_json(&format!("/api/v1/services/web/backends/{b}"));
+        assert_eq!(api["gap"]["mode"], "off", "{api}");
+        let shown = driver.js(&format!(
+            "return document.querySelector('tr[data-backend=\"web/{b}\"] td[data-field=gap]').textContent"
+        ));
+        assert_eq!(shown, "off", "{b}");
+    }
+    wait_until("the page shows the hosts", Duration::from_secs(5), || {
+        let shown = driver
+            .js("return document.querySelector('#switches td[data-field=hosts]').textContent");
+        let n = api_hosts();
+        n >= 3 && shown == serde_json::json!(n.to_string())
+    });
+
     // Quiet: the page settles on exactly the API's figures.
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(

@@ -581,6 +581,25 @@ fn ovs_forged_source_macs_take_one_ports_share_of_hosts() {
         0.0,
         "the table never filled"
     );
+    // The API says which port is at its share, and of what.
+    let port_of = |h: &Host| -> serde_json::Value {
+        let switches = ctl.get_json("/api/v1/switches");
+        switches[0]["ports"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["port_no"] == h.ofport()).cloned())
+            .unwrap_or_else(|| panic!("no port {} in {switches}", h.ofport()))
+    };
+    let flooded = port_of(client);
+    assert_eq!(
+        (&flooded["hosts"], &flooded["full"], &flooded["link"]),
+        (
+            &serde_json::json!(8),
+            &serde_json::json!(true),
+            &serde_json::json!(false)
+        ),
+        "{flooded}"
+    );
+    assert_eq!(port_of(late)["full"], false);
 
     // A host that speaks only now, at another port, is learned.
     assert!(

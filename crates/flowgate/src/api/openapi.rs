@@ -251,7 +251,7 @@ fn schemas() -> Value {
             "properties": {
                 "dpid": { "type": "string" },
                 "n_tables": { "type": "integer" },
-                "ports": { "type": "array", "items": { "type": "object" } },
+                "ports": { "type": "array", "items": schema_ref("Port") },
                 "connected_secs": { "type": "number" },
                 "connected_since_unix": { "type": "number" },
                 "packet_in": { "type": "integer" },
@@ -259,6 +259,19 @@ fn schemas() -> Value {
                 "flow_count_age_secs": num_or_null,
                 "flow_count_source": { "type": "string", "enum": ["aggregate-stats"] },
                 "last_error": { "type": ["string", "null"] }
+            }
+        },
+        "Port": {
+            "type": "object",
+            "properties": {
+                "port_no": { "type": "integer" },
+                "name": { "type": "string" },
+                "hw_addr": { "type": "string" },
+                "up": { "type": "boolean" },
+                "link": { "type": "boolean", "description": "An inter-switch link (found by LLDP)." },
+                "hosts": { "type": "integer", "description": "Hosts (source MACs) learned at this port." },
+                "addresses": { "type": "integer", "description": "Addresses those hosts claim." },
+                "full": { "type": "boolean", "description": "At max_hosts_per_port hosts or addresses: new ones seen here are refused." }
             }
         },
         "SwitchList": { "type": "array", "items": schema_ref("Switch") },

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use flowgate_core::Controller;
 use flowgate_core::conntrack::ConnKey;
 use flowgate_core::service::{BackendState, ServiceState};
+use flowgate_core::topology::PortRef;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiState, MAX_PAGE, error};
@@ -200,6 +201,14 @@ pub struct PortView {
     pub name: String,
     pub hw_addr: String,
     pub up: bool,
+    /// An inter-switch link (found by LLDP): no host is learned there.
+    pub link: bool,
+    /// Hosts (source MACs) learned at this port, and the addresses they claim.
+    pub hosts: u32,
+    pub addresses: u32,
+    /// At `max_hosts_per_port` hosts or addresses: new ones seen here are refused
+    /// (`flowgate_hosts_refused_port_full_total`, `..._addresses_...`).
+    pub full: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -240,11 +249,19 @@ pub(crate) fn switch_views(handle: &Handle, c: &Controller) -> Vec<SwitchView> {
                 .map(|sw| {
                     sw.ports
                         .iter()
-                        .map(|(no, p)| PortView {
-                            port_no: *no,
-                            name: p.name.clone(),
-                            hw_addr: p.hw_addr.to_string(),
-                            up: p.up,
+                        .map(|(no, p)| {
+                            let at = PortRef::new(s.dpid, *no);
+                            let (share, full) = c.topology().share_of(at);
+                            PortView {
+                                port_no: *no,
+                                name: p.name.clone(),
+                                hw_addr: p.hw_addr.to_string(),
+                                up: p.up,
+                                link: c.topology().is_link_port(at),
+                                hosts: share.hosts,
+                                addresses: share.addresses,
+                                full,
+                            }
                         })
                         .collect()
                 })
