@@ -600,6 +600,25 @@ fn ovs_forged_source_macs_take_one_ports_share_of_hosts() {
         "{flooded}"
     );
     assert_eq!(port_of(late)["full"], false);
+    let out = std::process::Command::new(FLOWGATE)
+        .args(["ctl", "--api", &format!("http://{}", ctl.api), "switches"])
+        .output()
+        .expect("flowgate ctl switches");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = text
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    // The client's port's 8 and the backend, the late host maybe too.
+    let listed: u64 = row.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!((9..=10).contains(&listed), "HOSTS:\n{text}");
+    assert_eq!(
+        row.last(),
+        Some(&client.ofport().to_string().as_str()),
+        "FULL PORTS:\n{text}"
+    );
 
     // A host that speaks only now, at another port, is learned.
     assert!(

@@ -365,20 +365,34 @@ fn print_services(v: &Value) {
 
 fn print_switches(v: &Value) {
     println!(
-        "{:<18} {:>6} {:>12} {:>8} {:>10}",
-        "DPID", "PORTS", "CONNECTED(s)", "FLOWS", "PACKET_IN"
+        "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10}  FULL PORTS",
+        "DPID", "PORTS", "HOSTS", "CONNECTED(s)", "FLOWS", "PACKET_IN"
     );
     for s in v.as_array().into_iter().flatten() {
+        let ports = s["ports"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let hosts: u64 = ports.iter().filter_map(|p| p["hosts"].as_u64()).sum();
+        // Ports at max_hosts_per_port: new hosts or addresses seen there are refused.
+        let full: Vec<String> = ports
+            .iter()
+            .filter(|p| p["full"] == true)
+            .map(|p| p["port_no"].to_string())
+            .collect();
         println!(
-            "{:<18} {:>6} {:>12} {:>8} {:>10}",
+            "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10}  {}",
             s["dpid"].as_str().unwrap_or("?"),
-            s["ports"].as_array().map(|p| p.len()).unwrap_or(0),
+            ports.len(),
+            hosts,
             opt(&s["connected_secs"], 0),
             s["flow_count"]
                 .as_u64()
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
-            s["packet_in"]
+            s["packet_in"],
+            if full.is_empty() {
+                "-".to_string()
+            } else {
+                full.join(",")
+            }
         );
     }
 }
