@@ -193,7 +193,11 @@ function renderService(s, now) {
     el("span", { class: "kv" }, "req/s ", el("b", { dataset: { field: "service_rps" } }, fmt(s.rps, 1))),
     el("span", { class: "kv" }, "active ", el("b", {}, fmtInt(s.active_connections))),
     el("span", { class: "kv" }, "connections ", el("b", { dataset: { field: "service_connections_total" } }, fmtInt(s.counters.connections_total))),
-    el("span", { class: "kv" }, "refused ", el("b", {}, fmtInt(s.counters.refused_no_backend))));
+    el("span", { class: "kv" }, "refused ", el("b", {}, fmtInt(s.counters.refused_no_backend))),
+    // The service's overload gate, when it has one: its state, and what it has refused.
+    ...(s.gap && s.gap.mode !== "off" ? [
+      el("span", { class: "kv" }, "gate ", el("b", { dataset: { field: "service_gate" } }, gapBadge(s.gap)[0])),
+      el("span", { class: "kv" }, "gapped ", el("b", {}, fmtInt(s.gap.refused_total)))] : []));
   const seen = new Set();
   s.backends.forEach((b, i) => {
     const key = `${s.name}/${b.address}`;
@@ -262,6 +266,7 @@ function render(snap) {
   $("#n-connections").textContent = fmtInt(snap.connections);
   $("#n-packet-in").textContent = fmtInt(snap.packet_in_total);
   $("#decision-latency").textContent = snap.decision_latency.count ? `${fmt(snap.decision_latency.mean_us, 1)} µs` : "–";
+  $("#controller-gate").textContent = gapBadge(snap.controller_gate)[0];
   const names = new Set(snap.services.map((s) => s.name));
   for (const [name, v] of serviceEls) if (!names.has(name)) { v.root.remove(); serviceEls.delete(name); }
   snap.services.forEach((s) => renderService(s, now));

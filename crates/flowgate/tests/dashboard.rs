@@ -361,6 +361,19 @@ fn ovs_dashboard_in_chromium() {
         ));
         assert_eq!(shown, "off", "{b}");
     }
+    // The controller's own gate, and no service gate (none configured: both off).
+    assert_eq!(
+        ctl.get_json("/api/v1/overload")["controller"]["mode"],
+        "off"
+    );
+    assert_eq!(
+        driver.js("return document.getElementById('controller-gate').textContent"),
+        "off"
+    );
+    assert_eq!(
+        driver.js("return document.querySelectorAll('[data-field=service_gate]').length"),
+        0
+    );
     wait_until("the page shows the hosts", Duration::from_secs(5), || {
         let shown = driver
             .js("return document.querySelector('#switches td[data-field=hosts]').textContent");

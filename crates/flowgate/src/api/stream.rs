@@ -43,6 +43,8 @@ pub(crate) fn snapshot(st: &ApiState, seq: u64) -> String {
             "mean_us": if decisions > 0 { sum * 1e6 / decisions as f64 } else { 0.0 },
         },
         "events": events,
+        // The controller's own overload gate (ACCM on its PACKET_IN load).
+        "controller_gate": c.controller_gap_view(),
     })
     .to_string()
 }
