@@ -1123,6 +1123,40 @@ fn ctl_reads_and_changes() {
         let (ok, _, err) = ctl(a, &[cmd], None);
         assert!(ok, "{cmd}: {err}");
     }
+    // The backends' table lines up under its header (numbers padded as text, not JSON),
+    // and a backend no switch has shown yet is "unlocated", as on the dashboard.
+    let (_, out, _) = ctl(a, &["services"], None);
+    let header = out.lines().find(|l| l.contains("BACKEND")).expect("header");
+    let row = out.lines().find(|l| l.contains("10.0.0.3")).expect("row");
+    // Right-aligned: the weight's last digit ends under the header's last letter.
+    let end = header.find("WEIGHT").expect("column") + "WEIGHT".len();
+    let bytes = row.as_bytes();
+    assert!(
+        bytes[end - 1].is_ascii_digit() && bytes[end] == b' ',
+        "WEIGHT:\n{header}\n{row}"
+    );
+    // Left-aligned: the cell starts under its header.
+    for (column, cell) in [("HEALTH", "unlocated"), ("STATE", "active")] {
+        assert_eq!(
+            row.find(cell),
+            header.find(column),
+            "{column}:\n{header}\n{row}"
+        );
+    }
+    let (ok, out, err) = ctl(a, &["status"], None);
+    assert!(
+        ok && out.contains("version") && out.contains(env!("CARGO_PKG_VERSION")),
+        "{out}{err}"
+    );
+    let (ok, out, err) = ctl(a, &["overload"], None);
+    assert!(ok, "{err}");
+    let gates: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(gates, ["controller", "service"], "{out}");
+    assert!(out.contains("service web"), "{out}");
 
     // Refused without a token: non-zero, with the API's reason.
     let (ok, _, err) = ctl(a, &["drain", "web", "10.0.0.2"], None);

@@ -49,6 +49,11 @@ pub enum CtlCmd {
     },
     /// Recent events.
     Events,
+    /// The controller's version, uptime and counts.
+    Status,
+    /// The overload gates: the controller's own and each service's (mode, state, gap,
+    /// load, rates, refusals).
+    Overload,
     /// Give a backend no new connections (existing ones run to their end).
     Drain { service: String, backend: String },
     /// Give a backend new connections again.
@@ -230,6 +235,8 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
             ("GET", p, None)
         }
         CtlCmd::Events => ("GET", "/api/v1/events".into(), None),
+        CtlCmd::Status => ("GET", "/api/v1/status".into(), None),
+        CtlCmd::Overload => ("GET", "/api/v1/overload".into(), None),
         CtlCmd::Drain { service, backend } => {
             ("POST", format!("{}/drain", be_path(service, backend)), None)
         }
@@ -313,7 +320,11 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
         CtlCmd::Switches => print_switches(&v),
         CtlCmd::Connections { .. } => print_connections(&v),
         CtlCmd::Events => {
-            for e in v.as_array().into_iter().flatten() {
+            let events = v.as_array().map(Vec::as_slice).unwrap_or_default();
+            if events.is_empty() {
+                println!("no events yet");
+            }
+            for e in events {
                 println!(
                     "{:>10.3}s  {:<14} {}",
                     e["at_ms"].as_f64().unwrap_or(0.0) / 1000.0,
@@ -322,9 +333,25 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
                 );
             }
         }
+        CtlCmd::Status => {
+            for (k, x) in v.as_object().into_iter().flatten() {
+                println!("{k:<26} {}", plain(x));
+            }
+        }
+        CtlCmd::Overload => print_overload(&v),
         _ => println!("{}", serde_json::to_string_pretty(&v)?),
     }
     Ok(())
+}
+
+/// A JSON value as a table cell: strings without their quotes (`Value`'s `Display`
+/// writes JSON, and ignores a width).
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
 }
 
 fn opt(v: &Value, digits: usize) -> String {
@@ -339,23 +366,30 @@ fn print_services(v: &Value) {
             "{}  vip {}:{}  algorithm {}  connections {}",
             s["name"].as_str().unwrap_or("?"),
             s["vip"].as_str().unwrap_or("-"),
-            s["port"],
+            plain(&s["port"]),
             s["algorithm"].as_str().unwrap_or("?"),
-            s["counters"]["connections_total"]
+            plain(&s["counters"]["connections_total"])
         );
         println!(
-            "  {:<16} {:>6} {:<8} {:<9} {:>7} {:>9} {:>8} {:>8}",
+            "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8}",
             "BACKEND", "WEIGHT", "HEALTH", "STATE", "ACTIVE", "TOTAL", "RPS", "RT(ms)"
         );
         for b in s["backends"].as_array().into_iter().flatten() {
             println!(
-                "  {:<16} {:>6} {:<8} {:<9} {:>7} {:>9} {:>8} {:>8}",
+                "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8}",
                 b["address"].as_str().unwrap_or("?"),
-                b["weight"],
-                if b["healthy"] == true { "up" } else { "down" },
+                plain(&b["weight"]),
+                // As the dashboard: a backend not found on the network takes nothing.
+                if b["located"] == false {
+                    "unlocated"
+                } else if b["healthy"] == true {
+                    "up"
+                } else {
+                    "down"
+                },
                 b["state"].as_str().unwrap_or("?"),
-                b["active_connections"],
-                b["connections_total"],
+                plain(&b["active_connections"]),
+                plain(&b["connections_total"]),
                 opt(&b["rps"], 1),
                 opt(&b["response_time_ms"], 2)
             );
@@ -387,13 +421,47 @@ fn print_switches(v: &Value) {
                 .as_u64()
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
-            s["packet_in"],
+            plain(&s["packet_in"]),
             if full.is_empty() {
                 "-".to_string()
             } else {
                 full.join(",")
             }
         );
+    }
+}
+
+fn print_overload(v: &Value) {
+    println!(
+        "{:<16} {:<9} {:<8} {:>8} {:>6} {:>10} {:>10} {:>9}",
+        "GATE", "MODE", "STATE", "GAP(ms)", "LOAD", "OFFERED/s", "ADMITTED/s", "REFUSED"
+    );
+    let row = |name: &str, g: &Value| {
+        let state = match (g["mode"].as_str(), g["gapping"].as_bool()) {
+            (Some("off"), _) => "-",
+            (_, Some(true)) => "gapping",
+            _ => "open",
+        };
+        println!(
+            "{:<16} {:<9} {:<8} {:>8} {:>6} {:>10} {:>10} {:>9}",
+            name,
+            g["mode"].as_str().unwrap_or("?"),
+            state,
+            opt(&g["gap_ms"], 1),
+            opt(&g["load"], 2),
+            opt(&g["offered_rate"], 1),
+            opt(&g["admitted_rate"], 1),
+            plain(&g["refused_total"])
+        );
+    };
+    row("controller", &v["controller"]);
+    for s in v["services"].as_array().into_iter().flatten() {
+        let name = format!("service {}", s["name"].as_str().unwrap_or("?"));
+        if s["overload"].is_null() {
+            println!("{name:<16} -");
+        } else {
+            row(&name, &s["overload"]);
+        }
     }
 }
 
