@@ -617,7 +617,7 @@ pub fn markdown(o: &Outcome) -> String {
             let yes = |b: bool| if b { "**yes**" } else { "**no**" };
             let _ = writeln!(
                 s,
-                "\nAt {top}× capacity (issue 5's targets, from the rows above):\n"
+                "\nAt {top}× capacity (the overload control's targets, from the rows above):\n"
             );
             let _ = writeln!(
                 s,

@@ -79,7 +79,7 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             name: "overload",
-            about: "Overload control (issue 5): off, static and adaptive gap against new connections offered at multiples of a fixed-concurrency pool's capacity",
+            about: "Overload control (ACCM): no gap, the static gap table and the adaptive gap against new connections offered at multiples of a fixed-concurrency pool's capacity",
             arms: ["off", "static", "adaptive"]
                 .into_iter()
                 .map(|label| Arm {
