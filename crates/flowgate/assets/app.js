@@ -188,6 +188,7 @@ function renderService(s, now) {
   v.head.replaceChildren(
     el("h2", {}, s.name),
     el("span", { class: "kv" }, "VIP ", el("b", { class: "mono" }, `${s.vip || "(backend addresses)"}:${s.port}`)),
+    el("span", { class: "kv" }, "mode ", el("b", { dataset: { field: "mode" } }, s.mode)),
     el("span", { class: "kv" }, "algorithm ", el("b", { dataset: { field: "algorithm" } }, s.algorithm)),
     ...(s.threshold_rps ? [el("span", { class: "kv" }, "threshold ", el("b", {}, `${fmt(s.threshold_rps, 0)}/s`))] : []),
     el("span", { class: "kv" }, "req/s ", el("b", { dataset: { field: "service_rps" } }, fmt(s.rps, 1))),

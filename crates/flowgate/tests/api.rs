@@ -1110,7 +1110,10 @@ fn ctl_reads_and_changes() {
     let (ok, out, err) = ctl(a, &["services"], None);
     assert!(ok, "{err}");
     assert!(
-        out.contains("web") && out.contains("10.0.0.3") && out.contains("round-robin"),
+        out.contains("web")
+            && out.contains("10.0.0.3")
+            && out.contains("mode reactive")
+            && out.contains("round-robin"),
         "{out}"
     );
     let (ok, out, _) = ctl(a, &["--json", "services"], None);

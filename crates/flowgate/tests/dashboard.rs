@@ -361,6 +361,11 @@ fn ovs_dashboard_in_chromium() {
         ));
         assert_eq!(shown, "off", "{b}");
     }
+    // The service's mode, as the API says it.
+    assert_eq!(
+        driver.js("return document.querySelector('[data-field=mode]').textContent"),
+        ctl.get_json("/api/v1/services/web")["mode"]
+    );
     // The controller's own gate, and no service gate (none configured: both off).
     assert_eq!(
         ctl.get_json("/api/v1/overload")["controller"]["mode"],

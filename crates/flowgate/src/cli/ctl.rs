@@ -363,10 +363,11 @@ fn opt(v: &Value, digits: usize) -> String {
 fn print_services(v: &Value) {
     for s in v.as_array().into_iter().flatten() {
         println!(
-            "{}  vip {}:{}  algorithm {}  connections {}",
+            "{}  vip {}:{}  mode {}  algorithm {}  connections {}",
             s["name"].as_str().unwrap_or("?"),
             s["vip"].as_str().unwrap_or("-"),
             plain(&s["port"]),
+            s["mode"].as_str().unwrap_or("?"),
             s["algorithm"].as_str().unwrap_or("?"),
             plain(&s["counters"]["connections_total"])
         );
