@@ -24,6 +24,18 @@ pub struct ConnKey {
     pub service_port: u16,
 }
 
+impl ConnKey {
+    /// The key of a segment from the client `src` to the service address `dst`.
+    pub fn of_client_segment(src: Ipv4Addr, dst: Ipv4Addr, tcp: &flowgate_packet::Tcp<'_>) -> Self {
+        ConnKey {
+            client: src,
+            client_port: tcp.src_port,
+            service_addr: dst,
+            service_port: tcp.dst_port,
+        }
+    }
+}
+
 /// What was decided for one connection. Kept small: the table holds one per live
 /// connection, and the target is under 200 bytes each including the map's overhead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

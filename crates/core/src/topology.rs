@@ -429,6 +429,9 @@ impl Topology {
         }
         if let Some(old) = before.and_then(|m| self.hosts.get_mut(&m)) {
             old.addresses = old.addresses.saturating_sub(1);
+            if old.ip == Some(ip) {
+                old.ip = None;
+            }
             if let Some(s) = self.share_at.get_mut(&old.at) {
                 s.addresses = s.addresses.saturating_sub(1);
             }
@@ -684,9 +687,12 @@ mod tests {
         // from a forged sender address) adds none past the bound.
         assert_eq!(t.learn_address(mac(1), ip(9)), AddressChange::Refused);
         assert_eq!(t.mac_of(ip(9)), None);
-        // An address another host claims now is not a new entry.
+        // An address another host claims now is not a new entry, and is no longer the
+        // host's that claimed it before.
         assert_eq!(t.learn_address(mac(1), ip(2)), AddressChange::Learned);
         assert_eq!(t.locate_ip(ip(2)), Some((mac(1), at(1))));
+        assert_eq!(t.host(mac(2)).map(|h| h.ip), Some(None));
+        assert_eq!(t.host(mac(1)).map(|h| h.ip), Some(Some(ip(2))));
     }
 
     /// One MAC claiming address after address (ARP with forged sender addresses) fills

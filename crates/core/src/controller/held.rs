@@ -175,12 +175,7 @@ impl Controller {
             };
             // Its client's retransmission was served meanwhile: nothing left to do (tried
             // again, it would send the backend the SYN a second time).
-            let key = ConnKey {
-                client: ip.src,
-                client_port: tcp.src_port,
-                service_addr: ip.dst,
-                service_port: tcp.dst_port,
-            };
+            let key = ConnKey::of_client_segment(ip.src, ip.dst, tcp);
             if self.conns.get(&key).is_some_and(|c| c.is_own_syn(tcp.seq)) {
                 continue;
             }

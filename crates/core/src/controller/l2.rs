@@ -117,14 +117,9 @@ impl Controller {
             self.install_l2_for(frame.eth_src, out);
         }
         let address = match ip {
-            Some(ip) if change.known() => self.topo.learn_address(frame.eth_src, ip),
+            Some(ip) if change.known() => self.learn_address(frame.eth_src, ip),
             _ => AddressChange::Ignored,
         };
-        match address {
-            AddressChange::Refused => self.counters.addresses_refused += 1,
-            AddressChange::PortFull => self.counters.addresses_refused_port_full += 1,
-            _ => {}
-        }
         // The backends' locations are worth re-reading only when this packet told us
         // something new about a backend: not on every backend packet that comes up, which
         // on the PACKET_IN path would be a scan of every pool.
@@ -135,6 +130,18 @@ impl Controller {
         {
             self.sync_backend_locations(now);
         }
+    }
+
+    /// The known host `mac` claims `ip`: learned within the address table's bounds, and
+    /// counted when refused.
+    pub(crate) fn learn_address(&mut self, mac: MacAddr, ip: Ipv4Addr) -> AddressChange {
+        let change = self.topo.learn_address(mac, ip);
+        match change {
+            AddressChange::Refused => self.counters.addresses_refused += 1,
+            AddressChange::PortFull => self.counters.addresses_refused_port_full += 1,
+            _ => {}
+        }
+        change
     }
 
     pub(crate) fn is_virtual_mac(&self, mac: MacAddr) -> bool {

@@ -971,7 +971,7 @@ impl Controller {
                 self.host_moved(mac);
             }
             if change.known() {
-                self.topo.learn_address(mac, ip);
+                self.learn_address(mac, ip);
             }
             self.sync_backend_locations(now);
         }

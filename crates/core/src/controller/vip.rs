@@ -96,12 +96,7 @@ impl Controller {
     ) -> bool {
         let tcp = at.tcp;
         if let Some(&l) = self.listeners.get(&(dst, tcp.dst_port)) {
-            let key = ConnKey {
-                client: src,
-                client_port: tcp.src_port,
-                service_addr: dst,
-                service_port: tcp.dst_port,
-            };
+            let key = ConnKey::of_client_segment(src, dst, tcp);
             if let Some(mut conn) = self.conns.get(&key).copied() {
                 if conn.client_mac == MacId::UNKNOWN {
                     // Rebuilt from a switch's rules: its client's MAC is known from now.

@@ -1194,13 +1194,6 @@ pub fn latency_against_peers(report: &Report) -> Vec<String> {
             .filter(|r| r.controller != "flowgate")
             .filter(same_rate)
         {
-            let ratio = |a: u64, b: u64| {
-                if b == 0 {
-                    "–".to_string()
-                } else {
-                    format!("{:.2}×", a as f64 / b as f64)
-                }
-            };
             out.push(format!(
                 "At {}/s offered, flowgate against {}: p50 {} / {} µs ({}), p99 {} / {} µs ({}), p99.9 {} / {} µs ({}); setups over {} µs {} / {}.",
                 fmt_rate(rate),
@@ -1221,6 +1214,15 @@ pub fn latency_against_peers(report: &Report) -> Vec<String> {
         }
     }
     out
+}
+
+/// `a` as a multiple of `b` ("–" when `b` is 0).
+fn ratio(a: u64, b: u64) -> String {
+    if b == 0 {
+        "–".to_string()
+    } else {
+        format!("{:.2}×", a as f64 / b as f64)
+    }
 }
 
 /// The share of a run's measured setups over [`super::bursts::SLOW`], when it kept them.

@@ -410,7 +410,7 @@ fn print_switches(v: &Value) {
         let full: Vec<String> = ports
             .iter()
             .filter(|p| p["full"] == true)
-            .map(|p| p["port_no"].to_string())
+            .map(|p| plain(&p["port_no"]))
             .collect();
         println!(
             "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10}  {}",
