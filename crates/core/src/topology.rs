@@ -5,7 +5,7 @@
 //! every run derives the same paths), and flooding follows one spanning tree, so a
 //! broadcast never loops whatever the wiring.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,10 @@ pub struct HostInfo {
     pub at: PortRef,
     /// The address it last claimed (see [`Topology::learn_address`]).
     pub ip: Option<Ipv4Addr>,
+    /// When a frame of its own last came up to the controller.
     pub last_seen: Instant,
+    /// ARP probes sent to it since then (see `Controller::age_hosts`).
+    pub probes: u8,
     /// How many addresses map to it in the address table.
     addresses: u32,
 }
@@ -156,8 +159,8 @@ pub struct Topology {
     /// nothing to send.
     max_hosts: Option<usize>,
     /// The most hosts learned at one port (`None`: no bound), so that one port sending
-    /// forged source MACs cannot fill the table for every other (the host table does
-    /// not age: hosts are forgotten with their port). A host that moves is not refused:
+    /// forged source MACs cannot fill the table for every other (forged MACs with no
+    /// address never age, `controller::ageing`). A host that moves is not refused:
     /// a move adds no entry.
     max_hosts_per_port: Option<u32>,
     /// A port the per-port bound does not apply to: a domain's uplink, behind which the
@@ -369,11 +372,13 @@ impl Topology {
         match self.hosts.get_mut(&mac) {
             Some(h) if h.at == at => {
                 h.last_seen = now;
+                h.probes = 0;
                 HostChange::Same
             }
             Some(h) => {
                 let from = std::mem::replace(&mut h.at, at);
                 h.last_seen = now;
+                h.probes = 0;
                 let addresses = h.addresses;
                 count_out(&mut self.share_at, from, addresses);
                 let share = self.share_at.entry(at).or_default();
@@ -388,6 +393,7 @@ impl Topology {
                         at,
                         ip: None,
                         last_seen: now,
+                        probes: 0,
                         addresses: 0,
                     },
                 );
@@ -500,24 +506,46 @@ impl Topology {
         Some((mac, self.hosts.get(&mac)?.at))
     }
 
-    fn forget_hosts_where(&mut self, pred: impl Fn(PortRef) -> bool) {
-        let gone: Vec<MacAddr> = self
+    /// An ARP probe was sent to `mac`, which has not been heard from since.
+    pub fn note_probe(&mut self, mac: MacAddr) {
+        if let Some(h) = self.hosts.get_mut(&mac) {
+            h.probes = h.probes.saturating_add(1);
+        }
+    }
+
+    /// Forget the hosts `gone` says (their share of their port, their addresses), as
+    /// hosts whose port went are: one seen again at another port has moved. One pass
+    /// over the address table, whatever their number.
+    pub fn forget_hosts(&mut self, gone: impl Fn(&MacAddr, &HostInfo) -> bool) {
+        let gone: HashSet<MacAddr, RandomState> = self
             .hosts
             .iter()
-            .filter(|(_, h)| pred(h.at))
+            .filter(|(m, h)| gone(m, h))
             .map(|(m, _)| *m)
             .collect();
-        for m in gone {
-            if let Some(h) = self.hosts.remove(&m) {
+        if gone.is_empty() {
+            return;
+        }
+        for m in &gone {
+            if let Some(h) = self.hosts.remove(m) {
                 count_out(&mut self.share_at, h.at, h.addresses);
                 if self.forgotten.len() >= MAX_FORGOTTEN {
                     // Most never come back: start over rather than stop remembering.
                     self.forgotten.clear();
                 }
-                self.forgotten.insert(m, h.at);
+                self.forgotten.insert(*m, h.at);
             }
-            self.mac_by_ip.retain(|_, v| *v != m);
         }
+        self.mac_by_ip.retain(|_, v| !gone.contains(v));
+    }
+
+    fn forget_hosts_where(&mut self, pred: impl Fn(PortRef) -> bool) {
+        self.forget_hosts(|_, h| pred(h.at));
+    }
+
+    /// Whether `at` is the port the per-port bound does not apply to (a domain's uplink).
+    pub fn is_unbounded_port(&self, at: PortRef) -> bool {
+        self.unbounded_port == Some(at)
     }
 
     /// The egress port at `dpid` for traffic to a host at `dst`: the host's own port when

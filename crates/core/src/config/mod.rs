@@ -49,6 +49,9 @@ pub const DEFAULT_MAX_HOSTS: usize = 65_536;
 /// Hosts learned at one switch port at most, by default: a sixteenth of the table, far
 /// more than a server, a router or a hypervisor's trunk has behind one port.
 pub const DEFAULT_MAX_HOSTS_PER_PORT: u32 = 4096;
+/// A host silent this long is asked by ARP whether it is still there: Linux bridges and
+/// Faucet age MAC entries after 300 s too.
+pub const DEFAULT_HOST_TIMEOUT_SECS: u64 = 300;
 /// HAProxy's default check interval is 2 s; we check a little faster.
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
@@ -269,6 +272,11 @@ pub struct ControllerConfig {
     /// cannot fill the tables for every other. Not at a domain's uplink (`[cluster]
     /// uplink`), where the other domains' hosts are seen.
     pub max_hosts_per_port: u32,
+    /// A host with a known address that has sent nothing up for this long is asked by ARP
+    /// whether it is still there, and forgotten (its L2 rules deleted, its place in the
+    /// tables freed) if it does not answer (see `Controller::age_hosts`). `None`: hosts
+    /// are forgotten only with their port or switch.
+    pub host_timeout: Option<Duration>,
     pub unknown_flow: UnknownFlowPolicy,
     /// Idle timeout a connection's rules drop to once the switch sees its FIN or RST
     /// (Open vSwitch's `fin_timeout` extension action); 0 leaves the rules to the plain
@@ -569,6 +577,12 @@ fn validate(
     let max_hosts_per_port = ctl
         .int_in("max_hosts_per_port", 1, 10_000_000, errs)
         .map_or(DEFAULT_MAX_HOSTS_PER_PORT, |v| v as u32);
+    // 0 turns ageing off; at most a week.
+    let host_timeout = match ctl.int_in("host_timeout_secs", 0, 604_800, errs) {
+        Some(0) => None,
+        Some(secs) => Some(Duration::from_secs(secs as u64)),
+        None => Some(Duration::from_secs(DEFAULT_HOST_TIMEOUT_SECS)),
+    };
     let unknown_flow = choice(
         &mut ctl,
         "unknown_flow",
@@ -640,6 +654,7 @@ fn validate(
             reconnect_grace,
             max_hosts,
             max_hosts_per_port,
+            host_timeout,
             unknown_flow,
             fin_timeout_secs,
             seed,

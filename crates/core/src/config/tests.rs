@@ -280,3 +280,22 @@ fn the_host_table_is_bounded_by_default() {
         "controller.max_hosts_per_port"
     );
 }
+
+#[test]
+fn hosts_age_after_five_minutes_by_default_and_zero_turns_it_off() {
+    let timeout = |toml: &str| with(toml).expect("valid").controller.host_timeout;
+    assert_eq!(timeout(""), Some(Duration::from_secs(300)));
+    assert_eq!(
+        timeout("[controller]\nhost_timeout_secs = 30\n"),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(timeout("[controller]\nhost_timeout_secs = 0\n"), None);
+    assert_eq!(
+        the_error("[controller]\nhost_timeout_secs = -1\n"),
+        "controller.host_timeout_secs"
+    );
+    assert_eq!(
+        the_error("[controller]\nhost_timeout_secs = 604801\n"),
+        "controller.host_timeout_secs"
+    );
+}

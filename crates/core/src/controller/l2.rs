@@ -171,7 +171,8 @@ impl Controller {
             }
         }
         if arp.op == ARP_OP_REPLY && self.is_virtual_mac(frame.eth_dst) {
-            // An answer to our own probe for a backend: learning it was the point.
+            // An answer to our own probe for a backend or a silent host: learning (hearing)
+            // its sender was the point.
             let _ = now;
             return true;
         }

@@ -6,6 +6,7 @@
 //! no I/O and reads no clock. The runtime owns the sockets and the timers; tests, the
 //! benchmark and the simulator drive the same state machine directly.
 
+pub mod ageing;
 mod conn_rule;
 mod ended;
 pub use ended::RuleEnded;
@@ -204,6 +205,10 @@ pub struct Counters {
     pub addresses_refused: u64,
     /// Addresses not learned because their host's port had `max_hosts_per_port` of them.
     pub addresses_refused_port_full: u64,
+    /// ARP probes sent to hosts silent for `host_timeout` (see [`ageing`]).
+    pub host_probes_sent: u64,
+    /// Hosts forgotten because they were silent and did not answer the probes.
+    pub hosts_aged: u64,
     /// Open connections given rules along new paths because their backend or client
     /// moved, or a link of their path changed (see `reroute`).
     pub connections_rerouted: u64,
@@ -248,8 +253,8 @@ pub struct Controller {
     pub(crate) services: Vec<ServiceState>,
     /// `(address, port)` that new connections are intercepted on.
     pub(crate) listeners: HashMap<(Ipv4Addr, u16), Listener, RandomState>,
-    /// Every service's address and every service's virtual MAC: the controller's own, never
-    /// a host's. Looked up for every PACKET_IN (a scan of the services touched a line of
+    /// Every service's address and every service's virtual MAC (and the MAC of the host
+    /// probes, [`ageing::PROBE_MAC`]): the controller's own, never a host's. Looked up for every PACKET_IN (a scan of the services touched a line of
     /// each: 4 % of the controller's CPU with 16 services).
     pub(crate) service_addrs: Vec<Ipv4Addr>,
     pub(crate) virtual_macs: Vec<flowgate_packet::MacAddr>,
@@ -262,6 +267,8 @@ pub struct Controller {
     last_refresh: Option<Instant>,
     last_lldp: Option<Instant>,
     last_arp_probe: Option<Instant>,
+    /// When the host table was last scanned for silent hosts ([`ageing`]).
+    last_host_scan: Option<Instant>,
     /// When a decision was last sampled into the event ring (ms since start).
     pub(crate) last_decision_sample_ms: u64,
     /// The tag of the next decision, in its rules' cookies (wraps; see `rules::conn_tag_bits`).
@@ -332,6 +339,7 @@ impl Controller {
             last_refresh: None,
             last_lldp: None,
             last_arp_probe: None,
+            last_host_scan: None,
             last_decision_sample_ms: 0,
             next_conn_tag: 0,
             l2_reported: Vec::new(),
@@ -409,6 +417,7 @@ impl Controller {
         self.backend_index.clear();
         self.service_addrs = self.services.iter().filter_map(|s| s.cfg.vip).collect();
         self.virtual_macs = self.services.iter().map(|s| s.cfg.virtual_mac).collect();
+        self.virtual_macs.push(ageing::PROBE_MAC);
         for (si, s) in self.services.iter().enumerate() {
             let si = si as u16;
             match s.cfg.vip {
@@ -634,7 +643,8 @@ impl Controller {
 
     // ----- timers -----------------------------------------------------------------------
 
-    /// Run whatever is due: load refresh, LLDP probes, link expiry, locating backends.
+    /// Run whatever is due: load refresh, LLDP probes, link expiry, locating backends,
+    /// ageing hosts.
     /// Call it at least every `refresh_interval`.
     pub fn handle_tick(&mut self, now: Instant, out: &mut Outbox) {
         self.ms_since_start(now);
@@ -664,6 +674,7 @@ impl Controller {
             self.last_arp_probe = Some(now);
             self.probe_unlocated_backends(out);
         }
+        self.age_hosts(now, out);
         self.expire_handshakes(now);
         self.overload_tick(now, out);
         self.maybe_recompute_l2(out);

@@ -10,6 +10,7 @@ use ofp::{Message, MultipartReply, MultipartReplyBody};
 
 use super::*;
 use crate::cookie;
+use crate::testkit::PacketFields;
 use crate::testkit::sim::*;
 
 fn service_config(algorithm: &str, backends: &[u8]) -> String {
@@ -1394,4 +1395,188 @@ fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
     assert_eq!(framed.c.counters().packet_in, handled);
     assert_eq!(per_switch(&framed.c), counted, "nothing counted");
     assert!(framed.out.is_empty());
+}
+
+/// One switch: h1 the client at port 1, the backends h2-h4 at ports 2-4, h5 another host
+/// at port 5, all heard from by ARP; hosts age after 60 s of silence, and a port takes
+/// at most 2 hosts.
+fn ageing_hosts() -> Sim {
+    let cfg = format!(
+        "{}[controller]\nhost_timeout_secs = 60\nmax_hosts_per_port = 2\n",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let hosts = [
+        ("h1", 1, 1),
+        ("h2", 1, 2),
+        ("h3", 1, 3),
+        ("h4", 1, 4),
+        ("h5", 1, 5),
+    ];
+    let mut sim = Sim::new(&cfg, &[(1, 5)], &[], &hosts);
+    for i in 1..=5u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim
+}
+
+/// Advance the clock a second at a time, `secs` times; what the hosts received.
+fn seconds(sim: &mut Sim, secs: u32) -> Vec<(String, PacketFields)> {
+    sim.received.clear();
+    for _ in 0..secs {
+        sim.tick(Duration::from_secs(1));
+    }
+    std::mem::take(&mut sim.received)
+}
+
+/// The ARP probes among `got`: to whom, for which address, in that order.
+fn probes(got: &[(String, PacketFields)]) -> Vec<(String, Ipv4Addr)> {
+    let mut asked: Vec<(String, Ipv4Addr)> = got
+        .iter()
+        .filter(|(_, f)| f.arp_sha == Some(ageing::PROBE_MAC))
+        .map(|(h, f)| {
+            // RFC 5227's probe: no sender address, sent to the host's own MAC.
+            assert_eq!(f.arp_op, Some(packet::ARP_OP_REQUEST));
+            assert_eq!(f.arp_spa, Some(Ipv4Addr::UNSPECIFIED));
+            assert_eq!(f.eth_src, ageing::PROBE_MAC);
+            (h.clone(), f.arp_tpa.expect("an ARP target"))
+        })
+        .collect();
+    asked.sort();
+    asked
+}
+
+/// Host `i`'s answer to a probe for its address.
+fn probe_answer(i: u8) -> ofp::Bytes {
+    let reply = packet::Arp {
+        op: packet::ARP_OP_REPLY,
+        sha: mac(i),
+        spa: ip(i),
+        tha: ageing::PROBE_MAC,
+        tpa: Ipv4Addr::UNSPECIFIED,
+    };
+    packet::arp_frame(mac(i), ageing::PROBE_MAC, None, &reply)
+}
+
+/// A host silent for `host_timeout` is asked by ARP, at its own port, whether it is still
+/// there: one that answers is kept (and asked again only after another timeout of
+/// silence), one that does not answer three probes is forgotten, its L2 rule deleted; when
+/// it speaks again it is learned again. The backends are never asked.
+#[test]
+fn a_silent_host_is_asked_by_arp_and_forgotten_when_it_does_not_answer() {
+    let mut sim = ageing_hosts();
+    assert!(probes(&seconds(&mut sim, 59)).is_empty());
+    // Sixty seconds of silence: the two hosts that are not backends are asked, each at
+    // its own port and nowhere else.
+    assert_eq!(
+        probes(&seconds(&mut sim, 1)),
+        [("h1".to_string(), ip(1)), ("h5".to_string(), ip(5))]
+    );
+    // h1 answers; the answer goes up (nothing carries frames to the probe MAC) and no
+    // host hears it.
+    let before = sim.packet_ins;
+    assert!(sim.send("h1", &probe_answer(1)).is_empty());
+    assert_eq!(sim.packet_ins, before + 1);
+    // h5 does not: asked twice more, a second apart, then forgotten.
+    assert_eq!(
+        probes(&seconds(&mut sim, 2)),
+        [("h5".to_string(), ip(5)), ("h5".to_string(), ip(5))]
+    );
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4, 5]);
+    assert!(probes(&seconds(&mut sim, 1)).is_empty());
+    assert_eq!(sim.c.topology().host(mac(5)), None);
+    assert_eq!(sim.c.topology().mac_of(ip(5)), None);
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4]);
+    assert_eq!(
+        (
+            sim.c.counters().host_probes_sent,
+            sim.c.counters().hosts_aged
+        ),
+        (4, 1)
+    );
+    assert!(
+        sim.c
+            .events()
+            .any(|e| e.kind == "host-aged"
+                && e.detail.starts_with(&format!("{} ({})", mac(5), ip(5))))
+    );
+    // h1, heard from at 60 s, is still known and carried by the switch; it is not asked
+    // again before 120 s.
+    assert!(sim.c.topology().host(mac(1)).is_some());
+    assert!(probes(&seconds(&mut sim, 55)).is_empty());
+    assert_eq!(probes(&seconds(&mut sim, 2)), [("h1".to_string(), ip(1))]);
+    // A frame to the forgotten h5 goes up and is flooded, as to any unknown MAC; when h5
+    // speaks again it is learned again, and its frames are carried by a rule.
+    let got = sim.send("h1", &tcp(mac(1), mac(5), (ip(1), 5555), (ip(5), 22), SYN));
+    assert!(got.iter().any(|(h, _)| h == "h5"), "{got:?}");
+    sim.send("h5", &arp_request(5, ip(9)));
+    assert_eq!(l2_hosts(&sim, 1), [1, 2, 3, 4, 5]);
+    let before = sim.packet_ins;
+    let got = sim.send("h1", &tcp(mac(1), mac(5), (ip(1), 5555), (ip(5), 22), SYN));
+    assert_eq!((got.len(), sim.packet_ins), (1, before));
+    // The backends were never asked, and are all still known.
+    for i in 2..=4u8 {
+        assert_eq!(sim.c.topology().mac_of(ip(i)), Some(mac(i)));
+    }
+}
+
+/// A port whose hosts come and go (virtual machines behind a hypervisor's uplink) gets its
+/// share of the host table back as they go: a host refused while the port was full is
+/// learned once the departed ones have aged out.
+#[test]
+fn a_port_whose_hosts_left_gets_its_share_back() {
+    let mut sim = ageing_hosts();
+    // h5's port (share 2) gets a second host, then a third is refused.
+    sim.send("h5", &arp_request(50, ip(9)));
+    sim.send("h5", &arp_request(51, ip(9)));
+    assert_eq!(sim.c.counters().hosts_refused_port_full, 1);
+    assert_eq!(sim.c.topology().host(mac(51)), None);
+    // Nobody at port 5 answers: after the timeout and three probes each, both are gone.
+    let asked = probes(&seconds(&mut sim, 63));
+    assert_eq!(asked.iter().filter(|(_, a)| *a == ip(5)).count(), 3);
+    assert_eq!(asked.iter().filter(|(_, a)| *a == ip(50)).count(), 3);
+    assert_eq!(sim.c.counters().hosts_aged, 3, "h1, h5 and 50");
+    assert_eq!(
+        sim.c.topology().share_of(PortRef::new(1, 5)).0,
+        Default::default()
+    );
+    // The newcomer is learned now, with its rule.
+    sim.send("h5", &arp_request(51, ip(9)));
+    assert_eq!(
+        sim.c.topology().host(mac(51)).map(|h| h.at),
+        Some(PortRef::new(1, 5))
+    );
+    assert_eq!(l2_hosts(&sim, 1), [2, 3, 4, 51]);
+}
+
+/// What cannot be asked is not aged: a host whose address is not known (its frames came
+/// up, but no ARP of its own), and backends. With `host_timeout_secs = 0` nothing is.
+#[test]
+fn hosts_without_an_address_and_backends_are_not_aged() {
+    let mut sim = ageing_hosts();
+    // mac(6) at h5's port sends IPv4 to an unknown MAC: learned, with no address.
+    sim.send("h5", &tcp(mac(6), mac(9), (ip(6), 5555), (ip(9), 22), SYN));
+    assert_eq!(sim.c.topology().host(mac(6)).and_then(|h| h.ip), None);
+    let asked = probes(&seconds(&mut sim, 70));
+    assert!(
+        asked.iter().all(|(h, _)| h == "h1" || h == "h5"),
+        "{asked:?}"
+    );
+    assert!(sim.c.topology().host(mac(6)).is_some());
+    for i in 2..=4u8 {
+        assert!(sim.c.topology().host(mac(i)).is_some());
+    }
+    // Off: nobody is ever asked.
+    let mut sim = Sim::new(
+        &format!(
+            "{}[controller]\nhost_timeout_secs = 0\n",
+            service_config("round-robin", &[2, 3, 4])
+        ),
+        &[(1, 5)],
+        &[],
+        &[("h1", 1, 1), ("h5", 1, 5)],
+    );
+    sim.send("h1", &arp_request(1, ip(9)));
+    assert!(probes(&seconds(&mut sim, 400)).is_empty());
+    assert_eq!(sim.c.counters().host_probes_sent, 0);
+    assert!(sim.c.topology().host(mac(1)).is_some());
 }

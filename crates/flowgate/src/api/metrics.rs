@@ -99,6 +99,16 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.addresses_refused_port_full,
         ),
         (
+            "flowgate_host_probes_total",
+            "ARP probes sent to hosts with an address that had sent nothing up for host_timeout_secs.",
+            counters.host_probes_sent,
+        ),
+        (
+            "flowgate_hosts_aged_total",
+            "Hosts forgotten (their L2 rules deleted) because they were silent for host_timeout_secs and did not answer three ARP probes.",
+            counters.hosts_aged,
+        ),
+        (
             "flowgate_flow_removed_total",
             "FLOW_REMOVED messages received.",
             counters.flow_removed,
