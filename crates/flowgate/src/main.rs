@@ -51,6 +51,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: flowgate::bench::BenchCmd,
     },
+    /// The controller core at data-centre scale: a simulated leaf-spine fabric, servers
+    /// and clients, over algorithms and overload controls (docs/simulator.md).
+    Sim(flowgate::cli::sim::SimArgs),
     /// The paper's experiments on real Open vSwitch and network namespaces.
     Lab {
         #[command(subcommand)]
@@ -124,6 +127,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Bench { cmd } => flowgate::bench::run(cmd),
         Cmd::Ctl(args) => flowgate::cli::ctl::run(args),
+        Cmd::Sim(args) => flowgate::cli::sim::run(&args),
         Cmd::Lab { cmd: LabCmd::List } => {
             print!("{}", flowgate_lab::list());
             Ok(())

@@ -117,3 +117,53 @@ fn ofp_tools_reject_garbage_without_panicking() {
         }
     }
 }
+
+/// `flowgate sim --quick`: every algorithm and overload control asked for is run, the
+/// table printed and written with the plots; the numbers are the simulator's (its own
+/// tests check what they mean).
+#[test]
+fn sim_quick_runs_the_matrix_and_writes_tables_and_plots() {
+    let dir = std::env::temp_dir().join(format!("flowgate-sim-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, out, err) = run(&[
+        "sim",
+        "--quick",
+        "--algorithms",
+        "round-robin,isslm",
+        "--overload",
+        "off,adaptive",
+        "--loads",
+        "0.5,1.3",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("| round-robin") || l.starts_with("| isslm"))
+        .collect();
+    assert_eq!(
+        rows.len(),
+        8,
+        "2 algorithms × 2 controls × 2 phases:\n{out}"
+    );
+    for f in [
+        "sim.md",
+        "sim.csv",
+        "sim.json",
+        "served.svg",
+        "p99.svg",
+        "imbalance.svg",
+    ] {
+        let len = std::fs::metadata(dir.join(f)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{f}: {len} bytes");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sim.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(4));
+    // A bad argument is refused with its reason, and nothing is run.
+    let (ok, _, err) = run(&["sim", "--quick", "--overload", "sometimes"]);
+    assert!(!ok);
+    assert!(err.contains("overload \"sometimes\""), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

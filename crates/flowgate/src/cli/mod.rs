@@ -2,3 +2,4 @@
 
 pub mod ctl;
 pub mod ofp;
+pub mod sim;

@@ -1,0 +1,1113 @@
+//! The event loop: arrivals, SYNs at the leaves, the controller's queue, servers,
+//! connection ends, and the controller's ticks, in time order.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ahash::RandomState;
+use flowgate_core::config::Config;
+use flowgate_core::controller::{Controller, Outbox};
+use flowgate_core::cookie::{self, RuleKind};
+use flowgate_core::metrics_text::LoadSample;
+use flowgate_core::overload::WorkSample;
+use flowgate_packet::{self as packet, L3, MacAddr, TcpFlags};
+use hdrhistogram::Histogram;
+use ofp::{
+    Action, Bytes, FlowMod, FlowModCommand, FlowModFlags, FlowRemoved, FlowRemovedReason, Match,
+    Message, MeterBandStats, MeterStats, MultipartReply, MultipartReplyBody, MultipartRequestBody,
+    Oxm, PacketIn, PacketInReason, PortDesc, SwitchFeatures,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::Scenario;
+use crate::fabric::{Attach, Host};
+use crate::server::{Admit, Server};
+use crate::switch::{Held, Switch};
+
+/// The service's address and port.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 255, 0, 1);
+pub const VPORT: u16 = 80;
+/// The service's virtual MAC (the config's default for the first service).
+const VMAC: MacAddr = MacAddr([0x02, 0x66, 0x67, 0x00, 0x00, 0x01]);
+
+const MS: u64 = 1_000_000;
+const SEC: u64 = 1_000_000_000;
+/// Before the first request: links found, hosts learned, loads reported.
+const WARM_UP: u64 = SEC;
+/// After the last request: every connection reaches its outcome (a SYN dropped three
+/// times is given up 7 s after the first).
+const DRAIN: u64 = 8 * SEC;
+/// A client sends a SYN at most this many times.
+const SYN_TRIES: u8 = 3;
+/// Time series resolution.
+const SAMPLE: u64 = 100 * MS;
+/// PACKET_INs one switch holds for the controller at most, waiting to be handled: Open
+/// vSwitch queues 100 a controller connection (`connmgr`'s `rconn_send_with_limit`) and
+/// drops past them; the socket's buffers hold about as many again.
+pub const SWITCH_QUEUE: u32 = 256;
+
+/// What became of the requests of one phase (those whose first SYN was sent in it).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PhaseStats {
+    /// Offered load, a fraction of the pool's capacity.
+    pub load: f64,
+    pub offered: u64,
+    pub served: u64,
+    /// Refused by the controller with a RST (its gate, the service's, or no backend).
+    pub reset: u64,
+    /// Refused by a server whose queue was full.
+    pub server_refused: u64,
+    /// SYNs dropped three times (gap rules, meters, a silent refusal): given up.
+    pub timed_out: u64,
+    /// SYNs dropped at the switch (each try).
+    pub syn_drops: u64,
+    /// Connections with no outcome by the end of the run (0 unless a handshake stalled).
+    pub lost: u64,
+    /// Response times of the served, µs, from the first SYN to the response.
+    #[serde(skip)]
+    pub rt: Histogram<u64>,
+    pub rt_p50_ms: f64,
+    pub rt_p99_ms: f64,
+    /// Of each server, the share of its worker time busy in this phase.
+    #[serde(skip)]
+    pub utilization: Vec<f64>,
+    pub util_mean: f64,
+    pub util_max: f64,
+    /// Coefficient of variation of the servers' utilization: 0 is perfect balance.
+    pub util_cov: f64,
+    /// Share of the controller's time busy handling PACKET_INs.
+    pub controller_util: f64,
+}
+
+/// One point of the time series.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Sample {
+    pub t: f64,
+    /// Per second over the sample.
+    pub offered: f64,
+    pub served: f64,
+    pub refused: f64,
+    pub util_mean: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    pub algorithm: String,
+    pub overload: String,
+    pub capacity: f64,
+    pub phases: Vec<PhaseStats>,
+    pub series: Vec<Sample>,
+    pub links_found: usize,
+    pub hosts_learned: usize,
+    pub packet_ins: u64,
+    /// Connection rules on the busiest switch at its fullest.
+    pub max_conn_rules: usize,
+    /// Spines that carried any connection (the controller routes each connection along
+    /// one shortest path).
+    pub spines_used: usize,
+    /// Connection rules still on the switches at the end (0: every one ended, and its
+    /// FLOW_REMOVED reached the controller).
+    pub conn_rules_left: usize,
+    /// Connections whose rules the controller deferred to the client's ACK.
+    pub deferred: u64,
+    /// Wall-clock time the run took.
+    pub wall_secs: f64,
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Arrival,
+    SynTimer(u64, u8),
+    Handle {
+        dpid: u64,
+        in_port: u32,
+        data: Bytes,
+        arrived: u64,
+    },
+    AtServer(u64),
+    Done(u64),
+    RulesEnd(u64),
+    Tick,
+}
+
+struct Queued {
+    t: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.t, self.seq) == (o.t, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    // Earliest first from a max-heap.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.t, o.seq).cmp(&(self.t, self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Connecting,
+    AtServer,
+    Ended,
+}
+
+/// A connection rule as installed, for its FLOW_REMOVED.
+#[derive(Debug, Clone)]
+struct Rule {
+    dpid: u64,
+    cookie: u64,
+    priority: u16,
+    match_: Match,
+    idle_timeout: u16,
+    flow_rem: bool,
+    at: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    client: u32,
+    port: u16,
+    first: u64,
+    phase: usize,
+    tries: u8,
+    backend: Option<u16>,
+    rules: Vec<Rule>,
+    synack_played: bool,
+    state: State,
+    at_server: u64,
+}
+
+struct Engine<'s> {
+    sc: &'s Scenario,
+    c: Controller,
+    out: Outbox,
+    base: Instant,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Queued>,
+    switches: HashMap<u64, Switch, RandomState>,
+    servers: Vec<Server>,
+    server_hosts: Vec<Host>,
+    backend_by_ip: HashMap<Ipv4Addr, u16, RandomState>,
+    clients: Vec<Host>,
+    next_port: Vec<u16>,
+    conns: HashMap<u64, Conn, RandomState>,
+    by_key: HashMap<(Ipv4Addr, u16), u64, RandomState>,
+    next_conn: u64,
+    arrivals: SmallRng,
+    service: SmallRng,
+    ctl_free: u64,
+    /// PACKET_INs of each switch waiting at the controller.
+    pin_queued: HashMap<u64, u32, RandomState>,
+    fin_timeout: u64,
+    /// Work since the last tick, for the controller's own gap.
+    work: WorkSample,
+    shed_seen: u64,
+    start: u64,
+    end: u64,
+    phases: Vec<PhaseStats>,
+    /// Per phase: the servers' busy worker-ns and the controller's busy ns at its start.
+    phase_marks: Vec<(Vec<f64>, f64)>,
+    ctl_busy: f64,
+    series: Vec<Sample>,
+    series_counts: (u64, u64, u64),
+    series_busy: Vec<f64>,
+    packet_ins: u64,
+    deferred: u64,
+}
+
+/// Run one scenario.
+pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
+    sc.check().map_err(|e| anyhow::anyhow!("scenario: {e}"))?;
+    let wall = Instant::now();
+    let mut e = Engine::new(sc)?;
+    e.boot();
+    e.run_until(e.end + DRAIN);
+    e.finish_phases();
+    let t = e.c.topology();
+    Ok(Outcome {
+        algorithm: sc.algorithm.clone(),
+        overload: sc.overload.clone(),
+        capacity: sc.capacity(),
+        links_found: t.links().count(),
+        hosts_learned: t.host_count(),
+        packet_ins: e.packet_ins,
+        max_conn_rules: e
+            .switches
+            .values()
+            .map(|s| s.max_conn_rules)
+            .max()
+            .unwrap_or(0),
+        spines_used: e
+            .switches
+            .iter()
+            .filter(|(d, s)| **d > crate::fabric::SPINE_BASE && s.max_conn_rules > 0)
+            .count(),
+        conn_rules_left: e.switches.values().map(|s| s.conn_rules).sum(),
+        deferred: e.deferred,
+        phases: e.phases,
+        series: e.series,
+        wall_secs: wall.elapsed().as_secs_f64(),
+    })
+}
+
+/// The controller's configuration for a scenario: one service at [`VIP`] over every
+/// server, weighted by capacity, ACCM as the scenario says.
+pub fn controller_config(sc: &Scenario) -> String {
+    let controller_mode = if sc.overload == "adaptive" {
+        "adaptive"
+    } else {
+        "off"
+    };
+    // ISSLM's threshold: one number for the pool, a fraction of a server's mean capacity.
+    let threshold = if sc.algorithm == "isslm" {
+        let mean = sc.capacity() / sc.shape.servers().max(1) as f64;
+        format!("threshold_rps = {:.1}\n", sc.isslm_threshold * mean)
+    } else {
+        String::new()
+    };
+    let mut cfg = format!(
+        "[controller]\nseed = {seed}\n# Simulated hosts do not answer ARP probes.\nhost_timeout_secs = 0\n\
+         [controller.overload]\nmode = \"{controller_mode}\"\n\
+         [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = {VPORT}\nalgorithm = \"{alg}\"\n{threshold}\
+         [service.health]\nkind = \"none\"\n\
+         [service.overload]\nmode = \"{mode}\"\ncapacity_rps = {cap:.0}\n",
+        seed = sc.seed,
+        alg = sc.algorithm,
+        mode = sc.overload,
+        cap = sc.capacity(),
+    );
+    for i in 0..sc.shape.servers() {
+        let weight = (sc.speed(i) * f64::from(sc.workers)).round().max(1.0) as u32;
+        cfg += &format!(
+            "[[service.backend]]\naddress = \"{}\"\nweight = {weight}\n",
+            sc.shape.server(i).ip
+        );
+    }
+    cfg
+}
+
+impl<'s> Engine<'s> {
+    fn new(sc: &'s Scenario) -> anyhow::Result<Self> {
+        let text = controller_config(sc);
+        let cfg = Config::from_toml(&text, &|_| None)
+            .map_err(|errs| anyhow::anyhow!("the controller's config: {errs}"))?;
+        let fin_timeout = match cfg.controller.fin_timeout_secs {
+            0 => u64::from(cfg.controller.idle_timeout_secs) * SEC,
+            s => u64::from(s) * SEC,
+        };
+        let servers = (0..sc.shape.servers())
+            .map(|i| {
+                Server::new(
+                    sc.workers,
+                    sc.service.as_nanos() as f64 / sc.speed(i),
+                    sc.backlog,
+                )
+            })
+            .collect::<Vec<_>>();
+        let server_hosts: Vec<Host> = (0..sc.shape.servers())
+            .map(|i| sc.shape.server(i))
+            .collect();
+        let clients: Vec<Host> = (0..sc.shape.clients())
+            .map(|i| sc.shape.client(i))
+            .collect();
+        let end = WARM_UP + sc.phase.as_nanos() as u64 * sc.loads.len() as u64;
+        let n = servers.len();
+        Ok(Engine {
+            sc,
+            c: Controller::new(&cfg),
+            out: Outbox::new(),
+            base: Instant::now(),
+            now: 0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            switches: sc
+                .shape
+                .switches()
+                .into_iter()
+                .map(|(d, _)| (d, Switch::default()))
+                .collect(),
+            backend_by_ip: server_hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.ip, i as u16))
+                .collect(),
+            servers,
+            server_hosts,
+            next_port: vec![1024; clients.len()],
+            clients,
+            conns: HashMap::default(),
+            by_key: HashMap::default(),
+            next_conn: 0,
+            arrivals: SmallRng::seed_from_u64(sc.seed ^ 0xa771_7a15),
+            service: SmallRng::seed_from_u64(sc.seed ^ 0x5e7_71ce),
+            ctl_free: 0,
+            pin_queued: HashMap::default(),
+            fin_timeout,
+            work: WorkSample::default(),
+            shed_seen: 0,
+            start: WARM_UP,
+            end,
+            phases: sc
+                .loads
+                .iter()
+                .map(|&load| PhaseStats {
+                    load,
+                    offered: 0,
+                    served: 0,
+                    reset: 0,
+                    server_refused: 0,
+                    timed_out: 0,
+                    syn_drops: 0,
+                    lost: 0,
+                    rt: Histogram::new(3).expect("3 significant figures"),
+                    rt_p50_ms: 0.0,
+                    rt_p99_ms: 0.0,
+                    utilization: Vec::new(),
+                    util_mean: 0.0,
+                    util_max: 0.0,
+                    util_cov: 0.0,
+                    controller_util: 0.0,
+                })
+                .collect(),
+            phase_marks: Vec::new(),
+            ctl_busy: 0.0,
+            series: Vec::new(),
+            series_counts: (0, 0, 0),
+            series_busy: vec![0.0; n],
+            packet_ins: 0,
+            deferred: 0,
+        })
+    }
+
+    fn at(&self, t: u64) -> Instant {
+        self.base + Duration::from_nanos(t)
+    }
+
+    fn push(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Queued {
+            t,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// Every switch connects; every host says who it is (a gratuitous ARP); the first
+    /// tick and the first arrival are scheduled.
+    fn boot(&mut self) {
+        for (dpid, _) in self.sc.shape.switches() {
+            let features = SwitchFeatures {
+                datapath_id: dpid,
+                n_buffers: 0,
+                n_tables: 254,
+                auxiliary_id: 0,
+                capabilities: 0,
+            };
+            self.c.handle_switch_up(self.at(0), features, &mut self.out);
+            self.apply(0);
+        }
+        let hosts: Vec<Host> = self
+            .server_hosts
+            .iter()
+            .chain(self.clients.iter())
+            .copied()
+            .collect();
+        for (i, h) in hosts.iter().enumerate() {
+            let frame = packet::arp_request(h.mac, h.ip, h.ip);
+            self.send_up(10 * MS + i as u64 * 1000, h.at, frame);
+        }
+        self.push(self.c.config().refresh_interval.as_nanos() as u64, Ev::Tick);
+        self.push(self.start, Ev::Arrival);
+    }
+
+    fn run_until(&mut self, until: u64) {
+        while let Some(q) = self.events.pop() {
+            if q.t > until {
+                break;
+            }
+            self.now = q.t;
+            match q.ev {
+                Ev::Arrival => self.arrival(),
+                Ev::SynTimer(id, try_) => self.syn_timer(id, try_),
+                Ev::Handle {
+                    dpid,
+                    in_port,
+                    data,
+                    arrived,
+                } => self.handle(dpid, in_port, data, arrived),
+                Ev::AtServer(id) => self.at_server(id),
+                Ev::Done(id) => self.done(id),
+                Ev::RulesEnd(id) => self.rules_end(id),
+                Ev::Tick => self.tick(),
+            }
+        }
+    }
+
+    fn phase_of(&self, t: u64) -> usize {
+        let p = t.saturating_sub(self.start) / self.sc.phase.as_nanos().max(1) as u64;
+        (p as usize).min(self.sc.loads.len() - 1)
+    }
+
+    /// A new connection from a random client, and the next arrival (Poisson, at the rate
+    /// of the phase it falls in).
+    fn arrival(&mut self) {
+        if self.now >= self.end {
+            return;
+        }
+        let phase = self.phase_of(self.now);
+        let client = self.arrivals.gen_range(0..self.clients.len()) as u32;
+        let port = {
+            let p = &mut self.next_port[client as usize];
+            let port = *p;
+            *p = if *p == u16::MAX { 1024 } else { *p + 1 };
+            port
+        };
+        let id = self.next_conn;
+        self.next_conn += 1;
+        let ip = self.clients[client as usize].ip;
+        if let Some(old) = self.by_key.insert((ip, port), id) {
+            // The client reuses a port whose connection is not over: the old one is let go.
+            self.conns.remove(&old);
+        }
+        self.conns.insert(
+            id,
+            Conn {
+                client,
+                port,
+                first: self.now,
+                phase,
+                tries: 0,
+                backend: None,
+                rules: Vec::new(),
+                synack_played: false,
+                state: State::Connecting,
+                at_server: 0,
+            },
+        );
+        self.phases[phase].offered += 1;
+        self.series_counts.0 += 1;
+        self.syn(id);
+        // The next arrival: exponential at this phase's rate; one that would fall in the
+        // next phase is drawn again from its start at that phase's rate (memoryless).
+        let mut t = self.now;
+        loop {
+            let p = self.phase_of(t);
+            let rate = self.sc.loads[p] * self.sc.capacity();
+            let u: f64 = self.arrivals.r#gen::<f64>().max(1e-12);
+            let next = t + (-u.ln() / rate * 1e9) as u64;
+            let boundary = self.start + (p as u64 + 1) * self.sc.phase.as_nanos() as u64;
+            if next < boundary || p + 1 >= self.sc.loads.len() {
+                self.push(next.max(self.now + 1), Ev::Arrival);
+                return;
+            }
+            t = boundary;
+        }
+    }
+
+    /// A SYN (try `tries + 1`) of connection `id` enters its client's leaf.
+    fn syn(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.state != State::Connecting || conn.backend.is_some() {
+            return;
+        }
+        conn.tries += 1;
+        let try_ = conn.tries;
+        let client = self.clients[conn.client as usize];
+        let port = conn.port;
+        let phase = conn.phase;
+        // Linux: 1 s, then twice as long each time.
+        let rto = SEC << (try_ - 1);
+        self.push(self.now + rto, Ev::SynTimer(id, try_));
+        let sw = self.switches.entry(client.at.dpid).or_default();
+        match sw.syn(self.now, VIP) {
+            Ok(()) => {
+                let frame = packet::ipv4_tcp(&packet::TcpSegment {
+                    eth_src: client.mac,
+                    eth_dst: VMAC,
+                    ip_src: client.ip,
+                    ip_dst: VIP,
+                    src_port: port,
+                    dst_port: VPORT,
+                    seq: (id as u32).wrapping_mul(2_654_435_761),
+                    flags: TcpFlags::SYN,
+                    ..packet::TcpSegment::default()
+                });
+                if !self.send_syn_up(self.now, client.at, frame) {
+                    self.phases[phase].syn_drops += 1;
+                }
+            }
+            Err(Held::Gap | Held::Meter) => self.phases[phase].syn_drops += 1,
+        }
+    }
+
+    fn syn_timer(&mut self, id: u64, try_: u8) {
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
+        if conn.state != State::Connecting || conn.backend.is_some() || conn.tries != try_ {
+            return;
+        }
+        if try_ < SYN_TRIES {
+            self.syn(id);
+        } else {
+            let phase = conn.phase;
+            self.phases[phase].timed_out += 1;
+            self.series_counts.2 += 1;
+            self.end_conn(id);
+        }
+    }
+
+    /// A new connection's SYN goes up from `at` at `t`, unless the switch's queue to the
+    /// controller is full ([`SWITCH_QUEUE`]): then it is dropped (false).
+    fn send_syn_up(&mut self, t: u64, at: Attach, data: Bytes) -> bool {
+        let q = self.pin_queued.entry(at.dpid).or_default();
+        if *q >= SWITCH_QUEUE {
+            return false;
+        }
+        self.send_up(t, at, data);
+        true
+    }
+
+    /// A packet goes up from `at` at `t`: queued at the controller, handled in order.
+    /// Only SYNs are ever dropped for a full queue (`send_syn_up`): the
+    /// handshakes' later segments are retransmitted by real hosts, not modelled here.
+    fn send_up(&mut self, t: u64, at: Attach, data: Bytes) {
+        *self.pin_queued.entry(at.dpid).or_default() += 1;
+        let cost = self.sc.controller_cost.as_nanos() as u64;
+        let start = t.max(self.ctl_free);
+        self.ctl_free = start + cost;
+        self.push(
+            start,
+            Ev::Handle {
+                dpid: at.dpid,
+                in_port: at.port,
+                data,
+                arrived: t,
+            },
+        );
+    }
+
+    fn handle(&mut self, dpid: u64, in_port: u32, data: Bytes, arrived: u64) {
+        if let Some(q) = self.pin_queued.get_mut(&dpid) {
+            *q = q.saturating_sub(1);
+        }
+        let cost = self.sc.controller_cost;
+        self.packet_ins += 1;
+        self.work.packet_ins += 1;
+        self.work.busy += cost;
+        self.ctl_busy += cost.as_nanos() as f64;
+        self.work.queueing = self
+            .work
+            .queueing
+            .max(Duration::from_nanos(self.now - arrived));
+        let pi = PacketIn {
+            buffer_id: ofp::NO_BUFFER,
+            total_len: data.len() as u16,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: u64::MAX,
+            match_: Match::new().with(Oxm::InPort(in_port)),
+            data,
+        };
+        let now = self.at(self.now);
+        self.c
+            .handle_message(now, dpid, &Message::PacketIn(pi), &mut self.out);
+        // Its answer leaves when the work is done.
+        self.apply(self.now + cost.as_nanos() as u64);
+    }
+
+    /// Carry out what the controller sent, as of `t`.
+    fn apply(&mut self, t: u64) {
+        let msgs: Vec<(u64, Message)> = self.out.drain().collect();
+        let mut touched: Vec<u64> = Vec::new();
+        let mut outs = Vec::new();
+        for (dpid, msg) in msgs {
+            match msg {
+                Message::FlowMod(fm) => self.flow_mod(t, dpid, &fm, &mut touched),
+                Message::MeterMod(mm) => self.switches.entry(dpid).or_default().meter_mod(t, &mm),
+                Message::MultipartRequest(r) => self.multipart(t, dpid, &r.body),
+                Message::PacketOut(po) => outs.push((dpid, po)),
+                _ => {}
+            }
+        }
+        for (dpid, po) in outs {
+            self.packet_out(t, dpid, &po, &mut touched);
+        }
+        for id in touched {
+            self.progress(t, id);
+        }
+    }
+
+    fn flow_mod(&mut self, t: u64, dpid: u64, fm: &FlowMod, touched: &mut Vec<u64>) {
+        self.switches.entry(dpid).or_default().flow_mod(t, fm);
+        if cookie::kind_of(fm.cookie) != Some(RuleKind::Conn) {
+            return;
+        }
+        let Some(&id) =
+            rule_ends(&fm.match_).and_then(|ends| ends.iter().find_map(|k| self.by_key.get(k)))
+        else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match fm.command {
+            FlowModCommand::Add => {
+                conn.rules.push(Rule {
+                    dpid,
+                    cookie: fm.cookie,
+                    priority: fm.priority,
+                    match_: fm.match_.clone(),
+                    idle_timeout: fm.idle_timeout,
+                    flow_rem: fm.flags.contains(FlowModFlags::SEND_FLOW_REM),
+                    at: t,
+                });
+                touched.push(id);
+            }
+            FlowModCommand::Delete | FlowModCommand::DeleteStrict => {
+                let before = conn.rules.len();
+                conn.rules
+                    .retain(|r| !(r.dpid == dpid && r.match_ == fm.match_));
+                let sw = self.switches.entry(dpid).or_default();
+                for _ in conn.rules.len()..before {
+                    sw.conn_rule_gone();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn multipart(&mut self, t: u64, dpid: u64, body: &MultipartRequestBody) {
+        let reply = match body {
+            MultipartRequestBody::PortDesc => {
+                let ports = self
+                    .sc
+                    .shape
+                    .switches()
+                    .into_iter()
+                    .find(|(d, _)| *d == dpid)
+                    .map_or(0, |(_, n)| n);
+                MultipartReplyBody::PortDesc((1..=ports).map(|p| port_desc(dpid, p)).collect())
+            }
+            MultipartRequestBody::Meter { .. } => {
+                let sw = self.switches.entry(dpid).or_default();
+                MultipartReplyBody::Meter(
+                    sw.meters
+                        .iter()
+                        .map(|(&id, m)| MeterStats {
+                            meter_id: id,
+                            flow_count: 1,
+                            packet_in_count: m.packets,
+                            byte_in_count: m.packets * 64,
+                            duration_sec: (t / SEC) as u32,
+                            duration_nsec: (t % SEC) as u32,
+                            band_stats: vec![MeterBandStats {
+                                packet_band_count: m.dropped,
+                                byte_band_count: m.dropped * 64,
+                            }],
+                        })
+                        .collect(),
+                )
+            }
+            MultipartRequestBody::Flow(_) => MultipartReplyBody::Flow(Vec::new()),
+            _ => return,
+        };
+        let msg = Message::MultipartReply(MultipartReply {
+            flags: 0,
+            body: reply,
+        });
+        let now = self.at(t);
+        self.c.handle_message(now, dpid, &msg, &mut self.out);
+    }
+
+    fn packet_out(&mut self, t: u64, dpid: u64, po: &ofp::PacketOut, touched: &mut Vec<u64>) {
+        let Ok(frame) = packet::parse(&po.data) else {
+            return;
+        };
+        if let L3::Lldp(_) = &frame.l3 {
+            // LLDP arrives at the far end of the link and goes up from there.
+            for a in po.actions.iter() {
+                if let Action::Output { port, .. } = a {
+                    if let Some(peer) = self.sc.shape.peer(Attach { dpid, port: *port }) {
+                        self.send_up(t, peer, po.data.clone());
+                    }
+                }
+            }
+            return;
+        }
+        let (L3::Ipv4(ip), Some(tcp)) = (&frame.l3, frame.tcp()) else {
+            return;
+        };
+        let flags = tcp.flags;
+        let set_dst = po.actions.iter().find_map(|a| match a {
+            Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
+            _ => None,
+        });
+        if flags.is_initial_syn() && ip.dst == VIP {
+            // The SYN sent on to a backend.
+            let (Some(b), Some(&id)) = (
+                set_dst.and_then(|a| self.backend_by_ip.get(&a).copied()),
+                self.by_key.get(&(ip.src, tcp.src_port)),
+            ) else {
+                return;
+            };
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.backend.get_or_insert(b);
+                touched.push(id);
+            }
+        } else if flags.rst() {
+            // A refusal, to the client.
+            let Some(&id) = self.by_key.get(&(ip.dst, tcp.dst_port)) else {
+                return;
+            };
+            if let Some(conn) = self.conns.get(&id) {
+                if conn.state == State::Connecting && conn.backend.is_none() {
+                    let phase = conn.phase;
+                    self.phases[phase].reset += 1;
+                    self.series_counts.2 += 1;
+                    self.end_conn(id);
+                }
+            }
+        } else if flags.syn() && flags.ack() {
+            // A deferred connection's SYN-ACK, rewritten to the VIP, reaches the client,
+            // which answers with its ACK (up through the controller, which then installs
+            // the connection's rules).
+            let Some(&id) = self.by_key.get(&(ip.dst, tcp.dst_port)) else {
+                return;
+            };
+            let Some(conn) = self.conns.get(&id) else {
+                return;
+            };
+            let client = self.clients[conn.client as usize];
+            let ack = packet::ipv4_tcp(&packet::TcpSegment {
+                eth_src: client.mac,
+                eth_dst: VMAC,
+                ip_src: client.ip,
+                ip_dst: VIP,
+                src_port: conn.port,
+                dst_port: VPORT,
+                seq: (id as u32).wrapping_mul(2_654_435_761).wrapping_add(1),
+                ack: tcp.seq.wrapping_add(1),
+                flags: TcpFlags::ACK,
+                ..packet::TcpSegment::default()
+            });
+            let half = self.sc.rtt.as_nanos() as u64 / 2;
+            self.send_up(t + half, client.at, ack);
+        }
+    }
+
+    /// After the controller answered: a connection whose SYN went to a backend with its
+    /// rules in place starts its request; one without rules (deferred to the client's
+    /// ACK) has its backend answer the SYN.
+    fn progress(&mut self, t: u64, id: u64) {
+        let half = self.sc.rtt.as_nanos() as u64 / 2;
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let (State::Connecting, Some(b)) = (conn.state, conn.backend) else {
+            return;
+        };
+        if !conn.rules.is_empty() {
+            conn.state = State::AtServer;
+            // The handshake's last leg and the request.
+            self.push(t + self.sc.rtt.as_nanos() as u64, Ev::AtServer(id));
+            return;
+        }
+        if conn.synack_played {
+            return;
+        }
+        conn.synack_played = true;
+        self.deferred += 1;
+        let client = self.clients[conn.client as usize];
+        let server = self.server_hosts[usize::from(b)];
+        let syn_ack = packet::ipv4_tcp(&packet::TcpSegment {
+            eth_src: server.mac,
+            eth_dst: client.mac,
+            ip_src: server.ip,
+            ip_dst: client.ip,
+            src_port: VPORT,
+            dst_port: conn.port,
+            seq: (id as u32) ^ 0x5a5a_5a5a,
+            ack: (id as u32).wrapping_mul(2_654_435_761).wrapping_add(1),
+            flags: TcpFlags(0x12),
+            ..packet::TcpSegment::default()
+        });
+        self.send_up(t + half, server.at, syn_ack);
+    }
+
+    fn at_server(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(b) = conn.backend else { return };
+        conn.at_server = self.now;
+        let phase = conn.phase;
+        let s = &mut self.servers[usize::from(b)];
+        match s.arrive(self.now, id) {
+            Admit::Started => {
+                let d = self.service_time(usize::from(b));
+                self.push(self.now + d, Ev::Done(id));
+            }
+            Admit::Queued => {}
+            Admit::Refused => {
+                self.phases[phase].server_refused += 1;
+                self.series_counts.2 += 1;
+                self.close(id);
+            }
+        }
+    }
+
+    fn service_time(&mut self, b: usize) -> u64 {
+        let u: f64 = self.service.r#gen::<f64>().max(1e-12);
+        (-u.ln() * self.servers[b].mean_service_ns) as u64
+    }
+
+    fn done(&mut self, id: u64) {
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
+        let (Some(b), at, first, phase) = (conn.backend, conn.at_server, conn.first, conn.phase)
+        else {
+            return;
+        };
+        let b = usize::from(b);
+        if let Some((next, _)) = self.servers[b].complete(self.now, at) {
+            let d = self.service_time(b);
+            self.push(self.now + d, Ev::Done(next));
+        }
+        let half = self.sc.rtt.as_nanos() as u64 / 2;
+        let rt_us = (self.now + half - first) / 1000;
+        let p = &mut self.phases[phase];
+        p.served += 1;
+        let _ = p.rt.record(rt_us.max(1));
+        self.series_counts.1 += 1;
+        self.close(id);
+    }
+
+    /// The connection is over (its response sent, or refused by its server): its rules
+    /// go `fin_timeout` after the FIN (or RST) passes.
+    fn close(&mut self, id: u64) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.state = State::Ended;
+        }
+        self.push(self.now + self.fin_timeout, Ev::RulesEnd(id));
+    }
+
+    fn rules_end(&mut self, id: u64) {
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
+        let now = self.at(self.now);
+        let rules = conn.rules.clone();
+        for r in rules {
+            if let Some(sw) = self.switches.get_mut(&r.dpid) {
+                sw.conn_rule_gone();
+            }
+            if !r.flow_rem {
+                continue;
+            }
+            let age = self.now.saturating_sub(r.at);
+            let fr = FlowRemoved {
+                cookie: r.cookie,
+                priority: r.priority,
+                reason: FlowRemovedReason::IdleTimeout,
+                table_id: 0,
+                duration_sec: (age / SEC) as u32,
+                duration_nsec: (age % SEC) as u32,
+                idle_timeout: r.idle_timeout,
+                hard_timeout: 0,
+                packet_count: 8,
+                byte_count: 2048,
+                match_: r.match_.clone(),
+            };
+            self.c
+                .handle_message(now, r.dpid, &Message::FlowRemoved(fr), &mut self.out);
+        }
+        self.end_conn(id);
+        self.apply(self.now);
+    }
+
+    fn end_conn(&mut self, id: u64) {
+        if let Some(conn) = self.conns.remove(&id) {
+            let key = (self.clients[conn.client as usize].ip, conn.port);
+            if self.by_key.get(&key) == Some(&id) {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        let every = self.c.config().refresh_interval.as_nanos() as u64;
+        let report = self.sc.report_every.as_nanos() as u64;
+        let now = self.at(self.now);
+        if self.now % report < every {
+            for (i, s) in self.servers.iter_mut().enumerate() {
+                s.report(self.now);
+                let load = LoadSample {
+                    rps: Some(s.rps),
+                    active: Some(f64::from(s.active())),
+                    response_time_ms: s.rt_ms,
+                    cpu: Some(s.cpu),
+                };
+                self.c.handle_backend_load(now, 0, i, load);
+            }
+        }
+        // The controller's own work since the last tick, as the runtime measures it.
+        let shed = self.c.shed_total();
+        let shed_n = shed.saturating_sub(self.shed_seen);
+        self.shed_seen = shed;
+        let mut work = std::mem::take(&mut self.work);
+        work.shed = self.sc.controller_cost * shed_n as u32;
+        if work.packet_ins > 0 {
+            self.c.record_packet_in_work(work);
+        }
+        self.c.handle_tick(now, &mut self.out);
+        self.apply(self.now);
+        self.mark_phase();
+        if self.now % SAMPLE < every {
+            self.sample();
+        }
+        if self.now < self.end + DRAIN {
+            self.push(self.now + every, Ev::Tick);
+        }
+    }
+
+    fn busy_now(&mut self) -> Vec<f64> {
+        let now = self.now;
+        self.servers
+            .iter_mut()
+            .map(|s| {
+                s.settle(now);
+                s.busy_ns
+            })
+            .collect()
+    }
+
+    /// At each phase's start (and the end of the last), the servers' and the
+    /// controller's busy time, for each phase's utilization.
+    fn mark_phase(&mut self) {
+        let n = self.sc.loads.len();
+        let phase_ns = self.sc.phase.as_nanos() as u64;
+        while self.phase_marks.len() <= n {
+            let at = self.start + self.phase_marks.len() as u64 * phase_ns;
+            if self.now < at {
+                return;
+            }
+            let busy = self.busy_now();
+            self.phase_marks.push((busy, self.ctl_busy));
+        }
+    }
+
+    fn sample(&mut self) {
+        let busy = self.busy_now();
+        let dt = SAMPLE as f64;
+        let util: f64 = busy
+            .iter()
+            .zip(&self.series_busy)
+            .zip(&self.servers)
+            .map(|((b, a), s)| (b - a) / (dt * f64::from(s.workers)))
+            .sum::<f64>()
+            / busy.len().max(1) as f64;
+        self.series_busy = busy;
+        let (o, s, r) = std::mem::take(&mut self.series_counts);
+        let per_sec = 1e9 / dt;
+        self.series.push(Sample {
+            t: self.now.saturating_sub(self.start) as f64 / 1e9,
+            offered: o as f64 * per_sec,
+            served: s as f64 * per_sec,
+            refused: r as f64 * per_sec,
+            util_mean: util,
+        });
+    }
+
+    fn finish_phases(&mut self) {
+        let phase_ns = self.sc.phase.as_nanos() as f64;
+        for (i, p) in self.phases.iter_mut().enumerate() {
+            p.lost = p
+                .offered
+                .saturating_sub(p.served + p.reset + p.server_refused + p.timed_out);
+            let (Some((a, ca)), Some((b, cb))) =
+                (self.phase_marks.get(i), self.phase_marks.get(i + 1))
+            else {
+                continue;
+            };
+            p.utilization = a
+                .iter()
+                .zip(b)
+                .zip(&self.servers)
+                .map(|((x, y), s)| (y - x) / (phase_ns * f64::from(s.workers)))
+                .collect();
+            let n = p.utilization.len().max(1) as f64;
+            let mean = p.utilization.iter().sum::<f64>() / n;
+            let var = p
+                .utilization
+                .iter()
+                .map(|u| (u - mean).powi(2))
+                .sum::<f64>()
+                / n;
+            p.util_mean = mean;
+            p.util_max = p.utilization.iter().copied().fold(0.0, f64::max);
+            p.util_cov = if mean > 0.0 { var.sqrt() / mean } else { 0.0 };
+            p.controller_util = (cb - ca) / phase_ns;
+            p.rt_p50_ms = p.rt.value_at_quantile(0.5) as f64 / 1000.0;
+            p.rt_p99_ms = p.rt.value_at_quantile(0.99) as f64 / 1000.0;
+        }
+    }
+}
+
+/// Both ends of a connection rule's match: `(source address, port)` and `(destination
+/// address, port)`. One of them is the client's: the forward rules match its source
+/// (before or after the rewrite to the backend), the reverse rules its destination.
+fn rule_ends(m: &Match) -> Option<[(Ipv4Addr, u16); 2]> {
+    let (mut src, mut dst, mut sport, mut dport) = (None, None, None, None);
+    for o in m.iter() {
+        match o {
+            Oxm::Ipv4Src { value, .. } => src = Some(*value),
+            Oxm::Ipv4Dst { value, .. } => dst = Some(*value),
+            Oxm::TcpSrc(p) => sport = Some(*p),
+            Oxm::TcpDst(p) => dport = Some(*p),
+            _ => {}
+        }
+    }
+    Some([(src?, sport?), (dst?, dport?)])
+}
+
+fn port_desc(dpid: u64, p: u32) -> PortDesc {
+    PortDesc {
+        port_no: p,
+        hw_addr: [
+            0x0a,
+            0,
+            (dpid >> 8) as u8,
+            dpid as u8,
+            (p >> 8) as u8,
+            p as u8,
+        ],
+        name: ofp::PortName::new(&format!("s{dpid}-p{p}")),
+        config: 0,
+        state: 0,
+        curr: 0,
+        advertised: 0,
+        supported: 0,
+        peer: 0,
+        curr_speed: 10_000_000,
+        max_speed: 10_000_000,
+    }
+}

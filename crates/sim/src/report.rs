@@ -1,0 +1,179 @@
+//! The runs' tables (Markdown and CSV) and plots (SVG).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use flowgate_lab::plot;
+
+use crate::{Outcome, Scenario};
+
+const HEADER: [&str; 16] = [
+    "algorithm",
+    "overload",
+    "load",
+    "offered",
+    "served %",
+    "reset by controller %",
+    "refused by server %",
+    "timed out %",
+    "lost",
+    "SYN drops at switch",
+    "p50 ms",
+    "p99 ms",
+    "server util mean",
+    "server util max",
+    "util CoV",
+    "controller util",
+];
+
+fn pct(n: u64, of: u64) -> f64 {
+    if of == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / of as f64
+    }
+}
+
+/// One row per run and phase.
+pub fn rows(runs: &[Outcome]) -> Vec<Vec<String>> {
+    let mut v = Vec::new();
+    for r in runs {
+        for p in &r.phases {
+            v.push(vec![
+                r.algorithm.clone(),
+                r.overload.clone(),
+                format!("{:.2}", p.load),
+                p.offered.to_string(),
+                format!("{:.2}", pct(p.served, p.offered)),
+                format!("{:.2}", pct(p.reset, p.offered)),
+                format!("{:.2}", pct(p.server_refused, p.offered)),
+                format!("{:.2}", pct(p.timed_out, p.offered)),
+                p.lost.to_string(),
+                p.syn_drops.to_string(),
+                format!("{:.1}", p.rt_p50_ms),
+                format!("{:.1}", p.rt_p99_ms),
+                format!("{:.3}", p.util_mean),
+                format!("{:.3}", p.util_max),
+                format!("{:.3}", p.util_cov),
+                format!("{:.4}", p.controller_util),
+            ]);
+        }
+    }
+    v
+}
+
+pub fn markdown(sc: &Scenario, runs: &[Outcome]) -> String {
+    let mut s = String::new();
+    let sh = sc.shape;
+    let _ = writeln!(
+        s,
+        "# flowgate sim\n\nA leaf-spine fabric of {} leaves and {} spines; {} servers ({} a leaf, {} workers each, {} ms mean service at speeds {:?} cycled, accept queue {}), {} clients. Pool capacity {:.0} requests/s. Load in phases of {} s: {:?} of capacity. Controller: {} µs a PACKET_IN; server load reported every {} ms. Seed {}.\n",
+        sh.leaves,
+        sh.spines,
+        sh.servers(),
+        sh.servers_per_leaf,
+        sc.workers,
+        sc.service.as_secs_f64() * 1e3,
+        sc.speeds,
+        sc.backlog,
+        sh.clients(),
+        sc.capacity(),
+        sc.phase.as_secs_f64(),
+        sc.loads,
+        sc.controller_cost.as_secs_f64() * 1e6,
+        sc.report_every.as_secs_f64() * 1e3,
+        sc.seed,
+    );
+    let _ = writeln!(s, "| {} |", HEADER.join(" | "));
+    let _ = writeln!(
+        s,
+        "|{}|",
+        HEADER.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
+    );
+    for r in rows(runs) {
+        let _ = writeln!(s, "| {} |", r.join(" | "));
+    }
+    let _ = writeln!(s);
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "- {} / {}: {} links and {} hosts found by the controller, {} PACKET_INs, {} connections' rules deferred to the client's ACK, at most {} connection rules on one switch, {} of {} spines carrying connections; {:.1} s of wall time.",
+            r.algorithm,
+            r.overload,
+            r.links_found,
+            r.hosts_learned,
+            r.packet_ins,
+            r.deferred,
+            r.max_conn_rules,
+            r.spines_used,
+            sc.shape.spines,
+            r.wall_secs
+        );
+    }
+    s
+}
+
+pub fn csv(runs: &[Outcome]) -> String {
+    let mut s = HEADER.join(",") + "\n";
+    for r in rows(runs) {
+        s += &(r.join(",") + "\n");
+    }
+    s
+}
+
+/// Tables and plots into `dir`: `sim.md`, `sim.csv`, `sim.json`, and per load phase the
+/// p99 response time and the servers' imbalance by run, and each run's goodput over time.
+pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("sim.md"), markdown(sc, runs))?;
+    std::fs::write(dir.join("sim.csv"), csv(runs))?;
+    std::fs::write(
+        dir.join("sim.json"),
+        serde_json::to_string_pretty(&serde_json::json!({ "scenario": sc, "runs": runs }))?,
+    )?;
+    let name = |r: &Outcome| format!("{} / {}", r.algorithm, r.overload);
+    let served: Vec<plot::Series> = runs
+        .iter()
+        .map(|r| (name(r), r.series.iter().map(|s| (s.t, s.served)).collect()))
+        .collect();
+    plot::lines(
+        &dir.join("served.svg"),
+        "Requests served per second",
+        "time (s)",
+        "requests/s",
+        &served,
+    )?;
+    let p99: Vec<plot::Series> = runs
+        .iter()
+        .map(|r| {
+            (
+                name(r),
+                r.phases.iter().map(|p| (p.load, p.rt_p99_ms)).collect(),
+            )
+        })
+        .collect();
+    plot::xy(
+        &dir.join("p99.svg"),
+        "p99 response time by offered load",
+        "offered load (of capacity)",
+        "ms",
+        &p99,
+    )?;
+    let cov: Vec<plot::Series> = runs
+        .iter()
+        .map(|r| {
+            (
+                name(r),
+                r.phases.iter().map(|p| (p.load, p.util_cov)).collect(),
+            )
+        })
+        .collect();
+    plot::xy(
+        &dir.join("imbalance.svg"),
+        "Servers' utilization, coefficient of variation",
+        "offered load (of capacity)",
+        "CoV",
+        &cov,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! What the simulation keeps of each switch, from the controller's messages: its meters
+//! (token buckets, drop band only, as Open vSwitch's), the gap rules of the services'
+//! OFF periods, which meter the intercept rule of new connections carries, and how many
+//! connection rules it holds.
+//!
+//! The data path is not simulated packet by packet: a connection's rules carry it
+//! without the controller, so only the first SYN of each connection (and its
+//! retransmissions) is looked up here, against what decides its fate before the
+//! controller: a gap rule (priority 250, dropped) or the intercept rule's meter.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use ahash::RandomState;
+use flowgate_core::cookie::{self, RuleKind};
+use ofp::{FlowMod, FlowModCommand, Instruction, MeterBand, MeterMod, MeterModCommand, Oxm};
+
+/// The priority of the OFF-period rules (`controller::rules`): drop new connections.
+const PRIO_GAP: u16 = 250;
+
+/// An OpenFlow meter with one drop band: a token bucket of `burst` packets filled at
+/// `rate` a second (§5.7; Open vSwitch's meters count packets with `OFPMF_PKTPS`).
+#[derive(Debug, Clone)]
+pub struct Meter {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: u64,
+    pub packets: u64,
+    pub dropped: u64,
+}
+
+impl Meter {
+    fn new(rate: u32, burst: u32, now: u64) -> Self {
+        let burst = f64::from(burst.max(1));
+        Meter {
+            rate: f64::from(rate),
+            burst,
+            tokens: burst,
+            at: now,
+            packets: 0,
+            dropped: 0,
+        }
+    }
+
+    /// A packet at `now`: whether the band lets it through.
+    pub fn pass(&mut self, now: u64) -> bool {
+        let dt = now.saturating_sub(self.at) as f64 / 1e9;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        self.at = now;
+        self.packets += 1;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+}
+
+/// Why the switch did not send a SYN up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// A gap rule (an OFF period) dropped it.
+    Gap,
+    /// The intercept rule's meter dropped it.
+    Meter,
+}
+
+#[derive(Debug, Default)]
+pub struct Switch {
+    pub meters: HashMap<u32, Meter, RandomState>,
+    /// Service address → its gap rule's cookie, and when the rule ends (ns).
+    gaps: HashMap<Ipv4Addr, (u64, u64), RandomState>,
+    /// Service address → the meter its intercept rule names.
+    intercept_meter: HashMap<Ipv4Addr, u32, RandomState>,
+    /// Meter of the table-miss rule.
+    miss_meter: Option<u32>,
+    pub conn_rules: usize,
+    pub max_conn_rules: usize,
+}
+
+fn ipv4_dst(fm: &FlowMod) -> Option<Ipv4Addr> {
+    fm.match_.iter().find_map(|o| match o {
+        Oxm::Ipv4Dst { value, mask: None } => Some(*value),
+        _ => None,
+    })
+}
+
+fn meter_of(fm: &FlowMod) -> Option<u32> {
+    fm.instructions.iter().find_map(|i| match i {
+        Instruction::Meter(m) => Some(*m),
+        _ => None,
+    })
+}
+
+impl Switch {
+    /// A FLOW_MOD from the controller, as far as the simulation needs it.
+    pub fn flow_mod(&mut self, now: u64, fm: &FlowMod) {
+        let add = matches!(
+            fm.command,
+            FlowModCommand::Add | FlowModCommand::Modify | FlowModCommand::ModifyStrict
+        );
+        match cookie::kind_of(fm.cookie) {
+            Some(RuleKind::Conn) if fm.command == FlowModCommand::Add => {
+                self.conn_rules += 1;
+                self.max_conn_rules = self.max_conn_rules.max(self.conn_rules);
+            }
+            Some(RuleKind::Gap) if fm.priority == PRIO_GAP => {
+                let Some(addr) = ipv4_dst(fm) else { return };
+                if add {
+                    // A rule without a hard timeout holds until deleted.
+                    let until = match fm.hard_timeout {
+                        0 => u64::MAX,
+                        s => now + u64::from(s) * 1_000_000_000,
+                    };
+                    self.gaps.insert(addr, (fm.cookie, until));
+                } else {
+                    self.gaps.remove(&addr);
+                }
+            }
+            Some(RuleKind::Gap) if !add => {
+                // A service's OFF-period rules withdrawn by their cookie (§7.3.4.1).
+                let (cookie, mask) = (fm.cookie, fm.cookie_mask);
+                self.gaps.retain(|_, (c, _)| *c & mask != cookie & mask);
+            }
+            Some(RuleKind::Intercept) if add => {
+                if let (Some(addr), Some(m)) = (ipv4_dst(fm), meter_of(fm)) {
+                    self.intercept_meter.insert(addr, m);
+                } else if let Some(addr) = ipv4_dst(fm) {
+                    self.intercept_meter.remove(&addr);
+                }
+            }
+            Some(RuleKind::TableMiss) if add => self.miss_meter = meter_of(fm),
+            _ => {}
+        }
+    }
+
+    /// A connection rule expired (its FLOW_REMOVED is sent, or it was not asked for).
+    pub fn conn_rule_gone(&mut self) {
+        self.conn_rules = self.conn_rules.saturating_sub(1);
+    }
+
+    pub fn meter_mod(&mut self, now: u64, mm: &MeterMod) {
+        match mm.command {
+            MeterModCommand::Delete => {
+                self.meters.remove(&mm.meter_id);
+            }
+            _ => {
+                let band = mm.bands.iter().find_map(|b| match b {
+                    MeterBand::Drop { rate, burst_size } => Some((*rate, *burst_size)),
+                    _ => None,
+                });
+                match band {
+                    Some((rate, burst)) => {
+                        // §7.3.4.4: a MODIFY replaces the bands; the bucket starts full.
+                        let old = self.meters.remove(&mm.meter_id);
+                        let mut m = Meter::new(rate, burst, now);
+                        if let Some(o) = old {
+                            m.packets = o.packets;
+                            m.dropped = o.dropped;
+                        }
+                        self.meters.insert(mm.meter_id, m);
+                    }
+                    None => {
+                        self.meters.remove(&mm.meter_id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new connection's SYN to `service` enters this switch at `now`: `Ok` when it goes
+    /// up to the controller.
+    pub fn syn(&mut self, now: u64, service: Ipv4Addr) -> Result<(), Held> {
+        if let Some(&(_, until)) = self.gaps.get(&service) {
+            if now < until {
+                return Err(Held::Gap);
+            }
+            self.gaps.remove(&service);
+        }
+        if let Some(id) = self.intercept_meter.get(&service) {
+            if let Some(m) = self.meters.get_mut(id) {
+                if !m.pass(now) {
+                    return Err(Held::Meter);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Any other packet that misses at this switch goes up through the table-miss meter.
+    pub fn miss(&mut self, now: u64) -> bool {
+        match self.miss_meter.and_then(|id| self.meters.get_mut(&id)) {
+            Some(m) => m.pass(now),
+            None => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_meter_lets_its_rate_through_after_its_burst() {
+        let mut m = Meter::new(1000, 10, 0);
+        let passed = (0..100).filter(|_| m.pass(0)).count();
+        assert_eq!(passed, 10, "the burst, at one instant");
+        // Over the next second, 1 a ms: each gets a token.
+        let passed = (1..=1000).filter(|ms| m.pass(ms * 1_000_000)).count();
+        assert_eq!(passed, 1000);
+        assert_eq!(m.dropped, 90);
+    }
+}
