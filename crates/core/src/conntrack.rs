@@ -34,6 +34,16 @@ impl ConnKey {
             service_port: tcp.dst_port,
         }
     }
+
+    /// The connection's hash, which of equal-cost paths its rules take
+    /// (`Topology::flow_path`): the same for its whole life, different between its
+    /// connections, so a client's connections spread too.
+    pub fn flow_hash(&self) -> u64 {
+        let client = (u64::from(u32::from(self.client)) << 16) | u64::from(self.client_port);
+        let service =
+            (u64::from(u32::from(self.service_addr)) << 16) | u64::from(self.service_port);
+        crate::topology::mix64(client ^ crate::topology::mix64(service))
+    }
 }
 
 /// What was decided for one connection. Kept small: the table holds one per live

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ahash::RandomState;
 use flowgate_packet::MacAddr;
+use smallvec::SmallVec;
 
 /// An OpenFlow datapath id.
 pub type Dpid = u64;
@@ -142,11 +143,12 @@ pub struct Topology {
     /// connection may hold any number until it ends (bounded by `MAX_MAC_IDS`).
     mac_ids: HashMap<MacAddr, MacId, RandomState>,
     macs: Vec<MacAddr>,
-    /// `(from, to) -> port of `from` leading one hop closer to `to``.
-    next_hop: HashMap<(Dpid, Dpid), u32, RandomState>,
+    /// `(from, to) ->` the ports of `from` leading one hop closer to `to`: every one of a
+    /// shortest path (equal cost), the first the one the L2 rules use.
+    next_hop: HopMap,
     /// The next hops before the first change of the links since they were last taken
     /// (see [`Topology::take_next_hops_before`]).
-    next_hop_before: Option<HashMap<(Dpid, Dpid), u32, RandomState>>,
+    next_hop_before: Option<HopMap>,
     /// Hosts forgotten because their port or switch went, and where they were (the last
     /// `MAX_FORGOTTEN` or fewer): one that turns up at another port has moved.
     forgotten: HashMap<MacAddr, PortRef, RandomState>,
@@ -181,17 +183,40 @@ fn count_out(share_at: &mut HashMap<PortRef, PortShare, RandomState>, at: PortRe
     }
 }
 
-/// [`Topology::egress_toward`] by the next hops `next_hop`.
-fn egress_with(
-    next_hop: &HashMap<(Dpid, Dpid), u32, RandomState>,
-    dpid: Dpid,
-    dst: PortRef,
-) -> Option<u32> {
+/// The equal-cost next hops toward each switch (see `Topology::next_hop`).
+type HopMap = HashMap<(Dpid, Dpid), SmallVec<[u32; 4]>, RandomState>;
+
+/// [`Topology::egress_toward`] by the next hops `next_hop`: with `flow`, the next hop of
+/// that flow among the equal-cost ones ([`pick_hop`]); without, the first.
+fn egress_with(next_hop: &HopMap, dpid: Dpid, dst: PortRef, flow: Option<u64>) -> Option<u32> {
     if dpid == dst.dpid {
-        Some(dst.port)
-    } else {
-        next_hop.get(&(dpid, dst.dpid)).copied()
+        return Some(dst.port);
     }
+    let hops = next_hop.get(&(dpid, dst.dpid))?;
+    match flow {
+        Some(f) if hops.len() > 1 => pick_hop(hops, f, dpid),
+        _ => hops.first().copied(),
+    }
+}
+
+/// The next hop of flow `flow` at switch `dpid` among equal-cost `hops`, by rendezvous
+/// (highest random weight) hashing, as ECMP spreads flows: each flow keeps its hop while
+/// hops come and go, but for the flows of a hop that went, and the share a new hop takes
+/// (a modulo over the hops would move most flows whenever their number changed, and with
+/// them their rules).
+fn pick_hop(hops: &[u32], flow: u64, dpid: Dpid) -> Option<u32> {
+    hops.iter()
+        .copied()
+        .max_by_key(|&port| mix64(flow ^ mix64(dpid) ^ u64::from(port).rotate_left(32)))
+}
+
+/// SplitMix64's finalizer: every input bit moves every output bit.
+pub fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// What the earlier next hops made of a path ([`Topology::path_before`]).
@@ -208,7 +233,7 @@ pub enum EarlierPath {
 
 /// Next hops of an earlier state of the links (see [`Topology::take_next_hops_before`]).
 #[derive(Debug, Default)]
-pub struct NextHops(HashMap<(Dpid, Dpid), u32, RandomState>);
+pub struct NextHops(HopMap);
 
 impl Topology {
     pub fn new() -> Self {
@@ -551,25 +576,47 @@ impl Topology {
     /// The egress port at `dpid` for traffic to a host at `dst`: the host's own port when
     /// it is on this switch, else the next hop toward its switch.
     pub fn egress_toward(&self, dpid: Dpid, dst: PortRef) -> Option<u32> {
-        egress_with(&self.next_hop, dpid, dst)
+        egress_with(&self.next_hop, dpid, dst, None)
+    }
+
+    /// The egress port at `dpid` of flow `flow` to a host at `dst`: as
+    /// [`Topology::egress_toward`], the flow's own among equal-cost next hops.
+    pub fn flow_egress_toward(&self, dpid: Dpid, dst: PortRef, flow: u64) -> Option<u32> {
+        egress_with(&self.next_hop, dpid, dst, Some(flow))
     }
 
     /// The switches a packet crosses from `from` to the host at `dst`, each with its egress
-    /// port, in order. None when there is no path.
+    /// port, in order. None when there is no path. Of equal-cost paths, the one the L2
+    /// rules follow.
     pub fn path(&self, from: Dpid, dst: PortRef, out: &mut Vec<(Dpid, u32)>) -> Option<()> {
-        self.path_with(&self.next_hop, from, dst, out)
+        self.path_with(&self.next_hop, from, dst, None, out)
     }
 
-    /// The path [`Topology::path`] gave before the links last changed (`before`, from
+    /// As [`Topology::path`], for flow `flow` (a connection's hash, see
+    /// `ConnKey::flow_hash`): of equal-cost paths, the flow's own, hop by hop, so the
+    /// connections between two switches spread over every shortest path between them.
+    pub fn flow_path(
+        &self,
+        from: Dpid,
+        dst: PortRef,
+        flow: u64,
+        out: &mut Vec<(Dpid, u32)>,
+    ) -> Option<()> {
+        self.path_with(&self.next_hop, from, dst, Some(flow), out)
+    }
+
+    /// The path [`Topology::flow_path`] (or, without `flow`, [`Topology::path`]) gave
+    /// before the links last changed (`before`, from
     /// [`Topology::take_next_hops_before`]), to the host where it is now, into `out`.
     pub fn path_before(
         &self,
         before: &NextHops,
         from: Dpid,
         dst: PortRef,
+        flow: Option<u64>,
         out: &mut Vec<(Dpid, u32)>,
     ) -> EarlierPath {
-        match self.path_with(&before.0, from, dst, out) {
+        match self.path_with(&before.0, from, dst, flow, out) {
             Some(()) => EarlierPath::Found,
             // The walk stopped at a hop the earlier next hops gave and the links have no
             // more: it crossed a link that is gone.
@@ -592,15 +639,16 @@ impl Topology {
 
     fn path_with(
         &self,
-        next_hop: &HashMap<(Dpid, Dpid), u32, RandomState>,
+        next_hop: &HopMap,
         from: Dpid,
         dst: PortRef,
+        flow: Option<u64>,
         out: &mut Vec<(Dpid, u32)>,
     ) -> Option<()> {
         out.clear();
         let mut at = from;
         for _ in 0..=self.switches.len() {
-            let port = egress_with(next_hop, at, dst)?;
+            let port = egress_with(next_hop, at, dst, flow)?;
             out.push((at, port));
             if at == dst.dpid {
                 return Some(());
@@ -655,15 +703,26 @@ impl Topology {
         }
         let dpids: Vec<Dpid> = self.switches.keys().copied().collect();
         for &dst in &dpids {
-            // BFS from dst; the parent of s is s's next hop toward dst.
-            let mut seen = BTreeSet::from([dst]);
+            // BFS from dst: every neighbour one hop closer to dst is a next hop toward it
+            // (peer reaches u through the link end at peer.port), the first found first.
+            let mut dist = BTreeMap::from([(dst, 0u32)]);
             let mut q = VecDeque::from([dst]);
             while let Some(u) = q.pop_front() {
+                let du = dist.get(&u).copied().unwrap_or(0);
                 for &(_, peer) in adj.get(&u).map(Vec::as_slice).unwrap_or(&[]) {
-                    if seen.insert(peer.dpid) {
-                        // peer reaches u through the link end at peer.port.
-                        self.next_hop.insert((peer.dpid, dst), peer.port);
-                        q.push_back(peer.dpid);
+                    let closer = match dist.get(&peer.dpid) {
+                        None => {
+                            dist.insert(peer.dpid, du + 1);
+                            q.push_back(peer.dpid);
+                            true
+                        }
+                        Some(&d) => d == du + 1,
+                    };
+                    if closer {
+                        self.next_hop
+                            .entry((peer.dpid, dst))
+                            .or_default()
+                            .push(peer.port);
                     }
                 }
             }
@@ -886,6 +945,81 @@ mod tests {
         assert_eq!(path, vec![(1, 3), (3, 1)]);
         t.path(2, PortRef::new(2, 1), &mut path).expect("local");
         assert_eq!(path, vec![(2, 1)]);
+    }
+
+    /// Two leaves (1, 2) under three spines (11, 12, 13): leaf port `s` to spine `10 + s`,
+    /// spine port `l` to leaf `l`; hosts on the leaves' port 9.
+    fn leaf_spine() -> (Topology, Instant) {
+        let now = Instant::now();
+        let mut t = Topology::new();
+        for d in [1, 2, 11, 12, 13] {
+            t.add_switch(d);
+            for p in 1..=9 {
+                t.set_port(d, p, port("p"));
+            }
+        }
+        for leaf in [1u64, 2] {
+            for s in 1..=3u32 {
+                t.link_seen(
+                    now,
+                    PortRef::new(leaf, s),
+                    PortRef::new(10 + u64::from(s), leaf as u32),
+                );
+            }
+        }
+        (t, now)
+    }
+
+    /// The spine each of `n` flows from leaf 1 to leaf 2's host takes.
+    fn spines_of(t: &Topology, n: u64) -> Vec<u64> {
+        let mut path = Vec::new();
+        (0..n)
+            .map(|f| {
+                t.flow_path(1, PortRef::new(2, 9), mix64(f), &mut path)
+                    .expect("reachable");
+                assert_eq!(path.len(), 3, "leaf, spine, leaf: {path:?}");
+                assert_eq!(path[2], (2, 9));
+                path[1].0
+            })
+            .collect()
+    }
+
+    /// Connections between two leaves spread over every spine (each flow its own
+    /// equal-cost path, ECMP), while the L2 rules keep one. When a spine goes, only its
+    /// flows move; the others keep their paths, and their rules.
+    #[test]
+    fn flows_spread_over_equal_cost_paths_and_keep_them_when_one_goes() {
+        let (mut t, _) = leaf_spine();
+        let before = spines_of(&t, 3000);
+        for spine in [11, 12, 13] {
+            let n = before.iter().filter(|&&s| s == spine).count();
+            assert!((850..=1150).contains(&n), "spine {spine}: {n} of 3000");
+        }
+        let mut path = Vec::new();
+        t.path(1, PortRef::new(2, 9), &mut path).expect("reachable");
+        assert_eq!(path, [(1, 1), (11, 2), (2, 9)], "the first, for L2");
+        // A flow's path is the same every time, and the reverse direction spreads too.
+        assert_eq!(spines_of(&t, 3000), before);
+        t.flow_path(2, PortRef::new(1, 9), mix64(7), &mut path)
+            .expect("reachable");
+        assert_eq!(path.len(), 3);
+        // Spine 12 goes (its port down at leaf 1 takes the link).
+        t.set_port(
+            1,
+            2,
+            PortInfo {
+                up: false,
+                ..port("p")
+            },
+        );
+        let after = spines_of(&t, 3000);
+        for (b, a) in before.iter().zip(&after) {
+            if *b == 12 {
+                assert_ne!(*a, 12);
+            } else {
+                assert_eq!(a, b, "a flow off the lost spine kept its path");
+            }
+        }
     }
 
     #[test]

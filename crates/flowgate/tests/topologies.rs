@@ -1,6 +1,7 @@
 //! Multi-switch topologies under flowgate's L2: a Mininet-style tree (LLDP discovery,
-//! spanning-tree flooding, shortest paths, the VIP across switches) and a ring, where a
-//! flooded broadcast must not circulate.
+//! spanning-tree flooding, shortest paths, the VIP across switches), a ring, where a
+//! flooded broadcast must not circulate, and a leaf-spine fabric, whose connections
+//! spread over its equal-cost paths.
 
 mod support;
 
@@ -258,5 +259,99 @@ fn ovs_ring_does_not_loop() {
             h.name()
         );
     }
+    ctl.assert_no_openflow_errors();
+}
+
+/// A leaf-spine fabric on Open vSwitch: leaves s1 and s2 each linked to spines s3 and
+/// s4, the client h1 on s1, the backends h2 and h3 on s2. The connections between the
+/// leaves, and their rules, take both spines (each connection its own equal-cost path),
+/// and every request is served. Before, every connection crossed the first spine.
+#[test]
+fn ovs_leaf_spine_connections_take_both_spines() {
+    let Some(p) = setup("ovs_leaf_spine_connections_take_both_spines") else {
+        return;
+    };
+    let p = p.as_str();
+    let backends: Vec<std::net::Ipv4Addr> = ["10.0.0.2", "10.0.0.3"]
+        .iter()
+        .map(|a| a.parse().expect("ip"))
+        .collect();
+    let ctl = Ctl::start("leafspine", &vip_config(VIP, "round-robin", &backends, ""));
+    let bridges: Vec<Bridge> = (1..=4u64)
+        .map(|i| Bridge::create(&format!("{p}s{i}"), i, &[ctl.target()]).expect("bridge"))
+        .collect();
+    let hosts: Vec<Host> = [(1usize, 0usize), (2, 1), (3, 1)]
+        .iter()
+        .map(|&(i, leaf)| {
+            let opts = HostOptions {
+                mac: Some(format!("00:00:00:00:00:{i:02x}")),
+                ..HostOptions::default()
+            };
+            Host::create_with(
+                p,
+                &format!("h{i}"),
+                &format!("10.0.0.{i}/24"),
+                &bridges[leaf],
+                &opts,
+            )
+            .expect("host")
+        })
+        .collect();
+    let _links: Vec<Link> = [(0usize, 2usize), (0, 3), (1, 2), (1, 3)]
+        .iter()
+        .map(|&(a, b)| {
+            Link::create(
+                LinkKind::Patch,
+                &bridges[a],
+                &format!("{p}p{}x{}", a + 1, b + 1),
+                &bridges[b],
+                &format!("{p}p{}x{}", b + 1, a + 1),
+            )
+            .expect("link")
+        })
+        .collect();
+    for b in &bridges {
+        b.wait_connected(Duration::from_secs(10))
+            .expect("switch connects");
+    }
+    let _servers: Vec<_> = hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
+    for b in [1, 2] {
+        assert!(
+            hosts[0]
+                .ping_until(hosts[b].ip(), Duration::from_secs(15))
+                .expect("ping"),
+            "h1 reaches h{} across the fabric",
+            b + 1
+        );
+    }
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    // Keep-alive connections, so their rules are all there at once.
+    let report = keepalive_load(&hosts[0], &format!("http://{VIP}/"), 16, 2, 10000);
+    let conn_rules = |b: &Bridge| {
+        b.dump_flows()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("priority=300,tcp"))
+            .count()
+    };
+    let (s3, s4) = (conn_rules(&bridges[2]), conn_rules(&bridges[3]));
+    eprintln!("MEASURE 16 connections across two spines: {s3} rules on s3, {s4} on s4; {report}");
+    assert!(
+        report["failed"] == 0 && report["ok"] == report["sent"],
+        "every request served: {report}"
+    );
+    assert_eq!(
+        s3 + s4,
+        32,
+        "each connection's two rules on the spines it crosses"
+    );
+    assert!(
+        s3 >= 4 && s4 >= 4,
+        "both spines carry connections: {s3} and {s4}"
+    );
     ctl.assert_no_openflow_errors();
 }

@@ -131,10 +131,20 @@ impl Controller {
             return false;
         };
         let old = (
-            self.topo
-                .path_before(before, p.client_at.dpid, p.backend_at, old_fwd),
-            self.topo
-                .path_before(before, p.backend_at.dpid, p.client_at, old_rev),
+            self.topo.path_before(
+                before,
+                p.client_at.dpid,
+                p.backend_at,
+                Some(p.flow),
+                old_fwd,
+            ),
+            self.topo.path_before(
+                before,
+                p.backend_at.dpid,
+                p.client_at,
+                Some(p.flow),
+                old_rev,
+            ),
         );
         match old {
             // Into a link that is gone: its rules lead nowhere now.

@@ -641,6 +641,67 @@ fn an_open_connection_goes_around_a_link_that_went_down() {
     assert_eq!(sim.c.counters().connections_rerouted, 1);
 }
 
+/// Two leaves (1, 2) under two spines (11, 12), leaf port `s` to spine `10 + s`: the
+/// client h1 on leaf 1 (port 3), the backends h2-h4 on leaf 2 (ports 3-5).
+fn leaf_spine() -> Sim {
+    let links = [
+        ((1, 1), (11, 1)),
+        ((1, 2), (12, 1)),
+        ((2, 1), (11, 2)),
+        ((2, 2), (12, 2)),
+    ];
+    let hosts = [("h1", 1, 3), ("h2", 2, 3), ("h3", 2, 4), ("h4", 2, 5)];
+    let mut sim = Sim::new(
+        &service_config("round-robin", &[2, 3, 4]),
+        &[(1, 5), (2, 5), (11, 2), (12, 2)],
+        &links,
+        &hosts,
+    );
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim
+}
+
+/// Connections between two leaves spread over both spines, each along its own
+/// equal-cost path both ways, and each is carried by its rules in both directions.
+#[test]
+fn connections_spread_over_the_spines_and_are_carried_both_ways() {
+    let mut sim = leaf_spine();
+    let conn_rules = |sim: &Sim, d: u64| {
+        sim.net
+            .switch(d)
+            .unwrap()
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Conn))
+            .count()
+    };
+    for i in 0..40u16 {
+        let client = (ip(1), 41000 + i);
+        let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+        assert_eq!(got.len(), 1, "{got:?}");
+        let (backend, f) = &got[0];
+        let b: u8 = backend[1..].parse().expect("h<n>");
+        assert_eq!(f.ipv4_dst, Some(ip(b)));
+        // The client's ACK and the backend's answer go by rules alone.
+        let before = sim.packet_ins;
+        let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+        assert_eq!(fwd.len(), 1);
+        assert_eq!(&fwd[0].0, backend);
+        let back = sim.send(backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!((back[0].0.as_str(), back[0].1.ipv4_src), ("h1", Some(VIP)));
+        assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
+    }
+    // Each connection has one forward and one reverse rule on the spine(s) it crosses.
+    let (a, b) = (conn_rules(&sim, 11), conn_rules(&sim, 12));
+    assert_eq!(a + b, 80, "{a} + {b}");
+    assert!(
+        a >= 16 && b >= 16,
+        "both spines carry connections: {a} and {b}"
+    );
+}
+
 /// A ring of three switches: broadcasts follow the spanning tree and never loop.
 #[test]
 fn a_ring_floods_along_a_tree() {

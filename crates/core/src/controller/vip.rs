@@ -41,6 +41,8 @@ pub(super) struct Placement {
     pub(super) backend_at: PortRef,
     /// The address the client believes it talks to, and its MAC.
     service_mac: MacAddr,
+    /// Which of equal-cost paths the connection takes ([`ConnKey::flow_hash`]).
+    pub(super) flow: u64,
 }
 
 /// A TCP segment that reached the controller, and where it came in.
@@ -485,19 +487,32 @@ impl Controller {
             backend_mac,
             backend_at,
             service_mac,
+            flow: key.flow_hash(),
         })
     }
 
     /// Both paths of a placed connection, client → backend into `scratch_path` and
-    /// backend → client into `scratch_rev`; whether each exists.
+    /// backend → client into `scratch_rev`; whether each exists. Of equal-cost paths, the
+    /// connection's own ([`Placement::flow`]): a leaf-spine fabric's connections spread
+    /// over its spines, and so do their rules.
     pub(super) fn compute_paths(&mut self, p: &Placement) -> (bool, bool) {
         let fwd = self
             .topo
-            .path(p.client_at.dpid, p.backend_at, &mut self.scratch_path)
+            .flow_path(
+                p.client_at.dpid,
+                p.backend_at,
+                p.flow,
+                &mut self.scratch_path,
+            )
             .is_some();
         let rev = self
             .topo
-            .path(p.backend_at.dpid, p.client_at, &mut self.scratch_rev)
+            .flow_path(
+                p.backend_at.dpid,
+                p.client_at,
+                p.flow,
+                &mut self.scratch_rev,
+            )
             .is_some();
         (fwd, rev)
     }
@@ -778,7 +793,7 @@ impl Controller {
             ),
             Dir::Reverse => (Rewrite::default(), p.client_at),
         };
-        let Some(out_port) = self.topo.egress_toward(dpid, toward) else {
+        let Some(out_port) = self.topo.flow_egress_toward(dpid, toward, p.flow) else {
             return;
         };
         out.push_conn_packet_out(
