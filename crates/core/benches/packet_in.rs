@@ -12,6 +12,10 @@
 //!   under a SYN load; 0 starts empty, so it stays in cache). One switch, three backends.
 //! * `decode/<table>`: the same PACKET_INs decoded only (`ofp::decode_into`, one reused
 //!   slot): what a controller that decodes each message pays before it decides anything.
+//! * `syn/refused/<table>`: the same SYNs to a service none of whose backends takes new
+//!   connections (all draining): each answered with a RST, nothing tracked. What a SYN the
+//!   controller refuses costs it, against one it places (the simulator's
+//!   `refusal_cost`, docs/simulator.md).
 //!
 //! Wall-clock time on a shared machine: compare the two in one run (the ratio), not
 //! absolute figures across runs.
@@ -122,6 +126,26 @@ fn handle_batch(sim: &mut Sim, out: &mut Outbox, frames: &[Bytes]) -> usize {
     n
 }
 
+/// Time `each` over fresh batches of never-seen clients, per PACKET_IN.
+fn time_batches(
+    b: &mut criterion::Bencher<'_>,
+    clients: &mut Clients,
+    mut each: impl FnMut(&[Bytes]),
+) {
+    b.iter_custom(|iters| {
+        let mut took = Duration::ZERO;
+        let mut done = 0;
+        while done < iters {
+            let frames = clients.refill().to_vec();
+            let t = Instant::now();
+            each(&frames);
+            took += t.elapsed();
+            done += BATCH as u64;
+        }
+        took.mul_f64(iters as f64 / done as f64)
+    });
+}
+
 fn syn(c: &mut Criterion) {
     for table in [0usize, 1_000_000] {
         let mut g = c.benchmark_group("syn");
@@ -163,22 +187,32 @@ fn syn(c: &mut Criterion) {
             assert_eq!(answered, 3 * sent, "{algorithm}: three messages per SYN");
             assert!(sent == 0 || sim.c.connections().len() > table);
         }
+        if table == 0 {
+            let mut sim = controller("round-robin");
+            for b in 0..3 {
+                sim.c
+                    .set_admin(sim.now, 0, b, flowgate_core::service::AdminState::Draining);
+            }
+            let mut out = Outbox::encoding();
+            let mut clients = Clients::new();
+            let (mut sent, mut answered) = (0usize, 0usize);
+            g.bench_function(BenchmarkId::new("refused", table), |b| {
+                time_batches(b, &mut clients, |frames| {
+                    answered += handle_batch(&mut sim, &mut out, frames);
+                    sent += BATCH;
+                })
+            });
+            // Every SYN was refused with one RST, and none tracked.
+            assert_eq!(answered, sent, "refused: one RST per SYN");
+            assert_eq!(sim.c.connections().len(), 0);
+        }
         let mut slot = Message::EchoReply(Bytes::new());
         let mut clients = Clients::new();
         g.bench_function(BenchmarkId::new("decode", table), |b| {
-            b.iter_custom(|iters| {
-                let mut took = Duration::ZERO;
-                let mut done = 0;
-                while done < iters {
-                    let frames = clients.refill().to_vec();
-                    let t = Instant::now();
-                    for f in &frames {
-                        let _ = black_box(ofp::decode_into(f.clone(), &mut slot));
-                    }
-                    took += t.elapsed();
-                    done += BATCH as u64;
+            time_batches(b, &mut clients, |frames| {
+                for f in frames {
+                    let _ = black_box(ofp::decode_into(f.clone(), &mut slot));
                 }
-                took.mul_f64(iters as f64 / done as f64)
             })
         });
         g.finish();

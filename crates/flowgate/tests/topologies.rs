@@ -78,12 +78,34 @@ fn ovs_tree_topology() {
 /// Three switches in a ring under `ctl`, each with one host (h1..h3, 10.0.0.1..3, on
 /// port 1), linked s1–s2, s2–s3, s3–s1 by `kind`; returned once every switch is connected.
 fn ring(p: &str, ctl: &Ctl, kind: LinkKind) -> (Vec<Bridge>, Vec<Host>, Vec<Link>) {
-    let bridges: Vec<Bridge> = (1..=3u64)
+    fabric(
+        p,
+        ctl,
+        3,
+        &[(1, 0), (2, 1), (3, 2)],
+        &[(0, 1), (1, 2), (2, 0)],
+        kind,
+    )
+}
+
+/// Switches s1..s`n` under `ctl`; hosts `(i, s)`: h`i` (10.0.0.`i`, MAC 00:..:`i`) on the
+/// switch of index `s`, created first so their ports come first; then links `(a, b)`
+/// between the switches of those indexes, by `kind`. Returned once every switch is
+/// connected.
+fn fabric(
+    p: &str,
+    ctl: &Ctl,
+    n: u64,
+    hosts: &[(usize, usize)],
+    links: &[(usize, usize)],
+    kind: LinkKind,
+) -> (Vec<Bridge>, Vec<Host>, Vec<Link>) {
+    let bridges: Vec<Bridge> = (1..=n)
         .map(|i| Bridge::create(&format!("{p}s{i}"), i, &[ctl.target()]).expect("bridge"))
         .collect();
-    // Hosts first so every host port is 1; then the ring s1-s2, s2-s3, s3-s1.
-    let hosts: Vec<Host> = (1..=3usize)
-        .map(|i| {
+    let hosts: Vec<Host> = hosts
+        .iter()
+        .map(|&(i, on)| {
             let opts = HostOptions {
                 mac: Some(format!("00:00:00:00:00:{i:02x}")),
                 ..HostOptions::default()
@@ -92,13 +114,13 @@ fn ring(p: &str, ctl: &Ctl, kind: LinkKind) -> (Vec<Bridge>, Vec<Host>, Vec<Link
                 p,
                 &format!("h{i}"),
                 &format!("10.0.0.{i}/24"),
-                &bridges[i - 1],
+                &bridges[on],
                 &opts,
             )
             .expect("host")
         })
         .collect();
-    let links: Vec<Link> = [(0usize, 1usize), (1, 2), (2, 0)]
+    let links: Vec<Link> = links
         .iter()
         .map(|&(a, b)| {
             Link::create(
@@ -277,43 +299,15 @@ fn ovs_leaf_spine_connections_take_both_spines() {
         .map(|a| a.parse().expect("ip"))
         .collect();
     let ctl = Ctl::start("leafspine", &vip_config(VIP, "round-robin", &backends, ""));
-    let bridges: Vec<Bridge> = (1..=4u64)
-        .map(|i| Bridge::create(&format!("{p}s{i}"), i, &[ctl.target()]).expect("bridge"))
-        .collect();
-    let hosts: Vec<Host> = [(1usize, 0usize), (2, 1), (3, 1)]
-        .iter()
-        .map(|&(i, leaf)| {
-            let opts = HostOptions {
-                mac: Some(format!("00:00:00:00:00:{i:02x}")),
-                ..HostOptions::default()
-            };
-            Host::create_with(
-                p,
-                &format!("h{i}"),
-                &format!("10.0.0.{i}/24"),
-                &bridges[leaf],
-                &opts,
-            )
-            .expect("host")
-        })
-        .collect();
-    let _links: Vec<Link> = [(0usize, 2usize), (0, 3), (1, 2), (1, 3)]
-        .iter()
-        .map(|&(a, b)| {
-            Link::create(
-                LinkKind::Patch,
-                &bridges[a],
-                &format!("{p}p{}x{}", a + 1, b + 1),
-                &bridges[b],
-                &format!("{p}p{}x{}", b + 1, a + 1),
-            )
-            .expect("link")
-        })
-        .collect();
-    for b in &bridges {
-        b.wait_connected(Duration::from_secs(10))
-            .expect("switch connects");
-    }
+    // Leaves s1, s2; spines s3, s4.
+    let (bridges, hosts, _links) = fabric(
+        p,
+        &ctl,
+        4,
+        &[(1, 0), (2, 1), (3, 1)],
+        &[(0, 2), (0, 3), (1, 2), (1, 3)],
+        LinkKind::Patch,
+    );
     let _servers: Vec<_> = hosts[1..]
         .iter()
         .enumerate()

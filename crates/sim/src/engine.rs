@@ -91,6 +91,10 @@ pub struct Sample {
     pub served: f64,
     pub refused: f64,
     pub util_mean: f64,
+    /// The controller's own gate: the PACKET_IN rate it admits (`None`: no limit), and
+    /// the load it measured (1.0 = at its target).
+    pub controller_limit: Option<f64>,
+    pub controller_load: f64,
 }
 
 /// Everything one run measured.
@@ -122,12 +126,10 @@ pub struct Outcome {
 enum Ev {
     Arrival,
     SynTimer(u64, u8),
-    Handle {
-        dpid: u64,
-        in_port: u32,
-        data: Bytes,
-        arrived: u64,
-    },
+    /// A PACKET_IN reaches the controller's queue.
+    Up(Attach, Bytes),
+    /// The controller takes the next PACKET_IN of its queue.
+    Handle,
     AtServer(u64),
     Done(u64),
     RulesEnd(u64),
@@ -210,7 +212,11 @@ struct Engine<'s> {
     next_conn: u64,
     arrivals: SmallRng,
     service: SmallRng,
-    ctl_free: u64,
+    /// PACKET_INs waiting for the controller, in arrival order: when each arrived, and
+    /// from where.
+    ctl_queue: std::collections::VecDeque<(u64, Attach, Bytes)>,
+    /// The controller is handling one (an `Ev::Handle` is due).
+    ctl_busy: bool,
     /// PACKET_INs of each switch waiting at the controller.
     pin_queued: HashMap<u64, u32, RandomState>,
     fin_timeout: u64,
@@ -222,7 +228,7 @@ struct Engine<'s> {
     phases: Vec<PhaseStats>,
     /// Per phase: the servers' busy worker-ns and the controller's busy ns at its start.
     phase_marks: Vec<(Vec<f64>, f64)>,
-    ctl_busy: f64,
+    ctl_busy_ns: f64,
     series: Vec<Sample>,
     series_counts: (u64, u64, u64),
     series_busy: Vec<f64>,
@@ -355,7 +361,8 @@ impl<'s> Engine<'s> {
             next_conn: 0,
             arrivals: SmallRng::seed_from_u64(sc.seed ^ 0xa771_7a15),
             service: SmallRng::seed_from_u64(sc.seed ^ 0x5e7_71ce),
-            ctl_free: 0,
+            ctl_queue: std::collections::VecDeque::new(),
+            ctl_busy: false,
             pin_queued: HashMap::default(),
             fin_timeout,
             work: WorkSample::default(),
@@ -385,7 +392,7 @@ impl<'s> Engine<'s> {
                 })
                 .collect(),
             phase_marks: Vec::new(),
-            ctl_busy: 0.0,
+            ctl_busy_ns: 0.0,
             series: Vec::new(),
             series_counts: (0, 0, 0),
             series_busy: vec![0.0; n],
@@ -444,12 +451,8 @@ impl<'s> Engine<'s> {
             match q.ev {
                 Ev::Arrival => self.arrival(),
                 Ev::SynTimer(id, try_) => self.syn_timer(id, try_),
-                Ev::Handle {
-                    dpid,
-                    in_port,
-                    data,
-                    arrived,
-                } => self.handle(dpid, in_port, data, arrived),
+                Ev::Up(at, data) => self.up(at, data),
+                Ev::Handle => self.handle(),
                 Ev::AtServer(id) => self.at_server(id),
                 Ev::Done(id) => self.done(id),
                 Ev::RulesEnd(id) => self.rules_end(id),
@@ -590,52 +593,67 @@ impl<'s> Engine<'s> {
     /// handshakes' later segments are retransmitted by real hosts, not modelled here.
     fn send_up(&mut self, t: u64, at: Attach, data: Bytes) {
         *self.pin_queued.entry(at.dpid).or_default() += 1;
-        let cost = self.sc.controller_cost.as_nanos() as u64;
-        let start = t.max(self.ctl_free);
-        self.ctl_free = start + cost;
-        self.push(
-            start,
-            Ev::Handle {
-                dpid: at.dpid,
-                in_port: at.port,
-                data,
-                arrived: t,
-            },
-        );
+        self.push(t, Ev::Up(at, data));
     }
 
-    fn handle(&mut self, dpid: u64, in_port: u32, data: Bytes, arrived: u64) {
-        if let Some(q) = self.pin_queued.get_mut(&dpid) {
+    fn up(&mut self, at: Attach, data: Bytes) {
+        self.ctl_queue.push_back((self.now, at, data));
+        if !self.ctl_busy {
+            self.ctl_busy = true;
+            self.push(self.now, Ev::Handle);
+        }
+    }
+
+    /// The controller handles the next PACKET_IN: it costs `controller_cost`, or
+    /// `refusal_share` of that for a new connection's SYN it did not place (refused with a RST, or
+    /// dropped by its gate), and its answer leaves when the work is done.
+    fn handle(&mut self) {
+        let Some((arrived, at, data)) = self.ctl_queue.pop_front() else {
+            self.ctl_busy = false;
+            return;
+        };
+        if let Some(q) = self.pin_queued.get_mut(&at.dpid) {
             *q = q.saturating_sub(1);
         }
-        let cost = self.sc.controller_cost;
-        self.packet_ins += 1;
-        self.work.packet_ins += 1;
-        self.work.busy += cost;
-        self.ctl_busy += cost.as_nanos() as f64;
-        self.work.queueing = self
-            .work
-            .queueing
-            .max(Duration::from_nanos(self.now - arrived));
+        let syn = is_new_syn(&data);
         let pi = PacketIn {
             buffer_id: ofp::NO_BUFFER,
             total_len: data.len() as u16,
             reason: PacketInReason::NoMatch,
             table_id: 0,
             cookie: u64::MAX,
-            match_: Match::new().with(Oxm::InPort(in_port)),
+            match_: Match::new().with(Oxm::InPort(at.port)),
             data,
         };
         let now = self.at(self.now);
         self.c
-            .handle_message(now, dpid, &Message::PacketIn(pi), &mut self.out);
-        // Its answer leaves when the work is done.
-        self.apply(self.now + cost.as_nanos() as u64);
+            .handle_message(now, at.dpid, &Message::PacketIn(pi), &mut self.out);
+        let msgs: Vec<(u64, Message)> = self.out.drain().collect();
+        let cost = if syn && !msgs.iter().any(|(_, m)| places_a_connection(m)) {
+            self.sc.controller_cost.mul_f64(self.sc.refusal_share)
+        } else {
+            self.sc.controller_cost
+        };
+        self.packet_ins += 1;
+        self.work.packet_ins += 1;
+        self.work.busy += cost;
+        self.ctl_busy_ns += cost.as_nanos() as f64;
+        self.work.queueing = self
+            .work
+            .queueing
+            .max(Duration::from_nanos(self.now - arrived));
+        let done = self.now + cost.as_nanos() as u64;
+        self.apply_msgs(done, msgs);
+        self.push(done, Ev::Handle);
     }
 
     /// Carry out what the controller sent, as of `t`.
     fn apply(&mut self, t: u64) {
         let msgs: Vec<(u64, Message)> = self.out.drain().collect();
+        self.apply_msgs(t, msgs);
+    }
+
+    fn apply_msgs(&mut self, t: u64, msgs: Vec<(u64, Message)>) {
         let mut touched: Vec<u64> = Vec::new();
         let mut outs = Vec::new();
         for (dpid, msg) in msgs {
@@ -974,7 +992,7 @@ impl<'s> Engine<'s> {
         let shed_n = shed.saturating_sub(self.shed_seen);
         self.shed_seen = shed;
         let mut work = std::mem::take(&mut self.work);
-        work.shed = self.sc.controller_cost * shed_n as u32;
+        work.shed = self.sc.controller_cost.mul_f64(self.sc.refusal_share) * shed_n as u32;
         if work.packet_ins > 0 {
             self.c.record_packet_in_work(work);
         }
@@ -1011,7 +1029,7 @@ impl<'s> Engine<'s> {
                 return;
             }
             let busy = self.busy_now();
-            self.phase_marks.push((busy, self.ctl_busy));
+            self.phase_marks.push((busy, self.ctl_busy_ns));
         }
     }
 
@@ -1027,6 +1045,7 @@ impl<'s> Engine<'s> {
             / busy.len().max(1) as f64;
         self.series_busy = busy;
         let (o, s, r) = std::mem::take(&mut self.series_counts);
+        let gate = self.c.controller_gap_view();
         let per_sec = 1e9 / dt;
         self.series.push(Sample {
             t: self.now.saturating_sub(self.start) as f64 / 1e9,
@@ -1034,6 +1053,8 @@ impl<'s> Engine<'s> {
             served: s as f64 * per_sec,
             refused: r as f64 * per_sec,
             util_mean: util,
+            controller_limit: gate.gap.admitted_rate_limit,
+            controller_load: gate.gap.load,
         });
     }
 
@@ -1069,6 +1090,29 @@ impl<'s> Engine<'s> {
             p.rt_p50_ms = p.rt.value_at_quantile(0.5) as f64 / 1000.0;
             p.rt_p99_ms = p.rt.value_at_quantile(0.99) as f64 / 1000.0;
         }
+    }
+}
+
+/// Whether `data` is a new connection's SYN (to the service).
+fn is_new_syn(data: &[u8]) -> bool {
+    packet::parse(data).is_ok_and(|f| {
+        matches!(&f.l3, L3::Ipv4(ip) if ip.dst == VIP)
+            && f.tcp().is_some_and(|t| t.flags.is_initial_syn())
+    })
+}
+
+/// Whether the controller's message places a connection: a connection rule, or a
+/// segment sent on rewritten to a backend.
+fn places_a_connection(m: &Message) -> bool {
+    match m {
+        Message::FlowMod(fm) => {
+            fm.command == FlowModCommand::Add && cookie::kind_of(fm.cookie) == Some(RuleKind::Conn)
+        }
+        Message::PacketOut(po) => po
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::SetField(Oxm::Ipv4Dst { .. }))),
+        _ => false,
     }
 }
 

@@ -74,30 +74,33 @@ impl Shape {
         (self.leaves * self.spines) as usize
     }
 
-    /// Server `i` (0-based, leaf by leaf): `10.1.<leaf>.<n>`, so at most 250 a leaf.
+    /// Server `i` (0-based, leaf by leaf): `10.1.<leaf>.<n>`, so at most 250 a leaf, on
+    /// the leaf's ports after its uplinks.
     pub fn server(&self, i: usize) -> Host {
-        let per = self.servers_per_leaf as usize;
-        let (leaf, n) = (i / per, i % per);
-        Host {
-            ip: Ipv4Addr::new(10, 1, leaf as u8 + 1, n as u8 + 1),
-            mac: MacAddr([0x02, 0x5e, 0x01, 0x00, leaf as u8 + 1, n as u8 + 1]),
-            at: Attach {
-                dpid: leaf as u64 + 1,
-                port: self.spines + n as u32 + 1,
-            },
-        }
+        self.host(1, i, self.servers_per_leaf, self.spines)
     }
 
-    /// Client `i` (0-based, leaf by leaf): `10.2.<leaf>.<n>`.
+    /// Client `i` (0-based, leaf by leaf): `10.2.<leaf>.<n>`, on the ports after the
+    /// servers'.
     pub fn client(&self, i: usize) -> Host {
-        let per = self.clients_per_leaf as usize;
+        self.host(
+            2,
+            i,
+            self.clients_per_leaf,
+            self.spines + self.servers_per_leaf,
+        )
+    }
+
+    /// Host `i` of a kind (`10.<kind>.<leaf>.<n>`), `per` a leaf, from port `after + 1`.
+    fn host(&self, kind: u8, i: usize, per: u32, after: u32) -> Host {
+        let per = per.max(1) as usize;
         let (leaf, n) = (i / per, i % per);
         Host {
-            ip: Ipv4Addr::new(10, 2, leaf as u8 + 1, n as u8 + 1),
-            mac: MacAddr([0x02, 0x5e, 0x02, 0x00, leaf as u8 + 1, n as u8 + 1]),
+            ip: Ipv4Addr::new(10, kind, leaf as u8 + 1, n as u8 + 1),
+            mac: MacAddr([0x02, 0x5e, kind, 0x00, leaf as u8 + 1, n as u8 + 1]),
             at: Attach {
                 dpid: leaf as u64 + 1,
-                port: self.spines + self.servers_per_leaf + n as u32 + 1,
+                port: after + n as u32 + 1,
             },
         }
     }

@@ -36,6 +36,11 @@ use std::time::Duration;
 pub use engine::{Outcome, PhaseStats, Sample, run};
 pub use fabric::Shape;
 
+/// What a SYN the controller refuses costs it, as a share of one it places: measured by
+/// `cargo bench -p flowgate-core --features testkit --bench packet_in`, `syn/refused/0`
+/// against `syn/round-robin/0` (docs/simulator.md).
+pub const REFUSAL_SHARE: f64 = 0.5;
+
 /// One simulated experiment: the fabric, the servers, the load, and the controller's
 /// choices.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -61,6 +66,9 @@ pub struct Scenario {
     pub overload: String,
     /// The controller's CPU time per PACKET_IN.
     pub controller_cost: Duration,
+    /// Its CPU time for a new connection's SYN it does not place (refused with a RST, or
+    /// dropped by its gate), as a share of `controller_cost` ([`REFUSAL_SHARE`]).
+    pub refusal_share: f64,
     /// How often each server's load figures reach the controller.
     pub report_every: Duration,
     /// One network round trip between a client and a server (half each way).
@@ -89,6 +97,7 @@ impl Scenario {
             isslm_threshold: 0.8,
             overload: "off".into(),
             controller_cost: Duration::from_micros(2),
+            refusal_share: REFUSAL_SHARE,
             report_every: Duration::from_millis(10),
             rtt: Duration::from_micros(100),
             seed: 1,
@@ -135,6 +144,9 @@ impl Scenario {
                 "overload {:?}: off, static or adaptive",
                 self.overload
             ));
+        }
+        if !(positive(self.refusal_share) && self.refusal_share <= 1.0) {
+            errs.push("refusal_share must be in (0, 1]".into());
         }
         if !positive(self.isslm_threshold) {
             errs.push("isslm_threshold must be over 0".into());

@@ -67,7 +67,7 @@ pub fn markdown(sc: &Scenario, runs: &[Outcome]) -> String {
     let sh = sc.shape;
     let _ = writeln!(
         s,
-        "# flowgate sim\n\nA leaf-spine fabric of {} leaves and {} spines; {} servers ({} a leaf, {} workers each, {} ms mean service at speeds {:?} cycled, accept queue {}), {} clients. Pool capacity {:.0} requests/s. Load in phases of {} s: {:?} of capacity. Controller: {} µs a PACKET_IN; server load reported every {} ms. Seed {}.\n",
+        "# flowgate sim\n\nA leaf-spine fabric of {} leaves and {} spines; {} servers ({} a leaf, {} workers each, {} ms mean service at speeds {:?} cycled, accept queue {}), {} clients. Pool capacity {:.0} requests/s. Load in phases of {} s: {:?} of capacity. Controller: {} µs a PACKET_IN ({} of it for a SYN it refuses); server load reported every {} ms. Seed {}.\n",
         sh.leaves,
         sh.spines,
         sh.servers(),
@@ -81,6 +81,7 @@ pub fn markdown(sc: &Scenario, runs: &[Outcome]) -> String {
         sc.phase.as_secs_f64(),
         sc.loads,
         sc.controller_cost.as_secs_f64() * 1e6,
+        sc.refusal_share,
         sc.report_every.as_secs_f64() * 1e3,
         sc.seed,
     );

@@ -51,6 +51,10 @@ pub struct SimArgs {
     /// The controller's CPU time per PACKET_IN, µs.
     #[arg(long, default_value_t = 2.0)]
     pub controller_cost_us: f64,
+    /// What a SYN the controller refuses (or its gate drops) costs it, a share of
+    /// --controller-cost-us (the default is measured: docs/simulator.md).
+    #[arg(long, default_value_t = flowgate_sim::REFUSAL_SHARE)]
+    pub refusal_share: f64,
     /// How often the servers' load reaches the controller, ms.
     #[arg(long, default_value_t = 10.0)]
     pub report_ms: f64,
@@ -106,6 +110,7 @@ impl SimArgs {
             isslm_threshold: self.isslm_threshold,
             overload: String::new(),
             controller_cost: duration("--controller-cost-us", self.controller_cost_us / 1e6)?,
+            refusal_share: self.refusal_share,
             report_every: duration("--report-ms", self.report_ms / 1e3)?,
             rtt: duration("--rtt-us", self.rtt_us / 1e6)?,
             seed: self.seed,
