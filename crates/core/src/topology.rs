@@ -1000,9 +1000,14 @@ mod tests {
         assert_eq!(path, [(1, 1), (11, 2), (2, 9)], "the first, for L2");
         // A flow's path is the same every time, and the reverse direction spreads too.
         assert_eq!(spines_of(&t, 3000), before);
-        t.flow_path(2, PortRef::new(1, 9), mix64(7), &mut path)
-            .expect("reachable");
-        assert_eq!(path.len(), 3);
+        let mut back = BTreeSet::new();
+        for f in 0..300 {
+            t.flow_path(2, PortRef::new(1, 9), mix64(f), &mut path)
+                .expect("reachable");
+            assert_eq!(path.len(), 3);
+            back.insert(path[1].0);
+        }
+        assert_eq!(back, BTreeSet::from([11, 12, 13]));
         // Spine 12 goes (its port down at leaf 1 takes the link).
         t.set_port(
             1,

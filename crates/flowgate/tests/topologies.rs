@@ -140,6 +140,30 @@ fn fabric(
     (bridges, hosts, links)
 }
 
+/// h1 reaches h2 and h3 across the switches (link discovery done), and the backends
+/// are ready.
+fn reach_and_serve(ctl: &Ctl, hosts: &[Host]) {
+    for b in [1, 2] {
+        assert!(
+            hosts[0]
+                .ping_until(hosts[b].ip(), Duration::from_secs(15))
+                .expect("ping"),
+            "h1 reaches h{} across the switches",
+            b + 1
+        );
+    }
+    ctl.wait_backends_ready(Duration::from_secs(20));
+}
+
+/// The connection rules (priority 300) a switch holds.
+fn conn_rules(b: &Bridge) -> usize {
+    b.dump_flows()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("priority=300,tcp"))
+        .count()
+}
+
 /// The ring, the client h1 on s1 and the backend h2 on s2: keep-alive connections through
 /// the VIP go over the s1–s2 link. When that cable is pulled (one end of the veth pair
 /// down: both switches report the link down), their rules are written again around the
@@ -157,23 +181,7 @@ fn ovs_open_connections_go_around_a_failed_link() {
     );
     let (bridges, hosts, links) = ring(p, &ctl, LinkKind::Veth);
     let _b2 = httpd(&hosts[1], "b2", &[]);
-    for b in [1, 2] {
-        assert!(
-            hosts[0]
-                .ping_until(hosts[b].ip(), Duration::from_secs(15))
-                .expect("ping"),
-            "h1 reaches h{} across the ring",
-            b + 1
-        );
-    }
-    ctl.wait_backends_ready(Duration::from_secs(20));
-    let conn_rules = |b: &Bridge| {
-        b.dump_flows()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("priority=300,tcp"))
-            .count()
-    };
+    reach_and_serve(&ctl, &hosts);
     let url = format!("http://{VIP}/");
     let report = std::thread::scope(|s| {
         let kept = s.spawn(|| keepalive_load(&hosts[0], &url, 2, 6, 10000));
@@ -313,25 +321,9 @@ fn ovs_leaf_spine_connections_take_both_spines() {
         .enumerate()
         .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
         .collect();
-    for b in [1, 2] {
-        assert!(
-            hosts[0]
-                .ping_until(hosts[b].ip(), Duration::from_secs(15))
-                .expect("ping"),
-            "h1 reaches h{} across the fabric",
-            b + 1
-        );
-    }
-    ctl.wait_backends_ready(Duration::from_secs(20));
+    reach_and_serve(&ctl, &hosts);
     // Keep-alive connections, so their rules are all there at once.
     let report = keepalive_load(&hosts[0], &format!("http://{VIP}/"), 16, 2, 10000);
-    let conn_rules = |b: &Bridge| {
-        b.dump_flows()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("priority=300,tcp"))
-            .count()
-    };
     let (s3, s4) = (conn_rules(&bridges[2]), conn_rules(&bridges[3]));
     eprintln!("MEASURE 16 connections across two spines: {s3} rules on s3, {s4} on s4; {report}");
     assert!(

@@ -111,6 +111,11 @@ impl Scenario {
             .sum()
     }
 
+    /// The controller's CPU time for a new connection's SYN it does not place.
+    pub fn refusal_cost(&self) -> Duration {
+        self.controller_cost.mul_f64(self.refusal_share)
+    }
+
     pub fn speed(&self, server: usize) -> f64 {
         if self.speeds.is_empty() {
             return 1.0;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flowgate_lab::plot;
 
-use crate::{Outcome, Scenario};
+use crate::{Outcome, PhaseStats, Scenario};
 
 const HEADER: [&str; 16] = [
     "algorithm",
@@ -132,7 +132,6 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
         dir.join("sim.json"),
         serde_json::to_string_pretty(&serde_json::json!({ "scenario": sc, "runs": runs }))?,
     )?;
-    let name = |r: &Outcome| format!("{} / {}", r.algorithm, r.overload);
     let served: Vec<plot::Series> = runs
         .iter()
         .map(|r| (name(r), r.series.iter().map(|s| (s.t, s.served)).collect()))
@@ -144,15 +143,7 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
         "requests/s",
         &served,
     )?;
-    let p99: Vec<plot::Series> = runs
-        .iter()
-        .map(|r| {
-            (
-                name(r),
-                r.phases.iter().map(|p| (p.load, p.rt_p99_ms)).collect(),
-            )
-        })
-        .collect();
+    let p99 = by_load(runs, |p| p.rt_p99_ms);
     plot::xy(
         &dir.join("p99.svg"),
         "p99 response time by offered load",
@@ -160,15 +151,7 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
         "ms",
         &p99,
     )?;
-    let cov: Vec<plot::Series> = runs
-        .iter()
-        .map(|r| {
-            (
-                name(r),
-                r.phases.iter().map(|p| (p.load, p.util_cov)).collect(),
-            )
-        })
-        .collect();
+    let cov = by_load(runs, |p| p.util_cov);
     plot::xy(
         &dir.join("imbalance.svg"),
         "Servers' utilization, coefficient of variation",
@@ -177,4 +160,15 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
         &cov,
     )?;
     Ok(())
+}
+
+fn name(r: &Outcome) -> String {
+    format!("{} / {}", r.algorithm, r.overload)
+}
+
+/// One series per run: `y` of each phase against its offered load.
+fn by_load(runs: &[Outcome], y: impl Fn(&PhaseStats) -> f64) -> Vec<plot::Series> {
+    runs.iter()
+        .map(|r| (name(r), r.phases.iter().map(|p| (p.load, y(p))).collect()))
+        .collect()
 }

@@ -18,8 +18,8 @@ pub struct Server {
     pub mean_service_ns: f64,
     pub backlog: u32,
     pub busy: u32,
-    /// Requests waiting: their connection and when they arrived.
-    pub queue: VecDeque<(u64, u64)>,
+    /// Requests waiting, by connection (the engine keeps when each arrived).
+    pub queue: VecDeque<u64>,
     /// Worker-nanoseconds busy, in all, and at the last change.
     pub busy_ns: f64,
     last_change: u64,
@@ -89,7 +89,7 @@ impl Server {
             self.busy += 1;
             Admit::Started
         } else if (self.queue.len() as u32) < self.backlog {
-            self.queue.push_back((conn, now));
+            self.queue.push_back(conn);
             Admit::Queued
         } else {
             self.refused += 1;
@@ -98,8 +98,8 @@ impl Server {
     }
 
     /// A request that arrived at `arrived` completes at `now`; the next one waiting, if
-    /// any, starts (its connection and when it arrived).
-    pub fn complete(&mut self, now: u64, arrived: u64) -> Option<(u64, u64)> {
+    /// any, starts (its connection).
+    pub fn complete(&mut self, now: u64, arrived: u64) -> Option<u64> {
         self.account(now);
         self.served += 1;
         self.done_since_report += 1;
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(s.arrive(0, 4), Admit::Refused);
         assert_eq!(s.active(), 3);
         // The first completes after 1 ms: the waiting one takes its worker.
-        assert_eq!(s.complete(1_000_000, 0), Some((3, 0)));
+        assert_eq!(s.complete(1_000_000, 0), Some(3));
         assert_eq!(s.complete(2_000_000, 0), None);
         assert_eq!(s.complete(2_000_000, 0), None);
         assert_eq!(s.busy, 0);

@@ -59,15 +59,6 @@ impl Meter {
     }
 }
 
-/// Why the switch did not send a SYN up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Held {
-    /// A gap rule (an OFF period) dropped it.
-    Gap,
-    /// The intercept rule's meter dropped it.
-    Meter,
-}
-
 #[derive(Debug, Default)]
 pub struct Switch {
     pub meters: HashMap<u32, Meter, RandomState>,
@@ -75,8 +66,6 @@ pub struct Switch {
     gaps: HashMap<Ipv4Addr, (u64, u64), RandomState>,
     /// Service address → the meter its intercept rule names.
     intercept_meter: HashMap<Ipv4Addr, u32, RandomState>,
-    /// Meter of the table-miss rule.
-    miss_meter: Option<u32>,
     pub conn_rules: usize,
     pub max_conn_rules: usize,
 }
@@ -96,17 +85,14 @@ fn meter_of(fm: &FlowMod) -> Option<u32> {
 }
 
 impl Switch {
-    /// A FLOW_MOD from the controller, as far as the simulation needs it.
+    /// A FLOW_MOD from the controller, as far as the switch's own state needs it (its
+    /// connection rules are counted by the engine, which knows their connections).
     pub fn flow_mod(&mut self, now: u64, fm: &FlowMod) {
         let add = matches!(
             fm.command,
             FlowModCommand::Add | FlowModCommand::Modify | FlowModCommand::ModifyStrict
         );
         match cookie::kind_of(fm.cookie) {
-            Some(RuleKind::Conn) if fm.command == FlowModCommand::Add => {
-                self.conn_rules += 1;
-                self.max_conn_rules = self.max_conn_rules.max(self.conn_rules);
-            }
             Some(RuleKind::Gap) if fm.priority == PRIO_GAP => {
                 let Some(addr) = ipv4_dst(fm) else { return };
                 if add {
@@ -132,9 +118,14 @@ impl Switch {
                     self.intercept_meter.remove(&addr);
                 }
             }
-            Some(RuleKind::TableMiss) if add => self.miss_meter = meter_of(fm),
             _ => {}
         }
+    }
+
+    /// A connection rule was added (not one that replaced its like, §6.4).
+    pub fn conn_rule_added(&mut self) {
+        self.conn_rules += 1;
+        self.max_conn_rules = self.max_conn_rules.max(self.conn_rules);
     }
 
     /// A connection rule expired (its FLOW_REMOVED is sent, or it was not asked for).
@@ -171,28 +162,21 @@ impl Switch {
         }
     }
 
-    /// A new connection's SYN to `service` enters this switch at `now`: `Ok` when it goes
-    /// up to the controller.
-    pub fn syn(&mut self, now: u64, service: Ipv4Addr) -> Result<(), Held> {
+    /// A new connection's SYN to `service` enters this switch at `now`: whether it goes
+    /// up to the controller, or is dropped by a gap rule (an OFF period) or by the
+    /// intercept rule's meter.
+    pub fn admits_syn(&mut self, now: u64, service: Ipv4Addr) -> bool {
         if let Some(&(_, until)) = self.gaps.get(&service) {
             if now < until {
-                return Err(Held::Gap);
+                return false;
             }
             self.gaps.remove(&service);
         }
-        if let Some(id) = self.intercept_meter.get(&service) {
-            if let Some(m) = self.meters.get_mut(id) {
-                if !m.pass(now) {
-                    return Err(Held::Meter);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Any other packet that misses at this switch goes up through the table-miss meter.
-    pub fn miss(&mut self, now: u64) -> bool {
-        match self.miss_meter.and_then(|id| self.meters.get_mut(&id)) {
+        match self
+            .intercept_meter
+            .get(&service)
+            .and_then(|id| self.meters.get_mut(id))
+        {
             Some(m) => m.pass(now),
             None => true,
         }

@@ -254,8 +254,9 @@ pub struct Controller {
     /// `(address, port)` that new connections are intercepted on.
     pub(crate) listeners: HashMap<(Ipv4Addr, u16), Listener, RandomState>,
     /// Every service's address and every service's virtual MAC (and the MAC of the host
-    /// probes, [`ageing::PROBE_MAC`]): the controller's own, never a host's. Looked up for every PACKET_IN (a scan of the services touched a line of
-    /// each: 4 % of the controller's CPU with 16 services).
+    /// probes, [`ageing::PROBE_MAC`]): the controller's own, never a host's. Looked up for
+    /// every PACKET_IN (a scan of the services touched a line of each: 4 % of the
+    /// controller's CPU with 16 services).
     pub(crate) service_addrs: Vec<Ipv4Addr>,
     pub(crate) virtual_macs: Vec<flowgate_packet::MacAddr>,
     /// Backend address to every `(service, backend)` it serves.

@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use crate::Scenario;
 use crate::fabric::{Attach, Host};
 use crate::server::{Admit, Server};
-use crate::switch::{Held, Switch};
+use crate::switch::Switch;
 
 mod openflow;
 mod stats;
@@ -167,6 +167,12 @@ struct Engine<'s> {
     series_busy: Vec<f64>,
     packet_ins: u64,
     deferred: u64,
+}
+
+/// The initial sequence number of connection `id`'s client (any fixed function will do:
+/// the controller only echoes it, and the SYN-ACK and ACK must agree with it).
+fn client_isn(id: u64) -> u32 {
+    (id as u32).wrapping_mul(2_654_435_761)
 }
 
 /// Run one scenario.
@@ -471,25 +477,29 @@ impl<'s> Engine<'s> {
         // Linux: 1 s, then twice as long each time.
         let rto = SEC << (try_ - 1);
         self.push(self.now + rto, Ev::SynTimer(id, try_));
-        let sw = self.switches.entry(client.at.dpid).or_default();
-        match sw.syn(self.now, VIP) {
-            Ok(()) => {
-                let frame = packet::ipv4_tcp(&packet::TcpSegment {
-                    eth_src: client.mac,
-                    eth_dst: VMAC,
-                    ip_src: client.ip,
-                    ip_dst: VIP,
-                    src_port: port,
-                    dst_port: VPORT,
-                    seq: (id as u32).wrapping_mul(2_654_435_761),
-                    flags: TcpFlags::SYN,
-                    ..packet::TcpSegment::default()
-                });
-                if !self.send_syn_up(self.now, client.at, frame) {
-                    self.phases[phase].syn_drops += 1;
-                }
-            }
-            Err(Held::Gap | Held::Meter) => self.phases[phase].syn_drops += 1,
+        // Dropped at the switch (a gap rule, a meter) or at its full queue to the
+        // controller: the client sends it again when its timer fires.
+        let admitted = self
+            .switches
+            .entry(client.at.dpid)
+            .or_default()
+            .admits_syn(self.now, VIP);
+        let sent = admitted && {
+            let frame = packet::ipv4_tcp(&packet::TcpSegment {
+                eth_src: client.mac,
+                eth_dst: VMAC,
+                ip_src: client.ip,
+                ip_dst: VIP,
+                src_port: port,
+                dst_port: VPORT,
+                seq: client_isn(id),
+                flags: TcpFlags::SYN,
+                ..packet::TcpSegment::default()
+            });
+            self.send_syn_up(self.now, client.at, frame)
+        };
+        if !sent {
+            self.phases[phase].syn_drops += 1;
         }
     }
 
@@ -563,7 +573,7 @@ impl<'s> Engine<'s> {
             .handle_message(now, at.dpid, &Message::PacketIn(pi), &mut self.out);
         let msgs: Vec<(u64, Message)> = self.out.drain().collect();
         let cost = if syn && !msgs.iter().any(|(_, m)| places_a_connection(m)) {
-            self.sc.controller_cost.mul_f64(self.sc.refusal_share)
+            self.sc.refusal_cost()
         } else {
             self.sc.controller_cost
         };
@@ -616,7 +626,7 @@ impl<'s> Engine<'s> {
             return;
         };
         let b = usize::from(b);
-        if let Some((next, _)) = self.servers[b].complete(self.now, at) {
+        if let Some(next) = self.servers[b].complete(self.now, at) {
             let d = self.service_time(b);
             self.push(self.now + d, Ev::Done(next));
         }
@@ -639,12 +649,11 @@ impl<'s> Engine<'s> {
     }
 
     fn rules_end(&mut self, id: u64) {
-        let Some(conn) = self.conns.get(&id) else {
+        let Some(conn) = self.end_conn(id) else {
             return;
         };
         let now = self.at(self.now);
-        let rules = conn.rules.clone();
-        for r in rules {
+        for r in conn.rules {
             if let Some(sw) = self.switches.get_mut(&r.dpid) {
                 sw.conn_rule_gone();
             }
@@ -661,24 +670,27 @@ impl<'s> Engine<'s> {
                 duration_nsec: (age % SEC) as u32,
                 idle_timeout: r.idle_timeout,
                 hard_timeout: 0,
+                // The controller reads only whether a rule saw packets: at the client's
+                // edge the reverse rule's count says whether the backend answered. Every
+                // connection here got an answer (its response, or a full queue's RST).
                 packet_count: 8,
                 byte_count: 2048,
-                match_: r.match_.clone(),
+                match_: r.match_,
             };
             self.c
                 .handle_message(now, r.dpid, &Message::FlowRemoved(fr), &mut self.out);
         }
-        self.end_conn(id);
         self.apply(self.now);
     }
 
-    fn end_conn(&mut self, id: u64) {
-        if let Some(conn) = self.conns.remove(&id) {
-            let key = (self.clients[conn.client as usize].ip, conn.port);
-            if self.by_key.get(&key) == Some(&id) {
-                self.by_key.remove(&key);
-            }
+    /// The connection leaves the tables; returned, if it was there.
+    fn end_conn(&mut self, id: u64) -> Option<Conn> {
+        let conn = self.conns.remove(&id)?;
+        let key = (self.clients[conn.client as usize].ip, conn.port);
+        if self.by_key.get(&key) == Some(&id) {
+            self.by_key.remove(&key);
         }
+        Some(conn)
     }
 
     fn tick(&mut self) {
@@ -702,7 +714,7 @@ impl<'s> Engine<'s> {
         let shed_n = shed.saturating_sub(self.shed_seen);
         self.shed_seen = shed;
         let mut work = std::mem::take(&mut self.work);
-        work.shed = self.sc.controller_cost.mul_f64(self.sc.refusal_share) * shed_n as u32;
+        work.shed = self.sc.refusal_cost() * shed_n as u32;
         if work.packet_ins > 0 {
             self.c.record_packet_in_work(work);
         }

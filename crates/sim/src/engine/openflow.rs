@@ -46,7 +46,7 @@ impl Engine<'_> {
         };
         match fm.command {
             FlowModCommand::Add => {
-                conn.rules.push(Rule {
+                let rule = Rule {
                     dpid,
                     cookie: fm.cookie,
                     priority: fm.priority,
@@ -54,7 +54,20 @@ impl Engine<'_> {
                     idle_timeout: fm.idle_timeout,
                     flow_rem: fm.flags.contains(FlowModFlags::SEND_FLOW_REM),
                     at: t,
-                });
+                };
+                // §6.4: an ADD with the match and priority of a rule the switch holds
+                // replaces it.
+                match conn
+                    .rules
+                    .iter_mut()
+                    .find(|r| (r.dpid, r.priority, &r.match_) == (dpid, fm.priority, &fm.match_))
+                {
+                    Some(old) => *old = rule,
+                    None => {
+                        conn.rules.push(rule);
+                        self.switches.entry(dpid).or_default().conn_rule_added();
+                    }
+                }
                 touched.push(id);
             }
             FlowModCommand::Delete | FlowModCommand::DeleteStrict => {
@@ -132,12 +145,12 @@ impl Engine<'_> {
             return;
         };
         let flags = tcp.flags;
-        let set_dst = po.actions.iter().find_map(|a| match a {
-            Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
-            _ => None,
-        });
         if flags.is_initial_syn() && ip.dst == VIP {
-            // The SYN sent on to a backend.
+            // The SYN sent on to a backend, rewritten to its address.
+            let set_dst = po.actions.iter().find_map(|a| match a {
+                Action::SetField(Oxm::Ipv4Dst { value, .. }) => Some(*value),
+                _ => None,
+            });
             let (Some(b), Some(&id)) = (
                 set_dst.and_then(|a| self.backend_by_ip.get(&a).copied()),
                 self.by_key.get(&(ip.src, tcp.src_port)),
@@ -179,7 +192,7 @@ impl Engine<'_> {
                 ip_dst: VIP,
                 src_port: conn.port,
                 dst_port: VPORT,
-                seq: (id as u32).wrapping_mul(2_654_435_761).wrapping_add(1),
+                seq: client_isn(id).wrapping_add(1),
                 ack: tcp.seq.wrapping_add(1),
                 flags: TcpFlags::ACK,
                 ..packet::TcpSegment::default()
@@ -221,7 +234,7 @@ impl Engine<'_> {
             src_port: VPORT,
             dst_port: conn.port,
             seq: (id as u32) ^ 0x5a5a_5a5a,
-            ack: (id as u32).wrapping_mul(2_654_435_761).wrapping_add(1),
+            ack: client_isn(id).wrapping_add(1),
             flags: TcpFlags(0x12),
             ..packet::TcpSegment::default()
         });
