@@ -145,14 +145,12 @@ impl Switch {
                 });
                 match band {
                     Some((rate, burst)) => {
-                        // §7.3.4.4: a MODIFY replaces the bands; the bucket starts full.
-                        let old = self.meters.remove(&mm.meter_id);
-                        let mut m = Meter::new(rate, burst, now);
-                        if let Some(o) = old {
-                            m.packets = o.packets;
-                            m.dropped = o.dropped;
-                        }
-                        self.meters.insert(mm.meter_id, m);
+                        // §7.3.4.4: a MODIFY replaces the bands; the bucket starts full,
+                        // and its counts start from zero, as Open vSwitch's userspace
+                        // meters do (the controller's METER_STATS accounting relies on it,
+                        // `Controller::overload_meter_stats`).
+                        self.meters
+                            .insert(mm.meter_id, Meter::new(rate, burst, now));
                     }
                     None => {
                         self.meters.remove(&mm.meter_id);
@@ -196,5 +194,26 @@ mod tests {
         let passed = (1..=1000).filter(|ms| m.pass(ms * 1_000_000)).count();
         assert_eq!(passed, 1000);
         assert_eq!(m.dropped, 90);
+    }
+
+    #[test]
+    fn a_modified_meter_counts_from_zero_as_open_vswitch_does() {
+        let mm = |command, rate| MeterMod {
+            command,
+            flags: ofp::MeterFlags(0),
+            meter_id: 16,
+            bands: vec![MeterBand::Drop {
+                rate,
+                burst_size: 1,
+            }],
+        };
+        let mut sw = Switch::default();
+        sw.meter_mod(0, &mm(MeterModCommand::Add, 1));
+        let m = sw.meters.get_mut(&16).expect("added");
+        let passed = (0..10).filter(|_| m.pass(0)).count();
+        assert_eq!((passed, m.dropped), (1, 9));
+        sw.meter_mod(0, &mm(MeterModCommand::Modify, 2));
+        let m = &sw.meters[&16];
+        assert_eq!((m.packets, m.dropped), (0, 0), "the counts restart");
     }
 }

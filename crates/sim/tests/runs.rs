@@ -112,14 +112,18 @@ fn adaptive_gapping_refuses_early_what_the_servers_would_refuse_late() {
 /// A controller too slow for the load (200 µs a PACKET_IN: 5,000 a second, against
 /// about 8,600 new connections a second). Without its own gap it runs saturated, its
 /// switches' queues to it full (`SWITCH_QUEUE`) and dropping SYNs. With it, it holds
-/// itself under its target utilization (0.9, what it spends refusing included), meters
+/// itself at its target utilization (0.9 of the work its gate controls), meters
 /// the switches' PACKET_INs, and defers the rules of the connections it admits to their
-/// clients' ACKs. What that costs in connections served is measured, not asserted here:
-/// `docs/simulator.md` has it.
+/// clients' ACKs, at the cost of its headroom in connections served (`docs/simulator.md`
+/// has the figures).
 #[test]
 fn an_overloaded_controller_holds_itself_under_its_target() {
+    // 4 s: the first half second of overload comes before any cut can bind (the
+    // switches' queues to the controller are already full), and it is not the steady
+    // state this test is about.
     let slow = |overload: &str| Scenario {
         controller_cost: Duration::from_micros(200),
+        phase: Duration::from_secs(4),
         ..small("least-connections", overload, &[1.2])
     };
     let off = run(&slow("off")).expect("run");
@@ -141,7 +145,22 @@ fn an_overloaded_controller_holds_itself_under_its_target() {
     }
     let (p_off, p_on) = (&off.phases[0], &on.phases[0]);
     assert!(p_off.controller_util > 0.99, "{}", p_off.controller_util);
-    assert!(p_on.controller_util < 0.95, "{}", p_on.controller_util);
+    // At its target, not under it: the gate's first cut starts from what the overloaded
+    // window handled, it climbs by the controller's measured capacity, and the meters do
+    // not let a burst through at every small change (a jittering MODIFY refills them).
+    // Before those, this gate held the controller at 0.70 and served 53 % against 92 %.
+    assert!(
+        (0.85..0.95).contains(&p_on.controller_util),
+        "{}",
+        p_on.controller_util
+    );
+    // What the gate costs is its headroom and its handshake sampling, not half the load.
+    assert!(
+        p_on.served as f64 > 0.75 * p_off.served as f64,
+        "{} {}",
+        p_on.served,
+        p_off.served
+    );
     assert_eq!(off.deferred, 0);
     assert!(on.deferred > 0);
     assert!(p_on.syn_drops > p_off.syn_drops);

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::overload::{
     ControllerGap, ControllerGapView, GapController, GapView, Gate, MeterBand, Mode,
     OverloadConfig, Refusal, SERVICE_METER_BASE, SwitchDemand, SwitchShareView, TABLE_MISS_METER,
-    WorkSample, apply_split, max_min_fair, meter_plan,
+    WorkSample, apply_split, max_min_fair, meter_change_due, meter_plan,
 };
 use crate::service::ServiceState;
 use crate::topology::Dpid;
@@ -575,8 +575,8 @@ impl Controller {
                 }
             }
         }
-        // Meters: only when the quantized rate changed, and not more often than the hold
-        // time (each OFPMC_MODIFY refills the bucket).
+        // Meters: only when the quantized rate changed enough, and not more often than the
+        // hold time (each OFPMC_MODIFY refills the bucket: `meter_change_due`).
         let n = dpids.len();
         for id in self.overload.meter_ids() {
             let hold = match id.checked_sub(SERVICE_METER_BASE) {
@@ -594,7 +594,7 @@ impl Controller {
                 let Some(&(have, at)) = self.overload.installed.get(&(d, id)) else {
                     continue;
                 };
-                if have != want && now.saturating_duration_since(at) >= hold {
+                if meter_change_due(have, want, now.saturating_duration_since(at), hold) {
                     out.push(d, meter_mod(MeterModCommand::Modify, id, want));
                     self.overload.installed.insert((d, id), (want, now));
                     let polls = self.overload.polls.get(&d).map_or(0, |p| p.0);

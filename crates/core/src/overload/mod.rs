@@ -21,7 +21,9 @@
 //! admitted rate of new flows `a` (the gap is `g = 1/a`; `a = ∞` means no gap):
 //!
 //! - `ρ > high_watermark`: multiplicative decrease, `a ← max(min_rate, b · max(β, m/ρ))`
-//!   where `b = min(a, 2 × measured admitted rate)`, `m = (low+high)/2` and `β` is
+//!   where `b = min(a, 2 × measured admitted rate)` (with no gap yet in force, the
+//!   measured rate; for the controller's CPU, the window's handled rate, as the smoothed
+//!   one lags a step from idle), `m = (low+high)/2` and `β` is
 //!   `decrease_factor`. It tightens fast: in one step straight to where the measured load
 //!   says the target is, but never by more than `β` at once. At most one decrease per
 //!   `settle` period (the memory of the rate measurement), so a decrease is not repeated
@@ -49,7 +51,8 @@
 //!   set to `backstop_factor · a`: a backstop that keeps the controller's channel from
 //!   carrying more refusals than it is worth, above the gate so that most refusals are
 //!   RSTs rather than silent drops ([`meter_plan`]). Its rate is quantized to 1/8-octave
-//!   steps, and changed at most every `meter_hold`: OFPMC_MODIFY refills the bucket.
+//!   steps, and changed at most every `meter_hold`, a change of one step only after it
+//!   lasted five: OFPMC_MODIFY refills the bucket ([`meter_change_due`]).
 //! - OFF periods of `off_rule_min_gap_ms` or longer (a gap of seconds): after each
 //!   admission a high-priority drop rule for the service address with `hard_timeout` = the
 //!   OFF period in whole seconds, withdrawn (deleted) as soon as the gap relaxes.
@@ -326,6 +329,15 @@ impl GapController {
     /// One control step with the measured load `load` (ρ; 1.0 = at target). Call
     /// [`GapController::measure`] first, at the same `now`.
     pub fn control(&mut self, now: Instant, load: f64) -> Step {
+        self.control_from(now, load, None)
+    }
+
+    /// [`GapController::control`], where a first cut (no gap yet in force) starts from
+    /// `first_base` when it is above the smoothed admitted rate: a rate the caller knows
+    /// the load scales with (the controller's CPU and the PACKET_INs it handled in the
+    /// window that overloaded). Without it the first cut starts from the smoothed rate,
+    /// which lags a step from idle and so cuts deeper.
+    pub fn control_from(&mut self, now: Instant, load: f64, first_base: Option<f64>) -> Step {
         let load = if load.is_finite() { load.max(0.0) } else { 0.0 };
         self.last_load = load;
         let before = self.rate();
@@ -349,7 +361,7 @@ impl GapController {
                             // not bind must bind after the cut. A deterministic gate
                             // admits λa/(λ+a) ≥ a/2 while a ≤ λ, hence the 2.
                             Some(a) => a.min(2.0 * measured.max(p.min_rate)),
-                            None => measured,
+                            None => first_base.map_or(measured, |b| b.max(measured)),
                         };
                         let factor = (mid / load).max(p.decrease_factor);
                         self.rate = Some((base * factor).max(p.min_rate));
@@ -694,6 +706,30 @@ pub fn quantize_rate(rate: f64) -> u32 {
     (q as u32).clamp(1, OPEN_METER_RATE)
 }
 
+/// How many holds a meter keeps a rate one quantization step (1/8 octave, 9 %) from the
+/// one wanted, before it is modified.
+pub const METER_SMALL_CHANGE_HOLDS: u32 = 5;
+
+/// Whether a meter installed as `have` `held` ago should be modified to `want`.
+///
+/// An OFPMC_MODIFY refills the bucket (research note §8.3), a free burst of `burst_ms`
+/// worth of packets. A wanted rate that jitters across one quantization step (a demand
+/// split that moves by a few percent) would modify the meter every `hold` and let that
+/// burst through each time: in `flowgate sim`, with 100 ms bursts and a 200 ms hold, an
+/// overloaded controller was sent about 30 % more than its admitted rate, and spent an
+/// eighth of its time dropping the excess. So a change of
+/// one step waits [`METER_SMALL_CHANGE_HOLDS`] holds (the meter is then at most 9 % off
+/// meanwhile); a change of two steps or more, a real change of the rate, waits one.
+pub fn meter_change_due(have: MeterBand, want: MeterBand, held: Duration, hold: Duration) -> bool {
+    if have == want || held < hold {
+        return false;
+    }
+    let steps = (8.0 * (f64::from(want.rate.max(1)) / f64::from(have.rate.max(1))).log2())
+        .abs()
+        .round();
+    steps >= 2.0 || held >= hold * METER_SMALL_CHANGE_HOLDS
+}
+
 /// One meter's band: rate and burst (packets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct MeterBand {
@@ -879,12 +915,14 @@ impl ControllerGap {
         }
         // The work the gate controls: what the controller spent on flows it admitted.
         let controlled = (self.busy.saturating_sub(self.shed).as_secs_f64() / secs).min(1.0);
-        let load = (controlled / self.cfg.target_utilization)
-            // The standing queue (the window's least delay), not its worst: a burst that
-            // drains within the window is not overload (CoDel's reasoning).
-            .max(self.standing_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6))
+        let cpu = controlled / self.cfg.target_utilization;
+        let target_delay = self.cfg.target_delay.as_secs_f64().max(1e-6);
+        // The standing queue (the window's least delay), not its worst: a burst that
+        // drains within the window is not overload (CoDel's reasoning).
+        let channel = (self.standing_delay.as_secs_f64() / target_delay)
             .max(self.outflow as f64 / self.cfg.target_outflow_bytes.max(1) as f64)
-            .max(self.outflow_delay.as_secs_f64() / self.cfg.target_delay.as_secs_f64().max(1e-6));
+            .max(self.outflow_delay.as_secs_f64() / target_delay);
+        let load = cpu.max(channel);
         if load >= 1.0 {
             // The maximum of the smoothed rate (memory `settle`), not of one window: a
             // window that drains a backlog read in one go is not a rate the controller
@@ -900,7 +938,16 @@ impl ControllerGap {
         self.backlog_max = 0;
         self.outflow_max = 0;
         self.outflow_delay_min.clear();
-        Some(self.law.control(now, load))
+        // When the CPU is what overloads, the PACKET_INs it handled in this window are
+        // what the load scales with: the first cut starts from them (from the smoothed
+        // rate, which lags a step from idle, `flowgate sim` cut a controller of 5,000/s
+        // to 894/s, and it then spent 4.5 s climbing back). When the channel is (a
+        // standing queue, a switch that does not read), the handled rate says nothing of
+        // what the switch takes, and the cut stays deep: in `ovs_overload_packet_in_flood`
+        // a cut from the handled rate left the channel full for seconds, and a quiet
+        // service lost up to 17 of its 45 new connections.
+        let first_base = (cpu >= channel).then_some(self.handled_rate);
+        Some(self.law.control_from(now, load, first_base))
     }
 
     pub fn view(&self) -> ControllerGapView {

@@ -705,3 +705,79 @@ fn a_meter_stats_reply_in_parts_counts_as_one_reply() {
         "the restarted count is all new"
     );
 }
+
+/// A meter is not modified for a jitter of one quantization step (each OFPMC_MODIFY
+/// refills its bucket), unless the step lasts; a real change is made at the next hold.
+#[test]
+fn a_meter_changes_for_a_real_change_not_for_a_jitter() {
+    let band = |rate: f64| meter_plan(Some(rate), 1.0, None, 100);
+    let hold = Duration::from_millis(200);
+    let (have, up_one, up_two) = (band(1_000.0), band(1_050.0), band(1_200.0));
+    assert_ne!(have, up_one, "the next step up");
+    assert!(!meter_change_due(have, have, hold * 10, hold));
+    assert!(
+        !meter_change_due(have, up_two, hold / 2, hold),
+        "within the hold"
+    );
+    assert!(
+        meter_change_due(have, up_two, hold, hold),
+        "two steps: at once"
+    );
+    assert!(meter_change_due(up_two, have, hold, hold), "down as well");
+    assert!(
+        !meter_change_due(have, up_one, hold, hold),
+        "one step: waits"
+    );
+    assert!(!meter_change_due(up_one, have, hold * 4, hold));
+    assert!(meter_change_due(
+        have,
+        up_one,
+        hold * METER_SMALL_CHANGE_HOLDS,
+        hold
+    ));
+    // Opening a meter (no limit) or closing one is always a real change.
+    assert!(meter_change_due(have, band(f64::INFINITY), hold, hold));
+}
+
+/// The controller's first cut after idle: when its CPU overloads, from the PACKET_INs it
+/// handled in that window (the smoothed rate still lags the step); when its channel does
+/// (a switch that does not read what it is sent), deeper, from the smoothed rate.
+#[test]
+fn the_controllers_first_cut_depends_on_what_overloads() {
+    let first_cut = |outflow: u64| {
+        let mut g = ControllerGap::new(ControllerOverloadConfig {
+            mode: Mode::Adaptive,
+            ..ControllerOverloadConfig::default()
+        });
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(100);
+        // Idle for a second, at 100 PACKET_INs a second, 200 µs each.
+        for k in 1..=10 {
+            g.record(WorkSample {
+                packet_ins: 10,
+                busy: Duration::from_millis(2),
+                switch: 1,
+                ..WorkSample::default()
+            });
+            assert_eq!(g.step(t0 + tick * k).and_then(|s| s.after), None);
+        }
+        // Then 5,000 a second: all its time.
+        g.record(WorkSample {
+            packet_ins: 500,
+            busy: tick,
+            outflow,
+            switch: 1,
+            ..WorkSample::default()
+        });
+        let step = g.step(t0 + tick * 11).expect("a step");
+        (step.load, step.after.expect("a cut"))
+    };
+    // CPU: load 1/0.9; mid / load = 0.95 × 0.9 of the window's 5,000.
+    let (load, cut) = first_cut(0);
+    assert!((load - 1.0 / 0.9).abs() < 1e-9, "{load}");
+    assert!((cut - 5_000.0 * 0.95 * 0.9).abs() < 1.0, "{cut}");
+    // Channel: twice the outflow target; by at most half, of a smoothed rate under 2,000.
+    let (load, cut) = first_cut(2 * config::DEFAULT_TARGET_OUTFLOW_BYTES);
+    assert!((load - 2.0).abs() < 1e-9, "{load}");
+    assert!(cut < 1_000.0, "{cut}");
+}
