@@ -28,7 +28,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use flowgate_core::Outbox;
 use flowgate_core::testkit::sim::{Sim, VIP, VMAC, arp_request, ip, mac};
 use flowgate_packet::{self as packet, TcpFlags, TcpSegment};
-use ofp::{Bytes, Message, PacketIn, PacketInReason};
+use ofp::{Bytes, Message, PacketIn};
 
 /// PACKET_INs handled between two flushes of the outbox (the runtime's batch).
 const BATCH: usize = 256;
@@ -71,15 +71,7 @@ fn syn_packet_in(k: u32) -> Bytes {
         flags: TcpFlags(0x02),
         ..TcpSegment::default()
     });
-    let pi = PacketIn {
-        buffer_id: ofp::NO_BUFFER,
-        total_len: data.len() as u16,
-        reason: PacketInReason::NoMatch,
-        table_id: 0,
-        cookie: u64::MAX,
-        match_: ofp::Match::new().with(ofp::Oxm::InPort(CLIENT_PORT)),
-        data,
-    };
+    let pi = PacketIn::table_miss(CLIENT_PORT, data);
     let mut buf = bytes::BytesMut::new();
     ofp::encode(k, &Message::PacketIn(pi), &mut buf).expect("a SYN's PACKET_IN encodes");
     buf.freeze()

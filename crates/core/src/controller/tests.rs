@@ -1400,15 +1400,7 @@ fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
     .into_iter()
     .enumerate()
     {
-        let pi = Message::PacketIn(ofp::PacketIn {
-            buffer_id: ofp::NO_BUFFER,
-            total_len: frame.len() as u16,
-            reason: ofp::PacketInReason::NoMatch,
-            table_id: 0,
-            cookie: u64::MAX,
-            match_: ofp::Match::new().with(ofp::Oxm::InPort(1)),
-            data: frame,
-        });
+        let pi = Message::PacketIn(ofp::PacketIn::table_miss(1, frame));
         let mut bytes = bytes::BytesMut::new();
         ofp::encode(i as u32, &pi, &mut bytes).expect("encodes");
         let bytes = bytes.freeze();
@@ -1434,15 +1426,7 @@ fn a_packet_in_read_in_place_is_handled_as_the_decoded_one() {
 
     // Cut short inside its match: the error `decode` gives, and nothing handled.
     let mut bytes = bytes::BytesMut::new();
-    let pi = Message::PacketIn(ofp::PacketIn {
-        buffer_id: ofp::NO_BUFFER,
-        total_len: 0,
-        reason: ofp::PacketInReason::NoMatch,
-        table_id: 0,
-        cookie: 0,
-        match_: ofp::Match::new().with(ofp::Oxm::InPort(1)),
-        data: ofp::Bytes::new(),
-    });
+    let pi = Message::PacketIn(ofp::PacketIn::table_miss(1, ofp::Bytes::new()));
     ofp::encode(9, &pi, &mut bytes).expect("encodes");
     let mut cut = bytes[..30].to_vec();
     cut[2..4].copy_from_slice(&30u16.to_be_bytes());

@@ -8,9 +8,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use flowgate_packet::{self as packet, Arp, L3, MacAddr, TcpFlags, TcpSegment};
-use ofp::{
-    Message, MultipartReply, MultipartReplyBody, PacketIn, PacketInReason, PortDesc, SwitchFeatures,
-};
+use ofp::{Message, MultipartReply, MultipartReplyBody, PacketIn, PortDesc, SwitchFeatures};
 
 use super::{Delivery, FakeNetwork, FakeTable, PacketFields};
 use crate::{Config, Controller, Outbox};
@@ -202,15 +200,7 @@ impl Sim {
 
     pub fn packet_in(&mut self, dpid: u64, in_port: u32, data: ofp::Bytes) {
         self.packet_ins += 1;
-        let pi = PacketIn {
-            buffer_id: ofp::NO_BUFFER,
-            total_len: data.len() as u16,
-            reason: PacketInReason::NoMatch,
-            table_id: 0,
-            cookie: 0,
-            match_: ofp::Match::new().with(ofp::Oxm::InPort(in_port)),
-            data,
-        };
+        let pi = PacketIn::table_miss(in_port, data);
         self.c
             .handle_message(self.now, dpid, &Message::PacketIn(pi), &mut self.out);
         self.pump();

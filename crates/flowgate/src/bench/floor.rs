@@ -502,19 +502,7 @@ mod tests {
                 7,
             )
         };
-        let pi = |data: ofp::Bytes| {
-            let mut m = Match::new();
-            m.push(Oxm::InPort(1));
-            encoded(&Message::PacketIn(ofp::PacketIn {
-                buffer_id: ofp::NO_BUFFER,
-                total_len: data.len() as u16,
-                reason: ofp::PacketInReason::NoMatch,
-                table_id: 0,
-                cookie: 0,
-                match_: m,
-                data,
-            }))
-        };
+        let pi = |data: ofp::Bytes| encoded(&Message::PacketIn(ofp::PacketIn::table_miss(1, data)));
         let frame = pi(syn(s.vip));
         let mut out = BytesMut::new();
         a.answer(&ofp::PacketInView::new(&frame).expect("view"), &mut out);

@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use flowgate_core::{Config, Controller, Outbox};
 use flowgate_packet::{self as packet, MacAddr};
-use ofp::{Match, Message, Oxm, PacketIn, PacketInReason};
+use ofp::{Message, PacketIn};
 
 use super::Table;
 
@@ -77,15 +77,7 @@ fn config() -> anyhow::Result<Config> {
 
 /// A table-miss PACKET_IN of `data` from `in_port`, as a switch sends it.
 pub(crate) fn packet_in(in_port: u32, data: ofp::Bytes) -> Message {
-    Message::PacketIn(PacketIn {
-        buffer_id: ofp::NO_BUFFER,
-        total_len: data.len() as u16,
-        reason: PacketInReason::NoMatch,
-        table_id: 0,
-        cookie: u64::MAX,
-        match_: Match::new().with(Oxm::InPort(in_port)),
-        data,
-    })
+    Message::PacketIn(PacketIn::table_miss(in_port, data))
 }
 
 /// Measure one size in this process.

@@ -39,6 +39,21 @@ pub struct PacketIn {
 }
 
 impl PacketIn {
+    /// A whole frame `data` that missed every rule, from `in_port`, not buffered: what a
+    /// switch sends for a table-miss entry whose action is OUTPUT:CONTROLLER (§7.4.1; the
+    /// cookie is all ones when it belongs to no particular entry).
+    pub fn table_miss(in_port: u32, data: Bytes) -> Self {
+        PacketIn {
+            buffer_id: crate::NO_BUFFER,
+            total_len: data.len() as u16,
+            reason: PacketInReason::NoMatch,
+            table_id: 0,
+            cookie: u64::MAX,
+            match_: Match::new().with(crate::Oxm::InPort(in_port)),
+            data,
+        }
+    }
+
     /// `in_port` from the match (§7.4.1: it is always present).
     #[inline]
     pub fn in_port(&self) -> Option<u32> {

@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use ofp::{
     Action, Bytes, FlowMod, FlowModCommand, FlowModFlags, FlowRemoved, FlowRemovedReason, Match,
     Message, MeterBandStats, MeterStats, MultipartReply, MultipartReplyBody, MultipartRequestBody,
-    Oxm, PacketIn, PacketInReason, PortDesc, SwitchFeatures,
+    Oxm, PacketIn, PortDesc, SwitchFeatures,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -559,15 +559,7 @@ impl<'s> Engine<'s> {
             *q = q.saturating_sub(1);
         }
         let syn = is_new_syn(&data);
-        let pi = PacketIn {
-            buffer_id: ofp::NO_BUFFER,
-            total_len: data.len() as u16,
-            reason: PacketInReason::NoMatch,
-            table_id: 0,
-            cookie: u64::MAX,
-            match_: Match::new().with(Oxm::InPort(at.port)),
-            data,
-        };
+        let pi = PacketIn::table_miss(at.port, data);
         let now = self.at(self.now);
         self.c
             .handle_message(now, at.dpid, &Message::PacketIn(pi), &mut self.out);
