@@ -68,7 +68,7 @@ struct SessionTx {
 pub(crate) type Chunk = (Instant, Bytes);
 
 impl Outflow {
-    /// How long the oldest unwritten chunk has waited (zero when the writer is idle).
+    /// How long the oldest unwritten chunk has waited (zero when nothing waits).
     pub(crate) fn head_age(&self, now: Instant) -> Duration {
         self.head_queued_at
             .lock()
@@ -77,10 +77,44 @@ impl Outflow {
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
-    fn set_head(&self, at: Option<Instant>) {
-        if let Ok(mut g) = self.head_queued_at.lock() {
-            *g = at;
+    /// Count `len` bytes queued at `now` for the writer; returns the bytes now queued. The
+    /// first chunk into an empty queue starts the head's clock here, not when the writer
+    /// gets to it: a writer not yet scheduled is part of the outflow's delay (it was the
+    /// whole of it under a PACKET_IN flood, before the session's reader yielded to it).
+    pub(crate) fn queue(&self, len: usize, now: Instant) -> usize {
+        let before = self.queued.fetch_add(len, Ordering::Relaxed);
+        if before == 0
+            && let Ok(mut g) = self.head_queued_at.lock()
+            && g.is_none()
+        {
+            *g = Some(now);
         }
+        before + len
+    }
+
+    /// The writer took the chunk queued at `at`: it is the oldest unwritten one.
+    pub(crate) fn writing(&self, at: Instant) {
+        if let Ok(mut g) = self.head_queued_at.lock() {
+            *g = Some(at);
+        }
+    }
+
+    /// The writer wrote `len` bytes; returns the bytes still queued. The head's clock
+    /// stops only when nothing is left (checked under its lock, so a chunk queued
+    /// meanwhile keeps it running).
+    pub(crate) fn written(&self, len: usize) -> usize {
+        let left = self
+            .queued
+            .fetch_sub(len, Ordering::Relaxed)
+            .saturating_sub(len);
+        self.written.fetch_add(len as u64, Ordering::Relaxed);
+        if left == 0
+            && let Ok(mut g) = self.head_queued_at.lock()
+            && self.queued.load(Ordering::Relaxed) == 0
+        {
+            *g = None;
+        }
+        left
     }
 }
 
@@ -196,7 +230,8 @@ impl CoreCell {
             // The whole buffer (not split off it: a part left here would keep the writer
             // from giving its memory back).
             let chunk = std::mem::take(&mut s.buf).freeze();
-            let queued = s.out.queued.fetch_add(chunk.len(), Ordering::Relaxed) + chunk.len();
+            let now = Instant::now();
+            let queued = s.out.queue(chunk.len(), now);
             if queued > MAX_QUEUED_BYTES {
                 if !s.out.overflowed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -207,7 +242,7 @@ impl CoreCell {
                 }
                 continue;
             }
-            let _ = s.tx.send((Instant::now(), chunk));
+            let _ = s.tx.send((now, chunk));
         }
     }
 
@@ -434,5 +469,38 @@ async fn sighup_loop(handle: Handle, mut stop: watch::Receiver<bool>) {
             },
             _ = stop.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The outflow's delay is the age of the oldest chunk not yet written, counted from
+    /// when it was queued, whether or not the writer has taken it yet.
+    #[test]
+    fn the_outflow_delay_counts_from_the_queueing_not_from_the_writer() {
+        let o = Outflow::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(o.head_age(t0 + ms(5)), Duration::ZERO, "nothing queued");
+        assert_eq!(o.queue(100, t0), 100);
+        // Not taken by the writer yet (it has not been scheduled): the clock runs.
+        assert_eq!(o.head_age(t0 + ms(7)), ms(7));
+        // A second chunk does not restart it.
+        assert_eq!(o.queue(50, t0 + ms(3)), 150);
+        assert_eq!(o.head_age(t0 + ms(9)), ms(9));
+        // The writer takes the first and writes it: the second is left, queued at 3 ms.
+        o.writing(t0);
+        assert_eq!(o.written(100), 50);
+        o.writing(t0 + ms(3));
+        assert_eq!(o.head_age(t0 + ms(10)), ms(7));
+        // All written: nothing waits.
+        assert_eq!(o.written(50), 0);
+        assert_eq!(o.head_age(t0 + ms(20)), Duration::ZERO);
+        assert_eq!(o.written.load(Ordering::Relaxed), 150);
+        // The next chunk into the empty queue starts a new clock.
+        o.queue(10, t0 + ms(30));
+        assert_eq!(o.head_age(t0 + ms(31)), ms(1));
     }
 }
