@@ -248,7 +248,6 @@ fn pin_ports(cfg: &str, of: SocketAddr, api: SocketAddr) -> String {
     out
 }
 
-/// The value of an unlabelled metric in a Prometheus text body.
 /// `kill -SIG pid`.
 pub fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
@@ -258,6 +257,32 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
+/// New connections the controller saw on the 4-tuple of an earlier one it still held.
+pub fn reopened(ctl: &Ctl) -> u64 {
+    metric(
+        &ctl.get("/metrics").1,
+        "flowgate_connections_reopened_total",
+    )
+    .unwrap_or(0.0) as u64
+}
+
+/// Asserts that `shares` of `total` requests are round robin's over `n` backends. A client
+/// port reused while the controller still holds the earlier connection keeps that one's
+/// backend (as a consistent hash gives a reused 5-tuple), so each of the `reopened` such
+/// connections may have gone to any backend, and the rest alternate.
+pub fn assert_round_robin(shares: &[(String, u64)], total: u64, n: usize, reopened: u64) {
+    let rest = total.saturating_sub(reopened);
+    let lo = rest / n as u64;
+    let hi = rest.div_ceil(n as u64) + reopened;
+    assert!(
+        shares.len() == n
+            && shares.iter().map(|s| s.1).sum::<u64>() == total
+            && shares.iter().all(|s| (lo..=hi).contains(&s.1)),
+        "round robin over {n} backends, {total} requests, {reopened} reopened 4-tuple(s): each {lo}..={hi}; {shares:?}"
+    );
+}
+
+/// The value of an unlabelled metric in a Prometheus text body.
 pub fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines().find_map(|l| {
         l.strip_prefix(name)
