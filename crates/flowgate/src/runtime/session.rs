@@ -398,7 +398,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         // before the writer did: in `ovs_overload_packet_in_flood` up to 950 KB waited in
         // our queue while `ss` showed the socket to the switch empty, the meter changes
         // reached the switch 3 s late, and the quiet service's new connections took
-        // 233–1,034 ms at the median (53–71 ms since). So it yields after each batch: a
+        // 233–1,034 ms at the median (53–73 ms since). So it yields after each batch: a
         // batch is a turn, for its writer and as much for the other switches' sessions
         // and the tick task on this worker (a flood its gate refuses leaves no bytes for
         // the writer, but would hold those back as long).
