@@ -159,11 +159,7 @@ fn untraced_responses(
 
 /// The userspace datapath's megaflows (what OVS forwards without asking the rules).
 fn dpctl_flows() -> String {
-    std::process::Command::new("ovs-appctl")
-        .args(["dpctl/dump-flows", "-m"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+    flowgate_testbed::ovs::appctl(&["dpctl/dump-flows", "-m"]).unwrap_or_default()
 }
 
 /// A client that reuses its source ports (a 256-port ephemeral range for 300 connections;

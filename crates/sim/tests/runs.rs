@@ -146,8 +146,8 @@ fn an_overloaded_controller_holds_itself_under_its_target() {
     let (p_off, p_on) = (&off.phases[0], &on.phases[0]);
     assert!(p_off.controller_util > 0.99, "{}", p_off.controller_util);
     // At its target, not under it: the gate's first cut starts from what the overloaded
-    // window handled, it climbs by the controller's measured capacity, and the meters do
-    // not let a burst through at every small change (a jittering MODIFY refills them).
+    // window handled, the meters do not let a burst through at every small change (a
+    // jittering MODIFY refills them), and fewer admissions wait for their handshake.
     // Before those, this gate held the controller at 0.70 and served 53 % against 92 %.
     assert!(
         (0.85..0.95).contains(&p_on.controller_util),

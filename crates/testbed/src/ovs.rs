@@ -31,6 +31,12 @@ pub fn ofctl(args: &[&str]) -> Result<String> {
     cmd::run("ovs-ofctl", &v)
 }
 
+/// `ovs-appctl ARGS...` (ovs-vswitchd's own commands: datapath flows, coverage
+/// counters, conntrack), checked.
+pub fn appctl(args: &[&str]) -> Result<String> {
+    cmd::run("ovs-appctl", args)
+}
+
 /// The Open vSwitch daemons.
 #[derive(Debug)]
 pub struct Ovs;

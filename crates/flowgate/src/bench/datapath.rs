@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Host, Prefix, ProcGuard, cleanup_stale};
+use flowgate_testbed::{Host, Prefix, ProcGuard, cleanup_stale, ovs};
 
 use super::Table;
 use super::controller::TempDir;
@@ -743,9 +743,7 @@ fn measure(
     let backend_label = kind.label();
     let p = Prefix::for_test("bench_datapath");
     cleanup_stale(p.as_str())?;
-    let _ = Command::new("ovs-appctl")
-        .args(["dpctl/flush-conntrack", "zone=1"])
-        .output();
+    let _ = ovs::appctl(&["dpctl/flush-conntrack", "zone=1"]);
     let t = topo::single(&TopoOptions::new(p.as_str()), 5)?;
     let br = &t.bridges[0];
     let client = &t.hosts[0];
