@@ -753,7 +753,10 @@ fn bench_hiccups_reports_a_stop_of_the_process_as_a_gap() {
         .strip_suffix(" ms")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("longest {:?}:\n{table}", cells[9]));
-    assert!(longest >= 300.0, "the stop was 300 ms:\n{table}");
+    // The stop lasts 300 ms by this thread's clock, from `kill -STOP` returning: the
+    // stopped thread may still run a little until the signal reaches it (CI, on a host
+    // that took 47 % of CPU 0 in gaps of 100 µs or more, saw the stop as 296.2 ms).
+    assert!(longest >= 250.0, "the stop was 300 ms:\n{table}");
     let over_10ms: u64 = cells[8].parse().expect("gaps ≥ 10 ms");
     assert!(over_10ms >= 1, "{table}");
     let measured: f64 = cells[1].parse().expect("measured s");
