@@ -382,7 +382,7 @@ impl Topology {
         if mac.is_multicast()
             || mac == MacAddr::ZERO
             || self.is_link_port(at)
-            || at.port > ofp::port::MAX
+            || !(1..=ofp::port::MAX).contains(&at.port)
         {
             return HostChange::Same;
         }

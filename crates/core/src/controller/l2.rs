@@ -32,6 +32,13 @@ impl Controller {
             self.counters.packet_in_unparsable += 1;
             return;
         };
+        // A frame arrives on a physical port or the local one (§7.2.1); any other in_port
+        // (0, OFPP_CONTROLLER, OFPP_ANY...) would teach a host or link "behind" a port
+        // that no rule may output to.
+        if !is_ingress_port(in_port) {
+            self.counters.packet_in_bad_port += 1;
+            return;
+        }
         let frame = match packet::parse(data) {
             Ok(f) => f,
             Err(_) => {
@@ -42,6 +49,20 @@ impl Controller {
         if let L3::Lldp(l) = &frame.l3 {
             self.counters.lldp_received += 1;
             if let (Some(chassis), Some(port)) = (l.chassis_dpid, l.port_no) {
+                // Our probes leave only by the up ports their switch reported: a probe
+                // that names another port, or the local one, was not sent by us.
+                // (A probe from a switch we do not control, as another domain's over an
+                // uplink, is no link of ours either, and not a bad one: `link_seen`
+                // ignores it.)
+                let ours = self.topo.switch(chassis).map(|s| s.ports.get(&port));
+                if let Some(named) = ours
+                    && !(named.is_some_and(|p| p.up)
+                        && port <= ofp::port::MAX
+                        && in_port <= ofp::port::MAX)
+                {
+                    self.counters.packet_in_bad_port += 1;
+                    return;
+                }
                 if self.topo.link_seen(
                     now,
                     PortRef::new(chassis, port),
@@ -395,4 +416,10 @@ impl Controller {
             }
         }
     }
+}
+
+/// A port a frame can come in by (§7.2.1): a physical port, up to OFPP_MAX, or the
+/// switch's local port.
+fn is_ingress_port(port: u32) -> bool {
+    (1..=ofp::port::MAX).contains(&port) || port == ofp::port::LOCAL
 }

@@ -187,6 +187,10 @@ impl Outbox {
 pub struct Counters {
     pub packet_in: u64,
     pub packet_in_unparsable: u64,
+    /// PACKET_INs whose in_port is no port a frame can arrive on (§7.2.1: a physical
+    /// port up to OFPP_MAX, or OFPP_LOCAL), and LLDP probes naming such a port or one
+    /// the claimed switch does not have: nothing is learned from them.
+    pub packet_in_bad_port: u64,
     pub flow_removed: u64,
     pub of_errors: u64,
     pub lldp_received: u64,
@@ -616,6 +620,10 @@ impl Controller {
     }
 
     fn set_port(&mut self, dpid: Dpid, p: &PortDesc) {
+        // §7.2.1: ports are numbered from 1; a port 0 is no port a rule could output to.
+        if p.port_no == 0 {
+            return;
+        }
         // OFPPS_LINK_DOWN = 1, OFPPC_PORT_DOWN = 1 (§7.2.1).
         let up = p.state & 1 == 0 && p.config & 1 == 0;
         let info = PortInfo {

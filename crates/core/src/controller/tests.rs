@@ -1625,3 +1625,58 @@ fn hosts_without_an_address_and_backends_are_not_aged() {
     assert_eq!(sim.c.counters().host_probes_sent, 0);
     assert!(sim.c.topology().host(mac(1)).is_some());
 }
+
+#[test]
+fn frames_that_came_in_by_no_real_port_teach_nothing() {
+    // Found by the `controller` fuzz target: a host "learned" at port 0 got an L2 rule
+    // whose output OVS refuses (OFPBAC_BAD_OUT_PORT).
+    let mut sim = single_switch("round-robin");
+    let ports = [0, ofp::port::IN_PORT, ofp::port::CONTROLLER, ofp::port::ANY];
+    for port in ports {
+        sim.packet_in(1, port, arp_request(9, ip(2)));
+    }
+    assert!(sim.c.topology().host(mac(9)).is_none());
+    assert_eq!(sim.c.counters().packet_in_bad_port, ports.len() as u64);
+    // The switch's local port is one a frame comes in by: handled (h2 hears the ARP
+    // request), though no host is learned behind it.
+    sim.received.clear();
+    sim.packet_in(1, ofp::port::LOCAL, arp_request(9, ip(2)));
+    let heard = std::mem::take(&mut sim.received);
+    assert!(heard.iter().any(|(h, _)| h == "h2"), "{heard:?}");
+    assert_eq!(sim.c.counters().packet_in_bad_port, ports.len() as u64);
+}
+
+#[test]
+fn lldp_naming_a_port_its_switch_does_not_have_makes_no_link() {
+    let mut sim = single_switch("round-robin");
+    let from = packet::MacAddr([0x0a, 0, 0, 0, 1, 3]);
+    // Ports the switch does not have, or that no probe of ours leaves by.
+    for port in [0, 9, ofp::port::LOCAL] {
+        sim.packet_in(1, 2, packet::lldp_probe(from, 1, port, 120));
+    }
+    // A switch that is not ours (another domain's, over an uplink): no link, not bad.
+    sim.packet_in(1, 2, packet::lldp_probe(from, 77, 3, 120));
+    assert_eq!(sim.c.topology().links().count(), 0);
+    assert_eq!(sim.c.counters().packet_in_bad_port, 3);
+    // A probe of ours, out of port 3 and back in by port 2 (a looped cable), is a link.
+    sim.packet_in(1, 2, packet::lldp_probe(from, 1, 3, 120));
+    let links: Vec<_> = sim.c.topology().links().collect();
+    assert_eq!(links, [(PortRef::new(1, 2), PortRef::new(1, 3))]);
+}
+
+#[test]
+fn a_port_numbered_zero_is_not_recorded() {
+    let mut sim = single_switch("round-robin");
+    let status = Message::PortStatus(ofp::PortStatus {
+        reason: ofp::PortReason::Add,
+        desc: port_desc(1, 0),
+    });
+    sim.c.handle_message(sim.now, 1, &status, &mut sim.out);
+    sim.pump();
+    let ports: Vec<u32> = sim
+        .c
+        .topology()
+        .switch(1)
+        .map_or(Vec::new(), |s| s.ports.keys().copied().collect());
+    assert_eq!(ports, [1, 2, 3, 4]);
+}

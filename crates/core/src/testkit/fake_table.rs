@@ -127,6 +127,16 @@ pub enum FakeTableError {
 }
 
 impl FakeTableError {
+    /// The fake cannot judge the message: a match field or an action it does not model
+    /// (Open vSwitch's Nicira extensions among them), not a refusal it knows a switch
+    /// would send.
+    pub fn is_unmodelled(&self) -> bool {
+        matches!(
+            self,
+            FakeTableError::UnsupportedMatchField(_) | FakeTableError::UnsupportedAction(_)
+        )
+    }
+
     /// The OFPT_ERROR type and code a switch would answer with.
     pub fn error_kind(&self) -> ofp::ErrorKind {
         use FakeTableError::*;
@@ -1149,7 +1159,8 @@ impl FakeTable {
     /// Applies a GROUP_MOD (§6.5, §7.3.4.2).
     pub fn group_mod(&mut self, gm: &GroupMod) -> Result<(), FakeTableError> {
         match gm.command {
-            GroupModCommand::Add | GroupModCommand::Modify => {
+            // Open vSwitch's OFPGC11_ADD_OR_MOD (0x8000) extension: either, as needed.
+            GroupModCommand::Add | GroupModCommand::Modify | GroupModCommand::Other(0x8000) => {
                 let id = gm.group_id;
                 if id > group::MAX {
                     return Err(FakeTableError::InvalidGroup(id));

@@ -74,6 +74,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.packet_in_unparsable,
         ),
         (
+            "flowgate_packet_in_bad_port_total",
+            "PACKET_INs ignored for an in_port no frame arrives on, and LLDP probes naming a port their switch does not have.",
+            counters.packet_in_bad_port,
+        ),
+        (
             "flowgate_connections_rerouted_total",
             "Open connections given rules along new paths because their backend or client moved, or a link of their path changed.",
             counters.connections_rerouted,

@@ -1,0 +1,7 @@
+#![no_main]
+//! A hostile switch against the controller core: `flowgate_core::testkit::fuzzing`.
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    flowgate_core::testkit::fuzzing::controller_target(data);
+});
