@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Copy the Ryu OpenFlow 1.3 conformance messages into the fuzz corpora.
+# Copy the Ryu OpenFlow 1.3 conformance messages, and the example configurations, into the
+# fuzz corpora.
 # Usage: fuzz/seed-corpus.sh [CONFORMANCE_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,4 +16,7 @@ for t in decode framer; do
         fi
     done
 done
+# The config target starts from the example configurations.
+mkdir -p "$here/corpus/config" "$here/corpus/controller"
+cp "$here"/../examples/*.toml "$here/corpus/config/"
 echo "seeded $(ls "$here/corpus/decode" | wc -l) files into each of $here/corpus/{decode,framer}"

@@ -1,6 +1,7 @@
-//! The body of the `controller` fuzz target (`fuzz/fuzz_targets/controller.rs`, nightly),
-//! shared with the stable smoke test `crates/core/tests/fuzz_controller.rs`: a hostile or
-//! broken switch against the controller core.
+//! The bodies of the `controller` and `config` fuzz targets (`fuzz/fuzz_targets/`,
+//! nightly), shared with their stable drivers (`crates/core/tests/fuzz_controller.rs`,
+//! `fuzz_config.rs`). The first is a hostile or broken switch against the controller
+//! core; the second, any text as a configuration ([`config_target`]).
 //!
 //! The codec's own targets (`ofp::fuzzing`) stop at "decodes or is refused". What a
 //! switch sends that *does* decode then reaches the core, which must not panic on any of
@@ -36,8 +37,9 @@ use crate::overload::WorkSample;
 use crate::{Config, Controller, Outbox};
 
 /// The configurations the target picks from (its first byte): between them, every
-/// balancing mode, the overload gates, ISSLM, and tight host limits.
-const CONFIGS: [&str; 3] = [
+/// balancing mode, the overload gates, ISSLM, and tight host limits. (Also seeds for the
+/// `config` target's mutations.)
+pub const CONFIGS: [&str; 3] = [
     // Reactive: a VIP service under ISSLM with its own gate, a VIP-less (addressed
     // backends) service under least connections, the controller's own gate, and host
     // limits small enough for a few forged MACs to reach them.
@@ -166,6 +168,33 @@ pub fn controller_target(data: &[u8]) {
             break;
         }
         world.step(&mut input);
+    }
+}
+
+/// The body of the `config` fuzz target: any text as a configuration. A configuration is
+/// an operator's file, a reload, or (in the distributed mode) a value read from etcd; none
+/// may panic the parser. What it refuses it must explain: at least one error, each with a
+/// message. What it accepts must build a controller that takes its switches and a tick.
+pub fn config_target(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    match Config::from_toml(&text, &|_| None) {
+        Ok(config) => {
+            let mut world = World::new(&config);
+            world.tick(Duration::from_millis(20));
+        }
+        Err(errors) => {
+            assert!(
+                !errors.0.is_empty(),
+                "a configuration refused with no reason"
+            );
+            for e in &errors.0 {
+                assert!(
+                    !e.message.is_empty(),
+                    "an error with no message at {:?}",
+                    e.path
+                );
+            }
+        }
     }
 }
 
