@@ -122,36 +122,53 @@ async fn fetch(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<Stri
         }
         body.extend_from_slice(&chunk[..n]);
     }
-    let text = String::from_utf8_lossy(&body);
-    let Some(split) = text.find("\r\n\r\n") else {
-        return Err(std::io::Error::other("no HTTP header end"));
-    };
-    if !text.starts_with("HTTP/1.1 200") && !text.starts_with("HTTP/1.0 200") {
-        return Err(std::io::Error::other(format!(
-            "status {:?}",
-            text.lines().next().unwrap_or("")
-        )));
-    }
-    let head = text[..split].to_ascii_lowercase();
-    let payload = &text[split + 4..];
-    if head.contains("transfer-encoding: chunked") {
-        return Ok(dechunk(payload));
-    }
-    Ok(payload.to_string())
+    metrics_page(&body).map_err(std::io::Error::other)
 }
 
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some(i) = rest.find("\r\n") {
-        let Ok(n) = usize::from_str_radix(rest[..i].split(';').next().unwrap_or("").trim(), 16)
-        else {
+/// The text of a metrics page from the whole HTTP/1.x response (the connection closed
+/// after it). Bytes from the network: the chunk sizes count bytes, so the body is
+/// de-chunked before it is read as UTF-8 (lossily), and a size that points past the end
+/// or mid-character ends the body there rather than panicking.
+fn metrics_page(response: &[u8]) -> Result<String, String> {
+    let Some(split) = find(response, b"\r\n\r\n") else {
+        return Err("no HTTP header end".into());
+    };
+    if !response.starts_with(b"HTTP/1.1 200") && !response.starts_with(b"HTTP/1.0 200") {
+        let status = response
+            .split(|&b| b == b'\r' || b == b'\n')
+            .next()
+            .unwrap_or(b"");
+        return Err(format!("status {:?}", String::from_utf8_lossy(status)));
+    }
+    let head = response[..split].to_ascii_lowercase();
+    let payload = &response[split + 4..];
+    if find(&head, b"transfer-encoding: chunked").is_some() {
+        return Ok(String::from_utf8_lossy(&dechunk(payload)).into_owned());
+    }
+    Ok(String::from_utf8_lossy(payload).into_owned())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The body of a chunked transfer (RFC 9112 §7.1), up to the last chunk or the first
+/// malformed one.
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = find(rest, b"\r\n") {
+        let size = std::str::from_utf8(&rest[..i]).unwrap_or("");
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
             break;
         };
-        if n == 0 || rest.len() < i + 2 + n {
+        let Some(data) = (i + 2).checked_add(n).and_then(|end| rest.get(i + 2..end)) else {
+            break;
+        };
+        if n == 0 {
             break;
         }
-        out.push_str(&rest[i + 2..i + 2 + n]);
-        rest = rest.get(i + 4 + n..).unwrap_or("");
+        out.extend_from_slice(data);
+        rest = rest.get(i + 4 + n..).unwrap_or(&[]);
     }
     out
 }
@@ -170,9 +187,42 @@ mod tests {
         assert!(parse_url("https://x/").is_none());
         assert!(parse_url("http://name.example/").is_none());
         assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
+            dechunk(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            b"hello world"
         );
-        assert_eq!(dechunk("zz\r\n"), "");
+        assert_eq!(dechunk(b"zz\r\n"), b"");
+    }
+
+    #[test]
+    fn a_hostile_metrics_page_is_read_or_refused_never_a_panic() {
+        let ok = |body: &[u8]| {
+            let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            r.extend_from_slice(body);
+            metrics_page(&r)
+        };
+        // Chunk sizes count bytes: a chunk boundary inside a two-byte character (é), and
+        // bytes that are no UTF-8 at all, are read as bytes first.
+        assert_eq!(
+            ok(b"3\r\nx \xc3\r\n2\r\n\xa9y\r\n0\r\n\r\n").as_deref(),
+            Ok("x éy")
+        );
+        assert_eq!(ok(b"2\r\n\xff1\r\n0\r\n\r\n").as_deref(), Ok("\u{fffd}1"));
+        // A size past the end, or one that overflows, ends the body there.
+        assert_eq!(ok(b"2\r\nab\r\n9\r\nabc").as_deref(), Ok("ab"));
+        assert_eq!(ok(b"ffffffffffffffff\r\nab\r\n").as_deref(), Ok(""));
+        assert_eq!(
+            ok(b"5\r\nabcde\r\nffffffffffffffffff\r\n").as_deref(),
+            Ok("abcde")
+        );
+        // Not a 200, or no header end: refused with the reason.
+        assert_eq!(
+            metrics_page(b"HTTP/1.1 503 Busy\r\n\r\n"),
+            Err("status \"HTTP/1.1 503 Busy\"".to_string())
+        );
+        assert!(metrics_page(b"HTTP/1.1 200 OK\r\nX: \xff").is_err());
+        assert_eq!(
+            metrics_page(b"HTTP/1.0 200 OK\r\n\r\nup 1\n\xe2\x82").as_deref(),
+            Ok("up 1\n\u{fffd}")
+        );
     }
 }
