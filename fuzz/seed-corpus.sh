@@ -16,7 +16,9 @@ for t in decode framer; do
         fi
     done
 done
-# The config target starts from the example configurations.
+# The config target starts from the example configurations, the controller target from
+# programs that reach the decisions (written by crates/core/tests/fuzz_controller.rs).
 mkdir -p "$here/corpus/config" "$here/corpus/controller"
 cp "$here"/../examples/*.toml "$here/corpus/config/"
+cp "$here"/seeds/controller/* "$here/corpus/controller/"
 echo "seeded $(ls "$here/corpus/decode" | wc -l) files into each of $here/corpus/{decode,framer}"

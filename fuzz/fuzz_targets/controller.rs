@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    flowgate_core::testkit::fuzzing::controller_target(data);
+    let _ = flowgate_core::testkit::fuzzing::controller_target(data);
 });

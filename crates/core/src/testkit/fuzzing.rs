@@ -140,14 +140,38 @@ address = "10.0.0.4"
 "#,
 ];
 
-/// Switches 1..=SWITCHES, each with ports 1..=PORTS.
+/// Switches 1..=SWITCHES, each with ports 1..=PORTS, in a line: port 5 of switch 1 to
+/// port 5 of switch 2, port 6 of switch 2 to port 6 of switch 3.
 const SWITCHES: u64 = 3;
 const PORTS: u32 = 6;
+const LINKS: [((u64, u32), (u64, u32)); 2] = [((1, 5), (2, 5)), ((2, 6), (3, 6))];
+
+fn link_peer(dpid: u64, port: u32) -> Option<(u64, u32)> {
+    LINKS.iter().find_map(|&(a, b)| match () {
+        _ if a == (dpid, port) => Some(b),
+        _ if b == (dpid, port) => Some(a),
+        _ => None,
+    })
+}
 /// Steps one input may run: bounds the time an input takes, not what it can reach.
 const MAX_STEPS: usize = 256;
 
+/// How deep one program went: what the stable driver checks its random programs reach,
+/// so that a driver that never gets past the first checks fails rather than passes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reached {
+    /// The most connections the controller held at once.
+    pub connections: usize,
+    /// FLOW_REMOVEDs the controller took.
+    pub rules_ended: u64,
+    /// TCP resets it sent (a packet of a connection it does not know).
+    pub resets: u64,
+    /// Links between switches it discovered.
+    pub links: usize,
+}
+
 /// Runs `data` as a program against a fresh controller. Panics on a defect.
-pub fn controller_target(data: &[u8]) {
+pub fn controller_target(data: &[u8]) -> Reached {
     // Parsed once: the TOML parser is not what is under test, and it would be a third of
     // each run's time.
     static PARSED: OnceLock<Vec<Config>> = OnceLock::new();
@@ -163,12 +187,19 @@ pub fn controller_target(data: &[u8]) {
     let mut input = Input(data);
     let config = &configs[usize::from(input.u8()) % configs.len()];
     let mut world = World::new(config);
+    let mut reached = Reached::default();
     for _ in 0..MAX_STEPS {
         if input.is_empty() {
             break;
         }
         world.step(&mut input);
+        let c = &world.c;
+        reached.connections = reached.connections.max(c.connections().len());
+        reached.links = reached.links.max(c.topology().links().count());
     }
+    reached.rules_ended = world.c.counters().flow_removed;
+    reached.resets = world.c.counters().resets_sent;
+    reached
 }
 
 /// The body of the `config` fuzz target: any text as a configuration. A configuration is
@@ -240,6 +271,8 @@ struct World {
     out: Outbox,
     /// The last metrics scrape per backend, as the runtime's scraper keeps it.
     scrapes: BTreeMap<(usize, usize), (Instant, metrics_text::Totals)>,
+    /// PACKET_INs of frames that crossed a link, for the switch at its far end.
+    crossed: Vec<(u64, Bytes)>,
 }
 
 impl World {
@@ -253,6 +286,7 @@ impl World {
             now: Instant::now(),
             out: Outbox::new(),
             scrapes: BTreeMap::new(),
+            crossed: Vec::new(),
         };
         for d in 1..=SWITCHES {
             w.switch_up(d);
@@ -271,28 +305,20 @@ impl World {
                 self.switch_sends(dpid, frame_bytes(body));
             }
             1..=3 => {
-                let frame = host_frame(input);
-                let in_port = match input.u8() {
-                    0..=239 => 1 + u32::from(input.u8()) % PORTS,
-                    b => [
-                        0,
-                        PORTS + 1,
-                        ofp::port::LOCAL,
-                        ofp::port::CONTROLLER,
-                        ofp::port::ANY,
-                    ][usize::from(b) % 5],
-                };
-                let mut bytes = encode(&Message::PacketIn(PacketIn::table_miss(in_port, frame)));
+                let f = HostFrame::read(input);
+                let bytes = encode(&Message::PacketIn(PacketIn::table_miss(
+                    f.in_port(),
+                    f.frame(),
+                )));
                 // The frame (from byte 42, after the match's in_port), not the PACKET_IN's
                 // own fields: the raw messages above cover those.
-                mutate(input, &mut bytes, 42);
+                let bytes = mutate(input, bytes, 42);
                 self.switch_sends(dpid, bytes);
             }
             4 => {
                 // The end of a rule the controller installed (or of a made-up one).
                 let removed = self.removed_rule(input, dpid);
-                let mut bytes = encode(&Message::FlowRemoved(removed));
-                mutate(input, &mut bytes, 8);
+                let bytes = mutate(input, encode(&Message::FlowRemoved(removed)), 8);
                 self.switch_sends(dpid, bytes);
             }
             5 => {
@@ -303,8 +329,7 @@ impl World {
                     flags,
                     body: MultipartReplyBody::Flow(stats),
                 });
-                let mut bytes = encode(&reply);
-                mutate(input, &mut bytes, 16);
+                let bytes = mutate(input, encode(&reply), 16);
                 self.switch_sends(dpid, bytes);
             }
             6 => {
@@ -387,11 +412,17 @@ impl World {
         self.settle();
     }
 
+    /// Switch `dpid` sends a message, and the controller's answers are carried out.
+    fn switch_sends(&mut self, dpid: u64, bytes: Bytes) {
+        self.dispatch(dpid, bytes);
+        self.settle();
+    }
+
     /// What a session does with one message from a switch whose handshake is done
     /// (`flowgate::runtime::session`): PACKET_IN and FLOW_REMOVED read in place, anything
     /// else decoded. A message that does not read ends the session there; the core
     /// never sees it.
-    fn switch_sends(&mut self, dpid: u64, bytes: Bytes) {
+    fn dispatch(&mut self, dpid: u64, bytes: Bytes) {
         if !self.up.get(&dpid).copied().unwrap_or(false) {
             return;
         }
@@ -416,7 +447,6 @@ impl World {
                 }
             }
         }
-        self.settle();
     }
 
     /// Carry out what the controller sent, answering the requests a switch answers,
@@ -424,11 +454,15 @@ impl World {
     fn settle(&mut self) {
         for _ in 0..64 {
             let sent: Vec<(u64, Message)> = self.out.drain().collect();
-            if sent.is_empty() {
+            let crossed = std::mem::take(&mut self.crossed);
+            if sent.is_empty() && crossed.is_empty() {
                 return;
             }
             for (dpid, msg) in sent {
                 self.at_switch(dpid, msg);
+            }
+            for (dpid, bytes) in crossed {
+                self.dispatch(dpid, bytes);
             }
         }
         panic!("the controller kept answering its own switches' answers");
@@ -470,8 +504,20 @@ impl World {
                 }
             }
             Message::PacketOut(po) => {
-                if let Err(e) = table.packet_out(po) {
-                    panic!("switch {dpid} would refuse the PACKET_OUT: {e} for {po:?}");
+                let trace = match table.packet_out(po) {
+                    Ok(t) => t,
+                    Err(e) => panic!("switch {dpid} would refuse the PACKET_OUT: {e} for {po:?}"),
+                };
+                // The controller's LLDP probes cross the links and come up at the far end.
+                let lldp = matches!(
+                    packet::parse(&po.data).map(|f| f.l3),
+                    Ok(packet::L3::Lldp(_))
+                );
+                for (port, _) in trace.outputs.iter().filter(|_| lldp) {
+                    if let Some((peer, peer_port)) = link_peer(dpid, *port) {
+                        let up = PacketIn::table_miss(peer_port, po.data.clone());
+                        self.crossed.push((peer, encode(&Message::PacketIn(up))));
+                    }
                 }
             }
             Message::MultipartRequest(r) => {
@@ -498,6 +544,7 @@ impl World {
     /// A FLOW_REMOVED: of one of the switch's rules (taken out of its table, as the
     /// switch does), or with the input's own cookie and an empty match.
     fn removed_rule(&mut self, input: &mut Input<'_>, dpid: u64) -> FlowRemoved {
+        // A fixed layout (9 bytes), so that a [`Program`] can write one.
         let reason = match input.u8() % 4 {
             0 => FlowRemovedReason::IdleTimeout,
             1 => FlowRemovedReason::HardTimeout,
@@ -505,51 +552,51 @@ impl World {
             _ => FlowRemovedReason::GroupDelete,
         };
         let packet_count = u64::from(input.u8());
+        let pick = usize::from(input.u16());
+        let duration_sec = u32::from(input.u8());
+        let cookie = u64::from(input.u32()) << 32 | u64::from(input.u16());
         let Some(table) = self.tables.get_mut(&dpid) else {
             unreachable!("the world's switches are 1..=SWITCHES");
         };
         let n = table.flow_count();
-        let pick = usize::from(input.u16());
         let chosen = match n {
             0 => None,
             _ if pick == 0xffff => None,
             _ => table.flows().nth(pick % n).map(flow_stats_of),
         };
-        if let Some(f) = &chosen {
-            let gone = ofp::FlowMod::delete_strict(f.match_.clone())
-                .table(f.table_id)
-                .priority(f.priority);
-            if let Err(e) = table.flow_mod(&gone) {
-                panic!("the fake switch refused to remove its own rule: {e}");
-            }
-        }
-        match chosen {
-            Some(f) => FlowRemoved {
-                cookie: f.cookie,
-                priority: f.priority,
-                reason,
-                table_id: f.table_id,
-                duration_sec: u32::from(input.u8()),
-                duration_nsec: 0,
-                idle_timeout: f.idle_timeout,
-                hard_timeout: f.hard_timeout,
-                packet_count,
-                byte_count: packet_count * 60,
-                match_: f.match_,
-            },
-            None => FlowRemoved {
-                cookie: u64::from(input.u32()) << 32 | u64::from(input.u32()),
-                priority: input.u16(),
+        let Some(f) = chosen else {
+            return FlowRemoved {
+                cookie,
+                priority: 0,
                 reason,
                 table_id: 0,
-                duration_sec: 0,
+                duration_sec,
                 duration_nsec: 0,
                 idle_timeout: 0,
                 hard_timeout: 0,
                 packet_count,
                 byte_count: 0,
                 match_: ofp::Match::new(),
-            },
+            };
+        };
+        let gone = ofp::FlowMod::delete_strict(f.match_.clone())
+            .table(f.table_id)
+            .priority(f.priority);
+        if let Err(e) = table.flow_mod(&gone) {
+            panic!("the fake switch refused to remove its own rule: {e}");
+        }
+        FlowRemoved {
+            cookie: f.cookie,
+            priority: f.priority,
+            reason,
+            table_id: f.table_id,
+            duration_sec,
+            duration_nsec: 0,
+            idle_timeout: f.idle_timeout,
+            hard_timeout: f.hard_timeout,
+            packet_count,
+            byte_count: packet_count * 60,
+            match_: f.match_,
         }
     }
 
@@ -636,90 +683,313 @@ fn frame_bytes(mut body: Vec<u8>) -> Bytes {
 }
 
 /// Up to three byte changes at or after `from` (the header and what precedes the part
-/// worth mutating stay as built), the length field kept true.
-fn mutate(input: &mut Input<'_>, bytes: &mut Bytes, from: usize) {
+/// worth mutating stay as built), the length field kept true. Reads one byte, and three
+/// more per change.
+fn mutate(input: &mut Input<'_>, bytes: Bytes, from: usize) -> Bytes {
     let n = input.u8() % 4;
     if n == 0 || bytes.len() <= from {
-        return;
+        return bytes;
     }
     let mut b = bytes.to_vec();
     for _ in 0..n {
         let at = from + usize::from(input.u16()) % (b.len() - from);
         b[at] = input.u8();
     }
-    *bytes = Bytes::from(b);
+    Bytes::from(b)
 }
 
-/// A frame a host might send: TCP to a VIP, to a backend or back from one; ARP about
-/// anyone; LLDP claiming any switch and port; UDP.
-fn host_frame(input: &mut Input<'_>) -> Bytes {
-    // Hosts 1..=16: the backends are 2..=6, the others clients, 16 forged.
-    let host = |b: u8| 1 + b % 16;
-    let addr = |b: u8| match b % 8 {
-        0 => Ipv4Addr::new(10, 0, 0, 100),
-        1 => Ipv4Addr::new(10, 0, 0, 101),
-        2 => Ipv4Addr::new(192, 168, 7, 9),
-        _ => Ipv4Addr::new(10, 0, 0, host(b)),
-    };
-    let mac = |b: u8| MacAddr([0, 0, 0, 0, 0, host(b)]);
-    let vmac = |b: u8| MacAddr([0x02, 0x66, 0x67, 0, 0, 1 + b % 2]);
-    match input.u8() % 6 {
-        0..=2 => {
-            let (from, to) = (input.u8(), input.u8());
-            let eth_dst = if input.u8() & 1 == 0 {
-                vmac(to)
-            } else {
-                mac(to)
-            };
-            let flags = [
-                TcpFlags::SYN.0,
-                TcpFlags::SYN.0 | TcpFlags::ACK.0,
-                TcpFlags::ACK.0,
-                TcpFlags::FIN.0 | TcpFlags::ACK.0,
-                TcpFlags::RST.0,
-                input.u8(),
-            ][input.pick(6)];
-            let ports = [80, 8080, 443, input.u16()];
-            packet::ipv4_tcp(&TcpSegment {
-                eth_src: mac(from),
-                eth_dst,
-                vlan: (input.u8() == 0xff).then_some(7),
-                ip_src: addr(from),
-                ip_dst: addr(to),
-                src_port: input.u16(),
-                dst_port: ports[input.pick(4)],
-                seq: input.u32(),
-                ack: input.u32(),
-                flags: TcpFlags(flags),
-                ..TcpSegment::default()
-            })
-        }
-        3 => {
-            let (from, about) = (input.u8(), input.u8());
-            if input.u8() & 1 == 0 {
-                packet::arp_request(mac(from), addr(from), addr(about))
-            } else {
-                let req = packet::Arp {
-                    op: packet::ARP_OP_REQUEST,
-                    sha: mac(about),
-                    spa: addr(about),
-                    tha: MacAddr::ZERO,
-                    tpa: addr(from),
-                };
-                packet::arp_reply(&req, mac(from))
-            }
-        }
-        4 => packet::lldp_probe(
-            MacAddr([0x0a, 0, 0, 0, 0, 1]),
-            u64::from(input.u8() % 5),
-            u32::from(input.u8() % 9),
-            input.u16(),
-        ),
-        _ => {
-            let (from, to) = (input.u8(), input.u8());
-            let src = std::net::SocketAddrV4::new(addr(from), input.u16());
-            let dst = std::net::SocketAddrV4::new(addr(to), 80);
-            packet::ipv4_udp(mac(from), vmac(to), src, dst, b"fuzz")
+/// A host's frame, as a fixed-size record of the input (19 bytes), so that a [`Program`]
+/// can write one: TCP to a VIP, to a backend or back from one; ARP about anyone; LLDP
+/// claiming any switch and port; UDP.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostFrame {
+    /// 0–2: TCP, 3: ARP, 4: LLDP, 5: UDP (modulo 6).
+    pub kind: u8,
+    /// Who sends and to whom: an [`Endpoint`] code.
+    pub from: u8,
+    pub to: u8,
+    /// The Ethernet destination: 0 the `to` host's MAC, 1 and 2 the first and second
+    /// services' virtual MACs, 3 broadcast (modulo 4).
+    pub eth: u8,
+    /// 0xff: tagged with VLAN 7.
+    pub vlan: u8,
+    /// TCP flags; for ARP, bit 0 makes it a reply.
+    pub flags: u8,
+    /// TCP or UDP ports (LLDP: `sport` is the TTL, and the claimed switch and port are
+    /// `from % 5` and `to % 9`).
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
+    /// Under 240: port `1 + in_port % PORTS`; else port 0, a port the switch does not
+    /// have, LOCAL, CONTROLLER or ANY.
+    pub in_port: u8,
+}
+
+/// Endpoint codes of [`HostFrame`]: under 0xf0, host `1 + code % 32` (`10.0.0.n`, MAC
+/// `00:00:00:00:00:n`); from 0xf0, an address that is no host's.
+pub struct Endpoint;
+
+impl Endpoint {
+    /// Host `n` (1..=32).
+    pub const fn host(n: u8) -> u8 {
+        n - 1
+    }
+    /// The first service's VIP (10.0.0.100).
+    pub const VIP: u8 = 0xf0;
+    /// The second service's VIP (10.0.0.101).
+    pub const VIP2: u8 = 0xf1;
+
+    fn addr(code: u8) -> Ipv4Addr {
+        match code {
+            0..0xf0 => Ipv4Addr::new(10, 0, 0, 1 + code % 32),
+            _ => [
+                Ipv4Addr::new(10, 0, 0, 100),
+                Ipv4Addr::new(10, 0, 0, 101),
+                Ipv4Addr::new(192, 168, 7, 9),
+                Ipv4Addr::new(10, 0, 0, 0),
+                Ipv4Addr::BROADCAST,
+            ][usize::from(code & 0x0f) % 5],
         }
     }
+
+    fn mac(code: u8) -> MacAddr {
+        match code {
+            0..0xf0 => MacAddr([0, 0, 0, 0, 0, 1 + code % 32]),
+            _ => MacAddr([0, 0, 0, 0, 1, code]),
+        }
+    }
+}
+
+impl HostFrame {
+    fn read(input: &mut Input<'_>) -> HostFrame {
+        HostFrame {
+            kind: input.u8(),
+            from: input.u8(),
+            to: input.u8(),
+            eth: input.u8(),
+            vlan: input.u8(),
+            flags: input.u8(),
+            sport: input.u16(),
+            dport: input.u16(),
+            seq: input.u32(),
+            ack: input.u32(),
+            in_port: input.u8(),
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[
+            self.kind, self.from, self.to, self.eth, self.vlan, self.flags,
+        ]);
+        out.extend_from_slice(&self.sport.to_be_bytes());
+        out.extend_from_slice(&self.dport.to_be_bytes());
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&self.ack.to_be_bytes());
+        out.push(self.in_port);
+    }
+
+    /// A TCP segment from `from` to `to`, with the Ethernet destination `eth`.
+    pub fn tcp(from: u8, to: u8, eth: u8, flags: TcpFlags, sport: u16, dport: u16) -> Self {
+        HostFrame {
+            from,
+            to,
+            eth,
+            flags: flags.0,
+            sport,
+            dport,
+            seq: 1000,
+            ..HostFrame::default()
+        }
+    }
+
+    /// `from` asks who has `about`'s address.
+    pub fn arp_request(from: u8, about: u8) -> Self {
+        HostFrame {
+            kind: 3,
+            from,
+            to: about,
+            eth: 3,
+            ..HostFrame::default()
+        }
+    }
+
+    /// Arriving at port `1 + port % PORTS`.
+    pub fn at(self, port: u8) -> Self {
+        HostFrame {
+            in_port: port.wrapping_sub(1) % 240,
+            ..self
+        }
+    }
+
+    fn in_port(&self) -> u32 {
+        match self.in_port {
+            0..240 => 1 + u32::from(self.in_port) % PORTS,
+            b => [
+                0,
+                PORTS + 1,
+                ofp::port::LOCAL,
+                ofp::port::CONTROLLER,
+                ofp::port::ANY,
+            ][usize::from(b) % 5],
+        }
+    }
+
+    fn frame(&self) -> Bytes {
+        let (from, to) = (Endpoint::mac(self.from), Endpoint::addr(self.to));
+        let src = Endpoint::addr(self.from);
+        let eth_dst = match self.eth % 4 {
+            0 => Endpoint::mac(self.to),
+            1 => MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
+            2 => MacAddr([0x02, 0x66, 0x67, 0, 0, 2]),
+            _ => MacAddr::BROADCAST,
+        };
+        match self.kind % 6 {
+            0..=2 => packet::ipv4_tcp(&TcpSegment {
+                eth_src: from,
+                eth_dst,
+                vlan: (self.vlan == 0xff).then_some(7),
+                ip_src: src,
+                ip_dst: to,
+                src_port: self.sport,
+                dst_port: self.dport,
+                seq: self.seq,
+                ack: self.ack,
+                flags: TcpFlags(self.flags),
+                ..TcpSegment::default()
+            }),
+            3 if self.flags & 1 == 0 => packet::arp_request(from, src, to),
+            3 => {
+                let req = packet::Arp {
+                    op: packet::ARP_OP_REQUEST,
+                    sha: Endpoint::mac(self.to),
+                    spa: to,
+                    tha: MacAddr::ZERO,
+                    tpa: src,
+                };
+                packet::arp_reply(&req, from)
+            }
+            4 => packet::lldp_probe(
+                MacAddr([0x0a, 0, 0, 0, 0, 1]),
+                u64::from(self.from % 5),
+                u32::from(self.to % 9),
+                self.sport,
+            ),
+            _ => {
+                let src = std::net::SocketAddrV4::new(src, self.sport);
+                let dst = std::net::SocketAddrV4::new(to, self.dport);
+                packet::ipv4_udp(from, eth_dst, src, dst, b"fuzz")
+            }
+        }
+    }
+}
+
+/// Writes programs for [`controller_target`]. The stable driver starts from programs
+/// written with it, since the decisions need a backend announced and then a SYN to a VIP
+/// with its MAC and port, which uniform random bytes almost never give.
+#[derive(Debug, Clone)]
+pub struct Program(Vec<u8>);
+
+impl Program {
+    /// A program against configuration `config` (an index into [`CONFIGS`]).
+    pub fn new(config: u8) -> Program {
+        Program(vec![config])
+    }
+
+    fn op(mut self, dpid: u64, op: u8) -> Program {
+        self.0.push((dpid.wrapping_sub(1) % SWITCHES) as u8);
+        self.0.push(op);
+        self
+    }
+
+    /// A host's frame reaches switch `dpid` and goes up as a PACKET_IN, unchanged.
+    pub fn frame(self, dpid: u64, f: HostFrame) -> Program {
+        let mut p = self.op(dpid, 1);
+        f.write(&mut p.0);
+        p.0.push(0);
+        p
+    }
+
+    /// Switch `dpid` reports that its rule number `pick` (of those it holds) ended.
+    pub fn rule_ended(self, dpid: u64, pick: u16) -> Program {
+        let mut p = self.op(dpid, 4);
+        p.0.extend_from_slice(&[0, 3]);
+        p.0.extend_from_slice(&pick.to_be_bytes());
+        p.0.extend_from_slice(&[30, 0, 0, 0, 0, 0, 0, 0]);
+        p
+    }
+
+    /// Switch `dpid` sends the flow stats of every rule it holds.
+    pub fn flow_stats(self, dpid: u64) -> Program {
+        let mut p = self.op(dpid, 5);
+        p.0.extend_from_slice(&[0, 0]);
+        p
+    }
+
+    /// `ms` pass.
+    pub fn tick(self, ms: u16) -> Program {
+        let mut p = self.op(1, 8);
+        p.0.extend_from_slice(&ms.to_be_bytes());
+        p.0.push(0);
+        p
+    }
+
+    /// Switch `dpid` leaves, or comes back.
+    pub fn toggle(self, dpid: u64) -> Program {
+        self.op(dpid, 9)
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// Programs that reach the decisions under each configuration: backends and clients
+/// announce themselves on three linked switches, clients open connections to the VIPs
+/// and to an addressed backend, a stray segment is reset, rules end, a switch leaves and
+/// comes back, and time passes.
+pub fn seed_programs() -> Vec<Vec<u8>> {
+    let (vip, vip2) = (Endpoint::VIP, Endpoint::VIP2);
+    let h = Endpoint::host;
+    let mut seeds = Vec::new();
+    for config in 0..CONFIGS.len() as u8 {
+        let mut p = Program::new(config);
+        // Backends 2..=6 and clients 7..=9, spread over the three switches.
+        for (host, dpid, port) in [
+            (2, 1, 1),
+            (3, 1, 2),
+            (4, 2, 1),
+            (5, 3, 1),
+            (6, 3, 2),
+            (7, 1, 3),
+            (8, 2, 2),
+            (9, 3, 3),
+        ] {
+            p = p.frame(dpid, HostFrame::arp_request(h(host), h(1)).at(port));
+        }
+        // The LLDP round finds the links.
+        p = p.tick(1100);
+        let syn = TcpFlags::SYN;
+        p = p
+            .frame(1, HostFrame::tcp(h(7), vip, 1, syn, 40_000, 80).at(3))
+            .frame(2, HostFrame::tcp(h(8), vip, 1, syn, 40_002, 80).at(2))
+            .frame(3, HostFrame::tcp(h(9), vip2, 2, syn, 40_004, 80).at(3))
+            .frame(3, HostFrame::tcp(h(9), h(5), 0, syn, 40_006, 8080).at(3))
+            // A segment of no connection the controller knows: reset (or dropped).
+            .frame(
+                1,
+                HostFrame::tcp(h(7), vip, 1, TcpFlags::ACK, 41_000, 80).at(3),
+            )
+            .rule_ended(1, 0)
+            .rule_ended(2, 7)
+            .tick(31_000)
+            .toggle(2)
+            .tick(200)
+            .toggle(2)
+            .flow_stats(2)
+            .frame(2, HostFrame::tcp(h(8), vip, 1, syn, 40_008, 80).at(2))
+            .tick(5_000);
+        seeds.push(p.into_bytes());
+    }
+    seeds
 }
