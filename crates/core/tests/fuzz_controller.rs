@@ -84,8 +84,12 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         assert!(r.links == 2, "configuration {config}: {r:?}");
         assert!(r.connections > 0, "configuration {config}: {r:?}");
         assert!(r.rules_ended > 0, "configuration {config}: {r:?}");
-        // The first configuration resets a stray segment; the third drops it.
-        assert_eq!(r.resets > 0, config == 0, "configuration {config}: {r:?}");
+        // The first and fourth configurations reset a stray segment; the third drops it.
+        match config {
+            0 | 3 => assert!(r.resets > 0, "configuration {config}: {r:?}"),
+            2 => assert_eq!(r.resets, 0, "configuration {config}: {r:?}"),
+            _ => {}
+        }
     }
     // Bounded in count and time: a slow (debug, loaded) host runs fewer, never longer.
     let deadline = Instant::now() + Duration::from_secs(20);

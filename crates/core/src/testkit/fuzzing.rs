@@ -34,12 +34,13 @@ use super::sim::{flow_stats_of, port_desc};
 use crate::controller::{ProbeResult, RuleEnded};
 use crate::metrics_text::{self, MetricNames};
 use crate::overload::WorkSample;
+use crate::topology::PortRef;
 use crate::{Config, Controller, Outbox};
 
 /// The configurations the target picks from (its first byte): between them, every
 /// balancing mode, the overload gates, ISSLM, and tight host limits. (Also seeds for the
 /// `config` target's mutations.)
-pub const CONFIGS: [&str; 3] = [
+pub const CONFIGS: [&str; 4] = [
     // Reactive: a VIP service under ISSLM with its own gate, a VIP-less (addressed
     // backends) service under least connections, the controller's own gate, and host
     // limits small enough for a few forged MACs to reach them.
@@ -137,6 +138,37 @@ none_target = "10.0.0.4"
 kind = "none"
 [[service.backend]]
 address = "10.0.0.4"
+"#,
+    // A domain controller of the distributed mode: its uplink toward the other domains on
+    // switch 3, and backends of other domains placed behind it (as the global controller's
+    // spill decisions, read from etcd, place them).
+    r#"
+[cluster]
+role = "domain"
+name = "fuzz"
+instance = "d1a"
+domain = "d1"
+dpids = ["0000000000000001", "0000000000000002", "0000000000000003"]
+uplink = "0000000000000003:4"
+etcd = ["memory:"]
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "weighted-round-robin"
+threshold_rps = 10
+[service.health]
+kind = "none"
+[[service.backend]]
+address = "10.0.0.2"
+[[service.backend]]
+address = "10.0.0.3"
+[[service.backend]]
+address = "10.0.0.20"
+weight = 0
+[[service.backend]]
+address = "10.0.0.21"
+weight = 0
 "#,
 ];
 
@@ -600,12 +632,12 @@ impl World {
         }
     }
 
-    /// A probe's outcome, a probe's round trip, or a metrics scrape's text, for a service
-    /// and backend that may not exist.
+    /// A probe's outcome, a probe's round trip, a spill decision, or a metrics scrape's
+    /// text, for a service and backend that may not exist.
     fn backend_figure(&mut self, input: &mut Input<'_>) {
         let service = input.pick(3);
-        let backend = input.pick(4);
-        match input.u8() % 3 {
+        let backend = input.pick(5);
+        match input.u8() % 4 {
             0 => {
                 let result =
                     [ProbeResult::Ok, ProbeResult::Failed, ProbeResult::Refused][input.pick(3)];
@@ -614,6 +646,18 @@ impl World {
             1 => {
                 let ms = f64::from(input.u16()) / 16.0;
                 self.c.handle_response_time(service, backend, ms);
+            }
+            2 => {
+                // A spill decision of the distributed mode: a backend of another domain,
+                // with the MAC its domain reported, behind the uplink (or, from a
+                // confused decision, any port), and the weight the spill gives it.
+                let (ip, mac) = (Endpoint::addr(input.u8()), Endpoint::mac(input.u8()));
+                let at = match input.u8() {
+                    0..=239 => PortRef::new(3, 4),
+                    b => PortRef::new(1 + u64::from(b % 3), u32::from(b % 8)),
+                };
+                self.c.place_remote_backend(self.now, ip, mac, at);
+                self.c.set_weight(service, backend, input.u32());
             }
             _ => {
                 let n = usize::from(input.u8());
@@ -934,6 +978,16 @@ impl Program {
         p
     }
 
+    /// The distributed mode's global controller spills: host `host` (an [`Endpoint`]
+    /// code) is the first service's backend number `backend`, in another domain behind
+    /// the uplink, with `weight`.
+    pub fn remote_backend(self, backend: u8, host: u8, weight: u32) -> Program {
+        let mut p = self.op(1, 10);
+        p.0.extend_from_slice(&[0, backend, 2, host, host, 0]);
+        p.0.extend_from_slice(&weight.to_be_bytes());
+        p
+    }
+
     /// Switch `dpid` leaves, or comes back.
     pub fn toggle(self, dpid: u64) -> Program {
         self.op(dpid, 9)
@@ -967,8 +1021,16 @@ pub fn seed_programs() -> Vec<Vec<u8>> {
         ] {
             p = p.frame(dpid, HostFrame::arp_request(h(host), h(1)).at(port));
         }
-        // The LLDP round finds the links.
+        // The LLDP round finds the links; in the distributed mode, two backends of another
+        // domain come in behind the uplink and take a share.
         p = p.tick(1100);
+        if config == 3 {
+            p = p.remote_backend(2, Endpoint::host(20), 300).remote_backend(
+                3,
+                Endpoint::host(21),
+                100,
+            );
+        }
         let syn = TcpFlags::SYN;
         p = p
             .frame(1, HostFrame::tcp(h(7), vip, 1, syn, 40_000, 80).at(3))
