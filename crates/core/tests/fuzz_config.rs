@@ -8,23 +8,10 @@
 use std::panic;
 use std::time::{Duration, Instant};
 
-use flowgate_core::testkit::fuzzing::{CONFIGS, config_target};
+use flowgate_core::testkit::fuzzing::{CONFIGS, Rng, config_target};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-/// Values that have broken parsers before: out of range, of the wrong type, not numbers.
+/// Values a parser must refuse or take with care: out of range, of the wrong type, not
+/// numbers, addresses that are no hosts'.
 const HOSTILE: &[&str] = &[
     "0",
     "-1",

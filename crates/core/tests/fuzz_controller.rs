@@ -14,33 +14,22 @@
 use std::panic;
 use std::time::{Duration, Instant};
 
-use flowgate_core::testkit::fuzzing::{Reached, controller_target, seed_programs};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
+use flowgate_core::testkit::fuzzing::{Reached, Rng, controller_target, seed_programs};
 
 /// A few byte-level changes: flips, sets, inserts, deletes, and a splice of another seed.
 fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
     let mut d = base.to_vec();
-    for _ in 0..1 + rng.next() % 6 {
-        let at = (rng.next() % (d.len() as u64 + 1)) as usize;
-        match rng.next() % 5 {
-            0 if at < d.len() => d[at] ^= 1 << (rng.next() % 8),
-            1 if at < d.len() => d[at] = rng.next() as u8,
-            2 => d.insert(at, rng.next() as u8),
+    for _ in 0..1 + rng.next_u64() % 6 {
+        let at = (rng.next_u64() % (d.len() as u64 + 1)) as usize;
+        match rng.next_u64() % 5 {
+            0 if at < d.len() => d[at] ^= 1 << (rng.next_u64() % 8),
+            1 if at < d.len() => d[at] = rng.next_u64() as u8,
+            2 => d.insert(at, rng.next_u64() as u8),
             3 if at < d.len() => {
                 d.remove(at);
             }
             _ => {
-                let from = (rng.next() % (other.len() as u64 + 1)) as usize;
+                let from = (rng.next_u64() % (other.len() as u64 + 1)) as usize;
                 d.truncate(at);
                 d.extend_from_slice(&other[from..]);
             }
@@ -100,11 +89,11 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
     while ran < 20_000 && Instant::now() < deadline {
         // A third uniform bytes, two thirds the seeds mutated.
         let data = if ran % 3 == 0 {
-            let len = 1 + (rng.next() % 1500) as usize;
-            (0..len).map(|_| rng.next() as u8).collect()
+            let len = 1 + (rng.next_u64() % 1500) as usize;
+            (0..len).map(|_| rng.next_u64() as u8).collect()
         } else {
-            let base = &seeds[(rng.next() % seeds.len() as u64) as usize];
-            let other = &seeds[(rng.next() % seeds.len() as u64) as usize];
+            let base = &seeds[rng.below(seeds.len())];
+            let other = &seeds[rng.below(seeds.len())];
             mutate(&mut rng, base, other)
         };
         let r = run(&data);
