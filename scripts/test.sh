@@ -17,7 +17,7 @@ fi
 # The doc tests, and the codec's fuzz targets for a short bounded time.
 cargo test --workspace --doc
 # The API docs build without a warning (broken links included), private items too.
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --features flowgate-core/testkit --no-deps --document-private-items
 scripts/fuzz.sh "${FLOWGATE_FUZZ_SECS:-20}"
 # Networks of earlier runs killed outright (a nextest timeout's SIGKILL): each test removes
 # its own prefix's (cleanup_stale), but a root-namespace address left by another test would

@@ -17,7 +17,7 @@
 
 mod fake_network;
 mod fake_table;
-/// The controller fuzz target's body (a hostile switch against the core).
+/// The bodies of the controller and config fuzz targets.
 pub mod fuzzing;
 /// The controller wired to a fake network: the harness of the core's own tests.
 pub mod sim;
