@@ -216,8 +216,12 @@ fn service_of<'a>(
     summaries.get(domain)?.services.get(service)
 }
 
+/// `x` to three decimals; a figure too large for that (a domain may report any capacity)
+/// as it is, since an infinity would be written as JSON `null`, which no reader of the
+/// decision takes as a number.
 fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+    let r = (x * 1000.0).round() / 1000.0;
+    if r.is_finite() { r } else { x }
 }
 
 impl SpillPolicy {

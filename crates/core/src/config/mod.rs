@@ -893,7 +893,12 @@ fn validate_service(
     }
     let vip = ipv4(&mut s, "vip", errs);
     let virtual_mac = match s.string("virtual_mac", errs) {
-        None => MacAddr([0x02, 0x66, 0x67, 0x00, (index >> 8) as u8, index as u8 + 1]),
+        None => {
+            // 02:66:67 and the service's number from 1, in 24 bits: unique per service
+            // (the fuzzer's 256th service overflowed a `u8` here).
+            let n = (index + 1) as u32;
+            MacAddr([0x02, 0x66, 0x67, (n >> 16) as u8, (n >> 8) as u8, n as u8])
+        }
         Some(m) => match m.parse::<MacAddr>() {
             Ok(mac) if mac.is_multicast() => {
                 errs.push(ConfigError::new(

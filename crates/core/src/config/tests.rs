@@ -299,3 +299,29 @@ fn hosts_age_after_five_minutes_by_default_and_zero_turns_it_off() {
         "controller.host_timeout_secs"
     );
 }
+
+#[test]
+fn three_hundred_services_each_get_a_virtual_mac_of_their_own() {
+    // Found by the `config` fuzz target: the 256th service's default virtual MAC
+    // overflowed a `u8` (a panic in debug builds, a wrapped byte in release).
+    let mut text = String::new();
+    for i in 0..300u32 {
+        text += &format!(
+            "[[service]]\nname = \"s{i}\"\nvip = \"10.1.{}.{}\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.2.{}.{}\"\n",
+            i / 250,
+            1 + i % 250,
+            i / 250,
+            1 + i % 250
+        );
+    }
+    let c = Config::from_toml(&text, &no_env).unwrap_or_else(|e| panic!("{e}"));
+    let macs: std::collections::BTreeSet<MacAddr> =
+        c.services.iter().map(|s| s.virtual_mac).collect();
+    assert_eq!(macs.len(), 300);
+    // The first services' are what they always were.
+    assert_eq!(c.services[0].virtual_mac, MacAddr([2, 0x66, 0x67, 0, 0, 1]));
+    assert_eq!(
+        c.services[255].virtual_mac,
+        MacAddr([2, 0x66, 0x67, 0, 1, 0])
+    );
+}
