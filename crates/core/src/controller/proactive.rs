@@ -566,13 +566,7 @@ mod tests {
     const VIP: &str = "10.0.0.100";
 
     fn switch_1() -> SwitchFeatures {
-        SwitchFeatures {
-            datapath_id: 1,
-            n_buffers: 0,
-            n_tables: 254,
-            auxiliary_id: 0,
-            capabilities: 0,
-        }
+        SwitchFeatures::emulated(1)
     }
 
     fn controller(algorithm: &str, weights: &[u32]) -> (Controller, Instant) {

@@ -83,13 +83,7 @@ impl Sim {
     fn switches_up(&mut self) {
         let dpids: Vec<u64> = self.ports.keys().copied().collect();
         for d in dpids {
-            let features = SwitchFeatures {
-                datapath_id: d,
-                n_buffers: 0,
-                n_tables: 254,
-                auxiliary_id: 0,
-                capabilities: 0,
-            };
+            let features = SwitchFeatures::emulated(d);
             self.c.handle_switch_up(self.now, features, &mut self.out);
             self.pump();
         }

@@ -88,17 +88,7 @@ pub fn measure_one(n: usize, ports_per_client: usize) -> anyhow::Result<MemoryRe
     let mut out = Outbox::new();
     let now = Instant::now();
     let dpid = 1;
-    c.handle_switch_up(
-        now,
-        ofp::SwitchFeatures {
-            datapath_id: dpid,
-            n_buffers: 0,
-            n_tables: 254,
-            auxiliary_id: 0,
-            capabilities: 0,
-        },
-        &mut out,
-    );
+    c.handle_switch_up(now, ofp::SwitchFeatures::emulated(dpid), &mut out);
     for b in 2..=4u8 {
         let mac = MacAddr([2, 0, 0, 0, 0, b]);
         let ip = Ipv4Addr::new(10, 0, 0, b);

@@ -21,6 +21,21 @@ pub struct SwitchFeatures {
     pub capabilities: u32,
 }
 
+impl SwitchFeatures {
+    /// The features of an emulated switch's main connection: 254 tables (as Open
+    /// vSwitch reports them), no buffers, no capabilities. What the simulator, the
+    /// benches and the tests' switches present.
+    pub fn emulated(datapath_id: u64) -> Self {
+        SwitchFeatures {
+            datapath_id,
+            n_buffers: 0,
+            n_tables: 254,
+            auxiliary_id: 0,
+            capabilities: 0,
+        }
+    }
+}
+
 /// `enum ofp_capabilities` bits.
 #[allow(missing_docs)]
 pub mod capabilities {

@@ -357,13 +357,7 @@ impl<'s> Engine<'s> {
     /// tick and the first arrival are scheduled.
     fn boot(&mut self) {
         for (dpid, _) in self.sc.shape.switches() {
-            let features = SwitchFeatures {
-                datapath_id: dpid,
-                n_buffers: 0,
-                n_tables: 254,
-                auxiliary_id: 0,
-                capabilities: 0,
-            };
+            let features = SwitchFeatures::emulated(dpid);
             self.c.handle_switch_up(self.at(0), features, &mut self.out);
             self.apply(0);
         }

@@ -1,7 +1,7 @@
 //! The world a program runs in: the controller, three fake switches in a line, the clock;
 //! and the steps a program's bytes stand for.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -58,7 +58,8 @@ impl Input<'_> {
 pub(super) struct World {
     pub(super) c: Controller,
     tables: BTreeMap<u64, FakeTable>,
-    up: BTreeMap<u64, bool>,
+    /// The switches connected now.
+    up: BTreeSet<u64>,
     now: Instant,
     out: Outbox,
     /// The last metrics scrape per backend, as the runtime's scraper keeps it.
@@ -74,7 +75,7 @@ impl World {
             tables: (1..=SWITCHES)
                 .map(|d| (d, FakeTable::new().with_ports(1..=PORTS)))
                 .collect(),
-            up: BTreeMap::new(),
+            up: BTreeSet::new(),
             now: Instant::now(),
             out: Outbox::new(),
             scrapes: BTreeMap::new(),
@@ -172,9 +173,9 @@ impl World {
                 self.tick(Duration::from_millis(by));
             }
             9 => {
-                if self.up.get(&dpid).copied().unwrap_or(false) {
+                if self.up.contains(&dpid) {
                     self.c.handle_switch_down(self.now, dpid, &mut self.out);
-                    self.up.insert(dpid, false);
+                    self.up.remove(&dpid);
                     self.settle();
                 } else {
                     self.switch_up(dpid);
@@ -186,15 +187,9 @@ impl World {
     }
 
     fn switch_up(&mut self, dpid: u64) {
-        let features = SwitchFeatures {
-            datapath_id: dpid,
-            n_buffers: 0,
-            n_tables: 254,
-            auxiliary_id: 0,
-            capabilities: 0,
-        };
+        let features = SwitchFeatures::emulated(dpid);
         self.c.handle_switch_up(self.now, features, &mut self.out);
-        self.up.insert(dpid, true);
+        self.up.insert(dpid);
         self.settle();
     }
 
@@ -215,7 +210,7 @@ impl World {
     /// else decoded. A message that does not read ends the session there; the core
     /// never sees it.
     fn dispatch(&mut self, dpid: u64, bytes: Bytes) {
-        if !self.up.get(&dpid).copied().unwrap_or(false) {
+        if !self.up.contains(&dpid) {
             return;
         }
         match MsgKind::of(&bytes) {
@@ -268,7 +263,7 @@ impl World {
         let Some(table) = self.tables.get_mut(&dpid) else {
             panic!("the controller sent to switch {dpid:#x}, which never connected: {msg:?}");
         };
-        if !self.up.get(&dpid).copied().unwrap_or(false) {
+        if !self.up.contains(&dpid) {
             // Sent to a switch that has left: the session is gone and drops it.
             return;
         }

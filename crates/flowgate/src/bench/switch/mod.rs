@@ -458,11 +458,8 @@ impl Sw {
                 self.reply(
                     xid,
                     &Message::FeaturesReply(ofp::SwitchFeatures {
-                        datapath_id: self.plan.dpid,
-                        n_buffers: 0,
-                        n_tables: 254,
-                        auxiliary_id: 0,
                         capabilities: 0x4f,
+                        ..ofp::SwitchFeatures::emulated(self.plan.dpid)
                     }),
                 );
                 self.announce_hosts();
