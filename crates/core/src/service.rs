@@ -289,6 +289,23 @@ impl ServiceState {
         }
     }
 
+    /// Backend `i` left the pool. Every per-backend state of the later backends (the
+    /// balancer's, the outlier detector's, the `none` algorithm's target) shifts down
+    /// with them, so that none inherits its neighbour's: an ejection, a learned weight, a
+    /// role. False if there is no backend `i`.
+    pub fn remove_backend(&mut self, now: Instant, i: usize) -> bool {
+        if i >= self.backends.len() {
+            return false;
+        }
+        self.backends.remove(i);
+        self.cfg.backends.remove(i);
+        self.cfg.params.backend_removed(i);
+        self.balancer.remove_backend(i);
+        self.outliers.remove(i);
+        self.pool_changed(now);
+        true
+    }
+
     /// The balancer's view must track pool changes (add/remove backend).
     pub fn pool_changed(&mut self, now: Instant) {
         self.balancer.resize(self.backends.len());

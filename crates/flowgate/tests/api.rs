@@ -42,13 +42,17 @@ struct Server {
 }
 
 fn server(name: &str, token: Option<&str>) -> Server {
+    server_with(name, &config_text(token, false))
+}
+
+/// A server over a controller configured by `text`.
+fn server_with(name: &str, text: &str) -> Server {
     let dir = std::env::temp_dir().join(format!("flowgate-api-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("flowgate.toml");
-    let text = config_text(token, false);
-    std::fs::write(&path, &text).expect("write config");
+    std::fs::write(&path, text).expect("write config");
     // Not from the environment: the tests decide whether there is a token.
-    let config = Config::from_toml(&text, &|_| None).expect("valid config");
+    let config = Config::from_toml(text, &|_| None).expect("valid config");
     let handle = Handle::new(Controller::new(&config), config, Some(path.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -412,6 +416,77 @@ fn drain_undrain_weight_algorithm_add_remove() {
         kinds.contains(&"admin".to_string()) && kinds.contains(&"algorithm".to_string()),
         "{kinds:?}"
     );
+}
+
+/// A backend added through the API obeys the rules a configuration file's backends do,
+/// across services too: no other service's VIP, and no address and port that another
+/// service intercepts (these were once accepted). A refused addition changes nothing; and
+/// the file written from what the API then reports is one the controller takes back.
+#[test]
+fn pool_changes_refuse_what_a_configuration_would() {
+    let text = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+         [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+         [[service.backend]]\naddress = \"10.0.0.2\"\n\
+         [[service]]\nname = \"api\"\nvip = \"10.0.0.200\"\nport = 80\n\
+         [[service.backend]]\naddress = \"10.0.0.3\"\n\
+         [[service]]\nname = \"ssh\"\nport = 22\n\
+         [[service.backend]]\naddress = \"10.0.0.5\"\n\
+         [[service]]\nname = \"ssh-b\"\nport = 22\n\
+         [[service.backend]]\naddress = \"10.0.0.6\"\n"
+    );
+    let s = server_with("pool-rules", &text);
+    let a = s.addr;
+    let add = |service: &str, address: &str| {
+        post_json(
+            a,
+            "POST",
+            &format!("/api/v1/services/{service}/backends"),
+            &json!({ "address": address }),
+        )
+    };
+    let pools = || -> Vec<Vec<String>> {
+        ["web", "api", "ssh", "ssh-b"]
+            .iter()
+            .map(|svc| {
+                get(a, &format!("/api/v1/services/{svc}/backends"))
+                    .json()
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| b["address"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect()
+    };
+    let before = pools();
+    let msg = assert_json_error(&add("web", "10.0.0.200"), 409);
+    assert!(msg.contains("VIP of service \"api\""), "{msg}");
+    let msg = assert_json_error(&add("ssh-b", "10.0.0.5"), 409);
+    assert!(
+        msg.contains("10.0.0.5:22 is intercepted by service \"ssh\""),
+        "{msg}"
+    );
+    assert_json_error(&add("api", "10.0.0.3"), 409);
+    assert_eq!(pools(), before, "refusals change nothing");
+    // What a file may hold, the API may add: a VIP service may share another's backend.
+    assert_eq!(add("web", "10.0.0.5").status, 201);
+    assert_eq!(add("ssh-b", "10.0.0.7").status, 201);
+    let after = pools();
+    assert_eq!(after[0], ["10.0.0.2", "10.0.0.5"]);
+    assert_eq!(after[3], ["10.0.0.6", "10.0.0.7"]);
+    let mut file = text.clone();
+    for (svc, extra) in [("web", "10.0.0.5"), ("ssh-b", "10.0.0.7")] {
+        let at = file.find(&format!("name = \"{svc}\"")).unwrap();
+        let end = file[at..]
+            .find("[[service]]")
+            .map_or(file.len(), |e| at + e);
+        file.insert_str(
+            end,
+            &format!("[[service.backend]]\naddress = \"{extra}\"\n"),
+        );
+    }
+    Config::from_toml(&file, &|_| None).expect("the pools the API made are a valid file");
 }
 
 #[test]

@@ -253,7 +253,8 @@ pub struct AlgorithmParams {
     /// ISSLM hysteresis as a fraction of the threshold (default 0.1): over at `≥ T`, back
     /// under only below `T·(1 − hysteresis)`.
     pub hysteresis: f64,
-    /// `none`: the one configured server of a VIP service (paper Case A).
+    /// `none`: the one configured server of a VIP service (paper Case A), by index in the
+    /// pool; [`AlgorithmParams::backend_removed`] keeps it on its server.
     pub none_target: Option<usize>,
     /// ISSLM: how many times the three searches run (the paper's "For five times").
     pub isslm_tries: u32,
@@ -291,6 +292,17 @@ impl Default for AlgorithmParams {
 }
 
 impl AlgorithmParams {
+    /// Backend `index` left the pool and later ones shifted down: the `none` target
+    /// follows its server, and is forgotten with it (the first usable server then takes
+    /// the service's connections, as when none is configured).
+    pub fn backend_removed(&mut self, index: usize) {
+        self.none_target = match self.none_target {
+            Some(t) if t == index => None,
+            Some(t) if t > index => Some(t - 1),
+            t => t,
+        };
+    }
+
     /// Checks the parameters that `kind` uses.
     pub fn validate(&self, kind: AlgorithmKind) -> Result<(), String> {
         let frac = |name: &str, v: f64, lo_open: bool| -> Result<(), String> {
@@ -632,6 +644,7 @@ impl Balancer {
         self.scratch.remove(index);
         self.mrbs.remove(index);
         self.srt.remove(index);
+        self.params.backend_removed(index);
         self.n -= 1;
         if self.cursor > index {
             self.cursor -= 1;

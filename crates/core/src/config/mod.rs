@@ -1177,6 +1177,47 @@ fn validate_service(
     })
 }
 
+/// Why `address` cannot join the pool of `services[si]`, if it cannot: the rules a
+/// configuration's backends obey (within the service, [`validate_service`]; across
+/// services, [`check_services`]), for one backend added at run time. A pool changed
+/// through the API thus never holds what no configuration file could.
+pub fn backend_conflict(
+    services: &[&ServiceConfig],
+    si: usize,
+    address: Ipv4Addr,
+) -> Option<String> {
+    let s = services.get(si)?;
+    if s.backends.iter().any(|b| b.address == address) {
+        return Some(format!("{address} is already a backend of {}", s.name));
+    }
+    if s.vip == Some(address) {
+        return Some("a backend cannot have the service's VIP".into());
+    }
+    if let Some(other) = services.iter().find(|o| o.vip == Some(address)) {
+        return Some(format!(
+            "{address} is the VIP of service {:?}; a VIP must be an address of its own",
+            other.name
+        ));
+    }
+    if s.vip.is_none() {
+        // Clients address this service's backends: each address and port is one
+        // service's to intercept.
+        let taken = services.iter().enumerate().find(|(j, o)| {
+            *j != si
+                && o.vip.is_none()
+                && o.port == s.port
+                && o.backends.iter().any(|b| b.address == address)
+        });
+        if let Some((_, o)) = taken {
+            return Some(format!(
+                "{address}:{} is intercepted by service {:?}",
+                s.port, o.name
+            ));
+        }
+    }
+    None
+}
+
 fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
     let mut names = HashSet::new();
     let mut listeners = HashSet::new();

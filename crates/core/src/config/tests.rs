@@ -325,3 +325,70 @@ fn three_hundred_services_each_get_a_virtual_mac_of_their_own() {
         MacAddr([2, 0x66, 0x67, 0, 1, 0])
     );
 }
+
+/// The API adds backends one at a time (`Controller::add_backend`), judged by
+/// [`backend_conflict`]; a configuration file is judged whole. Both must refuse the same
+/// pools: over random sets of services (with and without VIPs, on two ports, over a
+/// handful of addresses so that they collide), every candidate address is accepted by
+/// one exactly when the configuration with it added is valid.
+#[test]
+fn a_backend_the_api_may_add_is_one_a_configuration_may_list() {
+    let addr = |i: usize| Ipv4Addr::new(10, 0, 0, 1 + i as u8);
+    let mut rng = crate::testkit::fuzzing::Rng(0x9e37_79b9_7f4a_7c15);
+    let (mut valid_sets, mut accepted, mut refused) = (0, 0, 0);
+    for _ in 0..1000 {
+        // (vip, port, backends) per service, over addresses 10.0.0.1..=6.
+        let services: Vec<(Option<usize>, u16, Vec<usize>)> = (0..1 + rng.below(3))
+            .map(|_| {
+                let vip = (rng.below(3) > 0).then(|| rng.below(6));
+                let port = [80, 8080][rng.below(2)];
+                let backends = (0..rng.below(3)).map(|_| rng.below(6)).collect();
+                (vip, port, backends)
+            })
+            .collect();
+        let text = |set: &[(Option<usize>, u16, Vec<usize>)]| {
+            let mut t = String::new();
+            for (i, (vip, port, backends)) in set.iter().enumerate() {
+                t += &format!("[[service]]\nname = \"s{i}\"\nport = {port}\n");
+                if let Some(v) = vip {
+                    t += &format!("vip = \"{}\"\n", addr(*v));
+                }
+                for b in backends {
+                    t += &format!("[[service.backend]]\naddress = \"{}\"\n", addr(*b));
+                }
+            }
+            t
+        };
+        let Ok(cfg) = Config::from_toml(&text(&services), &no_env) else {
+            continue;
+        };
+        valid_sets += 1;
+        let cfgs: Vec<&ServiceConfig> = cfg.services.iter().collect();
+        for si in 0..services.len() {
+            for a in 0..6 {
+                let verdict = backend_conflict(&cfgs, si, addr(a));
+                let mut with = services.clone();
+                with[si].2.push(a);
+                let file = Config::from_toml(&text(&with), &no_env);
+                assert_eq!(
+                    verdict.is_none(),
+                    file.is_ok(),
+                    "adding {} to s{si}: the API says {verdict:?}, a file {:?}\n{}",
+                    addr(a),
+                    file.err().map(|e| e.to_string()),
+                    text(&with)
+                );
+                if verdict.is_none() {
+                    accepted += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{valid_sets} sets, {accepted} accepted, {refused} refused");
+    assert!(
+        valid_sets > 300 && accepted > 500 && refused > 500,
+        "the sets exercise both answers: {valid_sets} sets, {accepted} accepted, {refused} refused"
+    );
+}

@@ -33,7 +33,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::balance::{AlgorithmKind, AlgorithmParams};
-use crate::config::{BackendConfig, Config, ControllerConfig};
+use crate::config::{BackendConfig, Config, ControllerConfig, ServiceConfig};
 use crate::conntrack::ConnTable;
 use crate::cookie::RuleKind;
 use crate::service::{AdminState, BackendState, ServiceState};
@@ -801,16 +801,11 @@ impl Controller {
         cfg: BackendConfig,
         out: &mut Outbox,
     ) -> Result<usize, String> {
+        let cfgs: Vec<&ServiceConfig> = self.services.iter().map(|s| &s.cfg).collect();
+        if let Some(why) = crate::config::backend_conflict(&cfgs, service, cfg.address) {
+            return Err(why);
+        }
         let s = self.services.get_mut(service).ok_or("no such service")?;
-        if s.backend_index(cfg.address).is_some() {
-            return Err(format!(
-                "{} is already a backend of {}",
-                cfg.address, s.cfg.name
-            ));
-        }
-        if s.cfg.vip == Some(cfg.address) {
-            return Err("a backend cannot have the service's VIP".into());
-        }
         let mut b = BackendState::new(&cfg);
         b.since = Some(now);
         s.backends.push(b);
@@ -834,15 +829,9 @@ impl Controller {
         out: &mut Outbox,
     ) -> Result<(), String> {
         let s = self.services.get_mut(service).ok_or("no such service")?;
-        if backend >= s.backends.len() {
+        if !s.remove_backend(now, backend) {
             return Err("no such backend".into());
         }
-        s.backends.remove(backend);
-        s.cfg.backends.remove(backend);
-        // The balancer drops that backend's state and keeps the others' (a resize would
-        // shift every later backend's state by one).
-        s.balancer.remove_backend(backend);
-        s.pool_changed(now);
         let si = service as u16;
         let bi = backend as u16;
         self.conns.retain(|_, c| {
@@ -1120,13 +1109,17 @@ impl Controller {
 }
 
 fn carry_over(prev: &mut ServiceState, next: &mut ServiceState) {
-    for b in &mut next.backends {
-        if let Some(p) = prev.backends.iter().find(|p| p.address == b.address) {
+    for (j, b) in next.backends.iter_mut().enumerate() {
+        if let Some(i) = prev.backends.iter().position(|p| p.address == b.address) {
             let weight = b.weight;
             let metrics = b.metrics_url.clone();
-            *b = p.clone();
+            *b = prev.backends[i].clone();
             b.weight = weight;
             b.metrics_url = metrics;
+            // An ejected backend stays ejected (the next refresh reads the detector).
+            if let Some(h) = prev.outliers.host(i) {
+                next.outliers.keep(j, h);
+            }
         }
     }
     next.counters = prev.counters.clone();

@@ -995,16 +995,16 @@ fn recomputed_l2_rules_are_added_before_the_old_ones_are_deleted() {
     );
 }
 
-/// Passive outlier detection: connections that a backend never answered (the switch
-/// reports their reverse rule gone with no packets) eject it after five in a row.
-#[test]
-fn unanswered_connections_eject_a_backend() {
-    let mut sim = single_switch("round-robin");
-    for port in 0..15u16 {
-        sim.send(
-            "h1",
-            &tcp(mac(1), VMAC, (ip(1), 47000 + port), (VIP, 80), SYN),
-        );
+/// Opens 15 round-robin connections from h1 (five to each of h2..h4) and reports the five
+/// of host `b` ended unanswered, one by one; `before_each` runs before each report.
+fn five_unanswered_connections_to(
+    sim: &mut Sim,
+    b: u8,
+    first_port: u16,
+    mut before_each: impl FnMut(&Sim, usize),
+) {
+    for port in first_port..first_port + 15 {
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
     }
     let outcome_rules: Vec<(u64, ofp::Match)> = sim
         .net
@@ -1015,14 +1015,14 @@ fn unanswered_connections_eject_a_backend() {
         .filter(|f| {
             f.match_
                 .iter()
-                .any(|o| matches!(o, ofp::Oxm::Ipv4Src { value, .. } if *value == ip(2)))
+                .any(|o| matches!(o, ofp::Oxm::Ipv4Src { value, .. } if *value == ip(b)))
         })
         .map(|f| (f.cookie, f.match_.clone()))
         .collect();
     assert_eq!(
         outcome_rules.len(),
         5,
-        "one outcome rule per connection to h2"
+        "one outcome rule per connection to h{b}"
     );
     for (i, (cookie, m)) in outcome_rules.into_iter().enumerate() {
         let fr = ofp::FlowRemoved {
@@ -1038,13 +1038,33 @@ fn unanswered_connections_eject_a_backend() {
             byte_count: 0,
             match_: m,
         };
+        before_each(sim, i);
+        sim.c
+            .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+    }
+}
+
+/// Which hosts `n` new connections from h1 reach, and how many each.
+fn spread(sim: &mut Sim, first_port: u16, n: u16) -> BTreeMap<String, u32> {
+    let mut seen = BTreeMap::new();
+    for port in first_port..first_port + n {
+        let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+        *seen.entry(got[0].0.clone()).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Passive outlier detection: connections that a backend never answered (the switch
+/// reports their reverse rule gone with no packets) eject it after five in a row.
+#[test]
+fn unanswered_connections_eject_a_backend() {
+    let mut sim = single_switch("round-robin");
+    five_unanswered_connections_to(&mut sim, 2, 47000, |sim, i| {
         assert!(
             !sim.c.services()[0].backends[0].ejected,
             "not ejected before the fifth failure ({i})"
         );
-        sim.c
-            .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
-    }
+    });
     assert!(
         sim.c.services()[0].backends[0].ejected,
         "ejected after five unanswered connections"
@@ -1068,6 +1088,89 @@ fn unanswered_connections_eject_a_backend() {
         .0 == "h2";
     }
     assert!(seen, "h2 is back after its ejection time");
+}
+
+/// A backend removed through the API takes its outlier state with it: the later backends
+/// shift down with theirs. (The detector's state once shifted by truncation, so the
+/// ejection of h3 passed to h4 when h2 left, and h3 was back in the pool.)
+#[test]
+fn a_removed_backend_takes_its_ejection_with_it_and_leaves_the_others_theirs() {
+    let mut sim = single_switch("round-robin");
+    five_unanswered_connections_to(&mut sim, 3, 48000, |_, _| {});
+    assert!(sim.c.services()[0].backends[1].ejected, "h3 ejected");
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, 0, &mut sim.out)
+        .expect("h2 removed");
+    sim.pump();
+    // A refresh reads the detector into the pool.
+    sim.tick(Duration::from_secs(1));
+    let seen = spread(&mut sim, 48100, 20);
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        [("h4".to_string(), 20)],
+        "h3 is still ejected, h4 is not"
+    );
+}
+
+/// A reload keeps the backends that stay, with their ejections (a reload once started the
+/// detector afresh, and an ejected backend took connections again at the next refresh).
+#[test]
+fn a_reload_keeps_an_ejected_backend_out_until_its_time() {
+    let mut sim = single_switch("round-robin");
+    five_unanswered_connections_to(&mut sim, 2, 49000, |_, _| {});
+    let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None)
+        .expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+    sim.tick(Duration::from_secs(1));
+    let seen = spread(&mut sim, 49100, 20);
+    assert!(!seen.contains_key("h2"), "h2 stays ejected: {seen:?}");
+    sim.tick(Duration::from_secs(30));
+    let seen = spread(&mut sim, 49200, 6);
+    assert!(seen.contains_key("h2"), "h2 is back after 30 s: {seen:?}");
+}
+
+/// Case A's configured server (`none_target`) is named by address and kept by index: the
+/// index follows its server when another backend leaves, and goes with it.
+#[test]
+fn the_none_algorithm_keeps_its_server_when_the_pool_changes() {
+    let cfg = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"none\"\nnone_target = \"{}\"\n\
+         [service.health]\nkind = \"none\"\n{}",
+        ip(4),
+        [2, 3, 4]
+            .map(|b| format!("[[service.backend]]\naddress = \"{}\"\n", ip(b)))
+            .concat()
+    );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    let only = |seen: BTreeMap<String, u32>| seen.into_keys().collect::<Vec<_>>();
+    assert_eq!(only(spread(&mut sim, 50000, 5)), ["h4"]);
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, 0, &mut sim.out)
+        .expect("h2 removed");
+    sim.pump();
+    assert_eq!(
+        only(spread(&mut sim, 50100, 5)),
+        ["h4"],
+        "h4 is still the one server"
+    );
+    sim.c
+        .remove_backend(now, 0, 1, &mut sim.out)
+        .expect("h4 removed");
+    sim.pump();
+    assert_eq!(
+        only(spread(&mut sim, 50200, 5)),
+        ["h3"],
+        "without its server, the first usable one"
+    );
+    assert_eq!(sim.c.services()[0].cfg.params.none_target, None);
 }
 
 /// A SYN from `client` to the VIP with initial sequence number `isn`.

@@ -357,6 +357,17 @@ impl PoolOutliers {
         }
     }
 
+    /// Host `i` is `h`, which stayed in the pool across a reconfiguration: it keeps its
+    /// failures, ejection and history under this pool's settings.
+    pub fn keep(&mut self, i: usize, h: &Outlier) {
+        if let Some(slot) = self.hosts.get_mut(i) {
+            *slot = Outlier {
+                cfg: self.cfg,
+                ..*h
+            };
+        }
+    }
+
     /// Host `i`'s state.
     pub fn host(&self, i: usize) -> Option<&Outlier> {
         self.hosts.get(i)

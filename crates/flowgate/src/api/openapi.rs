@@ -116,7 +116,16 @@ pub(crate) fn document() -> Value {
                 error_response("The controller was not started from a config file."),
             );
         }
-        if r.op == super::Op::AddBackend || r.op == super::Op::RemoveBackend {
+        if r.op == super::Op::AddBackend {
+            responses.insert(
+                "409".into(),
+                error_response(
+                    "A configuration file could not list it: already in the pool, a VIP, \
+                     or an address and port another service intercepts.",
+                ),
+            );
+        }
+        if r.op == super::Op::RemoveBackend {
             responses.insert(
                 "409".into(),
                 error_response("Conflicts with the current pool."),
