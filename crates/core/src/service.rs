@@ -13,7 +13,7 @@ use flowgate_packet::MacAddr;
 use serde::Serialize;
 
 use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer};
-use crate::config::{BackendConfig, ServiceConfig};
+use crate::config::{BackendConfig, HealthConfig, HealthKind, ServiceConfig};
 use crate::health::{ActiveHealth, OutlierConfig, PoolOutliers, SlowStart};
 
 /// Time constant of the request-rate average. A 10 ms window alone is too noisy (one new
@@ -89,6 +89,43 @@ impl BackendState {
             health: ActiveHealth::default(),
             ejected: false,
         }
+    }
+
+    /// This backend as a reload configures it anew (`fresh`, under the service's new
+    /// `health` settings), keeping what was learned of it where that still holds: its
+    /// connections, rates, location, admin state and health; the new weight.
+    ///
+    /// What no longer holds starts again: a changed or removed metrics endpoint's
+    /// figures (else a removed endpoint's last report would stand for good, stale), and,
+    /// with the checks turned off, the health they judged (else a backend they took down
+    /// would stay down, with no check left to bring it back). New `rise` and `fall`
+    /// apply at once.
+    pub fn reconfigured(&self, fresh: &BackendState, health: &HealthConfig, now: Instant) -> Self {
+        let mut b = self.clone();
+        b.weight = fresh.weight;
+        if b.metrics_url != fresh.metrics_url {
+            b.metrics_url = fresh.metrics_url.clone();
+            b.metrics_at = None;
+            b.picks_since_metrics = 0;
+            b.reported_rps = None;
+            b.reported_active = None;
+            b.cpu = None;
+            if b.rt_from_metrics {
+                b.rt_from_metrics = false;
+                b.response_time_ms = None;
+            }
+        }
+        if health.kind == HealthKind::None {
+            if !b.healthy {
+                b.since = Some(now);
+            }
+            b.healthy = true;
+            b.health = fresh.health;
+        } else {
+            b.health.rise = health.rise;
+            b.health.fall = health.fall;
+        }
+        b
     }
 
     /// Can this backend take a new connection at all?

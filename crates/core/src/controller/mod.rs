@@ -879,7 +879,7 @@ impl Controller {
             let mut s =
                 ServiceState::new(rate_window(scfg.clone()), self.seed.wrapping_add(i as u64));
             if let Some(prev) = old.iter_mut().find(|o| o.cfg.name == scfg.name) {
-                carry_over(prev, &mut s);
+                carry_over(now, prev, &mut s);
             }
             self.services.push(s);
         }
@@ -1108,14 +1108,11 @@ impl Controller {
     }
 }
 
-fn carry_over(prev: &mut ServiceState, next: &mut ServiceState) {
+fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
+    let health = next.cfg.health.clone();
     for (j, b) in next.backends.iter_mut().enumerate() {
         if let Some(i) = prev.backends.iter().position(|p| p.address == b.address) {
-            let weight = b.weight;
-            let metrics = b.metrics_url.clone();
-            *b = prev.backends[i].clone();
-            b.weight = weight;
-            b.metrics_url = metrics;
+            *b = prev.backends[i].reconfigured(b, &health, now);
             // An ejected backend stays ejected (the next refresh reads the detector).
             if let Some(h) = prev.outliers.host(i) {
                 next.outliers.keep(j, h);

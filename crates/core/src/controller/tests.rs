@@ -1132,6 +1132,106 @@ fn a_reload_keeps_an_ejected_backend_out_until_its_time() {
     assert!(seen.contains_key("h2"), "h2 is back after 30 s: {seen:?}");
 }
 
+/// One switch, h1 the client, h2..h4 the backends of a round-robin service checked by
+/// `health` (a `[service.health]` body), h2 with a metrics endpoint if `h2_metrics`.
+fn checked_service(health: &str, h2_metrics: bool) -> String {
+    let mut c = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nalgorithm = \"round-robin\"\n[service.health]\n{health}\n"
+    );
+    for b in [2, 3, 4] {
+        c += &format!("[[service.backend]]\naddress = \"{}\"\n", ip(b));
+        if b == 2 && h2_metrics {
+            c += &format!("metrics = \"http://{}:9100/metrics\"\n", ip(b));
+        }
+    }
+    c
+}
+
+fn checked_switch(config: &str) -> Sim {
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(config, &[(1, 4)], &[], &hosts);
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim
+}
+
+fn reload(sim: &mut Sim, config: &str) {
+    let cfg = Config::from_toml(config, &|_| None).expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+    sim.tick(Duration::from_millis(100));
+}
+
+/// A reload that turns a service's checks off brings back the backends they took down:
+/// nothing else would (no check runs to see them up), and a reload that kept them down
+/// once left an operator who disabled broken checks with the pool they broke.
+#[test]
+fn a_reload_without_checks_brings_back_a_backend_they_took_down() {
+    let http = "kind = \"http\"\npath = \"/\"";
+    let mut sim = checked_switch(&checked_service(http, false));
+    let now = sim.now;
+    sim.c.handle_probe(now, 0, 0, ProbeResult::Refused);
+    assert!(!spread(&mut sim, 51000, 9).contains_key("h2"), "h2 is down");
+    reload(&mut sim, &checked_service("kind = \"none\"", false));
+    assert!(sim.c.services()[0].backends[0].healthy);
+    assert!(
+        spread(&mut sim, 51100, 9).contains_key("h2"),
+        "h2 is back in the pool"
+    );
+}
+
+/// A reload's new `rise` and `fall` apply to the backends that stay (they kept the
+/// thresholds they were built with).
+#[test]
+fn a_reload_applies_new_rise_and_fall_to_the_backends_that_stay() {
+    let mut sim = checked_switch(&checked_service(
+        "kind = \"http\"\npath = \"/\"\nrise = 2\nfall = 3",
+        false,
+    ));
+    let now = sim.now;
+    sim.c.handle_probe(now, 0, 1, ProbeResult::Ok);
+    reload(
+        &mut sim,
+        &checked_service("kind = \"http\"\npath = \"/\"\nrise = 2\nfall = 1", false),
+    );
+    let now = sim.now;
+    sim.c.handle_probe(now, 0, 1, ProbeResult::Failed);
+    assert!(
+        !sim.c.services()[0].backends[1].healthy,
+        "one failure takes h3 down with fall = 1"
+    );
+}
+
+/// A reload that takes a backend's metrics endpoint away forgets what it said: the
+/// controller's own counts are its figures again. (Its last report stayed: the rate
+/// ISSLM reads froze at the reported value, and once the report aged the backend counted
+/// as stale for good, with nothing left to freshen it.)
+#[test]
+fn a_reload_that_drops_a_backends_metrics_forgets_what_they_said() {
+    let none = "kind = \"none\"";
+    let mut sim = checked_switch(&checked_service(none, true));
+    let now = sim.now;
+    let report = crate::metrics_text::LoadSample {
+        rps: Some(500.0),
+        active: Some(40.0),
+        response_time_ms: Some(250.0),
+        cpu: Some(0.9),
+    };
+    sim.c.handle_backend_load(now, 0, 0, report);
+    sim.tick(Duration::from_millis(100));
+    assert_eq!(sim.c.services()[0].loads[0].rps, 500.0, "the report counts");
+    reload(&mut sim, &checked_service(none, false));
+    // Long past the age at which a report is stale.
+    sim.tick(Duration::from_secs(60));
+    let s = &sim.c.services()[0];
+    let (b, l) = (&s.backends[0], &s.loads[0]);
+    assert!(l.metrics_fresh, "its own counts are always fresh");
+    assert!(l.rps < 1.0, "the rate is the controller's count: {}", l.rps);
+    assert_eq!((b.cpu, b.response_time_ms), (None, None));
+}
+
 /// Case A's configured server (`none_target`) is named by address and kept by index: the
 /// index follows its server when another backend leaves, and goes with it.
 #[test]
