@@ -751,17 +751,38 @@ impl Controller {
         let Some(b) = s.backends.get_mut(backend) else {
             return false;
         };
-        b.admin = admin;
-        if admin == AdminState::Active {
+        // Slow start (re)starts when a drained backend comes back, not when an operator
+        // (or a reconciling script) re-asserts the state it is already in.
+        if admin == AdminState::Active && b.admin != AdminState::Active {
             b.since = Some(now);
         }
+        b.admin = admin;
         let detail = format!("{}/{} {:?}", s.cfg.name, b.address, admin);
         s.sync_eligibility();
         self.event(now, "admin", detail);
         true
     }
 
+    /// The operator's weight for a backend (the API's, as a file's `weight`). It is also
+    /// the base a domain controller's spill scales ([`Controller::set_spill_weight`]), so
+    /// the next spill decision keeps it (it once put the file's weight back).
     pub fn set_weight(&mut self, service: usize, backend: usize, weight: u32) -> bool {
+        let Some(s) = self.services.get_mut(service) else {
+            return false;
+        };
+        let (Some(b), Some(cfg)) = (s.backends.get_mut(backend), s.cfg.backends.get_mut(backend))
+        else {
+            return false;
+        };
+        b.weight = weight;
+        cfg.weight = weight;
+        true
+    }
+
+    /// The weight a backend takes new connections by, leaving the operator's as it is:
+    /// a domain controller's spill decision, which scales the operator's weights of its
+    /// own backends and weighs the other domains' behind its uplink.
+    pub fn set_spill_weight(&mut self, service: usize, backend: usize, weight: u32) -> bool {
         let Some(b) = self
             .services
             .get_mut(service)

@@ -1232,6 +1232,36 @@ fn a_reload_that_drops_a_backends_metrics_forgets_what_they_said() {
     assert_eq!((b.cpu, b.response_time_ms), (None, None));
 }
 
+/// Slow start ramps a backend that comes back from a drain, not one an operator (or a
+/// script that re-asserts the state it wants) "undrains" while it is active: that once
+/// cut an active backend's weight to the ramp's floor.
+#[test]
+fn undraining_an_active_backend_does_not_restart_its_slow_start() {
+    let cfg = service_config("round-robin", &[2, 3, 4])
+        .replace("port = 80\n", "port = 80\nslow_start_secs = 30\n")
+        .replace(
+            "address = \"10.0.0.2\"\n",
+            "address = \"10.0.0.2\"\nweight = 100\n",
+        );
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
+    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
+    for i in 1..=4u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim.tick(Duration::from_secs(31));
+    let weight = |sim: &Sim| sim.c.services()[0].loads[0].weight;
+    assert_eq!(weight(&sim), 100, "ramped up");
+    let now = sim.now;
+    sim.c.set_admin(now, 0, 0, AdminState::Active);
+    sim.tick(Duration::from_millis(100));
+    assert_eq!(weight(&sim), 100, "still at full weight");
+    // A real return from a drain ramps again.
+    let now = sim.now;
+    sim.c.set_admin(now, 0, 0, AdminState::Draining);
+    sim.c.set_admin(now, 0, 0, AdminState::Active);
+    assert_eq!(sim.c.services()[0].backends[0].since, Some(now));
+}
+
 /// Case A's configured server (`none_target`) is named by address and kept by index: the
 /// index follows its server when another backend leaves, and goes with it.
 #[test]

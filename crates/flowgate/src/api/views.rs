@@ -43,8 +43,10 @@ pub struct ServiceView {
 #[derive(Debug, Serialize)]
 pub struct BackendView {
     pub address: Ipv4Addr,
+    /// The operator's weight: the file's, or the last the API set.
     pub weight: u32,
-    /// Weight the balancer uses now (slow start ramps it up after a (re)join).
+    /// Weight the balancer uses now: slow start ramps it up after a (re)join, and a
+    /// domain controller's spill decision scales it.
     pub effective_weight: u32,
     /// Result of the active health checks.
     pub healthy: bool,
@@ -88,7 +90,8 @@ fn backend_view(
     let load = s.loads.get(i);
     BackendView {
         address: b.address,
-        weight: b.weight,
+        // The operator's (a domain controller's spill scales it in `effective_weight`).
+        weight: s.cfg.backends.get(i).map_or(b.weight, |c| c.weight),
         effective_weight: load.map(|l| l.weight).unwrap_or(b.weight),
         healthy: b.healthy,
         state: b.admin,

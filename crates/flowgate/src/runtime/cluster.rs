@@ -1001,7 +1001,7 @@ fn apply_spill(handle: &Handle) {
                     .and_then(|s| s.backends.get(bi))
                     .is_some_and(|b| b.weight != w)
                 {
-                    c.set_weight(si, bi, w);
+                    c.set_spill_weight(si, bi, w);
                 }
             }
         }
@@ -1363,5 +1363,70 @@ mod tests {
             role: ControllerRole::Slave,
             generation_id: 1
         })));
+    }
+    /// A domain controller's spill sets its backends' weights from their configured ones
+    /// at every keep-alive. A weight the operator set through the API is the configured
+    /// one from then on: the spill keeps it, and scales it while spilling (it once put
+    /// the file's weight back within a second).
+    #[test]
+    fn an_operators_weight_outlives_the_spill_decisions() {
+        use flowgate_core::testkit::sim::{Sim, arp_request, ip};
+        let text = r#"
+[cluster]
+role = "domain"
+name = "t"
+instance = "d1a"
+domain = "d1"
+dpids = ["0000000000000001"]
+uplink = "0000000000000001:4"
+etcd = ["memory:"]
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "weighted-round-robin"
+[service.health]
+kind = "none"
+[[service.backend]]
+address = "10.0.0.2"
+[[service.backend]]
+address = "10.0.0.3"
+[[service.backend]]
+address = "10.0.0.20"
+weight = 0
+"#;
+        let config = flowgate_core::Config::from_toml(text, &|_| None).expect("valid config");
+        let mut sim = Sim::new(text, &[(1, 4)], &[], &[("h2", 1, 2), ("h3", 1, 3)]);
+        for i in [2, 3] {
+            sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+        }
+        let handle = Handle::new(sim.c, config, None);
+        let weights = |h: &Handle| -> Vec<u32> {
+            h.lock().controller.services()[0]
+                .backends
+                .iter()
+                .map(|b| b.weight)
+                .collect()
+        };
+        apply_spill(&handle);
+        assert_eq!(
+            weights(&handle),
+            [1, 1, 0],
+            "no spill: the configured weights"
+        );
+        assert!(handle.lock().with(|c, _| c.set_weight(0, 0, 5)));
+        apply_spill(&handle);
+        assert_eq!(weights(&handle), [5, 1, 0], "the operator's weight stays");
+        // Half the new connections to another domain's backend: the local weights are
+        // scaled by 100, the remote one gets as much as all of them.
+        handle.cluster.view().spill = json!({ "services": { "web": {
+            "fraction": 0.5,
+            "targets": { "d2": { "weight": 1.0, "backends": [
+                { "address": "10.0.0.20", "mac": "02:00:00:00:00:20" } ] } } } } });
+        apply_spill(&handle);
+        assert_eq!(weights(&handle), [500, 100, 600]);
+        handle.cluster.view().spill = Value::Null;
+        apply_spill(&handle);
+        assert_eq!(weights(&handle), [5, 1, 0], "spill over");
     }
 }
