@@ -981,21 +981,11 @@ fn validate_service(
             }
         }
     }
+    if let Some(why) = mode_algorithm_conflict(mode, algorithm) {
+        errs.push(ConfigError::new(s.key_path("mode"), why));
+    }
     if mode != ServiceMode::Reactive {
         let name = mode.as_str();
-        if matches!(algorithm, AlgorithmKind::Isslm | AlgorithmKind::None) {
-            errs.push(ConfigError::new(
-                s.key_path("mode"),
-                format!(
-                    "\"{name}\" cannot run algorithm {algorithm:?}: it decides per \
-                     connection (requested server, per-request thresholds), which only the \
-                     reactive mode does; use mode = \"reactive\" or a load-weighted \
-                     algorithm (round-robin, weighted-round-robin, least-connections, \
-                     random, p2c, dwrs, mrbs, amlob, srt)",
-                    algorithm = algorithm.as_str()
-                ),
-            ));
-        }
         if vip.is_none() {
             errs.push(ConfigError::new(
                 s.key_path("mode"),
@@ -1175,6 +1165,24 @@ fn validate_service(
         backends,
         overload,
     })
+}
+
+/// Why a service in `mode` cannot run `algorithm`, if it cannot: a file's `mode` and
+/// `algorithm`, and the API's algorithm changes (`Controller::set_algorithm`).
+pub fn mode_algorithm_conflict(mode: ServiceMode, algorithm: AlgorithmKind) -> Option<String> {
+    if mode == ServiceMode::Reactive
+        || !matches!(algorithm, AlgorithmKind::Isslm | AlgorithmKind::None)
+    {
+        return None;
+    }
+    Some(format!(
+        "\"{name}\" cannot run algorithm {algorithm:?}: it decides per connection \
+         (requested server, per-request thresholds), which only the reactive mode does; use \
+         mode = \"reactive\" or a load-weighted algorithm (round-robin, \
+         weighted-round-robin, least-connections, random, p2c, dwrs, mrbs, amlob, srt)",
+        name = mode.as_str(),
+        algorithm = algorithm.as_str()
+    ))
 }
 
 /// Why `address` cannot join the pool of `services[si]`, if it cannot: the rules a

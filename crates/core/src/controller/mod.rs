@@ -804,6 +804,9 @@ impl Controller {
         params.validate(kind)?;
         let seed = self.seed;
         let s = self.services.get_mut(service).ok_or("no such service")?;
+        if let Some(why) = crate::config::mode_algorithm_conflict(s.cfg.mode, kind) {
+            return Err(why);
+        }
         let mut params = params;
         params
             .rps_window

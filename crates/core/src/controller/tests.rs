@@ -1262,6 +1262,44 @@ fn undraining_an_active_backend_does_not_restart_its_slow_start() {
     assert_eq!(sim.c.services()[0].backends[0].since, Some(now));
 }
 
+/// The API changes a service's algorithm through `set_algorithm`, held to the file's
+/// rules: the proactive and partitioned modes cannot run the algorithms that decide per
+/// connection (they were once accepted there).
+#[test]
+fn an_algorithm_change_obeys_the_rules_of_the_services_mode() {
+    for mode in ["proactive", "partitioned"] {
+        let text = service_config("round-robin", &[2, 3])
+            .replace("port = 80\n", &format!("port = 80\nmode = \"{mode}\"\n"));
+        let cfg = Config::from_toml(&text, &|_| None).expect("valid config");
+        let mut c = Controller::new(&cfg);
+        let now = std::time::Instant::now();
+        let isslm = AlgorithmParams {
+            threshold_rps: Some(10.0),
+            ..AlgorithmParams::default()
+        };
+        for (kind, params) in [
+            (AlgorithmKind::Isslm, isslm),
+            (AlgorithmKind::None, AlgorithmParams::default()),
+        ] {
+            let e = c
+                .set_algorithm(now, 0, kind, params.clone())
+                .expect_err("refused");
+            assert!(e.contains("reactive"), "{mode}, {kind}: {e}");
+            // What a file with it says.
+            let file = text.replace("round-robin", kind.as_str()) + "threshold_rps = 10.0\n";
+            assert!(Config::from_toml(&file, &|_| None).is_err(), "{file}");
+        }
+        assert_eq!(c.services()[0].algorithm(), AlgorithmKind::RoundRobin);
+        c.set_algorithm(
+            now,
+            0,
+            AlgorithmKind::LeastConnections,
+            AlgorithmParams::default(),
+        )
+        .expect("a load-weighted algorithm is fine");
+    }
+}
+
 /// Case A's configured server (`none_target`) is named by address and kept by index: the
 /// index follows its server when another backend leaves, and goes with it.
 #[test]
