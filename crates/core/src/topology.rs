@@ -250,6 +250,13 @@ impl Topology {
         }
     }
 
+    /// New bounds (a reload). Hosts already learned beyond them stay until they go (a
+    /// port, a switch, ageing): the bounds refuse new ones, they evict no one.
+    pub fn set_host_bounds(&mut self, max_hosts: usize, per_port: u32) {
+        self.max_hosts = Some(max_hosts);
+        self.max_hosts_per_port = Some(per_port);
+    }
+
     /// Learn any number of hosts at `port` (within the table's bound): a domain's
     /// uplink, where the hosts of every other domain are seen.
     pub fn unbound_port(&mut self, port: PortRef) {

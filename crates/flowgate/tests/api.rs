@@ -489,6 +489,27 @@ fn pool_changes_refuse_what_a_configuration_would() {
     Config::from_toml(&file, &|_| None).expect("the pools the API made are a valid file");
 }
 
+/// A reload applies what it can and names what it cannot: a changed `[cluster]` section
+/// (the cluster task runs with the one it started with) was applied silently by neither.
+#[test]
+fn a_reload_names_the_settings_that_need_a_restart() {
+    let s = server("restart-needed", Some(TOKEN));
+    let text = config_text(Some(TOKEN), false);
+    let reload = |text: &str| {
+        std::fs::write(&s.path, text).expect("write config");
+        let r = post_json(s.addr, "POST", "/api/v1/reload", &json!(null));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["restart_needed"].clone()
+    };
+    assert_eq!(reload(&text), json!([]), "nothing changed");
+    let domain = "[cluster]\nrole = \"domain\"\nname = \"t\"\ninstance = \"d1a\"\n\
+                  domain = \"d1\"\ndpids = [\"0000000000000001\"]\netcd = [\"memory:\"]\n";
+    assert_eq!(reload(&format!("{text}{domain}")), json!(["cluster"]));
+    // Host-table bounds apply at once.
+    let bounds = "[controller]\nmax_hosts_per_port = 9\n";
+    assert_eq!(reload(&format!("{text}{bounds}")), json!([]));
+}
+
 #[test]
 fn reload_validates_first_and_lists_every_error() {
     let s = server("reload", Some(TOKEN));

@@ -898,6 +898,7 @@ impl Controller {
     /// Replace the services with a new configuration's, keeping every live connection and
     /// every backend's learned state where the backend stays.
     pub fn reload(&mut self, now: Instant, config: &Config, out: &mut Outbox) {
+        self.seed = config.controller.seed;
         let mut old: Vec<ServiceState> = std::mem::take(&mut self.services);
         for (i, scfg) in config.services.iter().enumerate() {
             let mut s =
@@ -937,6 +938,8 @@ impl Controller {
             None => false,
         });
         self.cfg = config.controller.clone();
+        self.topo
+            .set_host_bounds(self.cfg.max_hosts, self.cfg.max_hosts_per_port);
         self.overload.reload(config);
         self.reindex();
         self.sync_backend_locations(now);

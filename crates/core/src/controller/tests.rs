@@ -918,6 +918,41 @@ fn small_host_tables() -> Sim {
     sim
 }
 
+/// A reload's host-table bounds apply at once (the topology kept the bounds it was built
+/// with, while the controller's config said otherwise).
+#[test]
+fn a_reload_applies_new_host_table_bounds() {
+    let mut sim = small_host_tables();
+    let at_port_1 = |sim: &Sim| {
+        sim.c
+            .topology()
+            .hosts()
+            .filter(|(_, h)| h.at == PortRef::new(1, 1))
+            .count()
+    };
+    let forge = |sim: &mut Sim, from: u8| {
+        for m in from..from + 8 {
+            let frame = packet::arp_request(mac(m), Ipv4Addr::new(10, 0, 2, m), ip(9));
+            sim.packet_in(1, 1, frame);
+        }
+    };
+    forge(&mut sim, 50);
+    assert_eq!(at_port_1(&sim), 3, "three at a port");
+    let cfg = Config::from_toml(
+        &format!(
+            "{}[controller]\nmax_hosts = 100\nmax_hosts_per_port = 6\n",
+            service_config("round-robin", &[2, 3, 4])
+        ),
+        &|_| None,
+    )
+    .expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+    forge(&mut sim, 70);
+    assert_eq!(at_port_1(&sim), 6, "six at a port after the reload");
+}
+
 /// A new connection from h1 to the VIP goes to one of the backends h2-h4.
 fn assert_a_backend_takes_a_connection(sim: &mut Sim) {
     let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));

@@ -46,12 +46,14 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path.as_path())
         .map_err(|e| ReloadError::Read(format!("{file}: {e}")))?;
-    let config = Config::from_toml(&text, &|k| std::env::var(k).ok())
+    let mut config = Config::from_toml(&text, &|k| std::env::var(k).ok())
         .map_err(|errs| ReloadError::Invalid(file.clone(), errs))?;
     let mut restart_needed = Vec::new();
     {
+        // The running settings: a reload keeps the ones only a restart changes, so that
+        // each later reload compares its file with what runs.
         let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
-        let checks: [(&'static str, bool); 8] = [
+        let checks: [(&'static str, bool); 9] = [
             (
                 "openflow.listen",
                 old.openflow.listen != config.openflow.listen,
@@ -70,6 +72,8 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
                 old.openflow.packet_in_rate != config.openflow.packet_in_rate,
             ),
             ("api.listen", old.api.listen != config.api.listen),
+            // The cluster task, its store and its election start with the controller.
+            ("cluster", old.cluster != config.cluster),
             // The runtime is built once, before the config's first use.
             (
                 "runtime.worker_threads",
@@ -81,6 +85,10 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
             ),
         ];
         restart_needed.extend(checks.iter().filter(|c| c.1).map(|c| c.0));
+        config.openflow = old.openflow.clone();
+        config.api.listen = old.api.listen;
+        config.cluster = old.cluster.clone();
+        config.runtime = old.runtime;
     }
     let services = config.services.len();
     {
