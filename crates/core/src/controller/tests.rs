@@ -26,13 +26,13 @@ fn service_config(algorithm: &str, backends: &[u8]) -> String {
 /// One switch with h1 (client) and h2..h4 (backends) on ports 1..4; every host has said
 /// something so the controller knows where it is.
 fn single_switch(algorithm: &str) -> Sim {
+    one_switch(&service_config(algorithm, &[2, 3, 4]))
+}
+
+/// [`single_switch`]'s network under any configuration.
+fn one_switch(config: &str) -> Sim {
     let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(
-        &service_config(algorithm, &[2, 3, 4]),
-        &[(1, 4)],
-        &[],
-        &hosts,
-    );
+    let mut sim = Sim::new(config, &[(1, 4)], &[], &hosts);
     for i in 1..=4u8 {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
     }
@@ -837,11 +837,7 @@ fn forged_source_macs_fill_the_host_table_not_the_switches() {
         "{}[controller]\nmax_hosts = 6\n",
         service_config("round-robin", &[2, 3, 4])
     );
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
-    for i in 1..=4u8 {
-        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
-    }
+    let mut sim = one_switch(&cfg);
     // Twenty frames from h1's port, each from another made-up MAC.
     for i in 0..20u8 {
         sim.send("h1", &arp_request(100 + i, ip(9)));
@@ -1182,15 +1178,6 @@ fn checked_service(health: &str, h2_metrics: bool) -> String {
     c
 }
 
-fn checked_switch(config: &str) -> Sim {
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(config, &[(1, 4)], &[], &hosts);
-    for i in 1..=4u8 {
-        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
-    }
-    sim
-}
-
 fn reload(sim: &mut Sim, config: &str) {
     let cfg = Config::from_toml(config, &|_| None).expect("valid config");
     let now = sim.now;
@@ -1205,7 +1192,7 @@ fn reload(sim: &mut Sim, config: &str) {
 #[test]
 fn a_reload_without_checks_brings_back_a_backend_they_took_down() {
     let http = "kind = \"http\"\npath = \"/\"";
-    let mut sim = checked_switch(&checked_service(http, false));
+    let mut sim = one_switch(&checked_service(http, false));
     let now = sim.now;
     sim.c.handle_probe(now, 0, 0, ProbeResult::Refused);
     assert!(!spread(&mut sim, 51000, 9).contains_key("h2"), "h2 is down");
@@ -1221,7 +1208,7 @@ fn a_reload_without_checks_brings_back_a_backend_they_took_down() {
 /// thresholds they were built with).
 #[test]
 fn a_reload_applies_new_rise_and_fall_to_the_backends_that_stay() {
-    let mut sim = checked_switch(&checked_service(
+    let mut sim = one_switch(&checked_service(
         "kind = \"http\"\npath = \"/\"\nrise = 2\nfall = 3",
         false,
     ));
@@ -1246,7 +1233,7 @@ fn a_reload_applies_new_rise_and_fall_to_the_backends_that_stay() {
 #[test]
 fn a_reload_that_drops_a_backends_metrics_forgets_what_they_said() {
     let none = "kind = \"none\"";
-    let mut sim = checked_switch(&checked_service(none, true));
+    let mut sim = one_switch(&checked_service(none, true));
     let now = sim.now;
     let report = crate::metrics_text::LoadSample {
         rps: Some(500.0),
@@ -1278,11 +1265,7 @@ fn undraining_an_active_backend_does_not_restart_its_slow_start() {
             "address = \"10.0.0.2\"\n",
             "address = \"10.0.0.2\"\nweight = 100\n",
         );
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
-    for i in 1..=4u8 {
-        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
-    }
+    let mut sim = one_switch(&cfg);
     sim.tick(Duration::from_secs(31));
     let weight = |sim: &Sim| sim.c.services()[0].loads[0].weight;
     assert_eq!(weight(&sim), 100, "ramped up");
@@ -1347,32 +1330,25 @@ fn the_none_algorithm_keeps_its_server_when_the_pool_changes() {
             .map(|b| format!("[[service.backend]]\naddress = \"{}\"\n", ip(b)))
             .concat()
     );
-    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3), ("h4", 1, 4)];
-    let mut sim = Sim::new(&cfg, &[(1, 4)], &[], &hosts);
-    for i in 1..=4u8 {
-        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
-    }
+    let mut sim = one_switch(&cfg);
     let only = |seen: BTreeMap<String, u32>| seen.into_keys().collect::<Vec<_>>();
     assert_eq!(only(spread(&mut sim, 50000, 5)), ["h4"]);
     let now = sim.now;
-    sim.c
-        .remove_backend(now, 0, 0, &mut sim.out)
-        .expect("h2 removed");
-    sim.pump();
-    assert_eq!(
-        only(spread(&mut sim, 50100, 5)),
-        ["h4"],
-        "h4 is still the one server"
-    );
-    sim.c
-        .remove_backend(now, 0, 1, &mut sim.out)
-        .expect("h4 removed");
-    sim.pump();
-    assert_eq!(
-        only(spread(&mut sim, 50200, 5)),
-        ["h3"],
-        "without its server, the first usable one"
-    );
+    for (index, left, port, why) in [
+        (
+            0,
+            ["h4"],
+            50100,
+            "h4 is still the one server when h2 leaves",
+        ),
+        (1, ["h3"], 50200, "without its server, the first usable one"),
+    ] {
+        sim.c
+            .remove_backend(now, 0, index, &mut sim.out)
+            .expect("removed");
+        sim.pump();
+        assert_eq!(only(spread(&mut sim, port, 5)), left, "{why}");
+    }
     assert_eq!(sim.c.services()[0].cfg.params.none_target, None);
 }
 
