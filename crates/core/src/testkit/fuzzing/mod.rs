@@ -19,6 +19,7 @@
 //! as one that panics.
 
 mod configs;
+mod input;
 mod program;
 mod world;
 
@@ -26,8 +27,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use configs::CONFIGS;
+use input::Input;
 pub use program::{Endpoint, HostFrame, Program, seed_programs};
-use world::{Input, World};
+use world::World;
 
 use crate::Config;
 

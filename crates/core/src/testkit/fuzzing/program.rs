@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use bytes::Bytes;
 use flowgate_packet::{self as packet, MacAddr, TcpFlags, TcpSegment};
 
-use super::world::Input;
+use super::input::Input;
 use super::{CONFIGS, PORTS, SWITCHES};
 
 /// A host's frame, as a fixed-size record of the input (19 bytes), so that a [`Program`]
