@@ -223,7 +223,8 @@ fn ovs_proactive_vip_serves_and_rebalances() {
         },
     );
     // Past the grace (3 s by default), the stale rules are deleted: table 1 holds the
-    // new-connection rule, one per backend, the reply rule and the two catch-alls.
+    // new-connection rule, two per backend (a direct connection's commit, the rewrite),
+    // the reply rule and the two catch-alls.
     std::thread::sleep(Duration::from_secs(4));
     let w = watch.stop();
     eprintln!(
@@ -247,11 +248,11 @@ fn ovs_proactive_vip_serves_and_rebalances() {
         (n, flows)
     };
     let (n, flows) = table1();
-    assert_eq!(n, 7, "table 1 after the grace:\n{flows}");
+    assert_eq!(n, 10, "table 1 after the grace:\n{flows}");
     let again = load(client, &url, &["--requests", "30", "--concurrency", "2"]);
     assert_eq!(again["ok"], 30, "{again}");
     let (n, flows) = table1();
-    assert_eq!(n, 7, "table 1 after the load:\n{flows}");
+    assert_eq!(n, 10, "table 1 after the load:\n{flows}");
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -259,5 +260,69 @@ fn ovs_proactive_vip_serves_and_rebalances() {
         "200 4000000",
         "the download across the controller restart finished (curl: {text})"
     );
+    ctl.assert_no_openflow_errors();
+}
+
+/// A proactive service's backends stay reachable at their own addresses: the controller's
+/// HTTP health checks (from a leg in the root namespace, across the bridge) find them up,
+/// and a client reaches one directly, while the VIP serves through conntrack. Table 0
+/// sends every segment from a backend's service port through conntrack to undo the DNAT;
+/// a connection that did not come by the VIP must pass there too.
+#[test]
+fn ovs_proactive_backends_answer_at_their_own_addresses() {
+    let Some(p) = setup("ovs_proactive_backends_answer_at_their_own_addresses") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let leg = flowgate_testbed::rootleg::RootLeg::create(
+        p.as_str(),
+        "leg",
+        "10.0.0.250/24",
+        &t.bridges[0],
+    )
+    .expect("root leg");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = format!(
+        "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         algorithm = \"round-robin\"\nmode = \"proactive\"\n[service.health]\nkind = \"http\"\n\
+         path = \"/health\"\ninterval_ms = 200\n{}",
+        backend_entries(&backends, false)
+    );
+    let ctl = Ctl::start("proactive-direct", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
+    announce_leg(&leg, &backends[0].to_string());
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    let client = &t.hosts[0];
+    let via_vip = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "20", "--concurrency", "2"],
+    );
+    assert_eq!(via_vip["ok"], 20, "{via_vip}");
+    for (i, b) in backends.iter().enumerate() {
+        let direct = load(
+            client,
+            &format!("http://{b}/"),
+            &["--requests", "5", "--concurrency", "1"],
+        );
+        assert_eq!(direct["ok"], 5, "{b} at its own address: {direct}");
+        let served: Vec<&String> = direct["per_backend"]
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(
+            served,
+            [&format!("b{}", i + 2)],
+            "{b} itself answers: {direct}"
+        );
+    }
+    // Still healthy after the checks of a few more intervals.
+    std::thread::sleep(Duration::from_secs(2));
+    ctl.wait_backends_ready(Duration::from_secs(1));
     ctl.assert_no_openflow_errors();
 }

@@ -1186,8 +1186,8 @@ pub fn mode_algorithm_conflict(mode: ServiceMode, algorithm: AlgorithmKind) -> O
 }
 
 /// Why `address` cannot join the pool of `services[si]`, if it cannot: the rules a
-/// configuration's backends obey (within the service, [`validate_service`]; across
-/// services, [`check_services`]), for one backend added at run time. A pool changed
+/// configuration's backends obey (within the service, `validate_service`; across
+/// services, `check_services`), for one backend added at run time. A pool changed
 /// through the API thus never holds what no configuration file could.
 pub fn backend_conflict(
     services: &[&ServiceConfig],

@@ -46,6 +46,8 @@ pub(crate) mod ct_state {
     pub(crate) const RPL: u32 = 0x08;
     pub(crate) const INV: u32 = 0x10;
     pub(crate) const TRK: u32 = 0x20;
+    /// The packet's destination was rewritten by this pass's NAT (`OVS_CS_F_DST_NAT`).
+    pub(crate) const DNAT: u32 = 0x80;
 }
 
 /// `NXM_NX_CT_STATE` field number in the `NXM_1` class.

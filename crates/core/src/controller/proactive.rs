@@ -12,11 +12,17 @@
 //! | --- | --- | --- | --- |
 //! | 0 | 200 | `tcp, ip_dst=V, tcp_dst=P, ct_state=-trk` | `ct(zone=Z, nat, table=1)` |
 //! | 0 | 200 | per backend B: `tcp, ip_src=B, tcp_src=P, ct_state=-trk` | `ct(zone=Z, nat, table=1)` |
+//! | 0 | 200 | per backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=-trk` | `ct(zone=Z, nat, table=1)` |
 //! | 1 | 30 | `tcp, ip_dst=V, tcp_dst=P, ct_state=+new+trk` | `group:G` |
+//! | 1 | 25 | per backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+new+trk-dnat` | `ct(commit, zone=Z, table=0)` |
 //! | 1 | 20 | per located backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+trk` | `eth_dst:=MAC(B), resubmit(,0)` |
 //! | 1 | 20 | `tcp, ip_src=V, tcp_src=P, ct_state=+trk` (a reply, un-NATed) | `eth_src:=virtual MAC, resubmit(,0)` |
 //! | 1 | 5 | `ct_state=+inv+trk` | drop |
 //! | 1 | 1 | `ct_state=+trk` | `resubmit(,0)` |
+//!
+//! The backends' own addresses stay reachable (health checks, clients that address a
+//! backend directly): their connections pass conntrack too, committed without NAT at
+//! priority 25, so that their answers are known there and not dropped as invalid.
 //!
 //! Group `G` (select): one bucket per backend, `ct(commit, zone=Z, nat(dst=B:P), table=1)`,
 //! weight from the balancer (below). Forwarding after the rewrite is table 0's own L2
@@ -104,6 +110,7 @@ const COOKIE_GEN: u64 = 1 << 40;
 const OFPGC_ADD_OR_MOD: u16 = 0x8000;
 
 const PRIO_NEW: u16 = 30;
+const PRIO_DIRECT: u16 = 25;
 const PRIO_EST: u16 = 20;
 const PRIO_INV: u16 = 5;
 const PRIO_TRK: u16 = 1;
@@ -260,6 +267,18 @@ impl Controller {
                     .with(untracked()),
                 to_ct(),
             ));
+            // Connections to the backend's own address (health checks, direct clients):
+            // tracked too, so that conntrack knows them when their answers come back.
+            v.push(flow(
+                gen_bit,
+                service,
+                0,
+                rules::PRIO_INTERCEPT,
+                ip_dst(tcp(), b.address)
+                    .with(Oxm::TcpDst(port))
+                    .with(untracked()),
+                to_ct(),
+            ));
         }
         // Table 1: new connections to the group, the rest pinned by conntrack.
         v.push(flow(
@@ -276,6 +295,26 @@ impl Controller {
             acts([Action::Group(group_id(service))]),
         ));
         for b in &s.backends {
+            // A new connection that came to the backend's own address (`-dnat`: not one
+            // the group placed, which is committed with its NAT) is committed, without
+            // NAT, then forwarded as addressed (table 0 again, tracked): else its first
+            // answer, a SYN-ACK conntrack never saw begin, is invalid and dropped, and
+            // no health check or direct client gets through (seen on Open vSwitch). The
+            // commit recirculates: after a `ct` that does not, the packet is untracked
+            // again, and table 0 would send it back here.
+            v.push(flow(
+                gen_bit,
+                service,
+                TABLE_CT,
+                PRIO_DIRECT,
+                ip_dst(tcp(), b.address)
+                    .with(Oxm::TcpDst(port))
+                    .with(nicira::ct_state_match(
+                        ct_state::NEW | ct_state::TRK,
+                        ct_state::NEW | ct_state::TRK | ct_state::DNAT,
+                    )),
+                acts([nicira::ct(nicira::CT_COMMIT, CT_ZONE, Some(0), &[])]),
+            ));
             let Some(mac) = b.mac else { continue };
             v.push(flow(
                 gen_bit,
