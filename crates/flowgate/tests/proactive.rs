@@ -326,3 +326,48 @@ fn ovs_proactive_backends_answer_at_their_own_addresses() {
     ctl.wait_backends_ready(Duration::from_secs(1));
     ctl.assert_no_openflow_errors();
 }
+
+/// Two proactive services, two VIPs on one port, share their backends: each VIP's
+/// connections are placed by its own group and answered from its own VIP (conntrack
+/// remembers which address each connection came to); the backends' rules are the same
+/// for both services.
+#[test]
+fn ovs_proactive_services_share_their_backends() {
+    let Some(p) = setup("ovs_proactive_services_share_their_backends") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let service = |name: &str, vip: &str| {
+        format!(
+            "[[service]]\nname = \"{name}\"\nvip = \"{vip}\"\nport = 80\n\
+             algorithm = \"round-robin\"\nmode = \"proactive\"\n[service.health]\n\
+             kind = \"none\"\n{}",
+            backend_entries(&backends, false)
+        )
+    };
+    let cfg = format!(
+        "{LISTEN_ANY}{}{}",
+        service("web", VIP),
+        service("api", "10.0.0.101")
+    );
+    let ctl = Ctl::start("proactive-shared", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let client = &t.hosts[0];
+    for vip in [VIP, "10.0.0.101"] {
+        let r = load(
+            client,
+            &format!("http://{vip}/"),
+            &["--requests", "40", "--concurrency", "2"],
+        );
+        assert_eq!(r["ok"], 40, "{vip}: {r}");
+        assert_eq!(shares(&r).len(), 2, "{vip}: both backends serve: {r}");
+    }
+    ctl.assert_no_openflow_errors();
+}

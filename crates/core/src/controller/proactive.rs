@@ -29,7 +29,8 @@
 //! rules (`resubmit(,0)`; the `-trk` in table 0's rules stops a second pass through
 //! conntrack), so the proactive path works wherever L2 does and table 0's rules are the
 //! same as for reactive services. One conntrack zone, [`CT_ZONE`], for every proactive
-//! service: a backend address:port serves at most one proactive service.
+//! service: services may share backends (a backend's rules are the same for each, and
+//! conntrack remembers which VIP a connection came to).
 //!
 //! **Resync, make before break.** A live connection must never meet a moment without its
 //! rules (its packet would go to the controller, which would answer a non-SYN with a RST).
