@@ -27,6 +27,15 @@ fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
     })
 }
 
+/// An HTTP server on each of `hosts`, named `b2`, `b3`, ... as their addresses end.
+fn servers(hosts: &[flowgate_testbed::Host]) -> Vec<flowgate_testbed::ProcGuard> {
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
+        .collect()
+}
+
 /// In a `dump-flows`: the backends' rewrite rules of table 1 (`nw_dst` a backend), and
 /// the hosts' L2 rules.
 fn count_rules(flows: &str) -> Vec<usize> {
@@ -290,11 +299,7 @@ fn ovs_proactive_backends_answer_at_their_own_addresses() {
     );
     let ctl = Ctl::start("proactive-direct", &cfg);
     ctl.control(&t.bridges[..1]);
-    let _servers: Vec<_> = t.hosts[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
-        .collect();
+    let _servers = servers(&t.hosts[1..]);
     announce_leg(&leg, &backends[0].to_string());
     ctl.wait_backends_ready(Duration::from_secs(20));
     let client = &t.hosts[0];
@@ -353,11 +358,7 @@ fn ovs_proactive_services_share_their_backends() {
     );
     let ctl = Ctl::start("proactive-shared", &cfg);
     ctl.control(&t.bridges[..1]);
-    let _servers: Vec<_> = t.hosts[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| httpd(h, &format!("b{}", i + 2), &[]))
-        .collect();
+    let _servers = servers(&t.hosts[1..]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];
     for vip in [VIP, "10.0.0.101"] {
