@@ -6,7 +6,6 @@ mod support;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use flowgate_testbed::rootleg::RootLeg;
 use flowgate_testbed::topo::{self, TopoOptions};
 use support::*;
 
@@ -119,7 +118,7 @@ fn ovs_unequal_capacity() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
-    let leg = RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
+    let leg = root_leg(&p, &t.bridges[0]);
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let _servers = [
         // Four workers each: the slow one serves 20 requests/s, the fast ones 80.
@@ -265,7 +264,7 @@ fn ovs_killed_backend_is_avoided() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
-    let leg = RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
+    let leg = root_leg(&p, &t.bridges[0]);
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let listen = LISTEN_ANY.replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
     let cfg = format!(
@@ -331,8 +330,7 @@ fn ovs_backend_metrics_are_scraped() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let _leg =
-        RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", &t.bridges[0]).expect("root leg");
+    let _leg = root_leg(&p, &t.bridges[0]);
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let listen = LISTEN_ANY.replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
     let cfg = format!(

@@ -147,13 +147,7 @@ fn ovs_overload_three_modes() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let leg = flowgate_testbed::rootleg::RootLeg::create(
-        p.as_str(),
-        "leg",
-        "10.0.0.250/24",
-        &t.bridges[0],
-    )
-    .expect("root leg");
+    let leg = root_leg(&p, &t.bridges[0]);
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let client = &t.hosts[0];
     let args = [

@@ -283,13 +283,7 @@ fn ovs_proactive_backends_answer_at_their_own_addresses() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let leg = flowgate_testbed::rootleg::RootLeg::create(
-        p.as_str(),
-        "leg",
-        "10.0.0.250/24",
-        &t.bridges[0],
-    )
-    .expect("root leg");
+    let leg = root_leg(&p, &t.bridges[0]);
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let cfg = format!(
         "{LISTEN_ANY}[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\

@@ -1136,10 +1136,10 @@ impl Controller {
 }
 
 fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
-    let health = next.cfg.health.clone();
+    let health = &next.cfg.health;
     for (j, b) in next.backends.iter_mut().enumerate() {
         if let Some(i) = prev.backends.iter().position(|p| p.address == b.address) {
-            *b = prev.backends[i].reconfigured(b, &health, now);
+            *b = prev.backends[i].reconfigured(b, health, now);
             // An ejected backend stays ejected (the next refresh reads the detector).
             if let Some(h) = prev.outliers.host(i) {
                 next.outliers.keep(j, h);

@@ -1303,9 +1303,14 @@ fn an_algorithm_change_obeys_the_rules_of_the_services_mode() {
                 .set_algorithm(now, 0, kind, params.clone())
                 .expect_err("refused");
             assert!(e.contains("reactive"), "{mode}, {kind}: {e}");
-            // What a file with it says.
-            let file = text.replace("round-robin", kind.as_str()) + "threshold_rps = 10.0\n";
-            assert!(Config::from_toml(&file, &|_| None).is_err(), "{file}");
+            // A file with it is refused for the same reason.
+            let file = text
+                .replace("round-robin", kind.as_str())
+                .replace("port = 80\n", "port = 80\nthreshold_rps = 10.0\n");
+            let refused = Config::from_toml(&file, &|_| None)
+                .expect_err("refused")
+                .to_string();
+            assert!(refused.contains(&e), "{file}: {refused}");
         }
         assert_eq!(c.services()[0].algorithm(), AlgorithmKind::RoundRobin);
         c.set_algorithm(

@@ -1364,6 +1364,7 @@ mod tests {
             generation_id: 1
         })));
     }
+
     /// A domain controller's spill sets its backends' weights from their configured ones
     /// at every keep-alive. A weight the operator set through the API is the configured
     /// one from then on: the spill keeps it, and scales it while spilling (it once put

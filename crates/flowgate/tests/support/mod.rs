@@ -453,6 +453,12 @@ pub fn backend_entries<'a>(
     c
 }
 
+/// A leg from the root namespace (where the controller's health checks and scrapes run)
+/// into `bridge`, at 10.0.0.250/24, named under the test's prefix.
+pub fn root_leg(p: &Prefix, bridge: &Bridge) -> RootLeg {
+    RootLeg::create(p.as_str(), "leg", "10.0.0.250/24", bridge).expect("root leg")
+}
+
 /// One ping from the root leg to `to`: the controller learns the leg like any host, so
 /// its probes flow at once.
 pub fn announce_leg(leg: &RootLeg, to: &str) {
