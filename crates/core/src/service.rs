@@ -155,6 +155,11 @@ pub struct ServiceCounters {
 
 pub struct ServiceState {
     pub cfg: ServiceConfig,
+    /// The service's number on the switches: its meter, its select group and its rules'
+    /// cookies are named by it. It stays with the service (by name) across reloads, so a
+    /// reordered file never hands one service's meter or group to another while rules
+    /// that name it are still on the switches (`Controller::reload`).
+    pub slot: u16,
     pub balancer: Balancer,
     pub backends: Vec<BackendState>,
     /// The balancer's view, rebuilt at each refresh and patched on each pick.
@@ -170,7 +175,7 @@ pub struct ServiceState {
 }
 
 impl ServiceState {
-    pub fn new(cfg: ServiceConfig, seed: u64) -> Self {
+    pub fn new(cfg: ServiceConfig, slot: u16, seed: u64) -> Self {
         let backends: Vec<BackendState> = cfg
             .backends
             .iter()
@@ -184,6 +189,7 @@ impl ServiceState {
         let n = backends.len();
         let mut s = ServiceState {
             cfg,
+            slot,
             balancer,
             backends,
             loads: Vec::new(),
@@ -340,6 +346,40 @@ impl ServiceState {
         self.balancer.remove_backend(i);
         self.outliers.remove(i);
         self.pool_changed(now);
+        true
+    }
+
+    /// A reload: go on with `prev`'s balancer (ISSLM's latches, SRT's averages, MRBS's
+    /// model and its warm-up, the round-robin cursor) when it would be built as before:
+    /// the same algorithm and parameters, and the backends that stay in their order, any
+    /// new ones after them (the balancer's state is positional). Else the new one starts
+    /// afresh. Returns whether `prev`'s was kept.
+    pub fn keep_balancer(&mut self, prev: &ServiceState) -> bool {
+        if prev.balancer.kind() != self.balancer.kind() {
+            return false;
+        }
+        let stays = |b: &&BackendState| self.backend_index(b.address).is_some();
+        let n_stay = prev.backends.iter().filter(stays).count();
+        let in_order = prev
+            .backends
+            .iter()
+            .filter(stays)
+            .map(|b| b.address)
+            .eq(self.backends.iter().take(n_stay).map(|b| b.address));
+        if !in_order {
+            return false;
+        }
+        let mut balancer = prev.balancer.clone();
+        for i in (0..prev.backends.len()).rev() {
+            if self.backend_index(prev.backends[i].address).is_none() {
+                balancer.remove_backend(i);
+            }
+        }
+        if balancer.params() != self.balancer.params() {
+            return false;
+        }
+        balancer.resize(self.backends.len());
+        self.balancer = balancer;
         true
     }
 

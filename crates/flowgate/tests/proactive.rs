@@ -366,3 +366,87 @@ fn ovs_proactive_services_share_their_backends() {
     }
     ctl.assert_no_openflow_errors();
 }
+
+/// In a `dump-flows`: what the rules for new connections to `vip` name, the meter of a
+/// reactive service's intercept rule (`meter:N`) or the group of a proactive one's
+/// (`group:N`).
+fn named_by(flows: &str, vip: &str, what: &str) -> Vec<String> {
+    let mut v: Vec<String> = flows
+        .lines()
+        .filter(|l| l.contains(&format!("nw_dst={vip},")) || l.contains(&format!("nw_dst={vip} ")))
+        .filter_map(|l| {
+            let at = l.find(what)?;
+            let rest = &l[at + what.len()..];
+            Some(rest.chars().take_while(char::is_ascii_hexdigit).collect())
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// A reload that reverses the services' order on real Open vSwitch: the gapped reactive
+/// service's intercept rule names its own meter, and the proactive service's rules their
+/// own select group, before and after; both serve, and the switch reports no OpenFlow
+/// error. Named by their place in the file, the two traded meter and group ids.
+#[test]
+fn ovs_a_reordering_reload_leaves_meters_and_groups_with_their_services() {
+    let Some(p) = setup("ovs_a_reordering_reload_leaves_meters_and_groups_with_their_services")
+    else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let web = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n\
+         [service.overload]\nmode = \"adaptive\"\ncapacity_rps = 10000\n{}",
+        backend_entries(&[t.hosts[1].ip()], false)
+    );
+    let api = format!(
+        "[[service]]\nname = \"api\"\nvip = \"10.0.0.101\"\nport = 80\nmode = \"proactive\"\n\
+         [service.health]\nkind = \"none\"\n{}",
+        backend_entries(&[t.hosts[2].ip()], false)
+    );
+    let ctl = Ctl::start("proactive-reorder", &format!("{LISTEN_ANY}{web}{api}"));
+    ctl.control(&t.bridges[..1]);
+    let _servers = servers(&t.hosts[1..]);
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    let client = &t.hosts[0];
+    let serve = |what: &str| {
+        for vip in [VIP, "10.0.0.101"] {
+            let r = load(
+                client,
+                &format!("http://{vip}/"),
+                &["--requests", "20", "--concurrency", "2"],
+            );
+            assert_eq!(r["ok"], 20, "{what}, {vip}: {r}");
+        }
+    };
+    serve("before");
+    let br = &t.bridges[0];
+    let flows = br.dump_flows().expect("flows");
+    let meter = named_by(&flows, VIP, "meter:");
+    let group = named_by(&flows, "10.0.0.101", "group:");
+    assert_eq!(meter.len(), 1, "web's intercept carries a meter: {flows}");
+    assert_eq!(group.len(), 1, "api's rules name a group: {flows}");
+
+    let cfg = ctl.dir.join("flowgate.toml");
+    std::fs::write(&cfg, format!("{LISTEN_ANY}{api}{web}")).expect("write config");
+    signal(ctl.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || {
+        ctl.log().contains("SIGHUP: config reloaded")
+    });
+    // The reload's rules are in once api's carry the other generation bit in their cookie
+    // (the intercept rules went before them, on the same connection).
+    let cookies = |flows: &str| named_by(flows, "10.0.0.101", "cookie=0x");
+    let before = cookies(&flows);
+    wait_until("the reload's rules", Duration::from_secs(10), || {
+        let now = cookies(&br.dump_flows().unwrap_or_default());
+        !now.is_empty() && now != before
+    });
+    serve("after");
+    let flows = br.dump_flows().expect("flows");
+    assert_eq!(named_by(&flows, VIP, "meter:"), meter, "{flows}");
+    assert_eq!(named_by(&flows, "10.0.0.101", "group:"), group, "{flows}");
+    ctl.assert_no_openflow_errors();
+}

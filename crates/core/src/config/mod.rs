@@ -1226,7 +1226,21 @@ pub fn backend_conflict(
     None
 }
 
+/// The most services one controller runs: each has its own meter and select group on
+/// every switch, and its number ([`crate::service::ServiceState::slot`]) in its rules'
+/// cookies.
+pub const MAX_SERVICES: usize = 4096;
+
 fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
+    if services.len() > MAX_SERVICES {
+        errs.push(ConfigError::new(
+            "service",
+            format!(
+                "{} services; at most {MAX_SERVICES} (each has its own meter and group on the switches)",
+                services.len()
+            ),
+        ));
+    }
     let mut names = HashSet::new();
     let mut listeners = HashSet::new();
     for (i, s) in services.iter().enumerate() {

@@ -22,7 +22,7 @@ mod reroute;
 pub(crate) mod rules;
 mod vip;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -255,6 +255,9 @@ pub struct Controller {
     pub(crate) topo: Topology,
     switches: BTreeMap<Dpid, SwitchState>,
     pub(crate) services: Vec<ServiceState>,
+    /// One past the highest slot any service has held (`ServiceState::slot`): the range
+    /// of group ids a resync clears of stale groups.
+    pub(crate) slot_bound: u32,
     /// `(address, port)` that new connections are intercepted on.
     pub(crate) listeners: HashMap<(Ipv4Addr, u16), Listener, RandomState>,
     /// Every service's address and every service's virtual MAC (and the MAC of the host
@@ -352,6 +355,7 @@ impl Controller {
             l2_gen: false,
             fin_timeout_body: (config.controller.fin_timeout_secs > 0)
                 .then(|| rules::fin_timeout_body(config.controller.fin_timeout_secs)),
+            slot_bound: 0,
             overload: overload::Overload::new(config),
             handshakes: handshake::Handshakes::default(),
             scratch_path: Vec::with_capacity(16),
@@ -366,11 +370,15 @@ impl Controller {
             c.topo.unbound_port(PortRef::new(dpid, port));
         }
         for (i, s) in config.services.iter().enumerate() {
+            // At most `MAX_SERVICES` (config validation): the index fits.
+            let slot = i as u16;
             c.services.push(ServiceState::new(
                 rate_window(s.clone()),
-                seed.wrapping_add(i as u64),
+                slot,
+                seed.wrapping_add(u64::from(slot)),
             ));
         }
+        c.slot_bound = c.services.len() as u32;
         c.reindex();
         c
     }
@@ -464,8 +472,9 @@ impl Controller {
             // A proactive service's connections go through conntrack and its select
             // group instead (`proactive.rs`).
             .filter(|(_, l)| !self.is_proactive(usize::from(l.service)))
-            .map(|(&(addr, port), l)| {
-                self.overload_intercept(l.service, rules::intercept(l.service, addr, port))
+            .filter_map(|(&(addr, port), l)| {
+                let slot = self.services.get(usize::from(l.service))?.slot;
+                Some(self.overload_intercept(l.service, rules::intercept(slot, addr, port)))
             })
             .collect()
     }
@@ -900,14 +909,44 @@ impl Controller {
     pub fn reload(&mut self, now: Instant, config: &Config, out: &mut Outbox) {
         self.seed = config.controller.seed;
         let mut old: Vec<ServiceState> = std::mem::take(&mut self.services);
-        for (i, scfg) in config.services.iter().enumerate() {
-            let mut s =
-                ServiceState::new(rate_window(scfg.clone()), self.seed.wrapping_add(i as u64));
-            if let Some(prev) = old.iter_mut().find(|o| o.cfg.name == scfg.name) {
+        // Each service that stays (by name) keeps its slot; a new one takes the lowest
+        // slot no service held before this reload, so no meter, group or cookie changes
+        // hands while rules that name it may still be on a switch.
+        let prev_index: Vec<Option<usize>> = config
+            .services
+            .iter()
+            .map(|scfg| old.iter().position(|o| o.cfg.name == scfg.name))
+            .collect();
+        let mut taken: HashSet<u16> = old.iter().map(|o| o.slot).collect();
+        let mut free = (0..=u16::MAX).filter(|n| !taken.contains(n));
+        let slots: Vec<u16> = prev_index
+            .iter()
+            .map(|p| match p {
+                Some(p) => old[*p].slot,
+                // At most `MAX_SERVICES` old and new: a free slot exists.
+                None => free.next().unwrap_or(u16::MAX),
+            })
+            .collect();
+        taken.clear();
+        taken.extend(slots.iter().copied());
+        let freed: Vec<u16> = old
+            .iter()
+            .map(|o| o.slot)
+            .filter(|n| !taken.contains(n))
+            .collect();
+        for ((scfg, prev), &slot) in config.services.iter().zip(&prev_index).zip(&slots) {
+            let seed = self.seed.wrapping_add(u64::from(slot));
+            let mut s = ServiceState::new(rate_window(scfg.clone()), slot, seed);
+            if let Some(prev) = prev.and_then(|p| old.get_mut(p)) {
                 carry_over(now, prev, &mut s);
             }
             self.services.push(s);
         }
+        self.slot_bound = slots
+            .iter()
+            .map(|&n| u32::from(n) + 1)
+            .fold(self.slot_bound, u32::max);
+        self.proactive.reorder(&prev_index);
         // Connections whose service or backend is gone stop being accounted for; their
         // rules stay until idle, so they are not broken.
         let names: Vec<(String, Vec<Ipv4Addr>)> = old
@@ -940,10 +979,11 @@ impl Controller {
         self.cfg = config.controller.clone();
         self.topo
             .set_host_bounds(self.cfg.max_hosts, self.cfg.max_hosts_per_port);
-        self.overload.reload(config);
+        self.overload.reload(config, &slots);
         self.reindex();
         self.sync_backend_locations(now);
         self.reinstall_intercepts(out);
+        self.overload_release(&freed, out);
         self.event(now, "reload", format!("{} services", self.services.len()));
     }
 
@@ -1147,6 +1187,7 @@ fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
         }
     }
     next.counters = prev.counters.clone();
+    next.keep_balancer(prev);
     next.sync_eligibility();
 }
 

@@ -4,7 +4,7 @@
 //! gap rules). Each law's admitted rate is split across the switches by their measured
 //! demand (PACKET_INs seen plus what their meters dropped, from METER_STATS).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ofp::{Instruction, Message, MeterFlags, MeterMod, MeterModCommand};
@@ -23,6 +23,8 @@ use crate::topology::Dpid;
 #[derive(Debug, Clone)]
 pub(crate) struct ServiceGap {
     pub(crate) name: String,
+    /// The service's slot (`ServiceState::slot`): its meter is `SERVICE_METER_BASE + slot`.
+    slot: u16,
     pub(crate) cfg: OverloadConfig,
     pub(crate) law: GapController,
     pub(crate) gate: Gate,
@@ -30,12 +32,17 @@ pub(crate) struct ServiceGap {
     off_rules_out: bool,
     /// Per switch: offered demand, share of the admitted rate, and its own gate.
     pub(crate) per_switch: BTreeMap<Dpid, SwitchDemand>,
+    /// The service's new-flow demand on the controller, its max-min fair share of the
+    /// controller's admitted rate, and the gate that enforces it.
+    ctl: SwitchDemand,
 }
 
 impl ServiceGap {
-    fn new(name: &str, cfg: &OverloadConfig) -> Self {
+    fn new(name: &str, cfg: &OverloadConfig, slot: u16) -> Self {
         ServiceGap {
             name: name.to_string(),
+            slot,
+            ctl: SwitchDemand::default(),
             cfg: cfg.clone(),
             law: GapController::new(cfg.law()),
             gate: Gate::default(),
@@ -52,9 +59,11 @@ pub(crate) struct Overload {
     pub(crate) controller: ControllerGap,
     /// The meter band installed per (switch, meter id), and when it was last changed.
     installed: HashMap<(Dpid, u32), (MeterBand, Instant)>,
-    /// Per service: its new-flow demand on the controller, its max-min fair share of the
-    /// controller's admitted rate, and the gate that enforces it (indexed by service).
-    ctl_services: Vec<SwitchDemand>,
+    /// Switches whose meters were all deleted when they connected: every meter they hold
+    /// is in `installed`. Another may hold meters from an earlier run (or from before a
+    /// reload turned gapping off and on again), and an OFPMC_ADD of one of those would
+    /// be refused (OFPMMFC_METER_EXISTS), leaving the old band in force.
+    cleared: HashSet<Dpid>,
     /// The last refusal was the controller's gate (silent), not the service's.
     last_refusal_by_controller: bool,
     /// New flows the controller's own gate dropped, ever: the runtime reads it around
@@ -92,12 +101,13 @@ impl Overload {
             services: config
                 .services
                 .iter()
-                .map(|s| ServiceGap::new(&s.name, &s.overload))
+                .zip(0u16..)
+                .map(|(s, slot)| ServiceGap::new(&s.name, &s.overload, slot))
                 .collect(),
             controller: ControllerGap::new(config.controller.overload.clone()),
             installed: HashMap::new(),
+            cleared: HashSet::new(),
             ctl_switches: BTreeMap::new(),
-            ctl_services: vec![SwitchDemand::default(); config.services.len()],
             last_refusal_by_controller: false,
             shed_total: 0,
             ctl_last: None,
@@ -109,18 +119,23 @@ impl Overload {
         }
     }
 
-    /// A new configuration: keep each surviving service's law state when its overload
-    /// settings did not change.
-    pub(crate) fn reload(&mut self, config: &Config) {
+    /// A new configuration (`slots`: each service's, in its order): each surviving service
+    /// keeps its demand on the controller, and its law state when its overload settings
+    /// did not change.
+    pub(crate) fn reload(&mut self, config: &Config, slots: &[u16]) {
         let old = std::mem::take(&mut self.services);
-        for s in &config.services {
-            match old.iter().find(|o| o.name == s.name && o.cfg == s.overload) {
-                Some(o) => self.services.push(o.clone()),
-                None => self.services.push(ServiceGap::new(&s.name, &s.overload)),
+        for (s, &slot) in config.services.iter().zip(slots) {
+            let prev = old.iter().find(|o| o.name == s.name);
+            let mut g = match prev.filter(|o| o.cfg == s.overload) {
+                Some(o) => o.clone(),
+                None => ServiceGap::new(&s.name, &s.overload, slot),
+            };
+            if let Some(o) = prev {
+                g.ctl = o.ctl;
             }
+            g.slot = slot;
+            self.services.push(g);
         }
-        self.ctl_services
-            .resize(config.services.len(), SwitchDemand::default());
         if self.controller.cfg != config.controller.overload {
             self.controller = ControllerGap::new(config.controller.overload.clone());
         }
@@ -129,6 +144,7 @@ impl Overload {
     /// A switch left (or reconnected): its meters, counts and shares start over.
     fn forget_switch(&mut self, dpid: Dpid) {
         self.installed.retain(|(d, _), _| *d != dpid);
+        self.cleared.remove(&dpid);
         self.meter_seen.retain(|(d, _), _| *d != dpid);
         self.modified_at_poll.retain(|(d, _), _| *d != dpid);
         self.polls.remove(&dpid);
@@ -183,6 +199,18 @@ impl Overload {
         )
     }
 
+    /// Service `i`'s meter id.
+    fn meter_of(&self, i: usize) -> Option<u32> {
+        let g = self.services.get(i)?;
+        Some(SERVICE_METER_BASE + u32::from(g.slot))
+    }
+
+    /// The service whose meter `meter` is.
+    fn service_of(&self, meter: u32) -> Option<usize> {
+        let slot = meter.checked_sub(SERVICE_METER_BASE)?;
+        self.services.iter().position(|g| u32::from(g.slot) == slot)
+    }
+
     fn wanted(&self, meter: u32, dpid: Dpid, n_switches: usize) -> Option<MeterBand> {
         let share = self.controller_share(dpid, n_switches);
         if meter == TABLE_MISS_METER {
@@ -190,7 +218,7 @@ impl Overload {
                 .controller_on()
                 .then(|| meter_plan(None, 1.0, share, self.controller.cfg.burst_ms));
         }
-        let i = meter.checked_sub(SERVICE_METER_BASE)? as usize;
+        let i = self.service_of(meter)?;
         if !self.service_metered(i) {
             return None;
         }
@@ -210,10 +238,25 @@ impl Overload {
         }
         for i in 0..self.services.len() {
             if self.service_metered(i) {
-                v.push(SERVICE_METER_BASE + i as u32);
+                v.extend(self.meter_of(i));
             }
         }
         v
+    }
+
+    /// Forget meter `id` on every switch; returns the switches that had it.
+    fn forget_meter(&mut self, id: u32) -> Vec<Dpid> {
+        let had: Vec<Dpid> = self
+            .installed
+            .keys()
+            .filter(|(_, m)| *m == id)
+            .map(|(d, _)| *d)
+            .collect();
+        self.installed.retain(|(_, m), _| *m != id);
+        self.meter_seen.retain(|(_, m), _| *m != id);
+        self.modified_at_poll.retain(|(_, m), _| *m != id);
+        self.meter_dropped.retain(|(_, m), _| *m != id);
+        had
     }
 }
 
@@ -258,14 +301,38 @@ impl Controller {
 
     /// The intercept rule of `service`, with its meter when it has one.
     pub(crate) fn overload_intercept(&self, service: u16, msg: Message) -> Message {
-        if self.overload.service_metered(usize::from(service)) {
-            with_meter(msg, SERVICE_METER_BASE + u32::from(service))
-        } else {
-            msg
+        let i = usize::from(service);
+        match self.overload.meter_of(i) {
+            Some(id) if self.overload.service_metered(i) => with_meter(msg, id),
+            _ => msg,
+        }
+    }
+
+    /// After a reload (its intercept rules replaced): the meters and gap rules of the
+    /// services that went, by their `slots`, leave the switches. A meter no rule names
+    /// any longer would sit on the switch, and the slot's next service would find its
+    /// band there.
+    pub(crate) fn overload_release(&mut self, slots: &[u16], out: &mut Outbox) {
+        let dpids: Vec<Dpid> = self.switch_ids().collect();
+        for &slot in slots {
+            let id = SERVICE_METER_BASE + u32::from(slot);
+            for d in self.overload.forget_meter(id) {
+                // OFPMC_DELETE removes the flows that use the meter (OVS does, as
+                // OpenFlow asks): after the barrier, none is left to.
+                out.push(d, Message::BarrierRequest);
+                out.push(
+                    d,
+                    meter_mod(MeterModCommand::Delete, id, MeterBand { rate: 0, burst: 0 }),
+                );
+            }
+            for &d in &dpids {
+                out.push(d, rules::gap_delete_slot(slot));
+            }
         }
     }
 
     /// On switch (re)connection, before the barrier: remove every meter (stale rates).
+    /// Not when no meter is in use: a switch without meters need not hear of them.
     pub(crate) fn overload_switch_reset(&mut self, dpid: Dpid, out: &mut Outbox) {
         self.overload.forget_switch(dpid);
         if self.overload.any_meter() {
@@ -277,10 +344,13 @@ impl Controller {
                     MeterBand { rate: 0, burst: 0 },
                 ),
             );
+            self.overload.cleared.insert(dpid);
         }
     }
 
-    /// Add the meters a switch lacks (before the rules that name them).
+    /// Add the meters a switch lacks (before the rules that name them). On a switch that
+    /// was not cleared when it connected, each goes first (a delete of a meter that does
+    /// not exist is no error; no rule names it yet).
     pub(crate) fn overload_ensure_meters(&mut self, now: Instant, dpid: Dpid, out: &mut Outbox) {
         let n = self.switch_ids().count();
         for id in self.overload.meter_ids() {
@@ -288,6 +358,9 @@ impl Controller {
                 continue;
             }
             if let Some(band) = self.overload.wanted(id, dpid, n) {
+                if !self.overload.cleared.contains(&dpid) {
+                    out.push(dpid, meter_mod(MeterModCommand::Delete, id, band));
+                }
                 out.push(dpid, meter_mod(MeterModCommand::Add, id, band));
                 self.overload.installed.insert((dpid, id), (band, now));
             }
@@ -298,8 +371,12 @@ impl Controller {
     /// controller's admitted rate is limited).
     pub(crate) fn overload_controller_gapping(&self, si: usize) -> bool {
         let constrained = |c: &SwitchDemand| c.share.is_some_and(|share| share < ctl_demand(c));
-        let services = &self.overload.ctl_services;
-        let Some(c) = services.get(si).filter(|c| c.share.is_some()) else {
+        let services = &self.overload.services;
+        let Some(c) = services
+            .get(si)
+            .map(|g| &g.ctl)
+            .filter(|c| c.share.is_some())
+        else {
             return false;
         };
         // A quiet service beside a flood is not gapped: when another service is held below
@@ -309,7 +386,7 @@ impl Controller {
         // (SYN, SYN-ACK, ACK) instead of once: in `ovs_overload_packet_in_flood` 9 of 41
         // such deferred handshakes were abandoned, 10 of 45 connections failed. With no
         // flood to tell apart (no service constrained), every service defers.
-        constrained(c) || !services.iter().any(constrained)
+        constrained(c) || !services.iter().any(|g| constrained(&g.ctl))
     }
 
     /// Whether service `si`'s OFF-period rules may be on the switches.
@@ -341,7 +418,7 @@ impl Controller {
         // gets its max-min fair share of the controller's admitted rate, and a new flow
         // beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the controller
         // and its channel to the switch are what is overloaded).
-        if let Some(c) = self.overload.ctl_services.get_mut(si) {
+        if let Some(c) = self.overload.services.get_mut(si).map(|g| &mut g.ctl) {
             c.arrival();
             if let Some(share) = c.share {
                 let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
@@ -416,13 +493,16 @@ impl Controller {
     /// Gap rules for service `si`: add (with `hard_timeout`) or delete (`None`).
     fn gap_rules(&self, si: usize, hard_timeout: Option<u16>) -> Vec<Message> {
         let mut v = Vec::new();
+        let Some(slot) = self.services.get(si).map(|s| s.slot) else {
+            return v;
+        };
         for (&(addr, port), l) in &self.listeners {
             if usize::from(l.service) != si {
                 continue;
             }
             v.push(match hard_timeout {
-                Some(t) => rules::gap_drop(l.service, addr, port, t),
-                None => rules::gap_delete(l.service),
+                Some(t) => rules::gap_drop(slot, addr, port, t),
+                None => rules::gap_delete(slot),
             });
             if hard_timeout.is_none() {
                 break;
@@ -482,24 +562,24 @@ impl Controller {
             );
             // The controller's admitted rate among the services, max-min fair by their
             // new-flow demand.
-            for c in &mut self.overload.ctl_services {
-                c.measure(dt);
+            for g in &mut self.overload.services {
+                g.ctl.measure(dt);
             }
             match rate {
                 None => self
                     .overload
-                    .ctl_services
+                    .services
                     .iter_mut()
-                    .for_each(|c| c.share = None),
+                    .for_each(|g| g.ctl.share = None),
                 Some(r) => {
-                    let d: Vec<f64> = self.overload.ctl_services.iter().map(ctl_demand).collect();
-                    for (c, share) in self
+                    let d: Vec<f64> = self
                         .overload
-                        .ctl_services
-                        .iter_mut()
-                        .zip(max_min_fair(r, &d))
-                    {
-                        c.share = Some(share);
+                        .services
+                        .iter()
+                        .map(|g| ctl_demand(&g.ctl))
+                        .collect();
+                    for (g, share) in self.overload.services.iter_mut().zip(max_min_fair(r, &d)) {
+                        g.ctl.share = Some(share);
                     }
                 }
             }
@@ -579,12 +659,8 @@ impl Controller {
         // hold time (each OFPMC_MODIFY refills the bucket: `meter_change_due`).
         let n = dpids.len();
         for id in self.overload.meter_ids() {
-            let hold = match id.checked_sub(SERVICE_METER_BASE) {
-                Some(i) => self
-                    .overload
-                    .services
-                    .get(i as usize)
-                    .map_or(Duration::ZERO, |s| s.cfg.meter_hold),
+            let hold = match self.overload.service_of(id) {
+                Some(i) => self.overload.services[i].cfg.meter_hold,
                 None => self.overload.controller.cfg.interval,
             };
             for &d in &dpids {
@@ -609,7 +685,7 @@ impl Controller {
     pub fn gap_view(&self, service: usize) -> Option<GapView> {
         let g = self.overload.services.get(service)?;
         let mut v = g.law.view();
-        let id = SERVICE_METER_BASE + service as u32;
+        let id = SERVICE_METER_BASE + u32::from(g.slot);
         v.switches = g
             .per_switch
             .iter()
@@ -703,8 +779,8 @@ impl Controller {
             }
             *self.overload.meter_dropped.entry(key).or_insert(0) += delta;
             let o = &mut self.overload;
-            if let Some(i) = st.meter_id.checked_sub(SERVICE_METER_BASE) {
-                if let Some(g) = o.services.get_mut(i as usize) {
+            if let Some(i) = o.service_of(st.meter_id) {
+                if let Some(g) = o.services.get_mut(i) {
                     g.law.record_meter_drops(delta);
                     if let Some(d) = g.per_switch.get_mut(&dpid) {
                         d.dropped(delta);

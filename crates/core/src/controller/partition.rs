@@ -373,16 +373,17 @@ fn partition_match(vip: Ipv4Addr, port: u16, p: usize, bits: u8) -> Match {
         }))
 }
 
-fn partition_cookie(service: usize, p: usize) -> u64 {
+/// The cookie of partition `p` of the service in `slot` (`ServiceState::slot`).
+fn partition_cookie(slot: u16, p: usize) -> u64 {
     cookie::cookie(
         RuleKind::Partition,
-        ((service as u64 & 0xffff) << 16) | (p as u64 & 0xffff),
+        (u64::from(slot) << 16) | (p as u64 & 0xffff),
     )
 }
 
-fn rule(service: usize, p: usize, priority: u16, m: Match, actions: Actions) -> Message {
+fn rule(slot: u16, p: usize, priority: u16, m: Match, actions: Actions) -> Message {
     let mut fm = FlowMod::add(m);
-    fm.cookie = partition_cookie(service, p);
+    fm.cookie = partition_cookie(slot, p);
     fm.priority = priority;
     fm.instructions.push(Instruction::ApplyActions(actions));
     Message::FlowMod(fm)
@@ -480,7 +481,7 @@ impl Controller {
                 port: ofp::port::CONTROLLER,
                 max_len: ofp::CONTROLLER_MAX_LEN_NO_BUFFER,
             });
-            v.push(rule(service, p, PRIO_MOVING, m.clone(), a));
+            v.push(rule(s.slot, p, PRIO_MOVING, m.clone(), a));
             // §6.2: the trip to the controller must be in force before the wildcard rule
             // names the new owner, or a moving connection's segment could reach it.
             v.push(Message::BarrierRequest);
@@ -504,7 +505,7 @@ impl Controller {
             mask: None,
         }));
         a.push(Action::output(port));
-        v.push(rule(service, p, PRIO_PARTITION, m, a));
+        v.push(rule(s.slot, p, PRIO_PARTITION, m, a));
     }
 
     /// Every partition rule of every partitioned service, for one switch.

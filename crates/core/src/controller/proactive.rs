@@ -39,8 +39,11 @@
 //! priority replaces the rule in place, OpenFlow §6.4), then, after a barrier, deletes the
 //! rules of this kind still carrying the old bit (cookie-masked delete): only stale ones.
 //! Groups are written with Open vSwitch's `OFPGC11_ADD_OR_MOD` (0x8000; `ovs-ofctl
-//! --may-create mod-group`), never deleted while in use; group ids of the range
-//! `GROUP_BASE .. GROUP_BASE + max(GROUP_RANGE, services)` that no proactive service uses
+//! --may-create mod-group`), never deleted while in use. A group is named by its service's
+//! slot (`ServiceState::slot`), which a reload never hands to another service: a group id
+//! named by the position in the file once gave a reordered service's live rules the other
+//! service's buckets, until their own rules replaced them. Group ids of the range
+//! `GROUP_BASE .. GROUP_BASE + max(GROUP_RANGE, slots)` that no proactive service uses
 //! now are deleted (a delete of a group that does not exist is no error, §7.3.4.2; a stale
 //! group takes its stale rules with it). A switch that (re)connects keeps what it holds
 //! through its reconnect grace (`reconnect_grace_ms`): a restarted controller has not
@@ -87,9 +90,9 @@ use crate::topology::Dpid;
 
 /// The table of the proactive path (after conntrack).
 pub(crate) const TABLE_CT: u8 = 1;
-/// Group ids of proactive services: `GROUP_BASE + service index`.
+/// Group ids of proactive services: `GROUP_BASE + slot`.
 pub(crate) const GROUP_BASE: u32 = 0x6667_0000;
-/// On resync, group ids `GROUP_BASE ..= GROUP_BASE + max(GROUP_RANGE, services)` are
+/// On resync, group ids `GROUP_BASE .. GROUP_BASE + max(GROUP_RANGE, slots)` are
 /// deleted first (a delete of a group that does not exist is no error, §7.3.4.2).
 pub(crate) const GROUP_RANGE: u32 = 64;
 /// The conntrack zone of every proactive service.
@@ -135,24 +138,32 @@ pub(crate) struct ProactiveState {
     synced_any: bool,
 }
 
-pub(crate) fn group_id(service: usize) -> u32 {
-    GROUP_BASE + service as u32
+impl ProactiveState {
+    /// A reload: `prev[i]` is where service `i` was before it, if it was there.
+    pub(crate) fn reorder(&mut self, prev: &[Option<usize>]) {
+        let mut old = std::mem::take(&mut self.services);
+        self.services = prev
+            .iter()
+            .map(|p| {
+                p.and_then(|p| old.get_mut(p))
+                    .map(std::mem::take)
+                    .unwrap_or_default()
+            })
+            .collect();
+    }
 }
 
-fn cookie_of(gen_bit: bool, service: usize) -> u64 {
-    COOKIE_KIND | if gen_bit { COOKIE_GEN } else { 0 } | (service as u64 & 0xffff)
+pub(crate) fn group_id(slot: u16) -> u32 {
+    GROUP_BASE + u32::from(slot)
 }
 
-fn flow(
-    gen_bit: bool,
-    service: usize,
-    table: u8,
-    priority: u16,
-    m: Match,
-    actions: Actions,
-) -> Message {
+fn cookie_of(gen_bit: bool, slot: u16) -> u64 {
+    COOKIE_KIND | if gen_bit { COOKIE_GEN } else { 0 } | u64::from(slot)
+}
+
+fn flow(gen_bit: bool, slot: u16, table: u8, priority: u16, m: Match, actions: Actions) -> Message {
     let mut fm = FlowMod::add(m);
-    fm.cookie = cookie_of(gen_bit, service);
+    fm.cookie = cookie_of(gen_bit, slot);
     fm.table_id = table;
     fm.priority = priority;
     if !actions.is_empty() {
@@ -208,18 +219,26 @@ impl Controller {
         self.proactive.services.get(service)
     }
 
-    /// The select group of a proactive service, with the weights last computed.
+    /// The select group of a proactive service, with the weights last computed. They are
+    /// looked up by address: after a pool change the group goes out at once, before the
+    /// next tick computes weights for the new pool, and by position a removal gave each
+    /// later backend its neighbour's weight (a drained one's 0 to a live one).
     fn group_mod(&self, service: usize, command: GroupModCommand) -> Option<Message> {
         let s = self.services.get(service)?;
-        let weights = self.installed(service).map(|i| i.weights.as_slice());
+        let installed = self.installed(service);
         let buckets = s
             .backends
             .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                let w = weights
-                    .and_then(|w| w.get(i).copied())
-                    .unwrap_or(if b.eligible() { 1 } else { 0 });
+            .map(|b| {
+                let last = installed.and_then(|st| {
+                    let k = st.sig.iter().position(|(a, _)| *a == b.address)?;
+                    st.weights.get(k).copied()
+                });
+                let w = match last {
+                    _ if !b.eligible() => 0,
+                    Some(w) => w,
+                    None => 1,
+                };
                 Bucket::weighted(
                     w,
                     acts([nicira::ct(
@@ -234,7 +253,7 @@ impl Controller {
         Some(Message::GroupMod(GroupMod {
             command,
             group_type: GroupType::Select,
-            group_id: group_id(service),
+            group_id: group_id(s.slot),
             buckets,
         }))
     }
@@ -247,11 +266,12 @@ impl Controller {
             return;
         };
         let port = s.cfg.port;
+        let slot = s.slot;
         let to_ct = || acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))]);
         // Table 0: both directions of the service's traffic through conntrack.
         v.push(flow(
             gen_bit,
-            service,
+            slot,
             0,
             rules::PRIO_INTERCEPT,
             ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
@@ -260,7 +280,7 @@ impl Controller {
         for b in &s.backends {
             v.push(flow(
                 gen_bit,
-                service,
+                slot,
                 0,
                 rules::PRIO_INTERCEPT,
                 ip_src(tcp(), b.address)
@@ -272,7 +292,7 @@ impl Controller {
             // tracked too, so that conntrack knows them when their answers come back.
             v.push(flow(
                 gen_bit,
-                service,
+                slot,
                 0,
                 rules::PRIO_INTERCEPT,
                 ip_dst(tcp(), b.address)
@@ -284,7 +304,7 @@ impl Controller {
         // Table 1: new connections to the group, the rest pinned by conntrack.
         v.push(flow(
             gen_bit,
-            service,
+            slot,
             TABLE_CT,
             PRIO_NEW,
             ip_dst(tcp(), vip)
@@ -293,7 +313,7 @@ impl Controller {
                     ct_state::NEW | ct_state::TRK,
                     ct_state::NEW | ct_state::TRK,
                 )),
-            acts([Action::Group(group_id(service))]),
+            acts([Action::Group(group_id(slot))]),
         ));
         for b in &s.backends {
             // A new connection that came to the backend's own address (`-dnat`: not one
@@ -305,7 +325,7 @@ impl Controller {
             // again, and table 0 would send it back here.
             v.push(flow(
                 gen_bit,
-                service,
+                slot,
                 TABLE_CT,
                 PRIO_DIRECT,
                 ip_dst(tcp(), b.address)
@@ -319,7 +339,7 @@ impl Controller {
             let Some(mac) = b.mac else { continue };
             v.push(flow(
                 gen_bit,
-                service,
+                slot,
                 TABLE_CT,
                 PRIO_EST,
                 ip_dst(tcp(), b.address)
@@ -336,7 +356,7 @@ impl Controller {
         }
         v.push(flow(
             gen_bit,
-            service,
+            slot,
             TABLE_CT,
             PRIO_EST,
             ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
@@ -359,9 +379,13 @@ impl Controller {
         let proactive: Vec<usize> = (0..self.services.len())
             .filter(|&i| self.is_proactive(i))
             .collect();
-        let range = GROUP_RANGE.max(self.services.len() as u32);
+        let range = GROUP_RANGE.max(self.slot_bound);
         for id in GROUP_BASE..GROUP_BASE + range {
-            if !deletes || proactive.iter().any(|&i| group_id(i) == id) {
+            if !deletes
+                || proactive
+                    .iter()
+                    .any(|&i| group_id(self.services[i].slot) == id)
+            {
                 continue;
             }
             v.push(Message::GroupMod(GroupMod {
@@ -602,6 +626,7 @@ mod tests {
     use crate::config::Config;
     use crate::service::AdminState;
     use ofp::SwitchFeatures;
+    use std::collections::BTreeMap;
 
     const VIP: &str = "10.0.0.100";
 
@@ -866,6 +891,125 @@ mod tests {
         // Nothing changes: nothing is sent.
         ctl.handle_tick(t + Duration::from_millis(10), &mut out);
         assert!(groups(&mut out).is_empty());
+    }
+
+    /// A backend's removal sends the group at once (before the next tick computes
+    /// weights for the new pool): each backend that stays keeps its own last weight. By
+    /// position, each later backend took its neighbour's: here the drained backend's 0
+    /// went to a live one, and the removed one's 25 to the heavy one.
+    #[test]
+    fn a_removal_leaves_each_remaining_bucket_its_own_weight() {
+        let (mut ctl, now) = controller("weighted-round-robin", &[1, 2, 1]);
+        let mut out = Outbox::new();
+        ctl.handle_tick(now, &mut out);
+        assert_eq!(weights(&groups(&mut out)[0]), [25, 50, 25]);
+        assert!(ctl.set_admin(now, 0, 1, AdminState::Draining));
+        let t = now + Duration::from_millis(10);
+        ctl.handle_tick(t, &mut out);
+        assert_eq!(weights(&groups(&mut out)[0]), [50, 0, 50]);
+        ctl.remove_backend(t, 0, 0, &mut out).expect("removed");
+        let g = groups(&mut out);
+        assert_eq!(g.len(), 1, "{g:?}");
+        assert_eq!(
+            weights(&g[0]),
+            [0, 50],
+            "10.0.0.3 drained, 10.0.0.4 as before"
+        );
+    }
+
+    /// Two proactive services, each with its own port and backends.
+    fn two_services(web_first: bool) -> String {
+        let web = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nmode = \"proactive\"\n\
+             [service.health]\nkind = \"none\"\n\
+             [[service.backend]]\naddress = \"10.0.0.2\"\n[[service.backend]]\naddress = \"10.0.0.3\"\n"
+        );
+        let api = "[[service]]\nname = \"api\"\nvip = \"10.0.0.101\"\nport = 8080\nmode = \"proactive\"\n\
+             [service.health]\nkind = \"none\"\n\
+             [[service.backend]]\naddress = \"10.0.0.4\"\n[[service.backend]]\naddress = \"10.0.0.5\"\n";
+        if web_first {
+            web + api
+        } else {
+            api.to_string() + &web
+        }
+    }
+
+    /// The group each service's rules name, from a sync's messages: VIP → group id.
+    fn groups_named(msgs: &[Message]) -> BTreeMap<Ipv4Addr, u32> {
+        let mut v = BTreeMap::new();
+        for m in msgs {
+            let Message::FlowMod(fm) = m else { continue };
+            let vip = fm.match_.iter().find_map(|o| match o {
+                Oxm::Ipv4Dst { value, .. } => Some(*value),
+                _ => None,
+            });
+            for i in fm.instructions.iter() {
+                if let Instruction::ApplyActions(a) = i {
+                    for a in a.iter() {
+                        if let (Action::Group(g), Some(vip)) = (a, vip) {
+                            v.insert(vip, *g);
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// A reload that reorders proactive services leaves each its group: the group is
+    /// named by the service's slot. By place, the first group written (ADD_OR_MOD) gave
+    /// the other service's buckets, NAT to other backends on another port, to the rules
+    /// still naming it, until their own replacement arrived: connections opened in that
+    /// window were committed to the wrong service.
+    #[test]
+    fn a_reordering_reload_leaves_each_proactive_service_its_group() {
+        let cfg = Config::from_toml(&two_services(true), &|_| None).expect("valid");
+        let mut ctl = Controller::new(&cfg);
+        let now = Instant::now();
+        let mut out = Outbox::new();
+        ctl.handle_switch_up(now, switch_1(), &mut out);
+        for s in &mut ctl.services {
+            for b in &mut s.backends {
+                b.mac = Some(MacAddr([2, 0, 0, 0, 0, b.address.octets()[3]]));
+            }
+            s.sync_eligibility();
+        }
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        let before: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        let named = groups_named(&before);
+        assert_eq!(named.len(), 2, "{named:?}");
+        // Where each group's buckets send a connection (their NAT actions).
+        let buckets_of = |msgs: &[Message]| -> BTreeMap<u32, Vec<Actions>> {
+            msgs.iter()
+                .filter_map(|m| match m {
+                    Message::GroupMod(g) if g.command != GroupModCommand::Delete => Some((
+                        g.group_id,
+                        g.buckets.iter().map(|b| b.actions.clone()).collect(),
+                    )),
+                    _ => None,
+                })
+                .collect()
+        };
+        let buckets = buckets_of(&before);
+
+        let cfg = Config::from_toml(&two_services(false), &|_| None).expect("valid");
+        ctl.reload(now + grace, &cfg, &mut out);
+        let after: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        assert_eq!(
+            groups_named(&after),
+            named,
+            "each VIP names the group it named"
+        );
+        let rewritten = buckets_of(&after);
+        assert!(!rewritten.is_empty());
+        for (id, b) in &rewritten {
+            assert_eq!(
+                Some(b),
+                buckets.get(id),
+                "group {id:#x} keeps its service's buckets"
+            );
+        }
     }
 
     #[test]

@@ -87,12 +87,13 @@ pub(crate) fn delete_kind(kind: RuleKind) -> Message {
 }
 
 /// New TCP connections to `addr:port` go up to the controller. Connection rules
-/// (higher priority) take everything after the first packets.
-pub(crate) fn intercept(service: u16, addr: Ipv4Addr, port: u16) -> Message {
+/// (higher priority) take everything after the first packets. `slot`, here and below:
+/// the service's (`ServiceState::slot`), in the cookie.
+pub(crate) fn intercept(slot: u16, addr: Ipv4Addr, port: u16) -> Message {
     let m = tcp_match(None, Some(addr), None, Some(port));
     Message::FlowMod(flow(
         RuleKind::Intercept,
-        u64::from(service),
+        u64::from(slot),
         PRIO_INTERCEPT,
         m,
         to_controller(),
@@ -102,11 +103,11 @@ pub(crate) fn intercept(service: u16, addr: Ipv4Addr, port: u16) -> Message {
 /// An OFF period of a service's gap: new connections to `addr:port` are dropped at the
 /// switch until `hard_timeout` seconds have passed (§6.5: the switch removes the entry
 /// itself). Connection rules (priority 300) are above it: established flows never see it.
-pub(crate) fn gap_drop(service: u16, addr: Ipv4Addr, port: u16, hard_timeout: u16) -> Message {
+pub(crate) fn gap_drop(slot: u16, addr: Ipv4Addr, port: u16, hard_timeout: u16) -> Message {
     let m = tcp_match(None, Some(addr), None, Some(port));
     // An empty instruction set drops (§5.10: no output action, no forwarding).
     let mut fm = FlowMod::add(m);
-    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(service));
+    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(slot));
     fm.priority = PRIO_GAP;
     fm.hard_timeout = hard_timeout;
     Message::FlowMod(fm)
@@ -122,16 +123,11 @@ const REPLY_CATCH_BIT: u64 = 1 << 16;
 /// own reverse rule above it (priority 300). It ends by itself after `hard_timeout`
 /// seconds (§6.5), and is sent again while deferring goes on (an identical ADD restarts
 /// it, §6.4).
-pub(crate) fn reply_catch(
-    service: u16,
-    backend: Ipv4Addr,
-    port: u16,
-    hard_timeout: u16,
-) -> Message {
+pub(crate) fn reply_catch(slot: u16, backend: Ipv4Addr, port: u16, hard_timeout: u16) -> Message {
     let m = tcp_match(Some(backend), None, Some(port), None);
     let mut fm = flow(
         RuleKind::Gap,
-        u64::from(service) | REPLY_CATCH_BIT,
+        u64::from(slot) | REPLY_CATCH_BIT,
         PRIO_REPLY_CATCH,
         m,
         to_controller(),
@@ -141,11 +137,20 @@ pub(crate) fn reply_catch(
 }
 
 /// Withdraw a service's OFF-period rules (cookie-masked delete, §7.3.4.1).
-pub(crate) fn gap_delete(service: u16) -> Message {
+pub(crate) fn gap_delete(slot: u16) -> Message {
     let mut fm = FlowMod::delete(Match::new());
     fm.table_id = TABLE_ALL;
-    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(service));
+    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(slot));
     fm.cookie_mask = u64::MAX;
+    Message::FlowMod(fm)
+}
+
+/// Withdraw every `Gap` rule of a slot, its reply catches too (a service that went).
+pub(crate) fn gap_delete_slot(slot: u16) -> Message {
+    let mut fm = FlowMod::delete(Match::new());
+    fm.table_id = TABLE_ALL;
+    fm.cookie = cookie::cookie(RuleKind::Gap, u64::from(slot));
+    fm.cookie_mask = cookie::KIND_MASK | 0xffff;
     Message::FlowMod(fm)
 }
 

@@ -1967,3 +1967,55 @@ fn a_port_numbered_zero_is_not_recorded() {
         .map_or(Vec::new(), |s| s.ports.keys().copied().collect());
     assert_eq!(ports, [1, 2, 3, 4]);
 }
+
+/// A reload goes on with a service's balancer when it would be built as before: the
+/// same algorithm and parameters, the backends that stay in their order, new ones after
+/// them. Here SRT's response-time averages: kept through a reload of the same file, a
+/// removal and an addition; started afresh by a new parameter or a new order. A reload
+/// of another service's settings once restarted every balancer (ISSLM's latches, MRBS's
+/// model and its warm-up of 50 samples with them).
+#[test]
+fn a_reload_goes_on_with_the_balancer_while_it_would_be_built_the_same() {
+    let mut sim = single_switch("srt");
+    for (round, base) in [(0, 10.0), (1, 30.0)] {
+        for b in 0..3 {
+            sim.c
+                .handle_response_time(0, b, base + 10.0 * b as f64 + round as f64);
+        }
+        sim.tick(Duration::from_secs(1));
+    }
+    let rt = |sim: &Sim| -> Vec<Option<f64>> {
+        let b = &sim.c.services()[0].balancer;
+        (0..b.n_backends()).map(|i| b.srt_rt_ms(i)).collect()
+    };
+    let before = rt(&sim);
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+    let reload_now = |sim: &mut Sim, text: &str| {
+        let cfg = Config::from_toml(text, &|_| None).expect("valid config");
+        let now = sim.now;
+        sim.c.reload(now, &cfg, &mut sim.out);
+        sim.pump();
+    };
+    reload_now(&mut sim, &service_config("srt", &[2, 3, 4]));
+    assert_eq!(rt(&sim), before, "the same file");
+    reload_now(&mut sim, &service_config("srt", &[2, 4]));
+    assert_eq!(rt(&sim), [before[0], before[2]], "h3 removed");
+    reload_now(&mut sim, &service_config("srt", &[2, 4, 3]));
+    assert_eq!(
+        rt(&sim),
+        [before[0], before[2], None],
+        "h3 back, after them"
+    );
+    reload_now(&mut sim, &service_config("srt", &[4, 2, 3]));
+    assert_eq!(rt(&sim), [None, None, None], "a new order");
+    reload_now(&mut sim, &service_config("srt", &[4, 2, 3]));
+    sim.c.handle_response_time(0, 0, 50.0);
+    sim.tick(Duration::from_secs(1));
+    assert!(rt(&sim)[0].is_some());
+    let hysteresis = service_config("srt", &[4, 2, 3]).replace(
+        "algorithm = \"srt\"\n",
+        "algorithm = \"srt\"\nhysteresis = 0.2\n",
+    );
+    reload_now(&mut sim, &hysteresis);
+    assert_eq!(rt(&sim)[0], None, "a new parameter");
+}

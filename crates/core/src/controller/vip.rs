@@ -759,7 +759,7 @@ impl Controller {
                 out.push(
                     d,
                     rules::reply_catch(
-                        si as u16,
+                        s.slot,
                         b.address,
                         s.cfg.port,
                         super::handshake::CATCH_HARD_TIMEOUT_S,

@@ -580,3 +580,192 @@ fn beside_a_flood_a_quiet_service_keeps_rules_at_the_syn() {
         "the flooded service still defers"
     );
 }
+
+/// Two services on one switch, "web" (the sim's VIP) with `web` as its overload section
+/// and "api" (10.0.0.101, wide open), in the given order.
+fn two_services(web_first: bool, web: &str) -> String {
+    let backends = format!(
+        "[[service.backend]]\naddress = \"{}\"\n[[service.backend]]\naddress = \"{}\"\n",
+        ip(2),
+        ip(3)
+    );
+    let web = format!(
+        "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n[service.overload]\n{web}\n{backends}"
+    );
+    let api = format!(
+        "[[service]]\nname = \"api\"\nvip = \"{}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n[service.overload]\n\
+         mode = \"adaptive\"\ncapacity_rps = 100000\n{backends}",
+        API
+    );
+    if web_first { web + &api } else { api + &web }
+}
+
+const API: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 101);
+
+fn two_service_sim(web: &str) -> Sim {
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3)];
+    let mut s = Sim::new(&two_services(true, web), &[(1, 3)], &[], &hosts);
+    for i in 1..=3u8 {
+        s.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    s
+}
+
+fn reload(sim: &mut Sim, text: &str) {
+    let cfg = crate::config::Config::from_toml(text, &|_| None).expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+}
+
+/// The meter the intercept rule of `vip` names on the switch, and that meter's rate.
+fn intercept_meter_of(t: &FakeTable, vip: std::net::Ipv4Addr) -> Option<(u32, Option<u32>)> {
+    let e = t.flows().find(|e| {
+        cookie::kind_of(e.cookie) == Some(RuleKind::Intercept)
+            && e.match_
+                .iter()
+                .any(|o| matches!(o, ofp::Oxm::Ipv4Dst { value, .. } if *value == vip))
+    })?;
+    let id = e.meter()?;
+    Some((id, meter_rate(t, id)))
+}
+
+/// A reload that only reorders the services leaves each on its own meter: the meter is
+/// named by the service's slot, not its place in the file. Named by place, the gapped
+/// service's intercept rule named the open service's meter after the reload (and the
+/// open one the gapped one's) until the next meter change was due; a service that goes
+/// takes its meter off the switch.
+#[test]
+fn a_reordering_reload_keeps_each_service_on_its_own_meter() {
+    let web = "mode = \"adaptive\"\ncapacity_rps = 100\nmeter_hold_ms = 60000";
+    let mut sim = two_service_sim(web);
+    let mut port = 10_000u16;
+    // 300 SYN/s at web for 4 s: it gaps, its meter tightens.
+    for k in 0..1200u32 {
+        if k % 3 == 0 {
+            sim.tick(Duration::from_millis(10));
+        }
+        port += 1;
+        syn(&mut sim, port);
+    }
+    assert!(sim.c.gap_view(0).expect("web").gapping);
+    let (web_meter, web_rate) = intercept_meter_of(table(&sim), VIP).expect("web's meter");
+    let (api_meter, api_rate) = intercept_meter_of(table(&sim), API).expect("api's meter");
+    assert!(
+        web_rate < api_rate,
+        "web's meter {web_rate:?} is under api's {api_rate:?}"
+    );
+
+    reload(&mut sim, &two_services(false, web));
+    let t = table(&sim);
+    assert_eq!(
+        intercept_meter_of(t, VIP),
+        Some((web_meter, web_rate)),
+        "web keeps its meter and its band"
+    );
+    assert_eq!(intercept_meter_of(t, API), Some((api_meter, api_rate)));
+    // Its gap goes on, under the new order.
+    assert!(sim.c.gap_view(1).expect("web").gapping);
+    let refused = sim.c.gap_view(1).expect("web").refused_total;
+    for k in 0..300u32 {
+        if k % 3 == 0 {
+            sim.tick(Duration::from_millis(10));
+        }
+        port += 1;
+        syn(&mut sim, port);
+    }
+    assert!(sim.c.gap_view(1).expect("web").refused_total > refused);
+    assert_eq!(
+        intercept_meter_of(table(&sim), VIP).map(|m| m.0),
+        Some(web_meter)
+    );
+
+    // api goes: its meter leaves the switch; web keeps its own.
+    let web_only = two_services(false, web);
+    let web_only = &web_only[web_only.find("[[service]]\nname = \"web\"").expect("web")..];
+    reload(&mut sim, web_only);
+    let t = table(&sim);
+    assert!(!t.meters().contains_key(&api_meter), "{:?}", t.meters());
+    assert_eq!(intercept_meter_of(t, VIP).map(|m| m.0), Some(web_meter));
+}
+
+/// A service's OFF-period rules are withdrawn when its gap relaxes after a reload that
+/// moved it in the file: they carry its slot, which the withdrawal names. By place, the
+/// withdrawal named the other service's cookie and the rules stayed to their hard timeout.
+#[test]
+fn off_period_rules_are_withdrawn_after_a_reordering_reload() {
+    let web =
+        "mode = \"adaptive\"\ncapacity_rps = 0.5\nmin_rate = 0.25\noff_rule_min_gap_ms = 2000";
+    let mut sim = two_service_sim(web);
+    let gap_rules = |t: &FakeTable| {
+        t.flows()
+            .filter(|e| cookie::kind_of(e.cookie) == Some(RuleKind::Gap))
+            .count()
+    };
+    let mut port = 20_000u16;
+    for _ in 0..400 {
+        sim.tick(Duration::from_millis(50));
+        port += 1;
+        syn(&mut sim, port);
+        if gap_rules(table(&sim)) > 0 {
+            break;
+        }
+    }
+    assert!(
+        gap_rules(table(&sim)) > 0,
+        "an OFF-period rule was installed"
+    );
+    reload(&mut sim, &two_services(false, web));
+    for _ in 0..400 {
+        sim.tick(Duration::from_millis(50));
+        if gap_rules(table(&sim)) == 0 {
+            break;
+        }
+    }
+    assert_eq!(gap_rules(table(&sim)), 0, "OFF rule withdrawn");
+    for _ in 0..100 {
+        sim.tick(Duration::from_millis(50));
+    }
+    assert!(!sim.c.gap_view(1).expect("web").gapping, "gap lifted");
+    assert_eq!(gap_rules(table(&sim)), 0);
+}
+
+/// A switch that holds meters from an earlier run of the controller, which started
+/// without gapping (so it cleared none when the switch connected), gets its meters when
+/// a reload turns gapping on: each is deleted before it is added. An OFPMC_ADD alone was
+/// refused (OFPMMFC_METER_EXISTS), the old band staying in force; the controller fuzz
+/// target found it once its programs could reload.
+#[test]
+fn a_reload_that_turns_gapping_on_replaces_meters_an_earlier_run_left() {
+    let on = "mode = \"adaptive\"\ncapacity_rps = 100";
+    let mut sim = overload_sim(on, "mode = \"adaptive\"");
+    assert!(table(&sim).meters().contains_key(&SERVICE_METER_BASE));
+    let off = |s: &str| {
+        s.replace(on, "mode = \"off\"")
+            .replace("\"adaptive\"", "\"off\"")
+    };
+    let text = |overload: &str| {
+        format!(
+            "[controller.overload]\nmode = \"adaptive\"\n\
+             [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+             [service.health]\nkind = \"none\"\n[service.overload]\n{overload}\n\
+             [[service.backend]]\naddress = \"{}\"\n[[service.backend]]\naddress = \"{}\"\n",
+            ip(2),
+            ip(3)
+        )
+    };
+    // The controller restarts without gapping: the switch keeps its meters.
+    sim.restart(&off(&text(on)));
+    assert!(table(&sim).meters().contains_key(&SERVICE_METER_BASE));
+    assert_eq!(intercept_meter(table(&sim)), None);
+    // Gapping comes back by a reload: the pump panics on any OpenFlow error.
+    reload(&mut sim, &text(on));
+    assert_eq!(intercept_meter(table(&sim)), Some(SERVICE_METER_BASE));
+    let band = sim
+        .c
+        .installed_meter(1, SERVICE_METER_BASE)
+        .expect("installed");
+    assert_eq!(meter_rate(table(&sim), SERVICE_METER_BASE), Some(band.rate));
+}

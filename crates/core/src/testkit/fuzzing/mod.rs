@@ -62,6 +62,8 @@ pub struct Reached {
     pub resets: u64,
     /// Links between switches it discovered.
     pub links: usize,
+    /// Reloads it carried out.
+    pub reloads: u64,
 }
 
 /// Runs `data` as a program against a fresh controller. Panics on a defect.
@@ -80,7 +82,7 @@ pub fn controller_target(data: &[u8]) -> Reached {
     });
     let mut input = Input(data);
     let config = &configs[usize::from(input.u8()) % configs.len()];
-    let mut world = World::new(config);
+    let mut world = World::new(config, configs);
     let mut reached = Reached::default();
     for _ in 0..MAX_STEPS {
         if input.is_empty() {
@@ -93,18 +95,24 @@ pub fn controller_target(data: &[u8]) -> Reached {
     }
     reached.rules_ended = world.c.counters().flow_removed;
     reached.resets = world.c.counters().resets_sent;
+    reached.reloads = world.reloads;
     reached
 }
 
 /// The body of the `config` fuzz target: any text as a configuration. A configuration is
 /// an operator's file, a reload, or (in the distributed mode) a value read from etcd; none
 /// may panic the parser. What it refuses it must explain: at least one error, each with a
-/// message. What it accepts must build a controller that takes its switches and a tick.
+/// message. What it accepts must build a controller that takes its switches, a tick,
+/// and a reload to itself with its services in reverse order.
 pub fn config_target(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     match Config::from_toml(&text, &|_| None) {
         Ok(config) => {
-            let mut world = World::new(&config);
+            let mut world = World::new(&config, &[]);
+            world.tick(Duration::from_millis(20));
+            let mut reversed = config.clone();
+            reversed.services.reverse();
+            world.reload_to(&reversed);
             world.tick(Duration::from_millis(20));
         }
         Err(errors) => {

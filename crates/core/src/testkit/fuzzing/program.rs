@@ -260,6 +260,14 @@ impl Program {
         self.op(dpid, 9)
     }
 
+    /// A reload to configuration `config` (an index into [`CONFIGS`]), its services as
+    /// written (`order` 0), reversed (1) or rotated by one (2).
+    pub fn reload(self, config: u8, order: u8) -> Program {
+        let mut p = self.op(1, 12);
+        p.0.extend_from_slice(&[config, order]);
+        p
+    }
+
     pub fn into_bytes(self) -> Vec<u8> {
         self.0
     }
@@ -267,8 +275,8 @@ impl Program {
 
 /// Programs that reach the decisions under each configuration: backends and clients
 /// announce themselves on three linked switches, clients open connections to the VIPs
-/// and to an addressed backend, a stray segment is reset, rules end, a switch leaves and
-/// comes back, and time passes.
+/// and to an addressed backend, a stray segment is reset, rules end, the services are
+/// reloaded in reverse order, a switch leaves and comes back, and time passes.
 pub fn seed_programs() -> Vec<Vec<u8>> {
     let (vip, vip2) = (Endpoint::VIP, Endpoint::VIP2);
     let h = Endpoint::host;
@@ -310,6 +318,9 @@ pub fn seed_programs() -> Vec<Vec<u8>> {
                 HostFrame::tcp(h(7), vip, 1, TcpFlags::ACK, 41_000, 80).at(3),
             )
             .rule_ended(1, 0)
+            // The services move in the file: each keeps its meter, group and rules.
+            .reload(config, 1)
+            .frame(1, HostFrame::tcp(h(7), vip, 1, syn, 40_010, 80).at(3))
             .rule_ended(2, 7)
             .tick(31_000)
             .toggle(2)

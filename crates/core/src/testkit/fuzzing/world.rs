@@ -25,6 +25,10 @@ use crate::{Config, Controller, Outbox};
 /// The controller, its switches' tables, and the clock.
 pub(super) struct World {
     pub(super) c: Controller,
+    /// The configurations a reload step picks from.
+    configs: &'static [Config],
+    /// Reloads carried out.
+    pub(super) reloads: u64,
     tables: BTreeMap<u64, FakeTable>,
     /// The switches connected now.
     up: BTreeSet<u64>,
@@ -37,9 +41,11 @@ pub(super) struct World {
 }
 
 impl World {
-    pub(super) fn new(config: &Config) -> World {
+    pub(super) fn new(config: &Config, configs: &'static [Config]) -> World {
         let mut w = World {
             c: Controller::new(config),
+            configs,
+            reloads: 0,
             tables: (1..=SWITCHES)
                 .map(|d| (d, FakeTable::new().with_ports(1..=PORTS)))
                 .collect(),
@@ -57,7 +63,7 @@ impl World {
 
     pub(super) fn step(&mut self, input: &mut Input<'_>) {
         let dpid = 1 + input.pick(SWITCHES as usize) as u64;
-        match input.u8() % 12 {
+        match input.u8() % 13 {
             // Any bytes the framer would pass: a header with our version and the real
             // length (§7.1), the rest as the input has it.
             0 => {
@@ -150,8 +156,30 @@ impl World {
                 }
             }
             10 => self.backend_figure(input),
-            _ => self.work_sample(input, dpid),
+            11 => self.work_sample(input, dpid),
+            _ => self.reload(input),
         }
+    }
+
+    /// A reload: one of the configurations, its services in the order the input picks
+    /// (as written, reversed, or rotated), so that services come, go and move.
+    fn reload(&mut self, input: &mut Input<'_>) {
+        let Some(base) = self.configs.get(input.pick(self.configs.len())) else {
+            return;
+        };
+        let mut config = base.clone();
+        match input.u8() % 3 {
+            0 => {}
+            1 => config.services.reverse(),
+            _ => config.services.rotate_left(1),
+        }
+        self.reload_to(&config);
+    }
+
+    pub(super) fn reload_to(&mut self, config: &Config) {
+        self.c.reload(self.now, config, &mut self.out);
+        self.reloads += 1;
+        self.settle();
     }
 
     fn switch_up(&mut self, dpid: u64) {
