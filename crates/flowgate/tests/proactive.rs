@@ -450,3 +450,129 @@ fn ovs_a_reordering_reload_leaves_meters_and_groups_with_their_services() {
     assert_eq!(named_by(&flows, "10.0.0.101", "group:"), group, "{flows}");
     ctl.assert_no_openflow_errors();
 }
+
+/// A backend removed from a proactive pool (`DELETE .../backends/B`) keeps carrying the
+/// download it serves: its rules stay, retiring, until its traffic has been idle for the
+/// service's idle timeout, and then the switch removes them. New connections go to the
+/// others at once. Deleted with the pool's other changes, the rules took the download
+/// with them (its packets met no rewrite and went up to the controller).
+#[test]
+fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
+    let Some(p) = setup("ovs_proactive_removal_keeps_the_removed_backends_connections") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = vip_config(
+        VIP,
+        "round-robin",
+        &backends,
+        "mode = \"proactive\"\nidle_timeout_secs = 2\n",
+    )
+    .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
+    let ctl = Ctl::start("proactive-removal", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let br = &t.bridges[0];
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            httpd(
+                h,
+                &format!("b{}", i + 2),
+                &["--rate-bytes-per-sec", "1000000"],
+            )
+        })
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    wait_until("the select group", Duration::from_secs(10), || {
+        let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
+        g.matches("nat(dst=").count() == 2
+    });
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    let warm = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+    assert_eq!(warm["ok"], 4, "{warm}");
+
+    // A download of 5 MB at 1 MB/s; its backend leaves the pool while it runs.
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "60",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/5000000"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    let mut busy = None;
+    wait_until("the download's backend", Duration::from_secs(10), || {
+        busy = carrier(&t.hosts[1..]);
+        busy.is_some()
+    });
+    let busy = busy.unwrap();
+    let auth = format!("Bearer {TOKEN}");
+    let (st, body) = http_request(
+        ctl.api,
+        "DELETE",
+        &format!("/api/v1/services/web/backends/{busy}"),
+        &[("Authorization", auth.as_str())],
+        "",
+    );
+    assert_eq!(st, 200, "remove {busy}: {body}");
+    wait_until("one bucket", Duration::from_secs(5), || {
+        let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
+        g.matches("nat(dst=").count() == 1 && !g.contains(&format!("nat(dst={busy}:80)"))
+    });
+    let names_busy = |flows: &str| {
+        flows
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("nw_src={busy},")) || l.contains(&format!("nw_dst={busy},"))
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The two that carry the download (its answers to conntrack, its rewrite after it)
+    // are there, retiring; the two for connections to its own address had carried
+    // nothing for longer than the timeout, and Open vSwitch's replacement keeps a rule's
+    // last use (§6.4 without OFPFF_RESET_COUNTS), so they may be gone already.
+    let retiring = names_busy(&br.dump_flows().expect("flows"));
+    let carrying = |l: &&String| {
+        (l.contains("table=0") && l.contains(&format!("nw_src={busy},")))
+            || (l.contains("table=1") && l.contains("ct_state=+trk,tcp,nw_dst="))
+    };
+    assert_eq!(
+        retiring.iter().filter(carrying).count(),
+        2,
+        "its rules, retiring: {retiring:#?}"
+    );
+    assert!(
+        retiring.iter().all(|l| l.contains("idle_timeout=2")),
+        "{retiring:#?}"
+    );
+
+    let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(after["ok"], 20, "{after}");
+    assert_eq!(shares(&after).len(), 1, "only the staying backend: {after}");
+
+    let out = dl.wait_with_output().expect("curl finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "200 5000000",
+        "the download on the removed backend finished (curl: {text})"
+    );
+    // Idle for 2 s, its rules go.
+    wait_until(
+        "the retiring rules' idle timeout",
+        Duration::from_secs(15),
+        || names_busy(&br.dump_flows().unwrap_or_default()).is_empty(),
+    );
+    ctl.assert_no_openflow_errors();
+}

@@ -52,6 +52,13 @@
 //! the grace ends, the switch's rules may carry either bit: the sync runs twice, once with
 //! each bit.
 //!
+//! **A backend that leaves** every proactive pool keeps its rules while conntrack holds
+//! connections to it: they are written again with a retiring cookie bit that no
+//! generation's delete takes and the idle timeout of its services, and the switch removes
+//! them once its connections have been idle that long (`retiring_flows`). A whole service
+//! that goes (or leaves the proactive mode) takes its VIP's rules, and so its connections,
+//! with it: kept, they would overlap the reactive intercept at the same priority.
+//!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
 //! connections, rates, response times), where the next [`WEIGHT_PICKS`] new connections
@@ -72,6 +79,7 @@
 //! least-connections degrades to weighted shares. Service `connections_total` counts only
 //! connections that still reached the controller (none once the group is installed).
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -110,6 +118,9 @@ const RESEND_MIN: Duration = Duration::from_millis(250);
 pub(crate) const COOKIE_KIND: u64 = crate::cookie::RuleKind::Proactive.base();
 /// The generation bit of a proactive rule's cookie.
 const COOKIE_GEN: u64 = 1 << 40;
+/// The bit of a retiring backend's rules: no generation's delete takes them (they end by
+/// their idle timeout).
+const COOKIE_RETIRE: u64 = 1 << 41;
 /// OVS's `OFPGC11_ADD_OR_MOD`: add the group, or replace it if it exists.
 const OFPGC_ADD_OR_MOD: u16 = 0x8000;
 
@@ -136,6 +147,9 @@ pub(crate) struct ProactiveState {
     gen_bit: bool,
     /// Some service was proactive at the last resync.
     synced_any: bool,
+    /// The backends whose rules the last resync wrote, by `(address, port)`: where each
+    /// was, and the longest idle timeout of the services it served.
+    synced_backends: BTreeMap<(Ipv4Addr, u16), (Option<MacAddr>, u16)>,
 }
 
 impl ProactiveState {
@@ -208,6 +222,80 @@ fn tracked() -> Oxm {
     nicira::ct_state_match(ct_state::TRK, ct_state::TRK)
 }
 
+fn to_ct() -> Actions {
+    acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))])
+}
+
+/// The rules of one backend `addr` on service port `port` (the same for every proactive
+/// service it serves), with `cookie` and `idle_timeout` (0 but for retiring ones).
+fn backend_flows(
+    cookie: u64,
+    idle_timeout: u16,
+    addr: Ipv4Addr,
+    port: u16,
+    mac: Option<MacAddr>,
+    v: &mut Vec<Message>,
+) {
+    let mut push = |table: u8, priority: u16, m: Match, actions: Actions| {
+        let mut fm = FlowMod::add(m);
+        fm.cookie = cookie;
+        fm.table_id = table;
+        fm.priority = priority;
+        fm.idle_timeout = idle_timeout;
+        fm.instructions.push(Instruction::ApplyActions(actions));
+        v.push(Message::FlowMod(fm));
+    };
+    // Table 0: its answers through conntrack (un-NAT)...
+    push(
+        0,
+        rules::PRIO_INTERCEPT,
+        ip_src(tcp(), addr)
+            .with(Oxm::TcpSrc(port))
+            .with(untracked()),
+        to_ct(),
+    );
+    // ...and connections to its own address (health checks, direct clients), so that
+    // conntrack knows them when their answers come back.
+    push(
+        0,
+        rules::PRIO_INTERCEPT,
+        ip_dst(tcp(), addr)
+            .with(Oxm::TcpDst(port))
+            .with(untracked()),
+        to_ct(),
+    );
+    // A new connection that came to the backend's own address (`-dnat`: not one the group
+    // placed, which is committed with its NAT) is committed, without NAT, then forwarded
+    // as addressed (table 0 again, tracked): else its first answer, a SYN-ACK conntrack
+    // never saw begin, is invalid and dropped, and no health check or direct client gets
+    // through (seen on Open vSwitch). The commit recirculates: after a `ct` that does not,
+    // the packet is untracked again, and table 0 would send it back here.
+    push(
+        TABLE_CT,
+        PRIO_DIRECT,
+        ip_dst(tcp(), addr)
+            .with(Oxm::TcpDst(port))
+            .with(nicira::ct_state_match(
+                ct_state::NEW | ct_state::TRK,
+                ct_state::NEW | ct_state::TRK | ct_state::DNAT,
+            )),
+        acts([nicira::ct(nicira::CT_COMMIT, CT_ZONE, Some(0), &[])]),
+    );
+    let Some(mac) = mac else { return };
+    push(
+        TABLE_CT,
+        PRIO_EST,
+        ip_dst(tcp(), addr).with(Oxm::TcpDst(port)).with(tracked()),
+        acts([
+            Action::SetField(Oxm::EthDst {
+                value: mac.0,
+                mask: None,
+            }),
+            nicira::resubmit_table(0),
+        ]),
+    );
+}
+
 impl Controller {
     pub(crate) fn is_proactive(&self, service: usize) -> bool {
         self.services
@@ -267,7 +355,6 @@ impl Controller {
         };
         let port = s.cfg.port;
         let slot = s.slot;
-        let to_ct = || acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))]);
         // Table 0: both directions of the service's traffic through conntrack.
         v.push(flow(
             gen_bit,
@@ -277,30 +364,6 @@ impl Controller {
             ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
             to_ct(),
         ));
-        for b in &s.backends {
-            v.push(flow(
-                gen_bit,
-                slot,
-                0,
-                rules::PRIO_INTERCEPT,
-                ip_src(tcp(), b.address)
-                    .with(Oxm::TcpSrc(port))
-                    .with(untracked()),
-                to_ct(),
-            ));
-            // Connections to the backend's own address (health checks, direct clients):
-            // tracked too, so that conntrack knows them when their answers come back.
-            v.push(flow(
-                gen_bit,
-                slot,
-                0,
-                rules::PRIO_INTERCEPT,
-                ip_dst(tcp(), b.address)
-                    .with(Oxm::TcpDst(port))
-                    .with(untracked()),
-                to_ct(),
-            ));
-        }
         // Table 1: new connections to the group, the rest pinned by conntrack.
         v.push(flow(
             gen_bit,
@@ -315,45 +378,6 @@ impl Controller {
                 )),
             acts([Action::Group(group_id(slot))]),
         ));
-        for b in &s.backends {
-            // A new connection that came to the backend's own address (`-dnat`: not one
-            // the group placed, which is committed with its NAT) is committed, without
-            // NAT, then forwarded as addressed (table 0 again, tracked): else its first
-            // answer, a SYN-ACK conntrack never saw begin, is invalid and dropped, and
-            // no health check or direct client gets through (seen on Open vSwitch). The
-            // commit recirculates: after a `ct` that does not, the packet is untracked
-            // again, and table 0 would send it back here.
-            v.push(flow(
-                gen_bit,
-                slot,
-                TABLE_CT,
-                PRIO_DIRECT,
-                ip_dst(tcp(), b.address)
-                    .with(Oxm::TcpDst(port))
-                    .with(nicira::ct_state_match(
-                        ct_state::NEW | ct_state::TRK,
-                        ct_state::NEW | ct_state::TRK | ct_state::DNAT,
-                    )),
-                acts([nicira::ct(nicira::CT_COMMIT, CT_ZONE, Some(0), &[])]),
-            ));
-            let Some(mac) = b.mac else { continue };
-            v.push(flow(
-                gen_bit,
-                slot,
-                TABLE_CT,
-                PRIO_EST,
-                ip_dst(tcp(), b.address)
-                    .with(Oxm::TcpDst(port))
-                    .with(tracked()),
-                acts([
-                    Action::SetField(Oxm::EthDst {
-                        value: mac.0,
-                        mask: None,
-                    }),
-                    nicira::resubmit_table(0),
-                ]),
-            ));
-        }
         v.push(flow(
             gen_bit,
             slot,
@@ -368,13 +392,17 @@ impl Controller {
                 nicira::resubmit_table(0),
             ]),
         ));
+        let cookie = cookie_of(gen_bit, slot);
+        for b in &s.backends {
+            backend_flows(cookie, 0, b.address, port, b.mac, v);
+        }
     }
 
     /// One make-before-break sync (see the module doc): stale groups deleted, current
     /// groups added or replaced, every current rule (re-)added with `gen_bit`, a barrier,
     /// then the rules of the other generation deleted. Without `deletes` (a switch in its
     /// reconnect grace), only the adds.
-    fn sync_messages(&self, gen_bit: bool, deletes: bool) -> Vec<Message> {
+    fn sync_messages(&self, gen_bit: bool, deletes: bool, retiring: &[Message]) -> Vec<Message> {
         let mut v = Vec::new();
         let proactive: Vec<usize> = (0..self.services.len())
             .filter(|&i| self.is_proactive(i))
@@ -422,13 +450,14 @@ impl Controller {
                 acts([nicira::resubmit_table(0)]),
             ));
         }
+        v.extend_from_slice(retiring);
         if deletes {
             // §6.2: the adds must be done before the delete of the other generation.
             v.push(Message::BarrierRequest);
             let mut del = FlowMod::delete(Match::new());
             del.table_id = rules::TABLE_ALL;
             del.cookie = cookie_of(!gen_bit, 0);
-            del.cookie_mask = cookie::KIND_MASK | COOKIE_GEN;
+            del.cookie_mask = cookie::KIND_MASK | COOKIE_GEN | COOKIE_RETIRE;
             v.push(Message::FlowMod(del));
         }
         v
@@ -458,7 +487,7 @@ impl Controller {
         if !self.in_grace(dpid) {
             self.proactive_settle(dpid, out);
         } else if self.proactive_may_write(dpid) {
-            for m in self.sync_messages(self.proactive.gen_bit, false) {
+            for m in self.sync_messages(self.proactive.gen_bit, false, &[]) {
                 out.push(dpid, m);
             }
         }
@@ -469,9 +498,9 @@ impl Controller {
     pub(crate) fn proactive_settle(&mut self, dpid: Dpid, out: &mut Outbox) {
         let g = self.proactive.gen_bit;
         for m in self
-            .sync_messages(!g, true)
+            .sync_messages(!g, true, &[])
             .into_iter()
-            .chain(self.sync_messages(g, true))
+            .chain(self.sync_messages(g, true, &[]))
         {
             out.push(dpid, m);
         }
@@ -489,10 +518,11 @@ impl Controller {
         self.proactive.synced_any = any;
         self.proactive.gen_bit = !self.proactive.gen_bit;
         let g = self.proactive.gen_bit;
-        let full = self.sync_messages(g, true);
+        let retiring = self.retiring_flows();
+        let full = self.sync_messages(g, true, &retiring);
         // Built only if some switch in its grace may be written now.
         let adds = (self.proactive_located() && self.switch_ids().any(|d| self.in_grace(d)))
-            .then(|| self.sync_messages(g, false));
+            .then(|| self.sync_messages(g, false, &retiring));
         let dpids: Vec<Dpid> = self.switch_ids().collect();
         for d in dpids {
             let msgs = match (self.in_grace(d), &adds) {
@@ -504,6 +534,43 @@ impl Controller {
                 out.push(d, m.clone());
             }
         }
+    }
+
+    /// A backend that left every proactive pool keeps its rules for the connections
+    /// conntrack still holds to it: they are written again, before the other generation's
+    /// delete, with [`COOKIE_RETIRE`] (which no generation's delete takes) and the idle
+    /// timeout of its services, and the switch removes them once none of its connections
+    /// has sent a packet for that long (§6.5). Deleted with the rest, they took the live
+    /// connections with them: a connection's packets met no rewrite, went up to the
+    /// controller and were answered with a RST. Only a backend that left every pool: a
+    /// rule it shares with a staying pool is written normally, and two rules with one
+    /// match and priority are one rule (§6.4).
+    fn retiring_flows(&mut self) -> Vec<Message> {
+        let mut now: BTreeMap<(Ipv4Addr, u16), (Option<MacAddr>, u16)> = BTreeMap::new();
+        for s in self
+            .services
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| self.is_proactive(i))
+            .map(|(_, s)| s)
+        {
+            for b in &s.backends {
+                let e = now
+                    .entry((b.address, s.cfg.port))
+                    .or_insert((b.mac, s.cfg.idle_timeout_secs));
+                e.1 = e.1.max(s.cfg.idle_timeout_secs);
+            }
+        }
+        let before = std::mem::replace(&mut self.proactive.synced_backends, now);
+        let mut v = Vec::new();
+        for ((addr, port), (mac, idle)) in before {
+            if self.proactive.synced_backends.contains_key(&(addr, port)) {
+                continue;
+            }
+            let cookie = COOKIE_KIND | COOKIE_RETIRE | 0xffff;
+            backend_flows(cookie, idle.max(1), addr, port, mac, &mut v);
+        }
+        v
     }
 
     /// Bucket weights from the service's balancer (see the module doc); the partitioned
@@ -683,7 +750,11 @@ mod tests {
                     if fm.command == ofp::FlowModCommand::Delete
                         && fm.cookie & cookie::KIND_MASK == COOKIE_KIND =>
                 {
-                    assert_eq!(fm.cookie_mask, cookie::KIND_MASK | COOKIE_GEN);
+                    assert_eq!(
+                        fm.cookie_mask,
+                        cookie::KIND_MASK | COOKIE_GEN | COOKIE_RETIRE
+                    );
+                    assert_eq!(fm.cookie & COOKIE_RETIRE, 0, "retiring rules stay");
                     Some(i)
                 }
                 _ => None,
@@ -915,6 +986,89 @@ mod tests {
             [0, 50],
             "10.0.0.3 drained, 10.0.0.4 as before"
         );
+    }
+
+    /// A backend removed from the pool keeps its rules for the connections conntrack
+    /// holds to it: written again, before the other generation's delete (which spares
+    /// them), with the retiring bit and the service's idle timeout; the backend that
+    /// comes back has its rules written as before, without a timeout.
+    #[test]
+    fn a_removed_backend_retires_its_rules_by_idle_timeout() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
+        let mut out = Outbox::new();
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        out.drain().for_each(drop);
+        let idle = ctl.services[0].cfg.idle_timeout_secs;
+        let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
+        let names = |fm: &FlowMod, a: Ipv4Addr| {
+            fm.match_.iter().any(|o| {
+                matches!(o, Oxm::Ipv4Src { value, .. } | Oxm::Ipv4Dst { value, .. } if *value == a)
+            })
+        };
+        let t = now + grace;
+        ctl.remove_backend(t, 0, 1, &mut out).expect("removed");
+        let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        let retiring: Vec<(usize, &FlowMod)> = msgs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| match m {
+                Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0 => Some((i, fm)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(retiring.len(), 4, "its four rules: {retiring:?}");
+        for (_, fm) in &retiring {
+            assert_eq!(fm.command, ofp::FlowModCommand::Add);
+            assert_eq!(fm.idle_timeout, idle);
+            assert_eq!(fm.hard_timeout, 0);
+            assert!(names(fm, gone), "{fm:?}");
+        }
+        let delete = generation_deletes(&msgs);
+        assert_eq!(delete.len(), 1);
+        assert!(
+            retiring.iter().all(|(i, _)| *i < delete[0]),
+            "retired before the delete"
+        );
+        // No rule of the new generation names it; the other backends' rules carry no timeout.
+        let normal = |msgs: &[Message], a: Ipv4Addr| {
+            msgs.iter()
+                .filter(|m| match m {
+                    Message::FlowMod(fm) => {
+                        fm.command == ofp::FlowModCommand::Add
+                            && fm.cookie & COOKIE_RETIRE == 0
+                            && fm.idle_timeout == 0
+                            && names(fm, a)
+                    }
+                    _ => false,
+                })
+                .count()
+        };
+        assert_eq!(normal(&msgs, gone), 0);
+        assert_eq!(normal(&msgs, "10.0.0.2".parse().expect("address")), 4);
+        // The next resync retires nothing more.
+        ctl.handle_tick(t + Duration::from_millis(10), &mut out);
+        let later: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        assert!(
+            !later
+                .iter()
+                .any(|m| matches!(m, Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0))
+        );
+        // Back in the pool: its rules as before (they replace the retiring ones, §6.4).
+        let cfg = crate::config::BackendConfig {
+            address: gone,
+            weight: 1,
+            metrics: None,
+        };
+        ctl.add_backend(t, 0, cfg, &mut out).expect("added");
+        out.drain().for_each(drop);
+        // Located again (as ARP would find it): the next tick writes its rules.
+        for b in &mut ctl.services[0].backends {
+            b.mac.get_or_insert(MacAddr([2, 0, 0, 0, 0, 3]));
+        }
+        ctl.handle_tick(t + Duration::from_millis(20), &mut out);
+        let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
+        assert_eq!(normal(&msgs, gone), 4);
     }
 
     /// Two proactive services, each with its own port and backends.
