@@ -576,3 +576,104 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     );
     ctl.assert_no_openflow_errors();
 }
+
+/// A reload that takes a service out of the proactive mode (to the reactive one) keeps the
+/// download in flight on it: its VIP's conntrack rule stays, retiring, a priority above
+/// the reactive intercept, with its backends' rules, until their traffic has been idle
+/// for the idle timeout. New connections go up to the controller and are placed there.
+#[test]
+fn ovs_proactive_to_reactive_keeps_live_connections() {
+    let Some(p) = setup("ovs_proactive_to_reactive_keeps_live_connections") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = vip_config(
+        VIP,
+        "round-robin",
+        &backends,
+        "mode = \"proactive\"\nidle_timeout_secs = 2\n",
+    );
+    let ctl = Ctl::start("proactive-to-reactive", &cfg);
+    ctl.control(&t.bridges[..1]);
+    let br = &t.bridges[0];
+    let _servers: Vec<_> = t.hosts[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            httpd(
+                h,
+                &format!("b{}", i + 2),
+                &["--rate-bytes-per-sec", "1000000"],
+            )
+        })
+        .collect();
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    wait_until("the select group", Duration::from_secs(10), || {
+        let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
+        g.matches("nat(dst=").count() == 2
+    });
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    let warm = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+    assert_eq!(warm["ok"], 4, "{warm}");
+
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "60",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/5000000"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl");
+    wait_until("the download's backend", Duration::from_secs(10), || {
+        carrier(&t.hosts[1..]).is_some()
+    });
+    let path = ctl.dir.join("flowgate.toml");
+    std::fs::write(&path, cfg.replace("mode = \"proactive\"\n", "")).expect("write config");
+    signal(ctl.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || {
+        ctl.log().contains("SIGHUP: config reloaded")
+    });
+    let retiring_vip = |flows: &str| {
+        flows
+            .lines()
+            .any(|l| l.contains("priority=201,") && l.contains(&format!("nw_dst={VIP},")))
+    };
+    wait_until("the retiring VIP rule", Duration::from_secs(5), || {
+        retiring_vip(&br.dump_flows().unwrap_or_default())
+    });
+
+    // New connections are the controller's now.
+    let before = packet_ins(&ctl);
+    let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(after["ok"], 20, "{after}");
+    assert!(
+        packet_ins(&ctl) > before,
+        "reactive: new connections come up"
+    );
+
+    let out = dl.wait_with_output().expect("curl finishes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim(),
+        "200 5000000",
+        "the download from before the reload finished (curl: {text})"
+    );
+    wait_until(
+        "the retiring rules' idle timeout",
+        Duration::from_secs(15),
+        || {
+            let flows = br.dump_flows().unwrap_or_default();
+            !retiring_vip(&flows) && !flows.contains("table=1")
+        },
+    );
+    ctl.assert_no_openflow_errors();
+}

@@ -55,9 +55,12 @@
 //! **A backend that leaves** every proactive pool keeps its rules while conntrack holds
 //! connections to it: they are written again with a retiring cookie bit that no
 //! generation's delete takes and the idle timeout of its services, and the switch removes
-//! them once its connections have been idle that long (`retiring_flows`). A whole service
-//! that goes (or leaves the proactive mode) takes its VIP's rules, and so its connections,
-//! with it: kept, they would overlap the reactive intercept at the same priority.
+//! them once its connections have been idle that long (`retiring_flows`). So does a VIP
+//! whose service goes or leaves the proactive mode: its table-0 rule is written again a
+//! priority above the reactive intercept (a new connection's SYN passes conntrack, finds
+//! no group, and goes on to the intercept, tracked), with its reply rule, and with table
+//! 1's catch-alls when no proactive service is left. A partitioned service's rules are
+//! above it (220, 240): a proactive service turned partitioned loses its connections.
 //!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
@@ -79,7 +82,7 @@
 //! least-connections degrades to weighted shares. Service `connections_total` counts only
 //! connections that still reached the controller (none once the group is installed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -124,6 +127,10 @@ const COOKIE_RETIRE: u64 = 1 << 41;
 /// OVS's `OFPGC11_ADD_OR_MOD`: add the group, or replace it if it exists.
 const OFPGC_ADD_OR_MOD: u16 = 0x8000;
 
+/// A retiring VIP's table-0 rule: above a reactive intercept of the same address and port
+/// (`rules::PRIO_INTERCEPT`), so that a proactive connection's packets still meet
+/// conntrack first (a new connection's then go on to the intercept, tracked).
+const PRIO_RETIRING_VIP: u16 = rules::PRIO_INTERCEPT + 1;
 const PRIO_NEW: u16 = 30;
 const PRIO_DIRECT: u16 = 25;
 const PRIO_EST: u16 = 20;
@@ -150,6 +157,11 @@ pub(crate) struct ProactiveState {
     /// The backends whose rules the last resync wrote, by `(address, port)`: where each
     /// was, and the longest idle timeout of the services it served.
     synced_backends: BTreeMap<(Ipv4Addr, u16), (Option<MacAddr>, u16)>,
+    /// The proactive services' `(vip, port)` at the last resync: their virtual MAC and idle
+    /// timeout.
+    synced_vips: BTreeMap<(Ipv4Addr, u16), (MacAddr, u16)>,
+    /// VIPs whose retiring table-0 rule may still be on the switches.
+    retired_vips: BTreeSet<(Ipv4Addr, u16)>,
 }
 
 impl ProactiveState {
@@ -224,6 +236,77 @@ fn tracked() -> Oxm {
 
 fn to_ct() -> Actions {
     acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))])
+}
+
+/// Table 1's catch-alls, shared by every service: the invalid dropped, the rest of what
+/// conntrack saw back to table 0.
+fn catch_alls(cookie: u64, idle_timeout: u16, v: &mut Vec<Message>) {
+    for (priority, m, actions) in [
+        (
+            PRIO_INV,
+            Match::new().with(nicira::ct_state_match(
+                ct_state::INV | ct_state::TRK,
+                ct_state::INV | ct_state::TRK,
+            )),
+            None,
+        ),
+        (
+            PRIO_TRK,
+            Match::new().with(tracked()),
+            Some(acts([nicira::resubmit_table(0)])),
+        ),
+    ] {
+        let mut fm = FlowMod::add(m);
+        fm.cookie = cookie;
+        fm.table_id = TABLE_CT;
+        fm.priority = priority;
+        fm.idle_timeout = idle_timeout;
+        // No instruction drops (§5.10).
+        if let Some(a) = actions {
+            fm.instructions.push(Instruction::ApplyActions(a));
+        }
+        v.push(Message::FlowMod(fm));
+    }
+}
+
+/// The rules that carry a retiring VIP's live connections: its packets through conntrack
+/// (above a reactive intercept), the replies' source MAC after the un-NAT.
+fn retiring_vip_flows(
+    cookie: u64,
+    idle_timeout: u16,
+    vip: Ipv4Addr,
+    port: u16,
+    virtual_mac: MacAddr,
+    v: &mut Vec<Message>,
+) {
+    for (table, priority, m, actions) in [
+        (
+            0,
+            PRIO_RETIRING_VIP,
+            ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
+            to_ct(),
+        ),
+        (
+            TABLE_CT,
+            PRIO_EST,
+            ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
+            acts([
+                Action::SetField(Oxm::EthSrc {
+                    value: virtual_mac.0,
+                    mask: None,
+                }),
+                nicira::resubmit_table(0),
+            ]),
+        ),
+    ] {
+        let mut fm = FlowMod::add(m);
+        fm.cookie = cookie;
+        fm.table_id = table;
+        fm.priority = priority;
+        fm.idle_timeout = idle_timeout;
+        fm.instructions.push(Instruction::ApplyActions(actions));
+        v.push(Message::FlowMod(fm));
+    }
 }
 
 /// The rules of one backend `addr` on service port `port` (the same for every proactive
@@ -433,22 +516,7 @@ impl Controller {
         }
         if !proactive.is_empty() {
             // Shared catch-alls of table 1 (identical for every service: added once).
-            let mut inv = FlowMod::add(Match::new().with(nicira::ct_state_match(
-                ct_state::INV | ct_state::TRK,
-                ct_state::INV | ct_state::TRK,
-            )));
-            inv.cookie = cookie_of(gen_bit, 0xffff);
-            inv.table_id = TABLE_CT;
-            inv.priority = PRIO_INV;
-            v.push(Message::FlowMod(inv));
-            v.push(flow(
-                gen_bit,
-                0xffff,
-                TABLE_CT,
-                PRIO_TRK,
-                Match::new().with(tracked()),
-                acts([nicira::resubmit_table(0)]),
-            ));
+            catch_alls(cookie_of(gen_bit, 0xffff), 0, &mut v);
         }
         v.extend_from_slice(retiring);
         if deletes {
@@ -547,6 +615,7 @@ impl Controller {
     /// match and priority are one rule (§6.4).
     fn retiring_flows(&mut self) -> Vec<Message> {
         let mut now: BTreeMap<(Ipv4Addr, u16), (Option<MacAddr>, u16)> = BTreeMap::new();
+        let mut vips: BTreeMap<(Ipv4Addr, u16), (MacAddr, u16)> = BTreeMap::new();
         for s in self
             .services
             .iter()
@@ -554,21 +623,59 @@ impl Controller {
             .filter(|&(i, _)| self.is_proactive(i))
             .map(|(_, s)| s)
         {
+            let idle = s.cfg.idle_timeout_secs;
+            if let Some(vip) = s.cfg.vip {
+                vips.insert((vip, s.cfg.port), (s.cfg.virtual_mac, idle));
+            }
             for b in &s.backends {
-                let e = now
-                    .entry((b.address, s.cfg.port))
-                    .or_insert((b.mac, s.cfg.idle_timeout_secs));
-                e.1 = e.1.max(s.cfg.idle_timeout_secs);
+                let e = now.entry((b.address, s.cfg.port)).or_insert((b.mac, idle));
+                e.1 = e.1.max(idle);
             }
         }
-        let before = std::mem::replace(&mut self.proactive.synced_backends, now);
+        let cookie = COOKIE_KIND | COOKIE_RETIRE | 0xffff;
         let mut v = Vec::new();
+        let before = std::mem::replace(&mut self.proactive.synced_backends, now);
         for ((addr, port), (mac, idle)) in before {
-            if self.proactive.synced_backends.contains_key(&(addr, port)) {
-                continue;
+            if !self.proactive.synced_backends.contains_key(&(addr, port)) {
+                backend_flows(cookie, idle.max(1), addr, port, mac, &mut v);
             }
-            let cookie = COOKIE_KIND | COOKIE_RETIRE | 0xffff;
-            backend_flows(cookie, idle.max(1), addr, port, mac, &mut v);
+        }
+        let before = std::mem::replace(&mut self.proactive.synced_vips, vips);
+        for ((vip, port), (mac, idle)) in before {
+            if !self.proactive.synced_vips.contains_key(&(vip, port)) {
+                retiring_vip_flows(cookie, idle.max(1), vip, port, mac, &mut v);
+                self.proactive.retired_vips.insert((vip, port));
+            }
+        }
+        // The last proactive service went: the catch-alls, which the retiring rules' packets
+        // pass, retire with them.
+        if !v.is_empty() && self.proactive.synced_vips.is_empty() {
+            let idle = v
+                .iter()
+                .filter_map(|m| match m {
+                    Message::FlowMod(fm) => Some(fm.idle_timeout),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(1);
+            catch_alls(cookie, idle, &mut v);
+        }
+        // A VIP proactive again: its own rule takes over from the retiring one, which (a
+        // priority above it) would otherwise shadow it until idle.
+        let back: Vec<(Ipv4Addr, u16)> = self
+            .proactive
+            .retired_vips
+            .iter()
+            .filter(|k| self.proactive.synced_vips.contains_key(k))
+            .copied()
+            .collect();
+        for (vip, port) in back {
+            self.proactive.retired_vips.remove(&(vip, port));
+            let mut del = FlowMod::delete_strict(
+                ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
+            );
+            del.priority = PRIO_RETIRING_VIP;
+            v.push(Message::FlowMod(del));
         }
         v
     }
@@ -1069,6 +1176,71 @@ mod tests {
         ctl.handle_tick(t + Duration::from_millis(20), &mut out);
         let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
         assert_eq!(normal(&msgs, gone), 4);
+    }
+
+    /// A service that leaves the proactive mode (here by a reload to the reactive mode)
+    /// keeps its VIP's connections: the VIP's conntrack rule is written again a priority
+    /// above the reactive intercept, with the retiring bit and the idle timeout, and so
+    /// are its backends' rules. Proactive again, the retiring VIP rule is deleted.
+    #[test]
+    fn a_vip_that_leaves_the_proactive_mode_retires_its_rules() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let mut out = Outbox::new();
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        out.drain().for_each(drop);
+        let text = |mode: &str| {
+            format!(
+                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n{mode}\
+                 [service.health]\nkind = \"none\"\n\
+                 [[service.backend]]\naddress = \"10.0.0.2\"\n\
+                 [[service.backend]]\naddress = \"10.0.0.3\"\n"
+            )
+        };
+        let reload = |ctl: &mut Controller, t: &str, out: &mut Outbox| -> Vec<Message> {
+            let cfg = Config::from_toml(t, &|_| None).expect("valid");
+            ctl.reload(now + grace, &cfg, out);
+            out.drain().map(|(_, m)| m).collect()
+        };
+        let msgs = reload(&mut ctl, &text(""), &mut out);
+        let vip: Ipv4Addr = VIP.parse().expect("address");
+        let retiring: Vec<&FlowMod> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0 => Some(fm),
+                _ => None,
+            })
+            .collect();
+        let vip_rule = retiring
+            .iter()
+            .find(|fm| {
+                fm.table_id == 0
+                    && fm
+                        .match_
+                        .iter()
+                        .any(|o| matches!(o, Oxm::Ipv4Dst { value, .. } if *value == vip))
+            })
+            .expect("the VIP's conntrack rule, retiring");
+        assert_eq!(vip_rule.priority, rules::PRIO_INTERCEPT + 1);
+        assert_eq!(vip_rule.idle_timeout, ctl.services[0].cfg.idle_timeout_secs);
+        // Its reply rule, each backend's four (both are located), and table 1's two
+        // catch-alls (no proactive service is left).
+        assert_eq!(retiring.len(), 2 + 2 * 4 + 2, "{retiring:#?}");
+        // The reactive intercept is there, below it.
+        assert!(msgs.iter().any(|m| matches!(m, Message::FlowMod(fm)
+            if fm.command == ofp::FlowModCommand::Add
+                && fm.priority == rules::PRIO_INTERCEPT
+                && fm.cookie & cookie::KIND_MASK == cookie::RuleKind::Intercept.base())));
+
+        let msgs = reload(&mut ctl, &text("mode = \"proactive\"\n"), &mut out);
+        let deleted = msgs.iter().any(|m| matches!(m, Message::FlowMod(fm)
+            if fm.command == ofp::FlowModCommand::DeleteStrict
+                && fm.priority == rules::PRIO_INTERCEPT + 1
+                && fm.match_.iter().any(|o| matches!(o, Oxm::Ipv4Dst { value, .. } if *value == vip))));
+        assert!(
+            deleted,
+            "the retiring VIP rule goes when the VIP is proactive again"
+        );
     }
 
     /// Two proactive services, each with its own port and backends.
