@@ -74,6 +74,7 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         assert!(r.connections > 0, "configuration {config}: {r:?}");
         assert!(r.rules_ended > 0, "configuration {config}: {r:?}");
         assert_eq!(r.reloads, 1, "configuration {config}: {r:?}");
+        assert_eq!(r.operations, 2, "configuration {config}: {r:?}");
         // The first and fourth configurations reset a stray segment; the third drops it.
         match config {
             0 | 3 => assert!(r.resets > 0, "configuration {config}: {r:?}"),
@@ -86,7 +87,8 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
     let mut rng = Rng(0x666c_6f77_6761_7465);
     let mut ran = 0u32;
     // How many programs got as far as each of these.
-    let (mut decided, mut ended, mut reset, mut linked, mut reloaded) = (0u32, 0, 0, 0, 0);
+    let (mut decided, mut ended, mut reset, mut linked) = (0u32, 0u32, 0u32, 0u32);
+    let (mut reloaded, mut operated) = (0u32, 0u32);
     while ran < 20_000 && Instant::now() < deadline {
         // A third uniform bytes, two thirds the seeds mutated.
         let data = if ran % 3 == 0 {
@@ -103,12 +105,14 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         reset += u32::from(r.resets > 0);
         linked += u32::from(r.links > 0);
         reloaded += u32::from(r.reloads > 0 && r.connections > 0);
+        operated += u32::from(r.operations > 0 && r.connections > 0);
         ran += 1;
     }
     assert!(ran >= 200, "only {ran} programs ran in 20 s");
     eprintln!(
         "{ran} programs, none panicked; {decided} made connections, {ended} ended rules, \
-         {reset} were sent resets, {linked} found links, {reloaded} reloaded with connections"
+         {reset} were sent resets, {linked} found links, {reloaded} reloaded with connections, \
+         {operated} were operated on with connections"
     );
     // Random programs must reach the decisions, not only the parsers in front of them.
     for (what, n) in [
@@ -117,6 +121,7 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         ("were sent resets", reset),
         ("found links", linked),
         ("reloaded with connections", reloaded),
+        ("were operated on with connections", operated),
     ] {
         assert!(n > 0, "no program {what} in {ran}");
     }

@@ -64,6 +64,8 @@ pub struct Reached {
     pub links: usize,
     /// Reloads it carried out.
     pub reloads: u64,
+    /// Operator actions it carried out.
+    pub operations: u64,
 }
 
 /// Runs `data` as a program against a fresh controller. Panics on a defect.
@@ -96,6 +98,7 @@ pub fn controller_target(data: &[u8]) -> Reached {
     reached.rules_ended = world.c.counters().flow_removed;
     reached.resets = world.c.counters().resets_sent;
     reached.reloads = world.reloads;
+    reached.operations = world.operations;
     reached
 }
 

@@ -268,6 +268,17 @@ impl Program {
         p
     }
 
+    /// An operator's action on backend `backend` of service `service` (see
+    /// `World::operator`): 0 drain (`args` `[1]`) or undrain (`[0]`), 1 a weight (two
+    /// bytes), 2 add a backend (its endpoint code and weight), 3 remove it, 4 an algorithm
+    /// (its index and threshold), 5 a health verdict (`[0]` up).
+    pub fn operator(self, service: u8, backend: u8, action: u8, args: &[u8]) -> Program {
+        let mut p = self.op(1, 13);
+        p.0.extend_from_slice(&[service, backend, action]);
+        p.0.extend_from_slice(args);
+        p
+    }
+
     pub fn into_bytes(self) -> Vec<u8> {
         self.0
     }
@@ -276,7 +287,8 @@ impl Program {
 /// Programs that reach the decisions under each configuration: backends and clients
 /// announce themselves on three linked switches, clients open connections to the VIPs
 /// and to an addressed backend, a stray segment is reset, rules end, the services are
-/// reloaded in reverse order, a switch leaves and comes back, and time passes.
+/// reloaded in reverse order, an operator removes a backend and drains another, a switch
+/// leaves and comes back, and time passes.
 pub fn seed_programs() -> Vec<Vec<u8>> {
     let (vip, vip2) = (Endpoint::VIP, Endpoint::VIP2);
     let h = Endpoint::host;
@@ -321,6 +333,10 @@ pub fn seed_programs() -> Vec<Vec<u8>> {
             // The services move in the file: each keeps its meter, group and rules.
             .reload(config, 1)
             .frame(1, HostFrame::tcp(h(7), vip, 1, syn, 40_010, 80).at(3))
+            // An operator removes a backend of the (now) first service and drains another.
+            .operator(0, 0, 3, &[])
+            .operator(0, 1, 0, &[1])
+            .frame(2, HostFrame::tcp(h(8), vip, 1, syn, 40_012, 80).at(2))
             .rule_ended(2, 7)
             .tick(31_000)
             .toggle(2)

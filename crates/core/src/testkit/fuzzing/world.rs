@@ -14,9 +14,12 @@ use ofp::{
 use super::input::Input;
 use super::program::{Endpoint, HostFrame};
 use super::{PORTS, SWITCHES, link_peer};
+use crate::balance::{AlgorithmKind, AlgorithmParams};
+use crate::config::BackendConfig;
 use crate::controller::{ProbeResult, RuleEnded};
 use crate::metrics_text::{self, MetricNames};
 use crate::overload::WorkSample;
+use crate::service::AdminState;
 use crate::testkit::FakeTable;
 use crate::testkit::sim::{flow_stats_of, port_desc};
 use crate::topology::PortRef;
@@ -29,6 +32,8 @@ pub(super) struct World {
     configs: &'static [Config],
     /// Reloads carried out.
     pub(super) reloads: u64,
+    /// Operator actions carried out (whether the core took them or refused).
+    pub(super) operations: u64,
     tables: BTreeMap<u64, FakeTable>,
     /// The switches connected now.
     up: BTreeSet<u64>,
@@ -46,6 +51,7 @@ impl World {
             c: Controller::new(config),
             configs,
             reloads: 0,
+            operations: 0,
             tables: (1..=SWITCHES)
                 .map(|d| (d, FakeTable::new().with_ports(1..=PORTS)))
                 .collect(),
@@ -63,7 +69,7 @@ impl World {
 
     pub(super) fn step(&mut self, input: &mut Input<'_>) {
         let dpid = 1 + input.pick(SWITCHES as usize) as u64;
-        match input.u8() % 13 {
+        match input.u8() % 14 {
             // Any bytes the framer would pass: a header with our version and the real
             // length (§7.1), the rest as the input has it.
             0 => {
@@ -157,8 +163,52 @@ impl World {
             }
             10 => self.backend_figure(input),
             11 => self.work_sample(input, dpid),
-            _ => self.reload(input),
+            12 => self.reload(input),
+            _ => self.operator(input),
         }
+    }
+
+    /// What an operator does through the API, to a service and backend that may not
+    /// exist: drain or undrain, a weight (within the API's bound), a backend added or
+    /// removed, an algorithm (the core's refusals are the API's 4xx), a health verdict.
+    fn operator(&mut self, input: &mut Input<'_>) {
+        let service = input.pick(3);
+        let backend = input.pick(5);
+        let now = self.now;
+        match input.u8() % 6 {
+            0 => {
+                let admin = [AdminState::Active, AdminState::Draining][input.pick(2)];
+                self.c.set_admin(now, service, backend, admin);
+            }
+            1 => {
+                self.c
+                    .set_weight(service, backend, u32::from(input.u16()) % 1001);
+            }
+            2 => {
+                let cfg = BackendConfig {
+                    address: Endpoint::addr(input.u8()),
+                    weight: u32::from(input.u8()),
+                    metrics: None,
+                };
+                let _ = self.c.add_backend(now, service, cfg, &mut self.out);
+            }
+            3 => {
+                let _ = self.c.remove_backend(now, service, backend, &mut self.out);
+            }
+            4 => {
+                let kind = AlgorithmKind::ALL[input.pick(AlgorithmKind::ALL.len())];
+                let mut params = AlgorithmParams::default();
+                params.threshold_rps = Some(1.0 + f64::from(input.u8()));
+                if params.validate(kind).is_ok() {
+                    let _ = self.c.set_algorithm(now, service, kind, params);
+                }
+            }
+            _ => self
+                .c
+                .handle_health(now, service, backend, input.u8() & 1 == 0),
+        }
+        self.operations += 1;
+        self.settle();
     }
 
     /// A reload: one of the configurations, its services in the order the input picks
