@@ -46,6 +46,104 @@ fn count_rules(flows: &str) -> Vec<usize> {
     vec![rewrites, l2_rules(flows)]
 }
 
+/// The backend (its address) that holds the download in flight, once one does.
+fn download_carrier(backends: &[flowgate_testbed::Host]) -> String {
+    let mut busy = None;
+    wait_until("the download's backend", Duration::from_secs(10), || {
+        busy = carrier(backends);
+        busy.is_some()
+    });
+    busy.unwrap_or_default()
+}
+
+/// An API call with the token, no body.
+fn with_token(ctl: &Ctl, method: &str, path: &str) -> (u16, String) {
+    let auth = format!("Bearer {TOKEN}");
+    http_request(
+        ctl.api,
+        method,
+        path,
+        &[("Authorization", auth.as_str())],
+        "",
+    )
+}
+
+/// A download of `bytes` from the VIP by `client` (curl, at the servers' 1 MB/s), and
+/// what it got once it ends: `"200 <bytes>"` when it finished.
+struct Download(std::process::Child);
+
+impl Download {
+    fn start(client: &flowgate_testbed::Host, bytes: u64) -> Download {
+        let url = format!("http://{VIP}/bytes/{bytes}");
+        let args = ["curl", "-s", "-o", "/dev/null", "-m", "60", "-w"];
+        let child = client
+            .command(&[&args[..], &["%{http_code} %{size_download}", &url]].concat())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl");
+        Download(child)
+    }
+
+    fn outcome(self) -> String {
+        let out = self.0.wait_with_output().expect("curl finishes");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// An HTTP server on each of `hosts` sending at most 1 MB/s (so a download lasts).
+fn slow_servers(hosts: &[flowgate_testbed::Host]) -> Vec<flowgate_testbed::ProcGuard> {
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            httpd(
+                h,
+                &format!("b{}", i + 2),
+                &["--rate-bytes-per-sec", "1000000"],
+            )
+        })
+        .collect()
+}
+
+/// A client and two slow backends on one switch, a proactive service `web` of both (with
+/// `extra` in its section and the API token): the controller once the group has both
+/// buckets and the client has warmed up.
+fn proactive_pair(
+    p: &flowgate_testbed::Prefix,
+    name: &str,
+    extra: &str,
+) -> (
+    topo::Topology,
+    Ctl,
+    String,
+    Vec<flowgate_testbed::ProcGuard>,
+) {
+    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
+    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
+    let cfg = vip_config(
+        VIP,
+        "round-robin",
+        &backends,
+        &format!("mode = \"proactive\"\n{extra}"),
+    )
+    .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
+    let ctl = Ctl::start(name, &cfg);
+    ctl.control(&t.bridges[..1]);
+    let servers = slow_servers(&t.hosts[1..]);
+    ctl.wait_backends_ready(Duration::from_secs(15));
+    wait_until("the select group", Duration::from_secs(10), || {
+        let g = t.bridges[0].ofctl("dump-groups", &[]).unwrap_or_default();
+        g.matches("nat(dst=").count() == 2
+    });
+    let warm = load(
+        &t.hosts[0],
+        &format!("http://{VIP}/"),
+        &["--requests", "4", "--concurrency", "1"],
+    );
+    assert_eq!(warm["ok"], 4, "{warm}");
+    (t, ctl, cfg, servers)
+}
+
 #[test]
 fn ovs_proactive_vip_serves_and_rebalances() {
     let Some(p) = setup("ovs_proactive_vip_serves_and_rebalances") else {
@@ -63,17 +161,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     let ctl = Ctl::start("proactive", &cfg);
     ctl.control(&t.bridges[..1]);
     let br = &t.bridges[0];
-    let _servers: Vec<_> = t.hosts[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            httpd(
-                h,
-                &format!("b{}", i + 2),
-                &["--rate-bytes-per-sec", "1000000"],
-            )
-        })
-        .collect();
+    let _servers = slow_servers(&t.hosts[1..]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
@@ -117,34 +205,12 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
 
     // A long download (8 MB at 1 MB/s), then drain the backend carrying it.
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "60",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/8000000"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
-    let mut busy = None;
-    wait_until("the download's backend", Duration::from_secs(10), || {
-        busy = carrier(&t.hosts[1..]);
-        busy.is_some()
-    });
-    let busy = busy.unwrap();
-    let auth = format!("Bearer {TOKEN}");
-    let (st, body) = http_request(
-        ctl.api,
+    let dl = Download::start(client, 8_000_000);
+    let busy = download_carrier(&t.hosts[1..]);
+    let (st, body) = with_token(
+        &ctl,
         "POST",
         &format!("/api/v1/services/web/backends/{busy}/drain"),
-        &[("Authorization", auth.as_str())],
-        "",
     );
     assert_eq!(st, 200, "drain {busy}: {body}");
     // Its bucket's weight goes to 0 within a refresh or two.
@@ -178,11 +244,9 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
     assert_eq!(sh.len(), 2, "the two others serve: {sh:?}");
 
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dl.outcome();
     assert_eq!(
-        text.trim(),
-        "200 8000000",
+        text, "200 8000000",
         "the download on the drained backend finished (curl: {text})"
     );
     ctl.assert_no_openflow_errors();
@@ -199,21 +263,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
     let watch = RuleWatch::start(br.name(), full.clone(), count_rules);
     let mut ctl = ctl;
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "60",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/4000000"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let dl = Download::start(client, 4_000_000);
     wait_until(
         "the second download's backend",
         Duration::from_secs(10),
@@ -262,11 +312,9 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     assert_eq!(again["ok"], 30, "{again}");
     let (n, flows) = table1();
     assert_eq!(n, 10, "table 1 after the load:\n{flows}");
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dl.outcome();
     assert_eq!(
-        text.trim(),
-        "200 4000000",
+        text, "200 4000000",
         "the download across the controller restart finished (curl: {text})"
     );
     ctl.assert_no_openflow_errors();
@@ -461,68 +509,17 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     let Some(p) = setup("ovs_proactive_removal_keeps_the_removed_backends_connections") else {
         return;
     };
-    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
-    let cfg = vip_config(
-        VIP,
-        "round-robin",
-        &backends,
-        "mode = \"proactive\"\nidle_timeout_secs = 2\n",
-    )
-    .replacen("[api]\n", &format!("[api]\ntoken = \"{TOKEN}\"\n"), 1);
-    let ctl = Ctl::start("proactive-removal", &cfg);
-    ctl.control(&t.bridges[..1]);
+    let (t, ctl, _, _servers) = proactive_pair(&p, "proactive-removal", "idle_timeout_secs = 2\n");
     let br = &t.bridges[0];
-    let _servers: Vec<_> = t.hosts[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            httpd(
-                h,
-                &format!("b{}", i + 2),
-                &["--rate-bytes-per-sec", "1000000"],
-            )
-        })
-        .collect();
-    ctl.wait_backends_ready(Duration::from_secs(15));
-    wait_until("the select group", Duration::from_secs(10), || {
-        let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
-        g.matches("nat(dst=").count() == 2
-    });
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
-    let warm = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-    assert_eq!(warm["ok"], 4, "{warm}");
-
     // A download of 5 MB at 1 MB/s; its backend leaves the pool while it runs.
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "60",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/5000000"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
-    let mut busy = None;
-    wait_until("the download's backend", Duration::from_secs(10), || {
-        busy = carrier(&t.hosts[1..]);
-        busy.is_some()
-    });
-    let busy = busy.unwrap();
-    let auth = format!("Bearer {TOKEN}");
-    let (st, body) = http_request(
-        ctl.api,
+    let dl = Download::start(client, 5_000_000);
+    let busy = download_carrier(&t.hosts[1..]);
+    let (st, body) = with_token(
+        &ctl,
         "DELETE",
         &format!("/api/v1/services/web/backends/{busy}"),
-        &[("Authorization", auth.as_str())],
-        "",
     );
     assert_eq!(st, 200, "remove {busy}: {body}");
     wait_until("one bucket", Duration::from_secs(5), || {
@@ -561,11 +558,9 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     assert_eq!(after["ok"], 20, "{after}");
     assert_eq!(shares(&after).len(), 1, "only the staying backend: {after}");
 
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dl.outcome();
     assert_eq!(
-        text.trim(),
-        "200 5000000",
+        text, "200 5000000",
         "the download on the removed backend finished (curl: {text})"
     );
     // Idle for 2 s, its rules go.
@@ -586,53 +581,12 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     let Some(p) = setup("ovs_proactive_to_reactive_keeps_live_connections") else {
         return;
     };
-    let t = topo::single(&TopoOptions::new(p.as_str()), 3).expect("topology");
-    let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
-    let cfg = vip_config(
-        VIP,
-        "round-robin",
-        &backends,
-        "mode = \"proactive\"\nidle_timeout_secs = 2\n",
-    );
-    let ctl = Ctl::start("proactive-to-reactive", &cfg);
-    ctl.control(&t.bridges[..1]);
+    let (t, ctl, cfg, _servers) =
+        proactive_pair(&p, "proactive-to-reactive", "idle_timeout_secs = 2\n");
     let br = &t.bridges[0];
-    let _servers: Vec<_> = t.hosts[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            httpd(
-                h,
-                &format!("b{}", i + 2),
-                &["--rate-bytes-per-sec", "1000000"],
-            )
-        })
-        .collect();
-    ctl.wait_backends_ready(Duration::from_secs(15));
-    wait_until("the select group", Duration::from_secs(10), || {
-        let g = br.ofctl("dump-groups", &[]).unwrap_or_default();
-        g.matches("nat(dst=").count() == 2
-    });
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
-    let warm = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-    assert_eq!(warm["ok"], 4, "{warm}");
-
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "60",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/5000000"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let dl = Download::start(client, 5_000_000);
     wait_until("the download's backend", Duration::from_secs(10), || {
         carrier(&t.hosts[1..]).is_some()
     });
@@ -660,11 +614,9 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
         "reactive: new connections come up"
     );
 
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dl.outcome();
     assert_eq!(
-        text.trim(),
-        "200 5000000",
+        text, "200 5000000",
         "the download from before the reload finished (curl: {text})"
     );
     wait_until(

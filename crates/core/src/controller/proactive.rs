@@ -187,11 +187,20 @@ fn cookie_of(gen_bit: bool, slot: u16) -> u64 {
     COOKIE_KIND | if gen_bit { COOKIE_GEN } else { 0 } | u64::from(slot)
 }
 
-fn flow(gen_bit: bool, slot: u16, table: u8, priority: u16, m: Match, actions: Actions) -> Message {
+/// An OFPFC_ADD of one proactive rule; no actions drop (§5.10: no instruction).
+fn added(
+    cookie: u64,
+    idle_timeout: u16,
+    table: u8,
+    priority: u16,
+    m: Match,
+    actions: Actions,
+) -> Message {
     let mut fm = FlowMod::add(m);
-    fm.cookie = cookie_of(gen_bit, slot);
+    fm.cookie = cookie;
     fm.table_id = table;
     fm.priority = priority;
+    fm.idle_timeout = idle_timeout;
     if !actions.is_empty() {
         fm.instructions.push(Instruction::ApplyActions(actions));
     }
@@ -241,72 +250,58 @@ fn to_ct() -> Actions {
 /// Table 1's catch-alls, shared by every service: the invalid dropped, the rest of what
 /// conntrack saw back to table 0.
 fn catch_alls(cookie: u64, idle_timeout: u16, v: &mut Vec<Message>) {
-    for (priority, m, actions) in [
-        (
-            PRIO_INV,
-            Match::new().with(nicira::ct_state_match(
-                ct_state::INV | ct_state::TRK,
-                ct_state::INV | ct_state::TRK,
-            )),
-            None,
-        ),
-        (
-            PRIO_TRK,
-            Match::new().with(tracked()),
-            Some(acts([nicira::resubmit_table(0)])),
-        ),
-    ] {
-        let mut fm = FlowMod::add(m);
-        fm.cookie = cookie;
-        fm.table_id = TABLE_CT;
-        fm.priority = priority;
-        fm.idle_timeout = idle_timeout;
-        // No instruction drops (§5.10).
-        if let Some(a) = actions {
-            fm.instructions.push(Instruction::ApplyActions(a));
-        }
-        v.push(Message::FlowMod(fm));
-    }
+    let invalid =
+        nicira::ct_state_match(ct_state::INV | ct_state::TRK, ct_state::INV | ct_state::TRK);
+    v.push(added(
+        cookie,
+        idle_timeout,
+        TABLE_CT,
+        PRIO_INV,
+        Match::new().with(invalid),
+        Actions::new(),
+    ));
+    v.push(added(
+        cookie,
+        idle_timeout,
+        TABLE_CT,
+        PRIO_TRK,
+        Match::new().with(tracked()),
+        acts([nicira::resubmit_table(0)]),
+    ));
 }
 
-/// The rules that carry a retiring VIP's live connections: its packets through conntrack
-/// (above a reactive intercept), the replies' source MAC after the un-NAT.
-fn retiring_vip_flows(
+/// A VIP's connections both ways through conntrack: its packets (table 0, at
+/// `ct_priority`), and the replies' source MAC after the un-NAT (table 1).
+fn vip_flows(
     cookie: u64,
     idle_timeout: u16,
-    vip: Ipv4Addr,
-    port: u16,
+    ct_priority: u16,
+    (vip, port): (Ipv4Addr, u16),
     virtual_mac: MacAddr,
     v: &mut Vec<Message>,
 ) {
-    for (table, priority, m, actions) in [
-        (
-            0,
-            PRIO_RETIRING_VIP,
-            ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
-            to_ct(),
-        ),
-        (
-            TABLE_CT,
-            PRIO_EST,
-            ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
-            acts([
-                Action::SetField(Oxm::EthSrc {
-                    value: virtual_mac.0,
-                    mask: None,
-                }),
-                nicira::resubmit_table(0),
-            ]),
-        ),
-    ] {
-        let mut fm = FlowMod::add(m);
-        fm.cookie = cookie;
-        fm.table_id = table;
-        fm.priority = priority;
-        fm.idle_timeout = idle_timeout;
-        fm.instructions.push(Instruction::ApplyActions(actions));
-        v.push(Message::FlowMod(fm));
-    }
+    v.push(added(
+        cookie,
+        idle_timeout,
+        0,
+        ct_priority,
+        ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
+        to_ct(),
+    ));
+    v.push(added(
+        cookie,
+        idle_timeout,
+        TABLE_CT,
+        PRIO_EST,
+        ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
+        acts([
+            Action::SetField(Oxm::EthSrc {
+                value: virtual_mac.0,
+                mask: None,
+            }),
+            nicira::resubmit_table(0),
+        ]),
+    ));
 }
 
 /// The rules of one backend `addr` on service port `port` (the same for every proactive
@@ -320,13 +315,7 @@ fn backend_flows(
     v: &mut Vec<Message>,
 ) {
     let mut push = |table: u8, priority: u16, m: Match, actions: Actions| {
-        let mut fm = FlowMod::add(m);
-        fm.cookie = cookie;
-        fm.table_id = table;
-        fm.priority = priority;
-        fm.idle_timeout = idle_timeout;
-        fm.instructions.push(Instruction::ApplyActions(actions));
-        v.push(Message::FlowMod(fm));
+        v.push(added(cookie, idle_timeout, table, priority, m, actions));
     };
     // Table 0: its answers through conntrack (un-NAT)...
     push(
@@ -437,20 +426,13 @@ impl Controller {
             return;
         };
         let port = s.cfg.port;
-        let slot = s.slot;
-        // Table 0: both directions of the service's traffic through conntrack.
-        v.push(flow(
-            gen_bit,
-            slot,
-            0,
-            rules::PRIO_INTERCEPT,
-            ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
-            to_ct(),
-        ));
+        let cookie = cookie_of(gen_bit, s.slot);
+        let at = rules::PRIO_INTERCEPT;
+        vip_flows(cookie, 0, at, (vip, port), s.cfg.virtual_mac, v);
         // Table 1: new connections to the group, the rest pinned by conntrack.
-        v.push(flow(
-            gen_bit,
-            slot,
+        v.push(added(
+            cookie,
+            0,
             TABLE_CT,
             PRIO_NEW,
             ip_dst(tcp(), vip)
@@ -459,23 +441,8 @@ impl Controller {
                     ct_state::NEW | ct_state::TRK,
                     ct_state::NEW | ct_state::TRK,
                 )),
-            acts([Action::Group(group_id(slot))]),
+            acts([Action::Group(group_id(s.slot))]),
         ));
-        v.push(flow(
-            gen_bit,
-            slot,
-            TABLE_CT,
-            PRIO_EST,
-            ip_src(tcp(), vip).with(Oxm::TcpSrc(port)).with(tracked()),
-            acts([
-                Action::SetField(Oxm::EthSrc {
-                    value: s.cfg.virtual_mac.0,
-                    mask: None,
-                }),
-                nicira::resubmit_table(0),
-            ]),
-        ));
-        let cookie = cookie_of(gen_bit, slot);
         for b in &s.backends {
             backend_flows(cookie, 0, b.address, port, b.mac, v);
         }
@@ -643,7 +610,8 @@ impl Controller {
         let before = std::mem::replace(&mut self.proactive.synced_vips, vips);
         for ((vip, port), (mac, idle)) in before {
             if !self.proactive.synced_vips.contains_key(&(vip, port)) {
-                retiring_vip_flows(cookie, idle.max(1), vip, port, mac, &mut v);
+                let at = PRIO_RETIRING_VIP;
+                vip_flows(cookie, idle.max(1), at, (vip, port), mac, &mut v);
                 self.proactive.retired_vips.insert((vip, port));
             }
         }

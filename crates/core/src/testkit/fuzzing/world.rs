@@ -197,8 +197,10 @@ impl World {
             }
             4 => {
                 let kind = AlgorithmKind::ALL[input.pick(AlgorithmKind::ALL.len())];
-                let mut params = AlgorithmParams::default();
-                params.threshold_rps = Some(1.0 + f64::from(input.u8()));
+                let params = AlgorithmParams {
+                    threshold_rps: Some(1.0 + f64::from(input.u8())),
+                    ..AlgorithmParams::default()
+                };
                 if params.validate(kind).is_ok() {
                     let _ = self.c.set_algorithm(now, service, kind, params);
                 }
