@@ -820,7 +820,7 @@ impl Controller {
         params
             .rps_window
             .get_or_insert(crate::service::RATE_TIME_CONSTANT);
-        s.set_algorithm(kind, params, seed.wrapping_add(service as u64));
+        s.set_algorithm(kind, params, seed.wrapping_add(u64::from(s.slot)));
         let detail = format!("{} -> {kind}", s.cfg.name);
         self.event(now, "algorithm", detail);
         Ok(())

@@ -685,7 +685,7 @@ impl Controller {
     pub fn gap_view(&self, service: usize) -> Option<GapView> {
         let g = self.overload.services.get(service)?;
         let mut v = g.law.view();
-        let id = SERVICE_METER_BASE + u32::from(g.slot);
+        let id = self.overload.meter_of(service)?;
         v.switches = g
             .per_switch
             .iter()

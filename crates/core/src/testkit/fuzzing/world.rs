@@ -201,9 +201,7 @@ impl World {
                     threshold_rps: Some(1.0 + f64::from(input.u8())),
                     ..AlgorithmParams::default()
                 };
-                if params.validate(kind).is_ok() {
-                    let _ = self.c.set_algorithm(now, service, kind, params);
-                }
+                let _ = self.c.set_algorithm(now, service, kind, params);
             }
             _ => self
                 .c
