@@ -2008,7 +2008,6 @@ fn a_reload_goes_on_with_the_balancer_while_it_would_be_built_the_same() {
     );
     reload_now(&mut sim, &service_config("srt", &[4, 2, 3]));
     assert_eq!(rt(&sim), [None, None, None], "a new order");
-    reload_now(&mut sim, &service_config("srt", &[4, 2, 3]));
     sim.c.handle_response_time(0, 0, 50.0);
     sim.tick(Duration::from_secs(1));
     assert!(rt(&sim)[0].is_some());
