@@ -68,6 +68,41 @@ fn with_token(ctl: &Ctl, method: &str, path: &str) -> (u16, String) {
     )
 }
 
+/// The packets the rules of a `dump-flows` for which `which` holds have carried.
+fn n_packets(flows: &str, which: impl Fn(&str) -> bool) -> u64 {
+    flows
+        .lines()
+        .filter(|l| which(l))
+        .filter_map(|l| {
+            l.split("n_packets=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Returns once the switch that connected after `started` is past its reconnect grace
+/// (3 s), in which the controller deletes no rule: a reload in it leaves the proactive
+/// group's rule placing new connections until it ends.
+fn past_grace(started: Instant) {
+    let end = started + Duration::from_millis(3500);
+    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+}
+
+/// Table 1 (conntrack's) holds only its catch-alls, which stay once the last proactive
+/// service is gone.
+fn table_1_idle(flows: &str) -> bool {
+    let rules: Vec<&str> = flows.lines().filter(|l| l.contains(" table=1,")).collect();
+    rules.len() == 2
+        && rules.iter().all(|l| {
+            l.contains("priority=5,ct_state=+inv+trk actions=drop")
+                || l.contains("priority=1,ct_state=+trk actions=resubmit(,0)")
+        })
+}
+
 /// A download of `bytes` from the VIP by `client` (curl, at the servers' 1 MB/s), and
 /// what it got once it ends: `"200 <bytes>"` when it finished.
 struct Download(std::process::Child);
@@ -90,14 +125,17 @@ impl Download {
     }
 }
 
-/// An HTTP server on each of `hosts` sending at most 1 MB/s (so a download lasts).
+/// An HTTP server on each of `hosts` sending at most 1 MB/s (so a download lasts), on
+/// every address of the host (so also at a VIP on its loopback, as the partitioned mode
+/// has it).
 fn slow_servers(hosts: &[flowgate_testbed::Host]) -> Vec<flowgate_testbed::ProcGuard> {
     hosts
         .iter()
         .enumerate()
         .map(|(i, h)| {
-            httpd(
+            httpd_on(
                 h,
+                "0.0.0.0:80",
                 &format!("b{}", i + 2),
                 &["--rate-bytes-per-sec", "1000000"],
             )
@@ -581,8 +619,10 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     let Some(p) = setup("ovs_proactive_to_reactive_keeps_live_connections") else {
         return;
     };
+    let started = Instant::now();
     let (t, ctl, cfg, _servers) =
         proactive_pair(&p, "proactive-to-reactive", "idle_timeout_secs = 2\n");
+    past_grace(started);
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
@@ -619,13 +659,98 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
         text, "200 5000000",
         "the download from before the reload finished (curl: {text})"
     );
-    wait_until(
-        "the retiring rules' idle timeout",
-        Duration::from_secs(15),
-        || {
-            let flows = br.dump_flows().unwrap_or_default();
-            !retiring_vip(&flows) && !flows.contains("table=1")
-        },
+    // Each new connection's SYN meets the VIP's retiring rule; it goes all the same, with
+    // its reply rule, once the download's answers have been idle for 2 s.
+    wait_until("the retiring rules' end", Duration::from_secs(15), || {
+        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+        assert_eq!(more["ok"], 4, "{more}");
+        let flows = br.dump_flows().unwrap_or_default();
+        !retiring_vip(&flows) && table_1_idle(&flows)
+    });
+    ctl.assert_no_openflow_errors();
+}
+
+/// A reload that turns a proactive service partitioned keeps the download in flight on it:
+/// its VIP's conntrack rule retires above the partition rules (below them, the download's
+/// packets went to a partition's owner with the VIP as their destination, which reset
+/// it), while new connections pass conntrack uncommitted and go on by the partitions,
+/// straight to the backends holding the VIP. The retiring rules live as long as the old connections'
+/// answers: new connections keep meeting the VIP's rule, and it still goes once the
+/// download is over.
+#[test]
+fn ovs_proactive_to_partitioned_keeps_live_connections() {
+    let Some(p) = setup("ovs_proactive_to_partitioned_keeps_live_connections") else {
+        return;
+    };
+    let started = Instant::now();
+    let (t, ctl, cfg, _servers) =
+        proactive_pair(&p, "proactive-to-partitioned", "idle_timeout_secs = 2\n");
+    past_grace(started);
+    // Direct return, as the partitioned mode has it: the backends hold the VIP.
+    for h in &t.hosts[1..] {
+        h.add_loopback_vip(VIP.parse().expect("vip"))
+            .expect("VIP on lo");
+    }
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    let dl = Download::start(client, 5_000_000);
+    download_carrier(&t.hosts[1..]);
+    let path = ctl.dir.join("flowgate.toml");
+    let partitioned = "mode = \"partitioned\"\npartition_bits = 2\n";
+    std::fs::write(&path, cfg.replace("mode = \"proactive\"\n", partitioned))
+        .expect("write config");
+    signal(ctl.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || {
+        ctl.log().contains("SIGHUP: config reloaded")
+    });
+    let at = |flows: &str, prio: u16| {
+        flows
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("priority={prio},")) && l.contains(&format!("nw_dst={VIP},"))
+            })
+            .count()
+    };
+    let mut retiring_above = false;
+    wait_until("the partition rules", Duration::from_secs(10), || {
+        let flows = br.dump_flows().unwrap_or_default();
+        retiring_above |= at(&flows, 241) == 1;
+        at(&flows, 220) == 4
+    });
+
+    // New connections go by the partitions (after a first few through the controller
+    // while the backends' partitions were placed).
+    let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+    let flows = br.dump_flows().unwrap_or_default();
+    assert_eq!(after["ok"], 20, "{after}\n{flows}\n{}", ctl.log());
+    let text = dl.outcome();
+    assert_eq!(
+        text, "200 5000000",
+        "the download from before the reload finished (curl: {text})"
     );
+    assert!(
+        retiring_above,
+        "the VIP's conntrack rule retired above the partitions"
+    );
+
+    // New connections keep arriving and meeting the VIP's retiring rule; it goes all the
+    // same, with its reply rule, once the download's answers have been idle for 2 s (by
+    // its own idle timeout, it would never go).
+    let before = packet_ins(&ctl);
+    wait_until("the retiring rules' end", Duration::from_secs(20), || {
+        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+        assert_eq!(more["ok"], 4, "{more}");
+        let flows = br.dump_flows().unwrap_or_default();
+        at(&flows, 241) == 0 && table_1_idle(&flows)
+    });
+    assert_eq!(
+        packet_ins(&ctl),
+        before,
+        "partitioned: no new connection comes up"
+    );
+    let flows = br.dump_flows().unwrap_or_default();
+    let carried = n_packets(&flows, |l| l.contains("priority=220,"));
+    assert!(carried > 0, "the partition rules carried them: {flows}");
     ctl.assert_no_openflow_errors();
 }

@@ -9,15 +9,17 @@ use std::time::Instant;
 
 use ofp::oxm::ofb;
 
-use super::{Controller, rules};
+use super::{Controller, Outbox, rules};
 use crate::conntrack::{ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
+use crate::topology::Dpid;
 
-/// What the controller reads of a FLOW_REMOVED: the cookie, the counters, and the rule's
-/// exact 4-tuple.
+/// What the controller reads of a FLOW_REMOVED: the cookie, the table, the counters, and
+/// the rule's exact 4-tuple.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleEnded {
     pub(crate) cookie: u64,
+    pub(crate) table_id: u8,
     pub(crate) duration_sec: u32,
     pub(crate) packet_count: u64,
     pub(crate) tuple: Tuple,
@@ -87,6 +89,7 @@ impl RuleEnded {
     pub fn of_message(fr: &ofp::FlowRemoved) -> RuleEnded {
         RuleEnded {
             cookie: fr.cookie,
+            table_id: fr.table_id,
             duration_sec: fr.duration_sec,
             packet_count: fr.packet_count,
             tuple: Tuple::of_match(&fr.match_),
@@ -100,6 +103,7 @@ impl RuleEnded {
     pub fn of_view(v: &ofp::FlowRemovedView<'_>) -> RuleEnded {
         RuleEnded {
             cookie: v.cookie(),
+            table_id: v.table_id(),
             duration_sec: v.duration_sec(),
             packet_count: v.packet_count(),
             tuple: Tuple::of_fields(v.match_fields()),
@@ -149,11 +153,13 @@ impl Controller {
             .flatten()
     }
 
-    /// A rule the switch reports gone.
-    pub fn handle_rule_ended(&mut self, now: Instant, e: &RuleEnded) {
+    /// A rule the switch `dpid` reports gone.
+    pub fn handle_rule_ended(&mut self, now: Instant, dpid: Dpid, e: &RuleEnded, out: &mut Outbox) {
         self.counters.flow_removed += 1;
-        if cookie::kind_of(e.cookie) != Some(RuleKind::Conn) {
-            return;
+        match cookie::kind_of(e.cookie) {
+            Some(RuleKind::Conn) => {}
+            Some(RuleKind::Proactive) => return self.proactive_rule_ended(dpid, e, out),
+            _ => return,
         }
         if e.cookie & cookie::conn::OUTCOME != 0 {
             self.record_outcome(now, e);
@@ -254,6 +260,7 @@ mod tests {
     fn ended(tuple: Tuple) -> RuleEnded {
         RuleEnded {
             cookie: 0x0123_4567_89ab_cdef,
+            table_id: 0,
             duration_sec: 3,
             packet_count: 7,
             tuple,

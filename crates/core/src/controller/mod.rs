@@ -586,7 +586,9 @@ impl Controller {
     pub fn handle_message(&mut self, now: Instant, dpid: Dpid, msg: &Message, out: &mut Outbox) {
         match msg {
             Message::PacketIn(pi) => self.handle_packet_in(now, dpid, pi.in_port(), &pi.data, out),
-            Message::FlowRemoved(fr) => self.handle_rule_ended(now, &RuleEnded::of_message(fr)),
+            Message::FlowRemoved(fr) => {
+                self.handle_rule_ended(now, dpid, &RuleEnded::of_message(fr), out)
+            }
             Message::PortStatus(ps) => {
                 match ps.reason {
                     PortReason::Delete => self.topo.remove_port(dpid, ps.desc.port_no),

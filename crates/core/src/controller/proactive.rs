@@ -58,9 +58,19 @@
 //! them once its connections have been idle that long (`retiring_flows`). So does a VIP
 //! whose service goes or leaves the proactive mode: its table-0 rule is written again a
 //! priority above the reactive intercept (a new connection's SYN passes conntrack, finds
-//! no group, and goes on to the intercept, tracked), with its reply rule, and with table
-//! 1's catch-alls when no proactive service is left. A partitioned service's rules are
-//! above it (220, 240): a proactive service turned partitioned loses its connections.
+//! no group, and goes on to the intercept, tracked), with its reply rule. When no
+//! proactive service is left, table 1's catch-alls stay, out of every generation, for
+//! good (`retiring_flows` says why). When the service is partitioned now, the VIP's rule
+//! retires above the partition rules (241): a new partitioned connection passes conntrack
+//! uncommitted on its way to them. Its segments after the SYN are new to conntrack where
+//! it picks connections up mid-stream (Open vSwitch's own, Linux's with
+//! `nf_conntrack_tcp_loose`), invalid where it does not, so table 1 sends on, rather than
+//! drops, the invalid to the VIP (a known connection's invalid segment is still NATed to
+//! its backend, does not match the VIP, and is dropped as before). Every new connection
+//! meets the retiring VIP rule, which would so live for ever; its life is its reply
+//! rule's instead. Only the old connections' answers pass that one, which reports its end
+//! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
+//! that switch (`proactive_rule_ended`).
 //!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
@@ -88,10 +98,11 @@ use std::time::{Duration, Instant};
 
 use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
 use ofp::{
-    Action, Actions, Bucket, FlowMod, GroupMod, GroupModCommand, GroupType, Instruction, Match,
-    Message, Oxm,
+    Action, Actions, Bucket, FlowMod, FlowModFlags, GroupMod, GroupModCommand, GroupType,
+    Instruction, Match, Message, Oxm,
 };
 
+use super::ended::RuleEnded;
 use super::nicira::{self, ct_state};
 use super::{Controller, Outbox, rules};
 use crate::balance::SelectRequest;
@@ -131,6 +142,13 @@ const OFPGC_ADD_OR_MOD: u16 = 0x8000;
 /// (`rules::PRIO_INTERCEPT`), so that a proactive connection's packets still meet
 /// conntrack first (a new connection's then go on to the intercept, tracked).
 const PRIO_RETIRING_VIP: u16 = rules::PRIO_INTERCEPT + 1;
+/// ...and above a partitioned service's rules (the moving partitions' included), when the
+/// VIP's service is partitioned now: below them, the old connections' packets went to a
+/// partition's owner with the VIP as their destination, which answered with a reset.
+const PRIO_RETIRING_VIP_PARTITIONED: u16 = super::partition::PRIO_MOVING + 1;
+/// A retiring partitioned VIP's segments that conntrack calls invalid go on (table 1),
+/// above the drop of the invalid.
+const PRIO_RETIRING_INV: u16 = PRIO_INV + 1;
 const PRIO_NEW: u16 = 30;
 const PRIO_DIRECT: u16 = 25;
 const PRIO_EST: u16 = 20;
@@ -249,12 +267,12 @@ fn to_ct() -> Actions {
 
 /// Table 1's catch-alls, shared by every service: the invalid dropped, the rest of what
 /// conntrack saw back to table 0.
-fn catch_alls(cookie: u64, idle_timeout: u16, v: &mut Vec<Message>) {
+fn catch_alls(cookie: u64, v: &mut Vec<Message>) {
     let invalid =
         nicira::ct_state_match(ct_state::INV | ct_state::TRK, ct_state::INV | ct_state::TRK);
     v.push(added(
         cookie,
-        idle_timeout,
+        0,
         TABLE_CT,
         PRIO_INV,
         Match::new().with(invalid),
@@ -262,7 +280,7 @@ fn catch_alls(cookie: u64, idle_timeout: u16, v: &mut Vec<Message>) {
     ));
     v.push(added(
         cookie,
-        idle_timeout,
+        0,
         TABLE_CT,
         PRIO_TRK,
         Match::new().with(tracked()),
@@ -270,14 +288,21 @@ fn catch_alls(cookie: u64, idle_timeout: u16, v: &mut Vec<Message>) {
     ));
 }
 
+/// The match of a VIP's packets, `tcp, ip_dst=vip, tcp_dst=port`.
+fn to_vip((vip, port): (Ipv4Addr, u16)) -> Match {
+    ip_dst(tcp(), vip).with(Oxm::TcpDst(port))
+}
+
 /// A VIP's connections both ways through conntrack: its packets (table 0, at
-/// `ct_priority`), and the replies' source MAC after the un-NAT (table 1).
+/// `ct_priority`), and the replies' source MAC after the un-NAT (table 1), with
+/// `reply_flags`.
 fn vip_flows(
     cookie: u64,
     idle_timeout: u16,
     ct_priority: u16,
     (vip, port): (Ipv4Addr, u16),
     virtual_mac: MacAddr,
+    reply_flags: FlowModFlags,
     v: &mut Vec<Message>,
 ) {
     v.push(added(
@@ -285,7 +310,7 @@ fn vip_flows(
         idle_timeout,
         0,
         ct_priority,
-        ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
+        to_vip((vip, port)).with(untracked()),
         to_ct(),
     ));
     v.push(added(
@@ -302,6 +327,21 @@ fn vip_flows(
             nicira::resubmit_table(0),
         ]),
     ));
+    if let Some(Message::FlowMod(reply)) = v.last_mut() {
+        reply.flags = reply_flags;
+    }
+}
+
+/// Deletes a VIP's retiring rules, in both tables, and no other: its packets' conntrack
+/// rule (at whichever priority it retired) and the partitioned mode's pass for the
+/// invalid (a non-strict delete takes every rule whose match holds this one's, §6.4,
+/// and the cookie filter only retiring ones). Its reply rule (`ip_src`) is not taken: it
+/// is the one that ended, or a live one replaced it.
+fn retiring_vip_delete(key: (Ipv4Addr, u16)) -> Message {
+    let mut del = FlowMod::delete(to_vip(key));
+    del.cookie = COOKIE_KIND | COOKIE_RETIRE;
+    del.cookie_mask = cookie::KIND_MASK | COOKIE_RETIRE;
+    Message::FlowMod(del)
 }
 
 /// The rules of one backend `addr` on service port `port` (the same for every proactive
@@ -428,7 +468,15 @@ impl Controller {
         let port = s.cfg.port;
         let cookie = cookie_of(gen_bit, s.slot);
         let at = rules::PRIO_INTERCEPT;
-        vip_flows(cookie, 0, at, (vip, port), s.cfg.virtual_mac, v);
+        vip_flows(
+            cookie,
+            0,
+            at,
+            (vip, port),
+            s.cfg.virtual_mac,
+            FlowModFlags::empty(),
+            v,
+        );
         // Table 1: new connections to the group, the rest pinned by conntrack.
         v.push(added(
             cookie,
@@ -483,7 +531,7 @@ impl Controller {
         }
         if !proactive.is_empty() {
             // Shared catch-alls of table 1 (identical for every service: added once).
-            catch_alls(cookie_of(gen_bit, 0xffff), 0, &mut v);
+            catch_alls(cookie_of(gen_bit, 0xffff), &mut v);
         }
         v.extend_from_slice(retiring);
         if deletes {
@@ -609,24 +657,44 @@ impl Controller {
         }
         let before = std::mem::replace(&mut self.proactive.synced_vips, vips);
         for ((vip, port), (mac, idle)) in before {
-            if !self.proactive.synced_vips.contains_key(&(vip, port)) {
-                let at = PRIO_RETIRING_VIP;
-                vip_flows(cookie, idle.max(1), at, (vip, port), mac, &mut v);
-                self.proactive.retired_vips.insert((vip, port));
+            if self.proactive.synced_vips.contains_key(&(vip, port)) {
+                continue;
             }
+            let partitioned = self.services.iter().any(|s| {
+                s.cfg.vip == Some(vip)
+                    && s.cfg.port == port
+                    && s.cfg.mode == ServiceMode::Partitioned
+            });
+            let (idle, ends) = (idle.max(1), FlowModFlags::SEND_FLOW_REM);
+            if partitioned {
+                let at = PRIO_RETIRING_VIP_PARTITIONED;
+                vip_flows(cookie, idle, at, (vip, port), mac, ends, &mut v);
+                let invalid = ct_state::INV | ct_state::TRK;
+                let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
+                let on = acts([nicira::resubmit_table(0)]);
+                v.push(added(cookie, idle, TABLE_CT, PRIO_RETIRING_INV, m, on));
+            } else {
+                vip_flows(
+                    cookie,
+                    idle,
+                    PRIO_RETIRING_VIP,
+                    (vip, port),
+                    mac,
+                    ends,
+                    &mut v,
+                );
+            }
+            self.proactive.retired_vips.insert((vip, port));
         }
-        // The last proactive service went: the catch-alls, which the retiring rules' packets
-        // pass, retire with them.
+        // The last proactive service went: table 1's catch-alls, which the retiring rules'
+        // packets pass (a new connection's through a retiring VIP rule, a backend's answers
+        // to a client of its own address), stay for good, out of every generation. Retired
+        // by their idle timeout, they went in a pause of new connections while an old
+        // download went on, and every later new connection met an empty table 1 and was
+        // dropped (seen on Open vSwitch). Nothing reaches table 1 once no retiring rule is
+        // left, and a proactive service's own catch-alls replace them (§6.4).
         if !v.is_empty() && self.proactive.synced_vips.is_empty() {
-            let idle = v
-                .iter()
-                .filter_map(|m| match m {
-                    Message::FlowMod(fm) => Some(fm.idle_timeout),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(1);
-            catch_alls(cookie, idle, &mut v);
+            catch_alls(cookie, &mut v);
         }
         // A VIP proactive again: its own rule takes over from the retiring one, which (a
         // priority above it) would otherwise shadow it until idle.
@@ -637,15 +705,25 @@ impl Controller {
             .filter(|k| self.proactive.synced_vips.contains_key(k))
             .copied()
             .collect();
-        for (vip, port) in back {
-            self.proactive.retired_vips.remove(&(vip, port));
-            let mut del = FlowMod::delete_strict(
-                ip_dst(tcp(), vip).with(Oxm::TcpDst(port)).with(untracked()),
-            );
-            del.priority = PRIO_RETIRING_VIP;
-            v.push(Message::FlowMod(del));
+        for key in back {
+            self.proactive.retired_vips.remove(&key);
+            v.push(retiring_vip_delete(key));
         }
         v
+    }
+
+    /// A rule of ours the switch `dpid` reports gone: a retiring VIP's reply rule (the
+    /// only proactive rule that reports its end) takes the VIP's retiring rules on that
+    /// switch with it, as its old connections are over (see the module doc). Stateless, so
+    /// that a controller started since the VIP retired does the same.
+    pub(crate) fn proactive_rule_ended(&mut self, dpid: Dpid, e: &RuleEnded, out: &mut Outbox) {
+        let retiring = COOKIE_KIND | COOKIE_RETIRE;
+        if e.cookie & (cookie::KIND_MASK | COOKIE_RETIRE) != retiring || e.table_id != TABLE_CT {
+            return;
+        }
+        if let (Some(vip), Some(port), None) = (e.tuple.src, e.tuple.sport, e.tuple.dst) {
+            out.push(dpid, retiring_vip_delete((vip, port)));
+        }
     }
 
     /// Bucket weights from the service's balancer (see the module doc); the partitioned
@@ -1200,15 +1278,141 @@ mod tests {
                 && fm.priority == rules::PRIO_INTERCEPT
                 && fm.cookie & cookie::KIND_MASK == cookie::RuleKind::Intercept.base())));
 
+        let vip_rule = (*vip_rule).clone();
         let msgs = reload(&mut ctl, &text("mode = \"proactive\"\n"), &mut out);
-        let deleted = msgs.iter().any(|m| matches!(m, Message::FlowMod(fm)
-            if fm.command == ofp::FlowModCommand::DeleteStrict
-                && fm.priority == rules::PRIO_INTERCEPT + 1
-                && fm.match_.iter().any(|o| matches!(o, Oxm::Ipv4Dst { value, .. } if *value == vip))));
+        let deleted = msgs.iter().any(|m| {
+            matches!(m, Message::FlowMod(del)
+            if del.command == ofp::FlowModCommand::Delete && deletes(del, &vip_rule))
+        });
         assert!(
             deleted,
             "the retiring VIP rule goes when the VIP is proactive again"
         );
+    }
+
+    /// A service turned partitioned keeps its proactive connections. Its VIP's conntrack
+    /// rule retires above every partition rule (below them the old connections' packets
+    /// went to a partition's owner, VIP unchanged, which reset them), table 1 passes the
+    /// VIP's invalid on (a new partitioned connection's segments after its SYN), and the
+    /// reply rule, the only one the old connections' answers pass, reports its end. When
+    /// it does, the switch that reported it deletes the VIP's retiring rules, in both
+    /// tables, and nothing else.
+    #[test]
+    fn a_vip_turned_partitioned_retires_above_the_partitions_until_its_replies_end() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let mut out = Outbox::new();
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        out.drain().for_each(drop);
+        let text = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+             mode = \"partitioned\"\npartition_bits = 2\n\
+             [service.health]\nkind = \"none\"\n\
+             [[service.backend]]\naddress = \"10.0.0.2\"\n\
+             [[service.backend]]\naddress = \"10.0.0.3\"\n"
+        );
+        let cfg = Config::from_toml(&text, &|_| None).expect("valid");
+        ctl.reload(now + grace, &cfg, &mut out);
+        ctl.handle_tick(now + grace + Duration::from_millis(20), &mut out);
+        let sent: Vec<FlowMod> = out
+            .drain()
+            .filter_map(|(_, m)| match m {
+                Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Add => Some(fm),
+                _ => None,
+            })
+            .collect();
+
+        let vip: Ipv4Addr = VIP.parse().expect("address");
+        let names = |fm: &FlowMod, dst: bool| {
+            fm.match_.iter().any(|o| match o {
+                Oxm::Ipv4Dst { value, .. } => dst && *value == vip,
+                Oxm::Ipv4Src { value, .. } => !dst && *value == vip,
+                _ => false,
+            })
+        };
+        let retiring: Vec<&FlowMod> = sent
+            .iter()
+            .filter(|f| f.cookie & COOKIE_RETIRE != 0)
+            .collect();
+        let of_vip = |table_id: u8, dst: bool| -> Vec<(u16, FlowModFlags)> {
+            retiring
+                .iter()
+                .filter(|f| f.table_id == table_id && names(f, dst))
+                .map(|f| (f.priority, f.flags))
+                .collect()
+        };
+        let vip_rule = of_vip(0, true);
+        assert_eq!(vip_rule.len(), 1, "{vip_rule:?}");
+        // Above the partition rules, the moving ones the higher (the backends here are
+        // not on a port, so none are written: the OVS test sees both).
+        let partition = super::super::partition::PRIO_PARTITION;
+        assert!(vip_rule[0].0 > partition.max(super::super::partition::PRIO_MOVING));
+        assert_eq!(
+            of_vip(TABLE_CT, true),
+            [(PRIO_RETIRING_INV, FlowModFlags::empty())],
+            "the invalid to the VIP go on, above their drop"
+        );
+        assert_eq!(
+            of_vip(TABLE_CT, false),
+            [(PRIO_EST, FlowModFlags::SEND_FLOW_REM)]
+        );
+        assert_eq!(retiring.len(), 3 + 2 * 4 + 2, "VIP, backends, catch-alls");
+        let catch_alls: Vec<u16> = retiring
+            .iter()
+            .filter(|f| f.table_id == TABLE_CT && [PRIO_INV, PRIO_TRK].contains(&f.priority))
+            .map(|f| f.idle_timeout)
+            .collect();
+        assert_eq!(catch_alls, [0, 0], "table 1's catch-alls stay");
+
+        // The reply rule ends: the switch that reported it is told to delete the VIP's
+        // retiring rules, and the delete takes those and no other.
+        let ended = ofp::FlowRemoved {
+            cookie: COOKIE_KIND | COOKIE_RETIRE | 0xffff,
+            priority: PRIO_EST,
+            reason: ofp::FlowRemovedReason::IdleTimeout,
+            table_id: TABLE_CT,
+            duration_sec: 9,
+            duration_nsec: 0,
+            idle_timeout: 2,
+            hard_timeout: 0,
+            packet_count: 40,
+            byte_count: 4000,
+            match_: ip_src(tcp(), vip).with(Oxm::TcpSrc(80)).with(tracked()),
+        };
+        ctl.handle_message(
+            now + grace,
+            7,
+            &Message::FlowRemoved(ended.clone()),
+            &mut out,
+        );
+        let answer: Vec<(Dpid, Message)> = out.drain().collect();
+        let [(7, Message::FlowMod(del))] = &answer[..] else {
+            panic!("one delete, to the switch that reported: {answer:?}");
+        };
+        let taken: Vec<(u8, u16)> = sent
+            .iter()
+            .filter(|f| deletes(del, f))
+            .map(|f| (f.table_id, f.priority))
+            .collect();
+        assert_eq!(taken, [(0, vip_rule[0].0), (TABLE_CT, PRIO_RETIRING_INV)]);
+
+        // Any other rule's end (here a table-0 one) deletes nothing.
+        let other = ofp::FlowRemoved {
+            table_id: 0,
+            ..ended
+        };
+        ctl.handle_message(now + grace, 7, &Message::FlowRemoved(other), &mut out);
+        assert!(out.is_empty());
+    }
+
+    /// Whether the non-strict delete `del` takes the rule `fm` (§6.4: every field of the
+    /// delete's match in the rule's, and the cookie filter; the tables and priorities
+    /// here are all).
+    fn deletes(del: &FlowMod, fm: &FlowMod) -> bool {
+        assert_eq!(del.command, ofp::FlowModCommand::Delete);
+        assert_eq!(del.table_id, rules::TABLE_ALL);
+        fm.cookie & del.cookie_mask == del.cookie & del.cookie_mask
+            && del.match_.iter().all(|o| fm.match_.iter().any(|f| f == o))
     }
 
     /// Two proactive services, each with its own port and backends.

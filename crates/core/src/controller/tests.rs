@@ -419,7 +419,8 @@ fn flow_removed_ends_the_connection_and_its_count() {
             let mut frame = bytes::BytesMut::new();
             ofp::encode(9, &Message::FlowRemoved(fr), &mut frame).unwrap();
             let v = ofp::FlowRemovedView::new(&frame).unwrap();
-            sim.c.handle_rule_ended(sim.now, &RuleEnded::of_view(&v));
+            sim.c
+                .handle_rule_ended(sim.now, 1, &RuleEnded::of_view(&v), &mut sim.out);
         } else {
             sim.c
                 .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);

@@ -553,7 +553,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             t = None;
                         }
                         Pending::Ended(e) => {
-                            c.handle_rule_ended(now, &e);
+                            c.handle_rule_ended(now, dpid, &e, out);
                             t = None;
                         }
                         Pending::Undecodable(e) => {

@@ -352,8 +352,13 @@ pub fn dechunk(mut rest: &str) -> String {
 
 /// Start `flowgate httpd` on a host.
 pub fn httpd(host: &Host, name: &str, extra: &[&str]) -> ProcGuard {
-    let listen = format!("{}:80", host.ip());
-    let mut argv = vec![FLOWGATE, "httpd", "--listen", &listen, "--name", name];
+    httpd_on(host, &format!("{}:80", host.ip()), name, extra)
+}
+
+/// [`httpd`] listening on `listen` (`0.0.0.0:80` for one that also answers at a VIP on
+/// its loopback).
+pub fn httpd_on(host: &Host, listen: &str, name: &str, extra: &[&str]) -> ProcGuard {
+    let mut argv = vec![FLOWGATE, "httpd", "--listen", listen, "--name", name];
     argv.extend_from_slice(extra);
     let g = host.spawn(&argv).expect("spawn httpd");
     host.wait_http(

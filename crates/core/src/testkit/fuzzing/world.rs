@@ -271,7 +271,8 @@ impl World {
                 if let Ok(v) = ofp::FlowRemovedView::new(&bytes) {
                     let ended = RuleEnded::of_view(&v);
                     self.c.prefetch_rule_ended(&ended);
-                    self.c.handle_rule_ended(self.now, &ended);
+                    self.c
+                        .handle_rule_ended(self.now, dpid, &ended, &mut self.out);
                 }
             }
             MsgKind::Other => {
