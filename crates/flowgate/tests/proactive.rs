@@ -754,3 +754,63 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     assert!(carried > 0, "the partition rules carried them: {flows}");
     ctl.assert_no_openflow_errors();
 }
+
+/// A retiring VIP rule whose reply rule ends while no controller is connected (so its end
+/// is heard by none) goes when the switch connects to one again: the controller asks the
+/// switch for its retiring rules and deletes a VIP rule that has lost its reply rule.
+/// New connections kept it alive meanwhile (their SYNs pass it); left, it would send every
+/// new connection's SYN through conntrack for good.
+#[test]
+fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
+    let Some(p) = setup("ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect") else {
+        return;
+    };
+    let started = Instant::now();
+    let (t, mut ctl, cfg, _servers) =
+        proactive_pair(&p, "retiring-unheard", "idle_timeout_secs = 2\n");
+    past_grace(started);
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    let reactive = cfg.replace("mode = \"proactive\"\n", "");
+    std::fs::write(ctl.dir.join("flowgate.toml"), &reactive).expect("write config");
+    signal(ctl.pid(), "HUP");
+    let retiring_vip = |flows: &str| {
+        flows
+            .lines()
+            .any(|l| l.contains("priority=201,") && l.contains(&format!("nw_dst={VIP},")))
+    };
+    let reply_rule = |flows: &str| {
+        flows
+            .lines()
+            .any(|l| l.contains(" table=1,") && l.contains(&format!("nw_src={VIP},")))
+    };
+    wait_until("the retiring rules", Duration::from_secs(5), || {
+        let flows = br.dump_flows().unwrap_or_default();
+        retiring_vip(&flows) && reply_rule(&flows)
+    });
+
+    // No controller: new connections' SYNs keep the VIP's rule alive (and get no answer),
+    // while its reply rule, which no packet passes, ends.
+    ctl.kill();
+    wait_until("the reply rule's end", Duration::from_secs(10), || {
+        let _ = client.exec(&["curl", "-s", "-o", "/dev/null", "-m", "0.3", &url]);
+        !reply_rule(&br.dump_flows().unwrap_or_default())
+    });
+    assert!(
+        retiring_vip(&br.dump_flows().unwrap_or_default()),
+        "new connections kept the VIP's retiring rule"
+    );
+
+    ctl.respawn(&reactive);
+    wait_until(
+        "the retiring VIP rule's end",
+        Duration::from_secs(10),
+        || {
+            let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+            assert_eq!(more["ok"], 4, "reactive, through the controller: {more}");
+            !retiring_vip(&br.dump_flows().unwrap_or_default())
+        },
+    );
+    ctl.assert_no_openflow_errors();
+}

@@ -70,7 +70,9 @@
 //! meets the retiring VIP rule, which would so live for ever; its life is its reply
 //! rule's instead. Only the old connections' answers pass that one, which reports its end
 //! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
-//! that switch (`proactive_rule_ended`).
+//! that switch (`proactive_rule_ended`). A switch that connects is asked for its retiring
+//! rules, and a VIP rule whose reply rule ended unheard, while no controller was
+//! connected, goes then (`proactive_retiring_reported`).
 //!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
@@ -180,7 +182,12 @@ pub(crate) struct ProactiveState {
     synced_vips: BTreeMap<(Ipv4Addr, u16), (MacAddr, u16)>,
     /// VIPs whose retiring table-0 rule may still be on the switches.
     retired_vips: BTreeSet<(Ipv4Addr, u16)>,
+    /// The retiring VIP rules each connecting switch reports, while its report comes in.
+    retiring_reported: BTreeMap<Dpid, BTreeMap<(Ipv4Addr, u16), RetiringSeen>>,
 }
+
+/// Of one VIP's retiring rules in a switch's report: (its table-0 rule, its reply rule).
+type RetiringSeen = (bool, bool);
 
 impl ProactiveState {
     /// A reload: `prev[i]` is where service `i` was before it, if it was there.
@@ -566,6 +573,16 @@ impl Controller {
     /// they are complete, and nothing is deleted (until [`Self::proactive_settle`]).
     /// Without a grace: settled at once.
     pub(crate) fn proactive_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
+        // Its retiring rules: a VIP rule whose reply rule ended while no controller heard
+        // it goes (`proactive_retiring_reported`).
+        self.proactive
+            .retiring_reported
+            .insert(dpid, BTreeMap::new());
+        let retiring = COOKIE_KIND | COOKIE_RETIRE;
+        out.push(
+            dpid,
+            rules::flow_stats_by_cookie(retiring, cookie::KIND_MASK | COOKIE_RETIRE),
+        );
         self.proactive.synced_any |= (0..self.services.len()).any(|i| self.is_proactive(i));
         if !self.in_grace(dpid) {
             self.proactive_settle(dpid, out);
@@ -723,6 +740,43 @@ impl Controller {
         }
         if let (Some(vip), Some(port), None) = (e.tuple.src, e.tuple.sport, e.tuple.dst) {
             out.push(dpid, retiring_vip_delete((vip, port)));
+        }
+    }
+
+    /// A retiring rule the connecting switch `dpid` reports (flow stats), while the report
+    /// of its retiring rules comes in.
+    pub(crate) fn note_retiring_rule(&mut self, dpid: Dpid, fs: &ofp::FlowStats) {
+        let retiring = COOKIE_KIND | COOKIE_RETIRE;
+        if fs.cookie & (cookie::KIND_MASK | COOKIE_RETIRE) != retiring {
+            return;
+        }
+        let Some(seen) = self.proactive.retiring_reported.get_mut(&dpid) else {
+            return;
+        };
+        let t = super::ended::Tuple::of_match(&fs.match_);
+        let vip_rule = [PRIO_RETIRING_VIP, PRIO_RETIRING_VIP_PARTITIONED].contains(&fs.priority);
+        match (fs.table_id, t.src, t.sport, t.dst, t.dport) {
+            (0, None, None, Some(vip), Some(port)) if vip_rule => {
+                seen.entry((vip, port)).or_default().0 = true;
+            }
+            (TABLE_CT, Some(vip), Some(port), None, None) => {
+                seen.entry((vip, port)).or_default().1 = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// The last part of a flow-stats reply from `dpid`: once it is the report of its
+    /// retiring rules, a retiring VIP rule without its reply rule goes. The reply rule's end
+    /// (`proactive_rule_ended`) reached no controller: the switch was not connected to one
+    /// then. Left, the VIP rule would send every new connection through conntrack until
+    /// the VIP is proactive again.
+    pub(crate) fn proactive_retiring_reported(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let Some(seen) = self.proactive.retiring_reported.remove(&dpid) else {
+            return;
+        };
+        for (key, _) in seen.into_iter().filter(|&(_, (vip, reply))| vip && !reply) {
+            out.push(dpid, retiring_vip_delete(key));
         }
     }
 
@@ -1403,6 +1457,108 @@ mod tests {
         };
         ctl.handle_message(now + grace, 7, &Message::FlowRemoved(other), &mut out);
         assert!(out.is_empty());
+    }
+
+    /// A switch that (re)connects reports its retiring rules; a retiring VIP rule whose
+    /// reply rule ended while no controller heard it (here, a controller started since,
+    /// with the service reactive) is deleted, and one whose reply rule is still there stays
+    /// for it to report its end.
+    #[test]
+    fn a_connecting_switch_loses_a_retiring_vip_rule_that_outlived_its_reply_rule() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let mut out = Outbox::new();
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        out.drain().for_each(drop);
+        let reactive = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+             [service.health]\nkind = \"none\"\n\
+             [[service.backend]]\naddress = \"10.0.0.2\"\n\
+             [[service.backend]]\naddress = \"10.0.0.3\"\n"
+        );
+        let cfg = Config::from_toml(&reactive, &|_| None).expect("valid");
+        ctl.reload(now + grace, &cfg, &mut out);
+        // The switch's retiring rules, as its flow stats give them.
+        let held: Vec<ofp::FlowStats> = out
+            .drain()
+            .filter_map(|(_, m)| match m {
+                Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0 => Some(ofp::FlowStats {
+                    table_id: fm.table_id,
+                    duration_sec: 30,
+                    duration_nsec: 0,
+                    priority: fm.priority,
+                    idle_timeout: fm.idle_timeout,
+                    hard_timeout: 0,
+                    flags: fm.flags,
+                    cookie: fm.cookie,
+                    packet_count: 9,
+                    byte_count: 900,
+                    match_: fm.match_,
+                    instructions: fm.instructions,
+                }),
+                _ => None,
+            })
+            .collect();
+        let vip_rule = held
+            .iter()
+            .find(|f| f.table_id == 0 && f.priority == PRIO_RETIRING_VIP)
+            .expect("the VIP's retiring rule");
+        let vip_rule = FlowMod {
+            cookie: vip_rule.cookie,
+            priority: vip_rule.priority,
+            match_: vip_rule.match_.clone(),
+            ..FlowMod::add(Match::new())
+        };
+        let is_reply = |f: &ofp::FlowStats| f.flags == FlowModFlags::SEND_FLOW_REM;
+        assert_eq!(held.iter().filter(|f| is_reply(f)).count(), 1);
+
+        let deletes_on_connect = |stats: Vec<ofp::FlowStats>| -> Vec<FlowMod> {
+            let mut fresh = Controller::new(&cfg);
+            let mut out = Outbox::new();
+            fresh.handle_switch_up(now, switch_1(), &mut out);
+            let asked = out.drain().any(|(_, m)| {
+                matches!(m,
+                Message::MultipartRequest(ofp::MultipartRequest {
+                    body: ofp::MultipartRequestBody::Flow(ref r), ..
+                }) if r.cookie == COOKIE_KIND | COOKIE_RETIRE)
+            });
+            assert!(asked, "the switch is asked for its retiring rules");
+            let reply = Message::MultipartReply(ofp::MultipartReply {
+                flags: 0,
+                body: ofp::MultipartReplyBody::Flow(stats),
+            });
+            fresh.handle_message(now, 1, &reply, &mut out);
+            out.drain()
+                .filter_map(|(d, m)| match m {
+                    Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Delete => {
+                        assert_eq!(d, 1);
+                        Some(fm)
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        // The reply rule is still there: nothing goes.
+        assert!(deletes_on_connect(held.clone()).is_empty());
+        // It ended unheard: the VIP's retiring rule goes, and no other.
+        let without_reply: Vec<ofp::FlowStats> =
+            held.iter().filter(|f| !is_reply(f)).cloned().collect();
+        let dels = deletes_on_connect(without_reply.clone());
+        assert_eq!(dels.len(), 1, "{dels:?}");
+        let taken: Vec<(u8, u16)> = without_reply
+            .iter()
+            .map(|f| FlowMod {
+                table_id: f.table_id,
+                cookie: f.cookie,
+                priority: f.priority,
+                match_: f.match_.clone(),
+                ..FlowMod::add(Match::new())
+            })
+            .filter(|fm| deletes(&dels[0], fm))
+            .map(|fm| (fm.table_id, fm.priority))
+            .collect();
+        assert_eq!(taken, [(0, PRIO_RETIRING_VIP)]);
+        assert!(deletes(&dels[0], &vip_rule));
     }
 
     /// Whether the non-strict delete `del` takes the rule `fm` (§6.4: every field of the

@@ -312,17 +312,22 @@ pub(crate) fn packet_out(in_port: u32, actions: Actions, data: Bytes) -> Message
     })
 }
 
-/// Flow stats of every connection rule, to rebuild the connection table after a restart.
-/// Every rule of `kind` the switch holds (§7.3.5.2, filtered by cookie).
+/// Every rule of `kind` the switch holds (§7.3.5.2, filtered by cookie): the connection
+/// rules, to rebuild the connection table after a restart, and others.
 pub(crate) fn flow_stats_request(kind: RuleKind) -> Message {
+    flow_stats_by_cookie(kind.base(), cookie::KIND_MASK)
+}
+
+/// Every rule whose cookie, masked with `cookie_mask`, is `cookie` (§7.3.5.2).
+pub(crate) fn flow_stats_by_cookie(cookie: u64, cookie_mask: u64) -> Message {
     ofp::Message::MultipartRequest(ofp::MultipartRequest {
         flags: 0,
         body: ofp::MultipartRequestBody::Flow(ofp::FlowStatsRequest {
             table_id: TABLE_ALL,
             out_port: ofp::port::ANY,
             out_group: ofp::group::ANY,
-            cookie: kind.base(),
-            cookie_mask: cookie::KIND_MASK,
+            cookie,
+            cookie_mask,
             match_: Match::new(),
         }),
     })

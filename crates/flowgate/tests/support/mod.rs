@@ -131,7 +131,13 @@ impl Ctl {
     /// same ports.
     pub fn restart(&mut self) {
         self.kill();
-        let cfg = pin_ports(&self.config, self.openflow, self.api);
+        self.respawn(&self.config.clone());
+    }
+
+    /// Start the (killed) controller again on the same ports, with `config` from now on.
+    pub fn respawn(&mut self, config: &str) {
+        self.config = config.to_string();
+        let cfg = pin_ports(config, self.openflow, self.api);
         self.spawn(cfg);
     }
 
