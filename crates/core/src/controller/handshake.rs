@@ -36,7 +36,7 @@ pub const CATCH_HARD_TIMEOUT_S: u16 = 5;
 const CATCH_REFRESH_MS: u64 = 2_000;
 
 /// Outcomes per verdict on whether the clients complete.
-const WINDOW: u32 = 16;
+pub(crate) const WINDOW: u32 = 16;
 
 /// While the clients complete, one admission in this many is still deferred. Each costs
 /// the controller two more PACKET_INs, at the time it is short of them: one in 8 took

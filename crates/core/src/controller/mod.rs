@@ -1195,6 +1195,11 @@ fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
         }
     }
     next.counters = prev.counters.clone();
+    // The handshake figures are counters too (`…_handshakes_deferred_total`), and whether
+    // the service's clients complete is theirs, not the file's. The backends' reply-catch
+    // rules go out again at the next deferral: the pool may have changed.
+    next.handshakes = prev.handshakes;
+    next.handshakes.catch_lost();
     next.keep_balancer(prev);
     next.sync_eligibility();
 }

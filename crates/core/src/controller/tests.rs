@@ -2019,3 +2019,40 @@ fn a_reload_goes_on_with_the_balancer_while_it_would_be_built_the_same() {
     reload_now(&mut sim, &hysteresis);
     assert_eq!(rt(&sim)[0], None, "a new parameter");
 }
+
+/// A reload keeps each service's handshake figures (exported as counters, which must not
+/// go back) and what it learned of its clients, as it keeps the other counters.
+#[test]
+fn a_reload_keeps_the_handshake_figures() {
+    let mut sim = single_switch("round-robin");
+    let h = &mut sim.c.services[0].handshakes;
+    for _ in 0..handshake::WINDOW {
+        assert!(
+            h.defer(true),
+            "a gapping episode defers every admission at first"
+        );
+        h.outcome(true);
+    }
+    h.outcome(false);
+    let before = *h;
+    assert!(before.clients_complete);
+    assert_eq!(
+        (before.deferred, before.completed, before.abandoned),
+        (
+            u64::from(handshake::WINDOW),
+            u64::from(handshake::WINDOW),
+            1
+        )
+    );
+    reload(&mut sim, &service_config("round-robin", &[2, 4, 3]));
+    let after = sim.c.services()[0].handshakes;
+    assert_eq!(
+        (
+            after.deferred,
+            after.completed,
+            after.abandoned,
+            after.clients_complete
+        ),
+        (before.deferred, before.completed, before.abandoned, true)
+    );
+}
