@@ -32,6 +32,9 @@ pub enum RuleKind {
     Proactive = 0x07,
     /// A partitioned service's wildcard and moving rules (`controller::partition`).
     Partition = 0x08,
+    /// A departed partitioned service's partitions, for its old connections' segments
+    /// until they are idle (`controller::departing`).
+    Departing = 0x09,
 }
 
 impl RuleKind {
@@ -69,6 +72,7 @@ pub fn kind_of(cookie: u64) -> Option<RuleKind> {
         0x06 => RuleKind::Gap,
         0x07 => RuleKind::Proactive,
         0x08 => RuleKind::Partition,
+        0x09 => RuleKind::Departing,
         _ => return None,
     })
 }
@@ -105,6 +109,7 @@ mod tests {
         for k in RuleKind::PROACTIVE.into_iter().chain([
             RuleKind::L2,
             RuleKind::Partition,
+            RuleKind::Departing,
             RuleKind::Conn,
         ]) {
             let c = cookie(k, 0x00ff_ffff_ffff_ffff);

@@ -143,19 +143,10 @@ fn packet_ins(ctl: &Ctl) -> u64 {
 }
 
 /// `flowgate httpd` named `name` on every address of the host, the VIP on its loopback
-/// included, answering after `delay_ms`.
-fn dsr_httpd(host: &Host, name: &str, delay_ms: u64) -> flowgate_testbed::ProcGuard {
-    let delay = delay_ms.to_string();
-    let argv = [
-        FLOWGATE,
-        "httpd",
-        "--listen",
-        "0.0.0.0:80",
-        "--name",
-        name,
-        "--delay-ms",
-        &delay,
-    ];
+/// included, with `extra` arguments.
+fn dsr_httpd(host: &Host, name: &str, extra: &[&str]) -> flowgate_testbed::ProcGuard {
+    let mut argv = vec![FLOWGATE, "httpd", "--listen", "0.0.0.0:80", "--name", name];
+    argv.extend_from_slice(extra);
     let g = host.spawn(&argv).expect("spawn httpd");
     host.wait_http(
         &format!("http://{}/health", host.ip()),
@@ -215,7 +206,7 @@ fn keep_alive_load(
 }
 
 /// One bridge with the client h1 and three backends that hold the VIP (`flowgate httpd`
-/// named b2..b4, answering after `delay_ms`), under a controller that runs the VIP
+/// named b2..b4, with `server` arguments), under a controller that runs the VIP
 /// partitioned by least connections with `keys`; returns once the backends are located.
 struct DsrNet {
     t: flowgate_testbed::topo::Topology,
@@ -224,7 +215,7 @@ struct DsrNet {
     _servers: Vec<flowgate_testbed::ProcGuard>,
 }
 
-fn dsr_net(p: &str, name: &str, keys: &str, delay_ms: u64) -> DsrNet {
+fn dsr_net(p: &str, name: &str, keys: &str, server: &[&str]) -> DsrNet {
     let t = topo::single(&TopoOptions::new(p), 4).expect("topology");
     let backends: Vec<_> = t.hosts[1..].iter().map(|h| h.ip()).collect();
     let vip = VIP.parse().expect("vip");
@@ -243,7 +234,7 @@ fn dsr_net(p: &str, name: &str, keys: &str, delay_ms: u64) -> DsrNet {
     let servers = t.hosts[1..]
         .iter()
         .enumerate()
-        .map(|(i, h)| dsr_httpd(h, &format!("b{}", i + 2), delay_ms))
+        .map(|(i, h)| dsr_httpd(h, &format!("b{}", i + 2), server))
         .collect();
     // The controller finds the backends by ARP: they must answer it although they hold
     // the VIP (and drop any packet from it, an ARP request included).
@@ -272,7 +263,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
         p.as_str(),
         "partitioned",
         &format!("partition_bits = {BITS}\ntransition_secs = {TRANSITION_SECS}\n"),
-        20,
+        &["--delay-ms", "20"],
     );
     let br = &t.bridges[0];
     let name_of_mac: BTreeMap<String, String> = t.hosts[1..]
@@ -603,7 +594,7 @@ fn ovs_partitioned_partitions_settle_under_load() {
         p.as_str(),
         "partitioned-load",
         &format!("transition_secs = {transition}\n"),
-        0,
+        &[],
     );
     let spread = |(_, moving, owned): &(u64, u64, Vec<u64>)| {
         *moving == 0 && owned.len() == 3 && owned.iter().all(|&n| n > 0)
@@ -709,4 +700,94 @@ fn ovs_partitioned_partitions_settle_under_load() {
         "{failed} of {sent} requests failed: {rep}"
     );
     ctl.assert_no_openflow_errors();
+}
+
+/// A reload that takes a partitioned service to `mode` (`""` for reactive) keeps the
+/// download in flight on it: before its partition rules go, each is written again for the
+/// segments that are not SYNs, to the same owner, and lasts until those have been idle
+/// for the service's idle timeout (2 s), new connections (placed by the new mode) coming
+/// all along.
+fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16) {
+    let Some(p) = setup(test) else {
+        return;
+    };
+    let started = Instant::now();
+    let DsrNet {
+        t,
+        ctl,
+        _servers: _keep,
+        ..
+    } = dsr_net(
+        p.as_str(),
+        name,
+        "partition_bits = 2\nidle_timeout_secs = 2\n",
+        &["--rate-bytes-per-sec", "1000000"],
+    );
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    let at = |flows: &str, prio: u16| {
+        flows
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("priority={prio},")) && l.contains(&format!("nw_dst={VIP},"))
+            })
+            .count()
+    };
+    wait_until("the partition rules", Duration::from_secs(10), || {
+        at(&br.dump_flows().unwrap_or_default(), 220) == 4
+    });
+    past_grace(started);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
+    download_carrier(&t.hosts[1..]);
+
+    let path = ctl.dir.join("flowgate.toml");
+    let cfg = std::fs::read_to_string(&path).expect("config");
+    let next = cfg
+        .replace("mode = \"partitioned\"\n", mode)
+        .replace("partition_bits = 2\n", "");
+    std::fs::write(&path, next).expect("write config");
+    signal(ctl.pid(), "HUP");
+    wait_until("the reload", Duration::from_secs(10), || {
+        ctl.log().contains("SIGHUP: config reloaded")
+    });
+    wait_until("the departing rules", Duration::from_secs(5), || {
+        let flows = br.dump_flows().unwrap_or_default();
+        at(&flows, departing_prio) == 4 && at(&flows, 220) == 0
+    });
+    let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+    assert_eq!(after["ok"], 20, "new connections, by the new mode: {after}");
+    let text = dl.outcome();
+    assert_eq!(
+        text, "200 5000000",
+        "the download from before the reload finished (curl: {text})"
+    );
+    // New connections keep coming; the departing rules go all the same.
+    wait_until("the departing rules' end", Duration::from_secs(15), || {
+        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+        assert_eq!(more["ok"], 4, "{more}");
+        let flows = br.dump_flows().unwrap_or_default();
+        !flows.contains("cookie=0x9")
+    });
+    ctl.assert_no_openflow_errors();
+}
+
+#[test]
+fn ovs_partitioned_to_reactive_keeps_live_connections() {
+    partitioned_departs(
+        "ovs_partitioned_to_reactive_keeps_live_connections",
+        "partitioned-to-reactive",
+        "",
+        260,
+    );
+}
+
+#[test]
+fn ovs_partitioned_to_proactive_keeps_live_connections() {
+    partitioned_departs(
+        "ovs_partitioned_to_proactive_keeps_live_connections",
+        "partitioned-to-proactive",
+        "mode = \"proactive\"\n",
+        199,
+    );
 }

@@ -17,16 +17,6 @@ fn packet_ins(ctl: &Ctl) -> u64 {
     metric(&body, "flowgate_packet_in_total").unwrap_or(0.0) as u64
 }
 
-/// Which backend host holds an established connection on port 80 (the download's).
-fn carrier(hosts: &[flowgate_testbed::Host]) -> Option<String> {
-    hosts.iter().find_map(|h| {
-        let out = h
-            .exec_checked(&["ss", "-Htn", "state", "established", "( sport = :80 )"])
-            .unwrap_or_default();
-        (!out.trim().is_empty()).then(|| h.ip().to_string())
-    })
-}
-
 /// An HTTP server on each of `hosts`, named `b2`, `b3`, ... as their addresses end.
 fn servers(hosts: &[flowgate_testbed::Host]) -> Vec<flowgate_testbed::ProcGuard> {
     hosts
@@ -44,16 +34,6 @@ fn count_rules(flows: &str) -> Vec<usize> {
         .filter(|l| l.contains(" table=1,") && l.contains("priority=20,") && l.contains("nw_dst="))
         .count();
     vec![rewrites, l2_rules(flows)]
-}
-
-/// The backend (its address) that holds the download in flight, once one does.
-fn download_carrier(backends: &[flowgate_testbed::Host]) -> String {
-    let mut busy = None;
-    wait_until("the download's backend", Duration::from_secs(10), || {
-        busy = carrier(backends);
-        busy.is_some()
-    });
-    busy.unwrap_or_default()
 }
 
 /// An API call with the token, no body.
@@ -84,14 +64,6 @@ fn n_packets(flows: &str, which: impl Fn(&str) -> bool) -> u64 {
         .sum()
 }
 
-/// Returns once the switch that connected after `started` is past its reconnect grace
-/// (3 s), in which the controller deletes no rule: a reload in it leaves the proactive
-/// group's rule placing new connections until it ends.
-fn past_grace(started: Instant) {
-    let end = started + Duration::from_millis(3500);
-    std::thread::sleep(end.saturating_duration_since(Instant::now()));
-}
-
 /// Table 1 (conntrack's) holds only its catch-alls, which stay once the last proactive
 /// service is gone.
 fn table_1_idle(flows: &str) -> bool {
@@ -101,28 +73,6 @@ fn table_1_idle(flows: &str) -> bool {
             l.contains("priority=5,ct_state=+inv+trk actions=drop")
                 || l.contains("priority=1,ct_state=+trk actions=resubmit(,0)")
         })
-}
-
-/// A download of `bytes` from the VIP by `client` (curl, at the servers' 1 MB/s), and
-/// what it got once it ends: `"200 <bytes>"` when it finished.
-struct Download(std::process::Child);
-
-impl Download {
-    fn start(client: &flowgate_testbed::Host, bytes: u64) -> Download {
-        let url = format!("http://{VIP}/bytes/{bytes}");
-        let args = ["curl", "-s", "-o", "/dev/null", "-m", "60", "-w"];
-        let child = client
-            .command(&[&args[..], &["%{http_code} %{size_download}", &url]].concat())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("curl");
-        Download(child)
-    }
-
-    fn outcome(self) -> String {
-        let out = self.0.wait_with_output().expect("curl finishes");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
 }
 
 /// An HTTP server on each of `hosts` sending at most 1 MB/s (so a download lasts), on
@@ -243,7 +193,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
 
     // A long download (8 MB at 1 MB/s), then drain the backend carrying it.
-    let dl = Download::start(client, 8_000_000);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/8000000"));
     let busy = download_carrier(&t.hosts[1..]);
     let (st, body) = with_token(
         &ctl,
@@ -301,7 +251,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
     let watch = RuleWatch::start(br.name(), full.clone(), count_rules);
     let mut ctl = ctl;
-    let dl = Download::start(client, 4_000_000);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/4000000"));
     wait_until(
         "the second download's backend",
         Duration::from_secs(10),
@@ -552,7 +502,7 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
     // A download of 5 MB at 1 MB/s; its backend leaves the pool while it runs.
-    let dl = Download::start(client, 5_000_000);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     let busy = download_carrier(&t.hosts[1..]);
     let (st, body) = with_token(
         &ctl,
@@ -626,7 +576,7 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
-    let dl = Download::start(client, 5_000_000);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     wait_until("the download's backend", Duration::from_secs(10), || {
         carrier(&t.hosts[1..]).is_some()
     });
@@ -694,7 +644,7 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
-    let dl = Download::start(client, 5_000_000);
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     download_carrier(&t.hosts[1..]);
     let path = ctl.dir.join("flowgate.toml");
     let partitioned = "mode = \"partitioned\"\npartition_bits = 2\n";

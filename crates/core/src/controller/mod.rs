@@ -8,6 +8,7 @@
 
 pub mod ageing;
 mod conn_rule;
+mod departing;
 mod ended;
 pub use ended::RuleEnded;
 pub mod handshake;
@@ -955,6 +956,7 @@ impl Controller {
             .map(|&n| u32::from(n) + 1)
             .fold(self.slot_bound, u32::max);
         self.proactive.reorder(&prev_index);
+        self.partition_depart(&old, out);
         // Connections whose service or backend is gone stop being accounted for; their
         // rules stay until idle, so they are not broken.
         let names: Vec<(String, Vec<Ipv4Addr>)> = old

@@ -129,7 +129,7 @@ pub(crate) struct Move {
 pub(crate) struct Partitions {
     /// The service's name (the state follows it across reloads).
     name: String,
-    bits: u8,
+    pub(crate) bits: u8,
     /// The owner of each partition, by address (indexes change on reloads).
     pub(crate) owner: Vec<Option<Ipv4Addr>>,
     pub(crate) moving: Vec<Option<Move>>,
@@ -352,7 +352,7 @@ pub(crate) fn rebalance(
 /// The partition's match: TCP to `vip:port` from client ports of partition `p`. OpenFlow
 /// 1.3 lists TCP_SRC as unmaskable (§7.2.3.7); Open vSwitch accepts a mask on it (as
 /// `ovs-ofctl` writes `tp_src=value/mask`), so the masked OXM is written raw.
-fn partition_match(vip: Ipv4Addr, port: u16, p: usize, bits: u8) -> Match {
+pub(crate) fn partition_match(vip: Ipv4Addr, port: u16, p: usize, bits: u8) -> Match {
     let value = ((p as u16) << 1) & port_mask(bits);
     let mut payload = Vec::with_capacity(4);
     payload.extend_from_slice(&value.to_be_bytes());

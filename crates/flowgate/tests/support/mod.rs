@@ -654,3 +654,52 @@ pub fn keepalive_load(
         ],
     )
 }
+
+/// A download of `url` by `client` (curl, up to 60 s), and what it got once it ends:
+/// `"200 <bytes>"` when it finished.
+pub struct Download(std::process::Child);
+
+impl Download {
+    pub fn start(client: &Host, url: &str) -> Download {
+        let args = ["curl", "-s", "-o", "/dev/null", "-m", "60", "-w"];
+        let child = client
+            .command(&[&args[..], &["%{http_code} %{size_download}", url]].concat())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("curl");
+        Download(child)
+    }
+
+    pub fn outcome(self) -> String {
+        let out = self.0.wait_with_output().expect("curl finishes");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// Which backend host holds an established connection on port 80 (a download's).
+pub fn carrier(hosts: &[Host]) -> Option<String> {
+    hosts.iter().find_map(|h| {
+        let out = h
+            .exec_checked(&["ss", "-Htn", "state", "established", "( sport = :80 )"])
+            .unwrap_or_default();
+        (!out.trim().is_empty()).then(|| h.ip().to_string())
+    })
+}
+
+/// The backend (its address) that holds the download in flight, once one does.
+pub fn download_carrier(backends: &[Host]) -> String {
+    let mut busy = None;
+    wait_until("the download's backend", Duration::from_secs(10), || {
+        busy = carrier(backends);
+        busy.is_some()
+    });
+    busy.unwrap_or_default()
+}
+
+/// Returns once the switch that connected after `started` is past its reconnect grace
+/// (3 s), in which the controller deletes no rule: a reload in it leaves the proactive
+/// group's rule placing new connections until it ends.
+pub fn past_grace(started: Instant) {
+    let end = started + Duration::from_millis(3500);
+    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+}
