@@ -6,41 +6,55 @@
 //! (`partition`): the rule is deleted with the mode, and the connection's next segment
 //! went to the intercept (to the controller, which knows nothing of it) or, proactive,
 //! through conntrack, which picks a connection up mid-stream as new, to the group and
-//! a backend at random. Either way the backend that got it answered with a reset.
+//! a backend at random. Either way the backend that got it answered with a reset (on OVS
+//! a download stopped at 100 kB and 200 kB).
 //!
-//! So before the partition rules go, each partition's rule is written again, for the
-//! segments that are not SYNs (`tcp_flags=-syn`), to the same owner, with the service's
-//! idle timeout. A SYN is a new connection and passes them for the new mode; the new
-//! mode's connections never meet them (their segments after the SYN have rules of their
-//! own above, or are NATed away from the VIP), so they carry only the old connections,
-//! and the switch removes them once those have been idle for the timeout (§6.5).
+//! So before the partition rules go, each partition's rule is written again for the
+//! segments that are not SYNs (`tcp_flags=-syn`), with the service's idle timeout. A SYN
+//! is a new connection and passes them for the new mode. What they do with the rest
+//! depends on that mode:
 //!
 //! | new mode | table | prio | match | actions |
 //! | --- | --- | --- | --- | --- |
-//! | reactive, none | 0 | [`PRIO_DEPARTING`] | the partition's, `tcp_flags=-syn` | `eth_dst:=MAC(owner)`, output toward it |
-//! | proactive | 0 | [`PRIO_DEPARTING_AFTER_CT`] | the same | the same |
+//! | none (the service went) | 0 | [`PRIO_DEPARTING`] | the partition's, `tcp_flags=-syn` | `eth_dst:=MAC(owner)`, output toward it |
+//! | reactive | 0 | [`PRIO_DEPARTING`] | the same | to the controller |
+//! | proactive | 0 | [`PRIO_DEPARTING_AFTER_CT`] | the same | `eth_dst:=MAC(owner)`, output toward it |
 //! | proactive | 1 | [`PRIO_DEPARTING_CT_PASS`] | `tcp, ip_dst=V, tcp_dst=P, tcp_flags=-syn, ct_state=+trk-est` | `resubmit(,0)` |
 //!
-//! Reactive, the rule sits above the gap rules (250) that drop a gapped service's packets
-//! and below the connection rules (300). Proactive, every packet to the VIP meets the
-//! service's conntrack rule (200) first, so the departing rule sits below it, where the
-//! packet comes back tracked; in table 1 a segment conntrack does not know as
-//! established (new where it picks connections up mid-stream, as Open vSwitch's does;
-//! invalid where it does not) and that is no SYN goes back to table 0 rather than to the
-//! group. A proactive connection's own segments are NATed to their backend there and do
-//! not match the VIP.
+//! **Reactive**, the rule sits above the gap rules (250) that drop a gapped service's
+//! packets and below the connection rules (300), and sends what it takes to the
+//! controller: an old connection's segment gets an exact rule of its own to its old owner
+//! (the VIP kept, as its partition rule had it) and goes on there
+//! ([`Controller::departed_segment`]); a new connection's is the new mode's, which knows
+//! it. Sent straight to the owner, a new connection's ACK could go there too: Open
+//! vSwitch's datapath carries packets by flows it cached from the rules, and one cached
+//! from an old connection's segment while no connection rule of that client existed
+//! covers every port of the partition, until its revalidators catch up with the new
+//! connection's rules (seen on OVS: 1 new connection in 20 reset by the old owner).
 //!
+//! **Proactive**, every packet to the VIP meets the service's conntrack rule (200) first,
+//! so the departing rule sits below it, where the packet comes back tracked; in table 1 a
+//! segment conntrack does not know as established (new where it picks connections up
+//! mid-stream, as Open vSwitch's does; invalid where it does not) and that is no SYN goes
+//! back to table 0 rather than to the group. The new mode's connections are NATed away
+//! from the VIP there and never meet the rule, which so carries the old connections only.
+//!
+//! The rules end when the connections they carry have been idle for the timeout (§6.5).
 //! A partitioned service that stays partitioned with another partition count, VIP or
 //! port is not covered: its new partition rules and the departing ones would both match
 //! the new connections' segments.
 
-use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
+use std::net::Ipv4Addr;
+
+use flowgate_packet::MacAddr;
 use ofp::{Action, Actions, FlowMod, Instruction, Match, Message, Oxm};
 
 use super::conn_rule::Syn;
 use super::nicira::{self, ct_state};
+use super::vip::Arrival;
 use super::{Controller, Outbox, proactive, rules};
 use crate::config::ServiceMode;
+use crate::conntrack::ConnKey;
 use crate::cookie::{self, RuleKind};
 use crate::service::ServiceState;
 use crate::topology::Dpid;
@@ -58,14 +72,33 @@ const _: () = assert!(
         && PRIO_DEPARTING_AFTER_CT < rules::PRIO_INTERCEPT
 );
 
+/// A partitioned VIP a reload took to the reactive mode: its old partitions' owners.
+#[derive(Debug, Clone)]
+pub(crate) struct Departed {
+    vip: Ipv4Addr,
+    port: u16,
+    bits: u8,
+    /// Each partition's owner's MAC, where it was known.
+    owners: Vec<Option<MacAddr>>,
+    idle: u16,
+}
+
 impl Controller {
     /// A reload replaced the services `old` (as they were, with the partition state still
     /// indexed like them): write the departing rules of each partitioned VIP that no
     /// partitioned service holds now, before `partition_resync` deletes its partitions.
     pub(crate) fn partition_depart(&mut self, old: &[ServiceState], out: &mut Outbox) {
-        // Table 0's rules, each with its owner's MAC (the output is per switch), and
+        // A VIP partitioned again (or departing again) is no longer the earlier departure's.
+        let partitioned_now: Vec<(Ipv4Addr, u16)> = (0..self.services.len())
+            .filter(|&i| self.is_partitioned(i))
+            .filter_map(|i| Some((self.services[i].cfg.vip?, self.services[i].cfg.port)))
+            .collect();
+        self.partitions
+            .departed
+            .retain(|d| !partitioned_now.contains(&(d.vip, d.port)));
+        // Table 0's rules, each with its owner's MAC (or `None`: to the controller), and
         // table 1's.
-        let mut to_owner: Vec<(MacAddr, FlowMod)> = Vec::new();
+        let mut rules0: Vec<(Option<MacAddr>, FlowMod)> = Vec::new();
         let mut ct_pass: Vec<FlowMod> = Vec::new();
         for (i, o) in old.iter().enumerate() {
             let (Some(vip), port) = (o.cfg.vip, o.cfg.port) else {
@@ -82,39 +115,42 @@ impl Controller {
                 .iter()
                 .find(|s| s.cfg.vip == Some(vip) && s.cfg.port == port)
                 .map(|s| s.cfg.mode);
-            let proactive = match now_mode {
-                Some(ServiceMode::Partitioned) => continue,
-                Some(ServiceMode::Proactive) => true,
-                _ => false,
-            };
             let idle = o.cfg.idle_timeout_secs.max(1);
-            let prio = if proactive {
-                PRIO_DEPARTING_AFTER_CT
-            } else {
-                PRIO_DEPARTING
+            let owners: Vec<Option<MacAddr>> = st
+                .owner
+                .iter()
+                .map(|owner| {
+                    owner
+                        .and_then(|a| o.backends.iter().find(|b| b.address == a))
+                        .and_then(|b| b.mac)
+                })
+                .collect();
+            let (prio, via_controller) = match now_mode {
+                Some(ServiceMode::Partitioned) => continue,
+                Some(ServiceMode::Proactive) => (PRIO_DEPARTING_AFTER_CT, false),
+                Some(ServiceMode::Reactive) => (PRIO_DEPARTING, true),
+                None => (PRIO_DEPARTING, false),
             };
-            for (p, owner) in st.owner.iter().enumerate() {
-                let Some(mac) = owner
-                    .and_then(|a| o.backends.iter().find(|b| b.address == a))
-                    .and_then(|b| b.mac)
-                else {
-                    continue;
-                };
+            for (p, owner) in owners.iter().enumerate() {
+                let Some(mac) = owner else { continue };
                 let m = super::partition::partition_match(vip, port, p, st.bits);
-                to_owner.push((
-                    mac,
-                    departing(idle, 0, prio, with_not_syn(m), Actions::new()),
-                ));
+                let fm = departing(idle, 0, prio, with_not_syn(m), Actions::new());
+                rules0.push(((!via_controller).then_some(*mac), fm));
             }
-            if proactive {
-                let m = Match::new()
-                    .with(Oxm::EthType(ETH_TYPE_IPV4))
-                    .with(Oxm::IpProto(IP_PROTO_TCP))
-                    .with(Oxm::Ipv4Dst {
-                        value: vip,
-                        mask: None,
-                    })
-                    .with(Oxm::TcpDst(port));
+            if via_controller {
+                self.partitions
+                    .departed
+                    .retain(|d| (d.vip, d.port) != (vip, port));
+                self.partitions.departed.push(Departed {
+                    vip,
+                    port,
+                    bits: st.bits,
+                    owners,
+                    idle,
+                });
+            }
+            if now_mode == Some(ServiceMode::Proactive) {
+                let m = rules::tcp_match(None, Some(vip), None, Some(port));
                 let m = with_not_syn(m).with(nicira::ct_state_match(
                     ct_state::TRK,
                     ct_state::TRK | ct_state::EST,
@@ -130,7 +166,7 @@ impl Controller {
                 ));
             }
         }
-        if to_owner.is_empty() && ct_pass.is_empty() {
+        if rules0.is_empty() && ct_pass.is_empty() {
             return;
         }
         let dpids: Vec<Dpid> = self.switch_ids().collect();
@@ -138,27 +174,79 @@ impl Controller {
             for fm in &ct_pass {
                 out.push(d, Message::FlowMod(fm.clone()));
             }
-            for (mac, fm) in &to_owner {
-                // Toward the owner from this switch, as its partition rule sent it.
-                let Some(at) = self.topo.host(*mac).map(|h| h.at) else {
-                    continue;
+            for (owner, fm) in &rules0 {
+                let actions = match owner {
+                    None => rules::to_controller(),
+                    Some(mac) => match self.toward(d, *mac) {
+                        Some(a) => a,
+                        None => continue,
+                    },
                 };
-                let Some(port) = self.topo.egress_toward(d, at) else {
-                    continue;
-                };
-                let mut a = Actions::new();
-                a.push(Action::SetField(Oxm::EthDst {
-                    value: mac.0,
-                    mask: None,
-                }));
-                a.push(Action::output(port));
                 let mut fm = fm.clone();
-                fm.instructions.push(Instruction::ApplyActions(a));
+                fm.instructions.push(Instruction::ApplyActions(actions));
                 out.push(d, Message::FlowMod(fm));
             }
             // §6.2: in force before the partition rules are deleted.
             out.push(d, Message::BarrierRequest);
         }
+    }
+
+    /// `eth_dst := mac`, output toward it from switch `dpid` (as a partition rule sends).
+    fn toward(&self, dpid: Dpid, mac: MacAddr) -> Option<Actions> {
+        let at = self.topo.host(mac)?.at;
+        let port = self.topo.egress_toward(dpid, at)?;
+        let mut a = Actions::new();
+        a.push(Action::SetField(Oxm::EthDst {
+            value: mac.0,
+            mask: None,
+        }));
+        a.push(Action::output(port));
+        Some(a)
+    }
+
+    /// A segment that is not a SYN, of a connection the controller never decided, to a
+    /// VIP that left the partitioned mode for the reactive one: it is an old partition's
+    /// connection. It gets an exact rule to that partition's owner, the VIP kept, where
+    /// it came up, and goes on there. Returns false when the VIP did not depart so.
+    pub(crate) fn departed_segment(
+        &mut self,
+        at: &Arrival<'_>,
+        key: &ConnKey,
+        out: &mut Outbox,
+    ) -> bool {
+        if at.tcp.flags.syn() {
+            return false;
+        }
+        let Some(d) = self
+            .partitions
+            .departed
+            .iter()
+            .find(|d| (d.vip, d.port) == (key.service_addr, key.service_port))
+        else {
+            return false;
+        };
+        let p = usize::from((key.client_port & super::partition::port_mask(d.bits)) >> 1);
+        let (Some(Some(mac)), idle) = (d.owners.get(p).copied(), d.idle) else {
+            return false;
+        };
+        let Some(actions) = self.toward(at.dpid, mac) else {
+            return false;
+        };
+        let m = rules::tcp_match(
+            Some(key.client),
+            Some(key.service_addr),
+            Some(key.client_port),
+            Some(key.service_port),
+        );
+        let mut fm = departing(idle, 0, rules::PRIO_CONN, with_not_syn(m), Actions::new());
+        fm.instructions
+            .push(Instruction::ApplyActions(actions.clone()));
+        out.push(at.dpid, Message::FlowMod(fm));
+        out.push(
+            at.dpid,
+            rules::packet_out(at.in_port, actions, at.data.clone()),
+        );
+        true
     }
 }
 
@@ -169,7 +257,7 @@ fn with_not_syn(m: Match) -> Match {
     }
 }
 
-/// A departing rule without instructions yet (table 0's are per switch).
+/// A departing rule; table 0's get their actions per switch.
 fn departing(idle: u16, table: u8, priority: u16, m: Match, actions: Actions) -> FlowMod {
     let mut fm = FlowMod::add(m);
     fm.cookie = cookie::cookie(RuleKind::Departing, 0);
@@ -226,8 +314,9 @@ mod tests {
     }
 
     /// Partitioned to reactive: a live connection's segments go on to its backend, VIP
-    /// kept, without the controller; a new connection's SYN goes up and is placed there;
-    /// the departing rules carry only segments that are not SYNs and end by idle timeout.
+    /// kept (the first through the controller, which gives it a rule of its own); a new
+    /// connection's SYN goes up and is placed there; the departing rules take only
+    /// segments that are not SYNs and end by idle timeout.
     #[test]
     fn partitioned_to_reactive_keeps_the_partitions_connections() {
         let mut sim = partitioned();
@@ -261,12 +350,18 @@ mod tests {
             "the partition rules are gone"
         );
 
-        let before = sim.packet_ins;
-        for (port, owner) in &live {
-            let got = send(&mut sim, *port, ACK);
-            assert_eq!(got, [(owner.clone(), Some(VIP))], "port {port}");
+        // Each live connection's first segment comes up once and gets its own rule to
+        // its owner, the VIP kept; the next go by that rule.
+        for round in 0..2 {
+            let before = sim.packet_ins;
+            for (port, owner) in &live {
+                let got = send(&mut sim, *port, ACK);
+                assert_eq!(got, [(owner.clone(), Some(VIP))], "port {port}");
+            }
+            let up = if round == 0 { live.len() } else { 0 };
+            assert_eq!(sim.packet_ins, before + up, "round {round}");
         }
-        assert_eq!(sim.packet_ins, before, "no live connection comes up");
+        let before = sim.packet_ins;
 
         // A new connection is the reactive mode's: up, and rewritten to its backend.
         let got = send(&mut sim, 41_000, SYN);
@@ -277,6 +372,17 @@ mod tests {
             Some(VIP),
             "placed by the controller, NATed: {got:?}"
         );
+        // Its ACK, brought up as a flow the datapath cached from a departing rule would:
+        // it goes to the backend the controller chose, never to the partition's owner.
+        let got_syn = got[0].clone();
+        sim.received.clear();
+        let ack = sim::tcp(mac(1), VMAC, (ip(1), 41_000), (VIP, 80), ACK);
+        sim.packet_in(1, 1, ack);
+        let got: Vec<_> = std::mem::take(&mut sim.received)
+            .into_iter()
+            .map(|(who, seen)| (who, seen.ipv4_dst))
+            .collect();
+        assert_eq!(got, [got_syn], "as its SYN went");
     }
 
     /// Partitioned to proactive: the departing rule sits below the VIP's conntrack rule,

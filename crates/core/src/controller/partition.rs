@@ -111,7 +111,7 @@ pub(crate) fn partition_of(client_port: u16, bits: u8) -> usize {
 }
 
 /// The client-port bits a partition rule matches.
-fn port_mask(bits: u8) -> u16 {
+pub(crate) fn port_mask(bits: u8) -> u16 {
     ((1u16 << bits) - 1) << 1
 }
 
@@ -213,6 +213,9 @@ pub(crate) struct PartitionState {
     /// The partition rules switches in their reconnect grace hold, from their flow stats:
     /// a restarted controller takes the partitions' owners from them.
     pub(crate) reported: Vec<Reported>,
+    /// Partitioned VIPs that a reload took to the reactive mode: where their old
+    /// partitions' connections go (`departing`).
+    pub(crate) departed: Vec<super::departing::Departed>,
 }
 
 /// One partition rule a switch reported.

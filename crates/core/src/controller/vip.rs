@@ -145,6 +145,8 @@ impl Controller {
                 self.send_known(at, &key, conn, Dir::Forward, dst, out);
             } else if tcp.flags.is_initial_syn() {
                 self.new_connection(now, at, key, l, None, out);
+            } else if self.departed_segment(at, &key, out) {
+                // An old partition's connection, to its owner.
             } else if !self.adopt(now, at, key, l, out) {
                 self.unknown_flow(l.service, at, out);
             }
