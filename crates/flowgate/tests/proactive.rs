@@ -764,3 +764,72 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     );
     ctl.assert_no_openflow_errors();
 }
+
+/// A backend removed while no controller was connected keeps its connections: the
+/// controller started without it retires its rules when the switch reports them, where
+/// the delete of the earlier run's generation at the end of the switch's grace took them.
+#[test]
+fn ovs_a_backend_removed_while_the_controller_was_down_keeps_its_connections() {
+    let Some(p) =
+        setup("ovs_a_backend_removed_while_the_controller_was_down_keeps_its_connections")
+    else {
+        return;
+    };
+    let started = Instant::now();
+    let (t, mut ctl, cfg, _servers) =
+        proactive_pair(&p, "removed-while-down", "idle_timeout_secs = 2\n");
+    past_grace(started);
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/8000000"));
+    let busy = download_carrier(&t.hosts[1..]);
+    let other = t.hosts[1..]
+        .iter()
+        .map(|h| h.ip().to_string())
+        .find(|a| *a != busy)
+        .expect("two backends");
+
+    // The controller goes, and comes back without the download's backend.
+    ctl.kill();
+    let entry = format!("\n[[service.backend]]\naddress = \"{busy}\"\n");
+    assert!(cfg.contains(&entry), "{cfg}");
+    ctl.respawn(&cfg.replace(&entry, "\n"));
+    br.wait_connected(Duration::from_secs(10))
+        .expect("switch reconnects");
+    let names_busy = |flows: &str| {
+        flows
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("nw_src={busy},")) || l.contains(&format!("nw_dst={busy},"))
+            })
+            .count()
+    };
+    wait_until("its rules, retiring", Duration::from_secs(5), || {
+        let flows = br.dump_flows().unwrap_or_default();
+        flows
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("nw_dst={busy},")) || l.contains(&format!("nw_src={busy},"))
+            })
+            .all(|l| l.contains("idle_timeout=2"))
+            && names_busy(&flows) > 0
+    });
+
+    let text = dl.outcome();
+    assert_eq!(
+        text, "200 8000000",
+        "the download on the removed backend finished (curl: {text})"
+    );
+    let after = load(
+        client,
+        &format!("http://{VIP}/"),
+        &["--requests", "20", "--concurrency", "2"],
+    );
+    assert_eq!(after["ok"], 20, "{after}");
+    let name = format!("b{}", other.rsplit('.').next().unwrap_or_default());
+    assert_eq!(after["per_backend"][&name], 20, "all to {name}: {after}");
+    wait_until("its rules' end", Duration::from_secs(15), || {
+        names_busy(&br.dump_flows().unwrap_or_default()) == 0
+    });
+    ctl.assert_no_openflow_errors();
+}

@@ -612,12 +612,12 @@ impl Controller {
                         self.rebuild_conn(now, fs);
                         self.note_l2_rule(dpid, fs);
                         self.note_partition_rule(dpid, fs);
-                        self.note_retiring_rule(dpid, fs);
+                        self.note_proactive_rule(dpid, fs);
                     }
                     if !r.more() {
                         // The switch answers its requests in order: the first reply to end
-                        // after switch-up is the report of its retiring rules.
-                        self.proactive_retiring_reported(dpid, out);
+                        // after switch-up is the report of its proactive rules.
+                        self.proactive_reported(dpid, out);
                     }
                 }
                 MultipartReplyBody::Meter(stats) => {

@@ -70,9 +70,14 @@
 //! meets the retiring VIP rule, which would so live for ever; its life is its reply
 //! rule's instead. Only the old connections' answers pass that one, which reports its end
 //! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
-//! that switch (`proactive_rule_ended`). A switch that connects is asked for its retiring
-//! rules, and a VIP rule whose reply rule ended unheard, while no controller was
-//! connected, goes then (`proactive_retiring_reported`).
+//! that switch (`proactive_rule_ended`).
+//!
+//! **A switch that connects** is asked for its proactive rules (`retiring`): a retiring
+//! VIP rule whose reply rule ended unheard, while no controller was connected, goes; and
+//! a backend or a VIP that the rules of a generation serve and no proactive service has
+//! now (removed while no controller was connected, or this one started with another
+//! configuration) retires then, as if it had left now. The generation's delete at the
+//! end of the switch's grace took their connections with it.
 //!
 //! **Weights.** Every refresh (10 ms) the controller asks the service's own balancer,
 //! with the service's current view (eligibility, weights after slow start, active
@@ -104,13 +109,14 @@ use ofp::{
     Instruction, Match, Message, Oxm,
 };
 
-use super::ended::RuleEnded;
 use super::nicira::{self, ct_state};
 use super::{Controller, Outbox, rules};
 use crate::balance::SelectRequest;
 use crate::config::ServiceMode;
 use crate::cookie;
 use crate::topology::Dpid;
+
+mod retiring;
 
 /// The table of the proactive path (after conntrack).
 pub(crate) const TABLE_CT: u8 = 1;
@@ -182,12 +188,9 @@ pub(crate) struct ProactiveState {
     synced_vips: BTreeMap<(Ipv4Addr, u16), (MacAddr, u16)>,
     /// VIPs whose retiring table-0 rule may still be on the switches.
     retired_vips: BTreeSet<(Ipv4Addr, u16)>,
-    /// The retiring VIP rules each connecting switch reports, while its report comes in.
-    retiring_reported: BTreeMap<Dpid, BTreeMap<(Ipv4Addr, u16), RetiringSeen>>,
+    /// What each connecting switch reports of its proactive rules, while it comes in.
+    reports: BTreeMap<Dpid, retiring::Report>,
 }
-
-/// Of one VIP's retiring rules in a switch's report: (its table-0 rule, its reply rule).
-type RetiringSeen = (bool, bool);
 
 impl ProactiveState {
     /// A reload: `prev[i]` is where service `i` was before it, if it was there.
@@ -337,18 +340,6 @@ fn vip_flows(
     if let Some(Message::FlowMod(reply)) = v.last_mut() {
         reply.flags = reply_flags;
     }
-}
-
-/// Deletes a VIP's retiring rules, in both tables, and no other: its packets' conntrack
-/// rule (at whichever priority it retired) and the partitioned mode's pass for the
-/// invalid (a non-strict delete takes every rule whose match holds this one's, §6.4,
-/// and the cookie filter only retiring ones). Its reply rule (`ip_src`) is not taken: it
-/// is the one that ended, or a live one replaced it.
-fn retiring_vip_delete(key: (Ipv4Addr, u16)) -> Message {
-    let mut del = FlowMod::delete(to_vip(key));
-    del.cookie = COOKIE_KIND | COOKIE_RETIRE;
-    del.cookie_mask = cookie::KIND_MASK | COOKIE_RETIRE;
-    Message::FlowMod(del)
 }
 
 /// The rules of one backend `addr` on service port `port` (the same for every proactive
@@ -573,16 +564,8 @@ impl Controller {
     /// they are complete, and nothing is deleted (until [`Self::proactive_settle`]).
     /// Without a grace: settled at once.
     pub(crate) fn proactive_switch_up(&mut self, dpid: Dpid, out: &mut Outbox) {
-        // Its retiring rules: a VIP rule whose reply rule ended while no controller heard
-        // it goes (`proactive_retiring_reported`).
-        self.proactive
-            .retiring_reported
-            .insert(dpid, BTreeMap::new());
-        let retiring = COOKIE_KIND | COOKIE_RETIRE;
-        out.push(
-            dpid,
-            rules::flow_stats_by_cookie(retiring, cookie::KIND_MASK | COOKIE_RETIRE),
-        );
+        // What it holds: what retires (`retiring::proactive_reported`).
+        self.proactive_report_request(dpid, out);
         self.proactive.synced_any |= (0..self.services.len()).any(|i| self.is_proactive(i));
         if !self.in_grace(dpid) {
             self.proactive_settle(dpid, out);
@@ -633,150 +616,6 @@ impl Controller {
             for m in msgs {
                 out.push(d, m.clone());
             }
-        }
-    }
-
-    /// A backend that left every proactive pool, and a VIP that left the proactive mode,
-    /// keep their rules for the connections conntrack still holds: they are written
-    /// again, before the other generation's delete, with [`COOKIE_RETIRE`] (which no
-    /// generation's delete takes) and the idle timeout of their services, and the switch
-    /// removes them once none of their connections has sent a packet for that long
-    /// (§6.5). Deleted with the rest, they took the live connections with them (on OVS a
-    /// download stopped at 50 kB of 5 MB). Only a backend that left every pool: a rule it
-    /// shares with a staying pool is written normally, and two rules with one match and
-    /// priority are one rule (§6.4).
-    fn retiring_flows(&mut self) -> Vec<Message> {
-        let mut now: BTreeMap<(Ipv4Addr, u16), (Option<MacAddr>, u16)> = BTreeMap::new();
-        let mut vips: BTreeMap<(Ipv4Addr, u16), (MacAddr, u16)> = BTreeMap::new();
-        for s in self
-            .services
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| self.is_proactive(i))
-            .map(|(_, s)| s)
-        {
-            let idle = s.cfg.idle_timeout_secs;
-            if let Some(vip) = s.cfg.vip {
-                vips.insert((vip, s.cfg.port), (s.cfg.virtual_mac, idle));
-            }
-            for b in &s.backends {
-                let e = now.entry((b.address, s.cfg.port)).or_insert((b.mac, idle));
-                e.1 = e.1.max(idle);
-            }
-        }
-        let cookie = COOKIE_KIND | COOKIE_RETIRE | 0xffff;
-        let mut v = Vec::new();
-        let before = std::mem::replace(&mut self.proactive.synced_backends, now);
-        for ((addr, port), (mac, idle)) in before {
-            if !self.proactive.synced_backends.contains_key(&(addr, port)) {
-                backend_flows(cookie, idle.max(1), addr, port, mac, &mut v);
-            }
-        }
-        let before = std::mem::replace(&mut self.proactive.synced_vips, vips);
-        for ((vip, port), (mac, idle)) in before {
-            if self.proactive.synced_vips.contains_key(&(vip, port)) {
-                continue;
-            }
-            let partitioned = self.services.iter().any(|s| {
-                s.cfg.vip == Some(vip)
-                    && s.cfg.port == port
-                    && s.cfg.mode == ServiceMode::Partitioned
-            });
-            let (idle, ends) = (idle.max(1), FlowModFlags::SEND_FLOW_REM);
-            if partitioned {
-                let at = PRIO_RETIRING_VIP_PARTITIONED;
-                vip_flows(cookie, idle, at, (vip, port), mac, ends, &mut v);
-                let invalid = ct_state::INV | ct_state::TRK;
-                let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
-                let on = acts([nicira::resubmit_table(0)]);
-                v.push(added(cookie, idle, TABLE_CT, PRIO_RETIRING_INV, m, on));
-            } else {
-                vip_flows(
-                    cookie,
-                    idle,
-                    PRIO_RETIRING_VIP,
-                    (vip, port),
-                    mac,
-                    ends,
-                    &mut v,
-                );
-            }
-            self.proactive.retired_vips.insert((vip, port));
-        }
-        // The last proactive service went: table 1's catch-alls, which the retiring rules'
-        // packets pass (a new connection's through a retiring VIP rule, a backend's answers
-        // to a client of its own address), stay for good, out of every generation. Retired
-        // by their idle timeout, they went in a pause of new connections while an old
-        // download went on, and every later new connection met an empty table 1 and was
-        // dropped (seen on Open vSwitch). Nothing reaches table 1 once no retiring rule is
-        // left, and a proactive service's own catch-alls replace them (§6.4).
-        if !v.is_empty() && self.proactive.synced_vips.is_empty() {
-            catch_alls(cookie, &mut v);
-        }
-        // A VIP proactive again: its own rule takes over from the retiring one, which (a
-        // priority above it) would otherwise shadow it until idle.
-        let back: Vec<(Ipv4Addr, u16)> = self
-            .proactive
-            .retired_vips
-            .iter()
-            .filter(|k| self.proactive.synced_vips.contains_key(k))
-            .copied()
-            .collect();
-        for key in back {
-            self.proactive.retired_vips.remove(&key);
-            v.push(retiring_vip_delete(key));
-        }
-        v
-    }
-
-    /// A rule of ours the switch `dpid` reports gone: a retiring VIP's reply rule (the
-    /// only proactive rule that reports its end) takes the VIP's retiring rules on that
-    /// switch with it, as its old connections are over (see the module doc). Stateless, so
-    /// that a controller started since the VIP retired does the same.
-    pub(crate) fn proactive_rule_ended(&mut self, dpid: Dpid, e: &RuleEnded, out: &mut Outbox) {
-        let retiring = COOKIE_KIND | COOKIE_RETIRE;
-        if e.cookie & (cookie::KIND_MASK | COOKIE_RETIRE) != retiring || e.table_id != TABLE_CT {
-            return;
-        }
-        if let (Some(vip), Some(port), None) = (e.tuple.src, e.tuple.sport, e.tuple.dst) {
-            out.push(dpid, retiring_vip_delete((vip, port)));
-        }
-    }
-
-    /// A retiring rule the connecting switch `dpid` reports (flow stats), while the report
-    /// of its retiring rules comes in.
-    pub(crate) fn note_retiring_rule(&mut self, dpid: Dpid, fs: &ofp::FlowStats) {
-        let retiring = COOKIE_KIND | COOKIE_RETIRE;
-        if fs.cookie & (cookie::KIND_MASK | COOKIE_RETIRE) != retiring {
-            return;
-        }
-        let Some(seen) = self.proactive.retiring_reported.get_mut(&dpid) else {
-            return;
-        };
-        let t = super::ended::Tuple::of_match(&fs.match_);
-        let vip_rule = [PRIO_RETIRING_VIP, PRIO_RETIRING_VIP_PARTITIONED].contains(&fs.priority);
-        match (fs.table_id, t.src, t.sport, t.dst, t.dport) {
-            (0, None, None, Some(vip), Some(port)) if vip_rule => {
-                seen.entry((vip, port)).or_default().0 = true;
-            }
-            (TABLE_CT, Some(vip), Some(port), None, None) => {
-                seen.entry((vip, port)).or_default().1 = true;
-            }
-            _ => {}
-        }
-    }
-
-    /// The last part of a flow-stats reply from `dpid`: once it is the report of its
-    /// retiring rules, a retiring VIP rule without its reply rule goes. The reply rule's end
-    /// (`proactive_rule_ended`) reached no controller: the switch was not connected to one
-    /// then. Left, the VIP rule would send every new connection through conntrack until
-    /// the VIP is proactive again.
-    pub(crate) fn proactive_retiring_reported(&mut self, dpid: Dpid, out: &mut Outbox) {
-        let Some(seen) = self.proactive.retiring_reported.remove(&dpid) else {
-            return;
-        };
-        for (key, _) in seen.into_iter().filter(|&(_, (vip, reply))| vip && !reply) {
-            out.push(dpid, retiring_vip_delete(key));
         }
     }
 
@@ -1482,20 +1321,7 @@ mod tests {
         let held: Vec<ofp::FlowStats> = out
             .drain()
             .filter_map(|(_, m)| match m {
-                Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0 => Some(ofp::FlowStats {
-                    table_id: fm.table_id,
-                    duration_sec: 30,
-                    duration_nsec: 0,
-                    priority: fm.priority,
-                    idle_timeout: fm.idle_timeout,
-                    hard_timeout: 0,
-                    flags: fm.flags,
-                    cookie: fm.cookie,
-                    packet_count: 9,
-                    byte_count: 900,
-                    match_: fm.match_,
-                    instructions: fm.instructions,
-                }),
+                Message::FlowMod(fm) if fm.cookie & COOKIE_RETIRE != 0 => Some(as_stats(fm)),
                 _ => None,
             })
             .collect();
@@ -1513,29 +1339,9 @@ mod tests {
         assert_eq!(held.iter().filter(|f| is_reply(f)).count(), 1);
 
         let deletes_on_connect = |stats: Vec<ofp::FlowStats>| -> Vec<FlowMod> {
-            let mut fresh = Controller::new(&cfg);
-            let mut out = Outbox::new();
-            fresh.handle_switch_up(now, switch_1(), &mut out);
-            let asked = out.drain().any(|(_, m)| {
-                matches!(m,
-                Message::MultipartRequest(ofp::MultipartRequest {
-                    body: ofp::MultipartRequestBody::Flow(ref r), ..
-                }) if r.cookie == COOKIE_KIND | COOKIE_RETIRE)
-            });
-            assert!(asked, "the switch is asked for its retiring rules");
-            let reply = Message::MultipartReply(ofp::MultipartReply {
-                flags: 0,
-                body: ofp::MultipartReplyBody::Flow(stats),
-            });
-            fresh.handle_message(now, 1, &reply, &mut out);
-            out.drain()
-                .filter_map(|(d, m)| match m {
-                    Message::FlowMod(fm) if fm.command == ofp::FlowModCommand::Delete => {
-                        assert_eq!(d, 1);
-                        Some(fm)
-                    }
-                    _ => None,
-                })
+            reported_to_fresh(&cfg, now, stats)
+                .into_iter()
+                .filter(|fm| fm.command == ofp::FlowModCommand::Delete)
                 .collect()
         };
         // The reply rule is still there: nothing goes.
@@ -1559,6 +1365,136 @@ mod tests {
             .collect();
         assert_eq!(taken, [(0, PRIO_RETIRING_VIP)]);
         assert!(deletes(&dels[0], &vip_rule));
+    }
+
+    /// A rule as a switch's flow stats give it.
+    fn as_stats(fm: FlowMod) -> ofp::FlowStats {
+        ofp::FlowStats {
+            table_id: fm.table_id,
+            duration_sec: 30,
+            duration_nsec: 0,
+            priority: fm.priority,
+            idle_timeout: fm.idle_timeout,
+            hard_timeout: 0,
+            flags: fm.flags,
+            cookie: fm.cookie,
+            packet_count: 9,
+            byte_count: 900,
+            match_: fm.match_,
+            instructions: fm.instructions,
+        }
+    }
+
+    /// The FLOW_MODs a controller just started with `cfg` sends switch 1 once the switch
+    /// has reported `stats` as its proactive rules (after what it sends at switch-up).
+    fn reported_to_fresh(cfg: &Config, now: Instant, stats: Vec<ofp::FlowStats>) -> Vec<FlowMod> {
+        let mut fresh = Controller::new(cfg);
+        let mut out = Outbox::new();
+        fresh.handle_switch_up(now, switch_1(), &mut out);
+        let asked = out.drain().any(|(_, m)| {
+            matches!(m,
+            Message::MultipartRequest(ofp::MultipartRequest {
+                body: ofp::MultipartRequestBody::Flow(ref r), ..
+            }) if r.cookie == COOKIE_KIND && r.cookie_mask == cookie::KIND_MASK)
+        });
+        assert!(asked, "the switch is asked for its proactive rules");
+        let reply = Message::MultipartReply(ofp::MultipartReply {
+            flags: 0,
+            body: ofp::MultipartReplyBody::Flow(stats),
+        });
+        fresh.handle_message(now, 1, &reply, &mut out);
+        out.drain()
+            .filter_map(|(d, m)| match m {
+                Message::FlowMod(fm) => {
+                    assert_eq!(d, 1);
+                    Some(fm)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A controller started with another configuration than the one whose rules a switch
+    /// holds (or whose backends left while none was connected) retires, when the switch
+    /// reports them, the backends and VIPs those rules serve and no proactive service has
+    /// now: the generation's delete at the end of the switch's grace took their
+    /// connections with them.
+    #[test]
+    fn a_connecting_switch_retires_what_its_rules_serve_and_no_service_has_now() {
+        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let mut out = Outbox::new();
+        let grace = ctl.config().reconnect_grace;
+        ctl.handle_tick(now + grace, &mut out);
+        let held: Vec<ofp::FlowStats> = out
+            .drain()
+            .filter_map(|(_, m)| match m {
+                Message::FlowMod(fm)
+                    if fm.command == ofp::FlowModCommand::Add
+                        && fm.cookie & cookie::KIND_MASK == COOKIE_KIND =>
+                {
+                    Some(as_stats(fm))
+                }
+                _ => None,
+            })
+            .collect();
+        let config = |mode: &str, backends: &[u8]| {
+            let mut c = format!(
+                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n{mode}\
+                 [service.health]\nkind = \"none\"\n"
+            );
+            for b in backends {
+                c += &format!("[[service.backend]]\naddress = \"10.0.0.{b}\"\n");
+            }
+            Config::from_toml(&c, &|_| None).expect("valid")
+        };
+        let retiring = |cfg: &Config| -> Vec<FlowMod> {
+            reported_to_fresh(cfg, now, held.clone())
+                .into_iter()
+                .filter(|fm| fm.cookie & COOKIE_RETIRE != 0)
+                .collect()
+        };
+        let proactive = "mode = \"proactive\"\n";
+        assert!(retiring(&config(proactive, &[2, 3])).is_empty(), "the same");
+
+        // 10.0.0.3 left: its four rules retire (its MAC from table 1's rewrite), with the
+        // idle timeout of the service.
+        let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
+        let rules = retiring(&config(proactive, &[2]));
+        assert_eq!(rules.len(), 4, "{rules:#?}");
+        let names = |fm: &FlowMod, a: Ipv4Addr| {
+            fm.match_.iter().any(|o| {
+                matches!(o, Oxm::Ipv4Src { value, .. } | Oxm::Ipv4Dst { value, .. } if *value == a)
+            })
+        };
+        assert!(
+            rules
+                .iter()
+                .all(|fm| names(fm, gone) && fm.idle_timeout == 30)
+        );
+        let mac = MacAddr([2, 0, 0, 0, 0, 3]);
+        assert!(
+            rules
+                .iter()
+                .any(|fm| fm.instructions.iter().any(|i| matches!(i,
+            Instruction::ApplyActions(a) if a.iter().any(|a| matches!(a,
+                Action::SetField(Oxm::EthDst { value, .. }) if *value == mac.0)))))
+        );
+
+        // Reactive now: the VIP retires above the intercept, with its reply rule (its
+        // virtual MAC from the reply rule's rewrite), both backends, and the catch-alls.
+        let rules = retiring(&config("", &[2, 3]));
+        let vip: Ipv4Addr = VIP.parse().expect("address");
+        assert_eq!(rules.len(), 2 + 2 * 4 + 2, "{rules:#?}");
+        assert!(
+            rules
+                .iter()
+                .any(|fm| fm.table_id == 0 && fm.priority == PRIO_RETIRING_VIP && names(fm, vip))
+        );
+        assert!(
+            rules
+                .iter()
+                .any(|fm| fm.flags == FlowModFlags::SEND_FLOW_REM && names(fm, vip))
+        );
     }
 
     /// Whether the non-strict delete `del` takes the rule `fm` (§6.4: every field of the
