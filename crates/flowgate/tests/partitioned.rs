@@ -726,14 +726,7 @@ fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16) 
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
-    let at = |flows: &str, prio: u16| {
-        flows
-            .lines()
-            .filter(|l| {
-                l.contains(&format!("priority={prio},")) && l.contains(&format!("nw_dst={VIP},"))
-            })
-            .count()
-    };
+    let at = |flows: &str, prio: u16| rules_at(flows, prio, VIP);
     wait_until("the partition rules", Duration::from_secs(10), || {
         at(&br.dump_flows().unwrap_or_default(), 220) == 4
     });
@@ -741,32 +734,21 @@ fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16) 
     let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     download_carrier(&t.hosts[1..]);
 
-    let path = ctl.dir.join("flowgate.toml");
-    let cfg = std::fs::read_to_string(&path).expect("config");
-    let next = cfg
+    let next = ctl
+        .config_text()
         .replace("mode = \"partitioned\"\n", mode)
         .replace("partition_bits = 2\n", "");
-    std::fs::write(&path, next).expect("write config");
-    signal(ctl.pid(), "HUP");
-    wait_until("the reload", Duration::from_secs(10), || {
-        ctl.log().contains("SIGHUP: config reloaded")
-    });
+    ctl.reload_with(&next);
     wait_until("the departing rules", Duration::from_secs(5), || {
         let flows = br.dump_flows().unwrap_or_default();
         at(&flows, departing_prio) == 4 && at(&flows, 220) == 0
     });
     let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     assert_eq!(after["ok"], 20, "new connections, by the new mode: {after}");
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 5000000",
-        "the download from before the reload finished (curl: {text})"
-    );
+    dl.finishes(5_000_000, "the download from before the reload");
     // New connections keep coming; the departing rules go all the same.
-    wait_until("the departing rules' end", Duration::from_secs(15), || {
-        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-        assert_eq!(more["ok"], 4, "{more}");
-        let flows = br.dump_flows().unwrap_or_default();
+    let end = Duration::from_secs(15);
+    wait_under_load("the departing rules' end", end, client, &url, br, |flows| {
         !flows.contains("cookie=0x9")
     });
     ctl.assert_no_openflow_errors();

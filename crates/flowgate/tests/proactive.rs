@@ -232,11 +232,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     );
     assert_eq!(sh.len(), 2, "the two others serve: {sh:?}");
 
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 8000000",
-        "the download on the drained backend finished (curl: {text})"
-    );
+    dl.finishes(8_000_000, "the download on the drained backend");
     ctl.assert_no_openflow_errors();
 
     // A controller restart: the switch reconnects and is resynced (stale groups deleted by
@@ -300,11 +296,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     assert_eq!(again["ok"], 30, "{again}");
     let (n, flows) = table1();
     assert_eq!(n, 10, "table 1 after the load:\n{flows}");
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 4000000",
-        "the download across the controller restart finished (curl: {text})"
-    );
+    dl.finishes(4_000_000, "the download across the controller restart");
     ctl.assert_no_openflow_errors();
 }
 
@@ -466,12 +458,7 @@ fn ovs_a_reordering_reload_leaves_meters_and_groups_with_their_services() {
     assert_eq!(meter.len(), 1, "web's intercept carries a meter: {flows}");
     assert_eq!(group.len(), 1, "api's rules name a group: {flows}");
 
-    let cfg = ctl.dir.join("flowgate.toml");
-    std::fs::write(&cfg, format!("{LISTEN_ANY}{api}{web}")).expect("write config");
-    signal(ctl.pid(), "HUP");
-    wait_until("the reload", Duration::from_secs(10), || {
-        ctl.log().contains("SIGHUP: config reloaded")
-    });
+    ctl.reload_with(&format!("{LISTEN_ANY}{api}{web}"));
     // The reload's rules are in once api's carry the other generation bit in their cookie
     // (the intercept rules went before them, on the same connection).
     let cookies = |flows: &str| named_by(flows, "10.0.0.101", "cookie=0x");
@@ -546,11 +533,7 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     assert_eq!(after["ok"], 20, "{after}");
     assert_eq!(shares(&after).len(), 1, "only the staying backend: {after}");
 
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 5000000",
-        "the download on the removed backend finished (curl: {text})"
-    );
+    dl.finishes(5_000_000, "the download on the removed backend");
     // Idle for 2 s, its rules go.
     wait_until(
         "the retiring rules' idle timeout",
@@ -580,17 +563,8 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     wait_until("the download's backend", Duration::from_secs(10), || {
         carrier(&t.hosts[1..]).is_some()
     });
-    let path = ctl.dir.join("flowgate.toml");
-    std::fs::write(&path, cfg.replace("mode = \"proactive\"\n", "")).expect("write config");
-    signal(ctl.pid(), "HUP");
-    wait_until("the reload", Duration::from_secs(10), || {
-        ctl.log().contains("SIGHUP: config reloaded")
-    });
-    let retiring_vip = |flows: &str| {
-        flows
-            .lines()
-            .any(|l| l.contains("priority=201,") && l.contains(&format!("nw_dst={VIP},")))
-    };
+    ctl.reload_with(&cfg.replace("mode = \"proactive\"\n", ""));
+    let retiring_vip = |flows: &str| rules_at(flows, 201, VIP) > 0;
     wait_until("the retiring VIP rule", Duration::from_secs(5), || {
         retiring_vip(&br.dump_flows().unwrap_or_default())
     });
@@ -604,18 +578,12 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
         "reactive: new connections come up"
     );
 
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 5000000",
-        "the download from before the reload finished (curl: {text})"
-    );
+    dl.finishes(5_000_000, "the download from before the reload");
     // Each new connection's SYN meets the VIP's retiring rule; it goes all the same, with
     // its reply rule, once the download's answers have been idle for 2 s.
-    wait_until("the retiring rules' end", Duration::from_secs(15), || {
-        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-        assert_eq!(more["ok"], 4, "{more}");
-        let flows = br.dump_flows().unwrap_or_default();
-        !retiring_vip(&flows) && table_1_idle(&flows)
+    let end = Duration::from_secs(15);
+    wait_under_load("the retiring rules' end", end, client, &url, br, |flows| {
+        !retiring_vip(flows) && table_1_idle(flows)
     });
     ctl.assert_no_openflow_errors();
 }
@@ -646,22 +614,9 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     let url = format!("http://{VIP}/");
     let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     download_carrier(&t.hosts[1..]);
-    let path = ctl.dir.join("flowgate.toml");
     let partitioned = "mode = \"partitioned\"\npartition_bits = 2\n";
-    std::fs::write(&path, cfg.replace("mode = \"proactive\"\n", partitioned))
-        .expect("write config");
-    signal(ctl.pid(), "HUP");
-    wait_until("the reload", Duration::from_secs(10), || {
-        ctl.log().contains("SIGHUP: config reloaded")
-    });
-    let at = |flows: &str, prio: u16| {
-        flows
-            .lines()
-            .filter(|l| {
-                l.contains(&format!("priority={prio},")) && l.contains(&format!("nw_dst={VIP},"))
-            })
-            .count()
-    };
+    ctl.reload_with(&cfg.replace("mode = \"proactive\"\n", partitioned));
+    let at = |flows: &str, prio: u16| rules_at(flows, prio, VIP);
     let mut retiring_above = false;
     wait_until("the partition rules", Duration::from_secs(10), || {
         let flows = br.dump_flows().unwrap_or_default();
@@ -674,11 +629,7 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     let flows = br.dump_flows().unwrap_or_default();
     assert_eq!(after["ok"], 20, "{after}\n{flows}\n{}", ctl.log());
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 5000000",
-        "the download from before the reload finished (curl: {text})"
-    );
+    dl.finishes(5_000_000, "the download from before the reload");
     assert!(
         retiring_above,
         "the VIP's conntrack rule retired above the partitions"
@@ -688,11 +639,9 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     // same, with its reply rule, once the download's answers have been idle for 2 s (by
     // its own idle timeout, it would never go).
     let before = packet_ins(&ctl);
-    wait_until("the retiring rules' end", Duration::from_secs(20), || {
-        let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-        assert_eq!(more["ok"], 4, "{more}");
-        let flows = br.dump_flows().unwrap_or_default();
-        at(&flows, 241) == 0 && table_1_idle(&flows)
+    let end = Duration::from_secs(20);
+    wait_under_load("the retiring rules' end", end, client, &url, br, |flows| {
+        at(flows, 241) == 0 && table_1_idle(flows)
     });
     assert_eq!(
         packet_ins(&ctl),
@@ -723,13 +672,8 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
     let reactive = cfg.replace("mode = \"proactive\"\n", "");
-    std::fs::write(ctl.dir.join("flowgate.toml"), &reactive).expect("write config");
-    signal(ctl.pid(), "HUP");
-    let retiring_vip = |flows: &str| {
-        flows
-            .lines()
-            .any(|l| l.contains("priority=201,") && l.contains(&format!("nw_dst={VIP},")))
-    };
+    ctl.reload_with(&reactive);
+    let retiring_vip = |flows: &str| rules_at(flows, 201, VIP) > 0;
     let reply_rule = |flows: &str| {
         flows
             .lines()
@@ -753,14 +697,14 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     );
 
     ctl.respawn(&reactive);
-    wait_until(
+    let end = Duration::from_secs(10);
+    wait_under_load(
         "the retiring VIP rule's end",
-        Duration::from_secs(10),
-        || {
-            let more = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
-            assert_eq!(more["ok"], 4, "reactive, through the controller: {more}");
-            !retiring_vip(&br.dump_flows().unwrap_or_default())
-        },
+        end,
+        client,
+        &url,
+        br,
+        |flows| !retiring_vip(flows),
     );
     ctl.assert_no_openflow_errors();
 }
@@ -815,11 +759,7 @@ fn ovs_a_backend_removed_while_the_controller_was_down_keeps_its_connections() {
             && names_busy(&flows) > 0
     });
 
-    let text = dl.outcome();
-    assert_eq!(
-        text, "200 8000000",
-        "the download on the removed backend finished (curl: {text})"
-    );
+    dl.finishes(8_000_000, "the download on the removed backend");
     let after = load(
         client,
         &format!("http://{VIP}/"),

@@ -148,6 +148,23 @@ impl Ctl {
         }
     }
 
+    /// Reloads the controller with `config` (written to its file, then SIGHUP), once it
+    /// says so in its log.
+    pub fn reload_with(&self, config: &str) {
+        let done = "SIGHUP: config reloaded";
+        let before = self.log().matches(done).count();
+        std::fs::write(self.dir.join("flowgate.toml"), config).expect("write config");
+        signal(self.pid(), "HUP");
+        wait_until("the reload", Duration::from_secs(10), || {
+            self.log().matches(done).count() > before
+        });
+    }
+
+    /// The controller's config file as it is now.
+    pub fn config_text(&self) -> String {
+        std::fs::read_to_string(self.dir.join("flowgate.toml")).expect("config")
+    }
+
     /// The controller's pid, from its ready file.
     pub fn pid(&self) -> u32 {
         let text = std::fs::read_to_string(self.dir.join("ready.json")).expect("ready file");
@@ -674,6 +691,34 @@ impl Download {
         let out = self.0.wait_with_output().expect("curl finishes");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
+
+    /// Asserts that the download of `bytes` finished: `what` is the one it is.
+    pub fn finishes(self, bytes: u64, what: &str) {
+        let text = self.outcome();
+        assert_eq!(
+            text,
+            format!("200 {bytes}"),
+            "{what} finished (curl: {text})"
+        );
+    }
+}
+
+/// Waits until `done` holds of `bridge`'s flows, while `client` opens 4 new connections to
+/// `url` a round (every one must succeed): rules that must end although new connections
+/// keep coming.
+pub fn wait_under_load(
+    what: &str,
+    timeout: Duration,
+    client: &Host,
+    url: &str,
+    bridge: &Bridge,
+    done: impl Fn(&str) -> bool,
+) {
+    wait_until(what, timeout, || {
+        let more = load(client, url, &["--requests", "4", "--concurrency", "1"]);
+        assert_eq!(more["ok"], 4, "new connections: {more}");
+        done(&bridge.dump_flows().unwrap_or_default())
+    });
 }
 
 /// Which backend host holds an established connection on port 80 (a download's).
@@ -702,4 +747,13 @@ pub fn download_carrier(backends: &[Host]) -> String {
 pub fn past_grace(started: Instant) {
     let end = started + Duration::from_millis(3500);
     std::thread::sleep(end.saturating_duration_since(Instant::now()));
+}
+
+/// How many of a `dump-flows`' rules have `priority` and match `nw_dst=addr`.
+pub fn rules_at(flows: &str, priority: u16, addr: &str) -> usize {
+    let (p, a) = (format!("priority={priority},"), format!("nw_dst={addr},"));
+    flows
+        .lines()
+        .filter(|l| l.contains(&p) && l.contains(&a))
+        .count()
 }
