@@ -93,8 +93,7 @@ impl Controller {
             .filter(|&i| self.is_partitioned(i))
             .filter_map(|i| Some((self.services[i].cfg.vip?, self.services[i].cfg.port)))
             .collect();
-        self.partitions
-            .departed
+        self.departed
             .retain(|d| !partitioned_now.contains(&(d.vip, d.port)));
         // Table 0's rules, each with its owner's MAC (or `None`: to the controller), and
         // table 1's.
@@ -138,10 +137,8 @@ impl Controller {
                 rules0.push(((!via_controller).then_some(*mac), fm));
             }
             if via_controller {
-                self.partitions
-                    .departed
-                    .retain(|d| (d.vip, d.port) != (vip, port));
-                self.partitions.departed.push(Departed {
+                self.departed.retain(|d| (d.vip, d.port) != (vip, port));
+                self.departed.push(Departed {
                     vip,
                     port,
                     bits: st.bits,
@@ -218,7 +215,6 @@ impl Controller {
             return false;
         }
         let Some(d) = self
-            .partitions
             .departed
             .iter()
             .find(|d| (d.vip, d.port) == (key.service_addr, key.service_port))

@@ -306,6 +306,9 @@ pub struct Controller {
     pub(crate) proactive: proactive::ProactiveState,
     /// The partitioned services' partitions (`mode = "partitioned"`).
     pub(crate) partitions: partition::PartitionState,
+    /// Partitioned VIPs that a reload took to the reactive mode: where their old
+    /// partitions' connections go (`departing`).
+    pub(crate) departed: Vec<departing::Departed>,
     /// The walk that gives open connections rules along their new paths when a host
     /// moves or the links change.
     pub(crate) reroute: reroute::Reroute,
@@ -364,6 +367,7 @@ impl Controller {
             scratch_ports: Vec::with_capacity(64),
             proactive: proactive::ProactiveState::default(),
             partitions: partition::PartitionState::default(),
+            departed: Vec::new(),
             reroute: reroute::Reroute::default(),
             held: held::Held::default(),
         };

@@ -213,9 +213,6 @@ pub(crate) struct PartitionState {
     /// The partition rules switches in their reconnect grace hold, from their flow stats:
     /// a restarted controller takes the partitions' owners from them.
     pub(crate) reported: Vec<Reported>,
-    /// Partitioned VIPs that a reload took to the reactive mode: where their old
-    /// partitions' connections go (`departing`).
-    pub(crate) departed: Vec<super::departing::Departed>,
 }
 
 /// One partition rule a switch reported.
