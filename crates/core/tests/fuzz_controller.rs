@@ -89,6 +89,7 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
     // How many programs got as far as each of these.
     let (mut decided, mut ended, mut reset, mut linked) = (0u32, 0u32, 0u32, 0u32);
     let (mut reloaded, mut operated) = (0u32, 0u32);
+    let (mut reported, mut opaque_ended) = (0u32, 0u32);
     while ran < 20_000 && Instant::now() < deadline {
         // A third uniform bytes, two thirds the seeds mutated.
         let data = if ran % 3 == 0 {
@@ -106,13 +107,16 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         linked += u32::from(r.links > 0);
         reloaded += u32::from(r.reloads > 0 && r.connections > 0);
         operated += u32::from(r.operations > 0 && r.connections > 0);
+        reported += u32::from(r.opaque_reported > 0);
+        opaque_ended += u32::from(r.opaque_ended > 0);
         ran += 1;
     }
     assert!(ran >= 200, "only {ran} programs ran in 20 s");
     eprintln!(
         "{ran} programs, none panicked; {decided} made connections, {ended} ended rules, \
          {reset} were sent resets, {linked} found links, {reloaded} reloaded with connections, \
-         {operated} were operated on with connections"
+         {operated} were operated on with connections, {reported} had conntrack rules \
+         reported, {opaque_ended} had conntrack rules end"
     );
     // Random programs must reach the decisions, not only the parsers in front of them.
     for (what, n) in [
@@ -122,6 +126,8 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
         ("found links", linked),
         ("reloaded with connections", reloaded),
         ("were operated on with connections", operated),
+        ("had conntrack rules reported", reported),
+        ("had conntrack rules end", opaque_ended),
     ] {
         assert!(n > 0, "no program {what} in {ran}");
     }

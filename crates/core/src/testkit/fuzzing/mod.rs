@@ -66,6 +66,10 @@ pub struct Reached {
     pub reloads: u64,
     /// Operator actions it carried out.
     pub operations: u64,
+    /// Conntrack rules (which the fake switches hold without running them) the switches
+    /// reported in flow stats, and reported ended.
+    pub opaque_reported: u64,
+    pub opaque_ended: u64,
 }
 
 /// Runs `data` as a program against a fresh controller. Panics on a defect.
@@ -99,6 +103,8 @@ pub fn controller_target(data: &[u8]) -> Reached {
     reached.resets = world.c.counters().resets_sent;
     reached.reloads = world.reloads;
     reached.operations = world.operations;
+    reached.opaque_reported = world.opaque_reported;
+    reached.opaque_ended = world.opaque_ended;
     reached
 }
 

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use flowgate_packet as packet;
 use ofp::{
-    FlowRemoved, FlowRemovedReason, Message, MeterBandStats, MeterStats, MultipartReply,
-    MultipartReplyBody, MultipartRequestBody, PacketIn, PortReason, PortStatus, SwitchFeatures,
+    Action, FlowMod, FlowModCommand, FlowRemoved, FlowRemovedReason, FlowStats, GroupModCommand,
+    Instruction, Message, MeterBandStats, MeterStats, MultipartReply, MultipartReplyBody,
+    MultipartRequestBody, PacketIn, PortReason, PortStatus, SwitchFeatures,
 };
 
 use super::input::Input;
@@ -43,6 +44,12 @@ pub(super) struct World {
     scrapes: BTreeMap<(usize, usize), (Instant, metrics_text::Totals)>,
     /// PACKET_INs of frames that crossed a link, for the switch at its far end.
     crossed: Vec<(u64, Bytes)>,
+    /// Per switch, the rules the fake table cannot model (conntrack's), kept as the
+    /// switch would hold them: added, replaced, deleted and reported, never run.
+    opaque: BTreeMap<u64, Vec<FlowStats>>,
+    /// Opaque rules the switches reported in flow stats, and reported ended.
+    pub(super) opaque_reported: u64,
+    pub(super) opaque_ended: u64,
 }
 
 impl World {
@@ -60,6 +67,9 @@ impl World {
             out: Outbox::new(),
             scrapes: BTreeMap::new(),
             crossed: Vec::new(),
+            opaque: BTreeMap::new(),
+            opaque_reported: 0,
+            opaque_ended: 0,
         };
         for d in 1..=SWITCHES {
             w.switch_up(d);
@@ -314,6 +324,16 @@ impl World {
             // Sent to a switch that has left: the session is gone and drops it.
             return;
         }
+        let opaque = self.opaque.entry(dpid).or_default();
+        match &msg {
+            Message::FlowMod(fm) if fm.command != FlowModCommand::Add => opaque_delete(opaque, fm),
+            Message::GroupMod(gm) if gm.command == GroupModCommand::Delete => {
+                // §6.4: deleting a group deletes the rules that forward to it.
+                let all = gm.group_id == ofp::group::ALL;
+                opaque.retain(|f| !sends_to_group(f, |g| all || g == gm.group_id));
+            }
+            _ => {}
+        }
         match &msg {
             Message::FlowMod(_) | Message::GroupMod(_) | Message::MeterMod(_) => {
                 match table.apply(&msg) {
@@ -322,6 +342,9 @@ impl World {
                     // judge the rule. A group still has to exist for the rules that use
                     // it, so it is kept with its buckets emptied; a rule is left out.
                     Err(e) if e.is_unmodelled() => {
+                        if let Message::FlowMod(fm) = &msg {
+                            opaque_add(opaque, fm);
+                        }
                         if let Message::GroupMod(gm) = &msg {
                             let mut opaque = gm.clone();
                             for b in &mut opaque.buckets {
@@ -359,13 +382,16 @@ impl World {
                     MultipartRequestBody::PortDesc => MultipartReplyBody::PortDesc(
                         (1..=PORTS).map(|p| port_desc(dpid, p)).collect(),
                     ),
-                    MultipartRequestBody::Flow(req) => MultipartReplyBody::Flow(
-                        table
-                            .flows()
-                            .filter(|f| f.cookie & req.cookie_mask == req.cookie & req.cookie_mask)
-                            .map(flow_stats_of)
-                            .collect(),
-                    ),
+                    MultipartRequestBody::Flow(req) => {
+                        let asked = |f: &FlowStats| {
+                            f.cookie & req.cookie_mask == req.cookie & req.cookie_mask
+                        };
+                        let opaque: Vec<FlowStats> =
+                            opaque.iter().filter(|f| asked(f)).cloned().collect();
+                        self.opaque_reported += opaque.len() as u64;
+                        let modelled = table.flows().map(flow_stats_of).filter(|f| asked(f));
+                        MultipartReplyBody::Flow(modelled.chain(opaque).collect())
+                    }
                     _ => return,
                 };
                 let reply = Message::MultipartReply(MultipartReply { flags: 0, body });
@@ -392,11 +418,16 @@ impl World {
         let Some(table) = self.tables.get_mut(&dpid) else {
             unreachable!("the world's switches are 1..=SWITCHES");
         };
+        let opaque = self.opaque.entry(dpid).or_default();
         let n = table.flow_count();
-        let chosen = match n {
+        let chosen = match n + opaque.len() {
             0 => None,
             _ if pick == 0xffff => None,
-            _ => table.flows().nth(pick % n).map(flow_stats_of),
+            all if pick % all >= n => {
+                self.opaque_ended += 1;
+                Some(opaque.remove(pick % all - n))
+            }
+            all => table.flows().nth(pick % all).map(flow_stats_of),
         };
         let Some(f) = chosen else {
             return FlowRemoved {
@@ -416,7 +447,10 @@ impl World {
         let gone = ofp::FlowMod::delete_strict(f.match_.clone())
             .table(f.table_id)
             .priority(f.priority);
-        if let Err(e) = table.flow_mod(&gone) {
+        // (An opaque rule was taken out above; the table has no such rule.)
+        if let Err(e) = table.flow_mod(&gone)
+            && !e.is_unmodelled()
+        {
             panic!("the fake switch refused to remove its own rule: {e}");
         }
         FlowRemoved {
@@ -542,4 +576,58 @@ fn mutate(input: &mut Input<'_>, bytes: Bytes, from: usize) -> Bytes {
         b[at] = input.u8();
     }
     Bytes::from(b)
+}
+
+/// An opaque rule added, as §6.4 has it: one with the same table, priority and match is
+/// replaced.
+fn opaque_add(rules: &mut Vec<FlowStats>, fm: &FlowMod) {
+    rules.retain(|f| {
+        !(f.table_id == fm.table_id && f.priority == fm.priority && f.match_ == fm.match_)
+    });
+    rules.push(FlowStats {
+        table_id: fm.table_id,
+        duration_sec: 0,
+        duration_nsec: 0,
+        priority: fm.priority,
+        idle_timeout: fm.idle_timeout,
+        hard_timeout: fm.hard_timeout,
+        flags: fm.flags,
+        cookie: fm.cookie,
+        packet_count: 0,
+        byte_count: 0,
+        match_: fm.match_.clone(),
+        instructions: fm.instructions.clone(),
+    });
+}
+
+/// The opaque rules a delete (or modify, which the controller never sends them) takes:
+/// §6.4's non-strict delete takes the rules whose match holds every field of the
+/// delete's, a strict one the rule with its match and priority; both filtered by table
+/// and cookie (§7.3.4.1).
+fn opaque_delete(rules: &mut Vec<FlowStats>, fm: &FlowMod) {
+    let strict = match fm.command {
+        FlowModCommand::Delete => false,
+        FlowModCommand::DeleteStrict => true,
+        _ => return,
+    };
+    rules.retain(|f| {
+        let table = fm.table_id == ofp::table::ALL || fm.table_id == f.table_id;
+        let cookie = f.cookie & fm.cookie_mask == fm.cookie & fm.cookie_mask;
+        let matched = if strict {
+            f.priority == fm.priority && f.match_ == fm.match_
+        } else {
+            fm.match_.iter().all(|o| f.match_.iter().any(|r| r == o))
+        };
+        !(table && cookie && matched)
+    });
+}
+
+/// Whether an opaque rule forwards to a group that `deleted` says is deleted.
+fn sends_to_group(f: &FlowStats, deleted: impl Fn(u32) -> bool) -> bool {
+    f.instructions.iter().any(|i| match i {
+        Instruction::ApplyActions(a) => a
+            .iter()
+            .any(|a| matches!(a, Action::Group(g) if deleted(*g))),
+        _ => false,
+    })
 }
