@@ -703,11 +703,11 @@ fn ovs_partitioned_partitions_settle_under_load() {
 }
 
 /// A reload that takes a partitioned service to `mode` (`""` for reactive) keeps the
-/// download in flight on it: before its partition rules go, each is written again for the
-/// segments that are not SYNs, to the same owner, and lasts until those have been idle
-/// for the service's idle timeout (2 s), new connections (placed by the new mode) coming
-/// all along.
-fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16) {
+/// download in flight on it: before its partition rules go, each is written again (for
+/// the segments that are not SYNs, or for a transition) and lasts until those have been
+/// idle for the service's idle timeout (2 s), new connections (placed by the new mode)
+/// coming all along. `partitions` is how many partition rules the new mode has.
+fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16, partitions: usize) {
     let Some(p) = setup(test) else {
         return;
     };
@@ -741,7 +741,7 @@ fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16) 
     ctl.reload_with(&next);
     wait_until("the departing rules", Duration::from_secs(5), || {
         let flows = br.dump_flows().unwrap_or_default();
-        at(&flows, departing_prio) == 4 && at(&flows, 220) == 0
+        at(&flows, departing_prio) == 4 && at(&flows, 220) == partitions
     });
     let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     assert_eq!(after["ok"], 20, "new connections, by the new mode: {after}");
@@ -761,6 +761,7 @@ fn ovs_partitioned_to_reactive_keeps_live_connections() {
         "partitioned-to-reactive",
         "",
         260,
+        0,
     );
 }
 
@@ -771,5 +772,20 @@ fn ovs_partitioned_to_proactive_keeps_live_connections() {
         "partitioned-to-proactive",
         "mode = \"proactive\"\n",
         199,
+        0,
+    );
+}
+
+/// Another partition count moves every partition at once: for the transition (3 s) every
+/// segment of the old partitions comes up, the download's gets a rule of its own to its
+/// owner, and new connections go to their new partitions' owners.
+#[test]
+fn ovs_partitioned_with_another_partition_count_keeps_live_connections() {
+    partitioned_departs(
+        "ovs_partitioned_with_another_partition_count_keeps_live_connections",
+        "partitioned-reshape",
+        "mode = \"partitioned\"\npartition_bits = 3\ntransition_secs = 3\n",
+        260,
+        8,
     );
 }

@@ -1,6 +1,7 @@
 //! A partitioned service's departure: its live connections keep their backend when a
 //! reload takes its VIP out of the partitioned mode (to the reactive or the proactive
-//! mode) or removes the service.
+//! mode), gives it another partition count, or removes the service (a new VIP or port is
+//! the old one's removal).
 //!
 //! A partitioned connection has no state anywhere but in its partition's wildcard rule
 //! (`partition`): the rule is deleted with the mode, and the connection's next segment
@@ -18,6 +19,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | none (the service went) | 0 | [`PRIO_DEPARTING`] | the partition's, `tcp_flags=-syn` | `eth_dst:=MAC(owner)`, output toward it |
 //! | reactive | 0 | [`PRIO_DEPARTING`] | the same | to the controller |
+//! | partitioned, another count | 0 | [`PRIO_DEPARTING`] | the partition's, every segment, for `transition_secs` (hard timeout) | to the controller |
 //! | proactive | 0 | [`PRIO_DEPARTING_AFTER_CT`] | the same | `eth_dst:=MAC(owner)`, output toward it |
 //! | proactive | 1 | [`PRIO_DEPARTING_CT_PASS`] | `tcp, ip_dst=V, tcp_dst=P, tcp_flags=-syn, ct_state=+trk-est` | `resubmit(,0)` |
 //!
@@ -39,12 +41,22 @@
 //! back to table 0 rather than to the group. The new mode's connections are NATed away
 //! from the VIP there and never meet the rule, which so carries the old connections only.
 //!
-//! The rules end when the connections they carry have been idle for the timeout (§6.5).
-//! A partitioned service that stays partitioned with another partition count, VIP or
-//! port is not covered: its new partition rules and the departing ones would both match
-//! the new connections' segments.
+//! **Another partition count** is a move of every partition at once, as the partitioned
+//! mode moves one (`partition`, Gone Wild's transition): the new partition rules would
+//! take the new connections' segments after their SYN below a departing rule that sends
+//! those to the old owner, so for `transition_secs` the old partitions' every segment
+//! comes up. A SYN is a new connection, placed with its new partition's owner and given
+//! rules before its ACK can come; any other segment nobody decided is an old connection's
+//! and gets its exact rule to the old owner. Then the departing rules end by their hard
+//! timeout and the new partitions carry new connections by themselves; an old connection
+//! that sent nothing for the whole transition moves with its port's new partition (Gone
+//! Wild's soft deadline).
+//!
+//! The other rules end when the connections they carry have been idle for the timeout
+//! (§6.5).
 
 use std::net::Ipv4Addr;
+use std::time::Instant;
 
 use flowgate_packet::MacAddr;
 use ofp::{Action, Actions, FlowMod, Instruction, Match, Message, Oxm};
@@ -72,7 +84,8 @@ const _: () = assert!(
         && PRIO_DEPARTING_AFTER_CT < rules::PRIO_INTERCEPT
 );
 
-/// A partitioned VIP a reload took to the reactive mode: its old partitions' owners.
+/// A partitioned VIP a reload took to the reactive mode, or to another partition count:
+/// its old partitions' owners.
 #[derive(Debug, Clone)]
 pub(crate) struct Departed {
     vip: Ipv4Addr,
@@ -81,20 +94,30 @@ pub(crate) struct Departed {
     /// Each partition's owner's MAC, where it was known.
     owners: Vec<Option<MacAddr>>,
     idle: u16,
+    /// A reshape's transition ends then (its departing rules' hard timeout); after it,
+    /// a segment nobody decided is no old partition's any more.
+    until: Option<Instant>,
 }
 
 impl Controller {
     /// A reload replaced the services `old` (as they were, with the partition state still
     /// indexed like them): write the departing rules of each partitioned VIP that no
     /// partitioned service holds now, before `partition_resync` deletes its partitions.
-    pub(crate) fn partition_depart(&mut self, old: &[ServiceState], out: &mut Outbox) {
-        // A VIP partitioned again (or departing again) is no longer the earlier departure's.
+    pub(crate) fn partition_depart(
+        &mut self,
+        now: Instant,
+        old: &[ServiceState],
+        out: &mut Outbox,
+    ) {
+        // A VIP partitioned again is no longer the earlier departure's (a reshape's is
+        // added again below); nor is a reshape's past its transition.
         let partitioned_now: Vec<(Ipv4Addr, u16)> = (0..self.services.len())
             .filter(|&i| self.is_partitioned(i))
             .filter_map(|i| Some((self.services[i].cfg.vip?, self.services[i].cfg.port)))
             .collect();
-        self.departed
-            .retain(|d| !partitioned_now.contains(&(d.vip, d.port)));
+        self.departed.retain(|d| {
+            !partitioned_now.contains(&(d.vip, d.port)) && d.until.is_none_or(|t| now < t)
+        });
         // Table 0's rules, each with its owner's MAC (or `None`: to the controller), and
         // table 1's.
         let mut rules0: Vec<(Option<MacAddr>, FlowMod)> = Vec::new();
@@ -109,11 +132,17 @@ impl Controller {
             if o.cfg.mode != ServiceMode::Partitioned {
                 continue;
             }
-            let now_mode = self
+            let now_cfg = self
                 .services
                 .iter()
                 .find(|s| s.cfg.vip == Some(vip) && s.cfg.port == port)
-                .map(|s| s.cfg.mode);
+                .map(|s| &s.cfg);
+            let now_mode = now_cfg.map(|c| c.mode);
+            // Partitioned again with another partition count: the transition of a move
+            // for every partition, through the controller, SYNs included.
+            let reshape = now_cfg
+                .filter(|c| c.mode == ServiceMode::Partitioned && c.partitions.bits != st.bits)
+                .map(|c| c.partitions.transition);
             let idle = o.cfg.idle_timeout_secs.max(1);
             let owners: Vec<Option<MacAddr>> = st
                 .owner
@@ -125,15 +154,25 @@ impl Controller {
                 })
                 .collect();
             let (prio, via_controller) = match now_mode {
-                Some(ServiceMode::Partitioned) => continue,
+                Some(ServiceMode::Partitioned) if reshape.is_none() => continue,
                 Some(ServiceMode::Proactive) => (PRIO_DEPARTING_AFTER_CT, false),
-                Some(ServiceMode::Reactive) => (PRIO_DEPARTING, true),
+                Some(ServiceMode::Reactive | ServiceMode::Partitioned) => (PRIO_DEPARTING, true),
                 None => (PRIO_DEPARTING, false),
             };
+            let hard = reshape.map(|t| u16::try_from(t.as_secs()).unwrap_or(u16::MAX).max(1));
             for (p, owner) in owners.iter().enumerate() {
                 let Some(mac) = owner else { continue };
                 let m = super::partition::partition_match(vip, port, p, st.bits);
-                let fm = departing(idle, 0, prio, with_not_syn(m), Actions::new());
+                let fm = match hard {
+                    // Every segment, for the transition: a new connection's SYN comes up
+                    // and gets its own rules before its ACK can come.
+                    Some(secs) => {
+                        let mut fm = departing(0, 0, prio, m, Actions::new());
+                        fm.hard_timeout = secs;
+                        fm
+                    }
+                    None => departing(idle, 0, prio, with_not_syn(m), Actions::new()),
+                };
                 rules0.push(((!via_controller).then_some(*mac), fm));
             }
             if via_controller {
@@ -144,6 +183,7 @@ impl Controller {
                     bits: st.bits,
                     owners,
                     idle,
+                    until: reshape.map(|t| now + t),
                 });
             }
             if now_mode == Some(ServiceMode::Proactive) {
@@ -201,24 +241,27 @@ impl Controller {
         Some(a)
     }
 
-    /// A segment that is not a SYN, of a connection the controller never decided, to a
-    /// VIP that left the partitioned mode for the reactive one: it is an old partition's
-    /// connection. It gets an exact rule to that partition's owner, the VIP kept, where
+    /// A segment that is not a SYN, of a connection the controller never decided, that a
+    /// departing rule sent up (the VIP left the partitioned mode for the reactive one, or
+    /// changed its partition count): it is an old partition's connection. It gets an exact rule to that partition's owner, the VIP kept, where
     /// it came up, and goes on there. Returns false when the VIP did not depart so.
     pub(crate) fn departed_segment(
         &mut self,
+        now: Instant,
         at: &Arrival<'_>,
         key: &ConnKey,
         out: &mut Outbox,
     ) -> bool {
-        if at.tcp.flags.syn() {
+        // Only what a departing rule sent: a segment that came up another way (the
+        // intercept, a table miss) after those rules ended is no old partition's, and a
+        // stray one must not buy itself a rule.
+        if at.tcp.flags.syn() || cookie::kind_of(at.cookie) != Some(RuleKind::Departing) {
             return false;
         }
-        let Some(d) = self
-            .departed
-            .iter()
-            .find(|d| (d.vip, d.port) == (key.service_addr, key.service_port))
-        else {
+        let Some(d) = self.departed.iter().find(|d| {
+            (d.vip, d.port) == (key.service_addr, key.service_port)
+                && d.until.is_none_or(|t| now < t)
+        }) else {
             return false;
         };
         let p = usize::from((key.client_port & super::partition::port_mask(d.bits)) >> 1);
@@ -379,6 +422,90 @@ mod tests {
             .map(|(who, seen)| (who, seen.ipv4_dst))
             .collect();
         assert_eq!(got, [got_syn], "as its SYN went");
+
+        // A segment nobody decided that came up another way (here a table miss) is no
+        // old partition's: it buys itself no rule.
+        let departing = |sim: &Sim| {
+            sim.net
+                .switch(1)
+                .expect("switch 1")
+                .flows()
+                .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Departing))
+                .count()
+        };
+        let before = departing(&sim);
+        let stray = sim::tcp(mac(1), VMAC, (ip(1), 45_000), (VIP, 80), ACK);
+        sim.packet_in(1, 1, stray);
+        assert_eq!(departing(&sim), before);
+    }
+
+    /// Partitioned with another partition count: for the transition every segment of
+    /// the old partitions comes up (the departing rules' hard timeout), so a new
+    /// connection is placed with its new partition's owner before its ACK can come, and a
+    /// live connection keeps its old owner with a rule of its own; after it, the new
+    /// partition rules carry new connections without the controller.
+    #[test]
+    fn a_new_partition_count_keeps_the_old_partitions_connections() {
+        let mut sim = partitioned();
+        let live: Vec<(u16, String)> = (0..8u16)
+            .map(|i| {
+                let port = 40_000 + 2 * i;
+                let got = send(&mut sim, port, SYN);
+                assert_eq!(got.len(), 1, "{got:?}");
+                (port, got[0].0.clone())
+            })
+            .collect();
+        let two_bits = PARTITIONED.replace("partition_bits = 3", "partition_bits = 2");
+        let cfg = Config::from_toml(&config(&two_bits), &|_| None).expect("valid");
+        let now = sim.now;
+        sim.c.reload(now, &cfg, &mut sim.out);
+        sim.pump();
+        sim.tick(Duration::from_millis(10));
+        let rules = |sim: &Sim, kind: RuleKind| -> Vec<(u16, u16)> {
+            sim.net
+                .switch(1)
+                .expect("switch 1")
+                .flows()
+                .filter(|f| cookie::kind_of(f.cookie) == Some(kind))
+                .map(|f| (f.priority, f.hard_timeout))
+                .collect()
+        };
+        assert_eq!(rules(&sim, RuleKind::Departing), [(PRIO_DEPARTING, 2); 8]);
+        let before = sim.packet_ins;
+        assert_eq!(
+            rules(&sim, RuleKind::Partition).len(),
+            4,
+            "the new partitions"
+        );
+
+        for (port, owner) in &live {
+            let got = send(&mut sim, *port, ACK);
+            assert_eq!(got, [(owner.clone(), Some(VIP))], "port {port}");
+        }
+        assert_eq!(sim.packet_ins, before + live.len(), "each came up once");
+        // A new connection: up, and to its new partition's owner, as its ACK.
+        let before = sim.packet_ins;
+        let got = send(&mut sim, 41_002, SYN);
+        assert_eq!(sim.packet_ins, before + 1, "the SYN comes up");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, Some(VIP), "the partitioned mode keeps the VIP");
+        let ack = send(&mut sim, 41_002, ACK);
+        assert_eq!(ack, got, "its ACK follows it");
+
+        // Past the transition the departing rules are gone, and the partitions place
+        // new connections by themselves.
+        sim.tick(Duration::from_secs(3));
+        let later = sim.net.switch(1).expect("switch 1").now() + 3;
+        sim.net.expire(later);
+        // (The old connections' own rules stay, by their idle timeout.)
+        let wildcard = rules(&sim, RuleKind::Departing)
+            .into_iter()
+            .filter(|&(prio, _)| prio == PRIO_DEPARTING)
+            .count();
+        assert_eq!(wildcard, 0);
+        let before = sim.packet_ins;
+        let got = send(&mut sim, 41_010, SYN);
+        assert_eq!((got.len(), sim.packet_ins), (1, before));
     }
 
     /// Partitioned to proactive: the departing rule sits below the VIP's conntrack rule,

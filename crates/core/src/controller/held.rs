@@ -182,6 +182,8 @@ impl Controller {
             let at = Arrival {
                 dpid: h.dpid,
                 in_port: h.in_port,
+                // A held SYN is tried again as if the intercept had sent it.
+                cookie: u64::MAX,
                 frame: &frame,
                 tcp,
                 data: &h.data,

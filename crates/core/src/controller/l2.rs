@@ -19,7 +19,7 @@ impl Controller {
         &mut self,
         now: Instant,
         dpid: Dpid,
-        in_port: Option<u32>,
+        (in_port, cookie): (Option<u32>, u64),
         data: &Bytes,
         out: &mut Outbox,
     ) {
@@ -86,6 +86,7 @@ impl Controller {
                     let at = super::vip::Arrival {
                         dpid,
                         in_port,
+                        cookie,
                         frame: &frame,
                         tcp,
                         data,

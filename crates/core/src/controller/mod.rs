@@ -583,14 +583,16 @@ impl Controller {
         let v = ofp::PacketInView::new(frame)?;
         // The view's data lies in `frame`: a slice of it shares the buffer.
         let data = frame.slice_ref(v.data());
-        self.handle_packet_in(now, dpid, v.in_port(), &data, out);
+        self.handle_packet_in(now, dpid, (v.in_port(), v.cookie()), &data, out);
         Ok(())
     }
 
     /// A message from a switch whose handshake is complete.
     pub fn handle_message(&mut self, now: Instant, dpid: Dpid, msg: &Message, out: &mut Outbox) {
         match msg {
-            Message::PacketIn(pi) => self.handle_packet_in(now, dpid, pi.in_port(), &pi.data, out),
+            Message::PacketIn(pi) => {
+                self.handle_packet_in(now, dpid, (pi.in_port(), pi.cookie), &pi.data, out)
+            }
             Message::FlowRemoved(fr) => {
                 self.handle_rule_ended(now, dpid, &RuleEnded::of_message(fr), out)
             }
@@ -960,7 +962,7 @@ impl Controller {
             .map(|&n| u32::from(n) + 1)
             .fold(self.slot_bound, u32::max);
         self.proactive.reorder(&prev_index);
-        self.partition_depart(&old, out);
+        self.partition_depart(now, &old, out);
         // Connections whose service or backend is gone stop being accounted for; their
         // rules stay until idle, so they are not broken.
         let names: Vec<(String, Vec<Ipv4Addr>)> = old

@@ -50,6 +50,8 @@ pub(super) struct Placement {
 pub(crate) struct Arrival<'a> {
     pub(crate) dpid: Dpid,
     pub(crate) in_port: u32,
+    /// The cookie of the rule that sent it up (§7.4.1; all ones for a table miss).
+    pub(crate) cookie: u64,
     pub(crate) frame: &'a Frame<'a>,
     pub(crate) tcp: &'a Tcp<'a>,
     /// The packet, as the PACKET_IN carried it.
@@ -145,7 +147,7 @@ impl Controller {
                 self.send_known(at, &key, conn, Dir::Forward, dst, out);
             } else if tcp.flags.is_initial_syn() {
                 self.new_connection(now, at, key, l, None, out);
-            } else if self.departed_segment(at, &key, out) {
+            } else if self.departed_segment(now, at, &key, out) {
                 // An old partition's connection, to its owner.
             } else if !self.adopt(now, at, key, l, out) {
                 self.unknown_flow(l.service, at, out);

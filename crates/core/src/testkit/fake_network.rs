@@ -51,8 +51,9 @@ pub struct Hop {
 pub struct Delivery {
     /// Hosts reached, with the packet as they received it, in order of arrival.
     pub hosts: Vec<(String, PacketFields)>,
-    /// PACKET_INs: the switch and the packet as sent to the controller.
-    pub to_controller: Vec<(u64, PacketFields)>,
+    /// PACKET_INs: the switch, the packet as sent to the controller, and the cookie of
+    /// the rule that sent it.
+    pub to_controller: Vec<(u64, PacketFields, u64)>,
     /// Outputs to ports with neither link nor host (or to NORMAL/LOCAL/unexpanded FLOOD).
     pub lost: Vec<(PortRef, PacketFields)>,
     /// Every switch traversal, in order.
@@ -244,8 +245,8 @@ impl FakeNetwork {
                 .get(&dpid)
                 .ok_or(NetworkError::UnknownSwitch(dpid))?;
             let trace = sw.lookup(&pkt);
-            for p in &trace.to_controller {
-                out.to_controller.push((dpid, *p));
+            for &(p, cookie) in &trace.to_controller {
+                out.to_controller.push((dpid, p, cookie));
             }
             for (port, p) in &trace.outputs {
                 let here = (dpid, *port);

@@ -713,8 +713,9 @@ pub struct Trace {
     /// than CONTROLLER, IN_PORT, FLOOD and ALL (NORMAL, LOCAL) appear as themselves, and
     /// FLOOD/ALL too when the table was not told its ports.
     pub outputs: Vec<(u32, PacketFields)>,
-    /// Each copy sent to the controller (PACKET_IN), as rewritten at that point.
-    pub to_controller: Vec<PacketFields>,
+    /// Each copy sent to the controller (PACKET_IN), as rewritten at that point, with the
+    /// cookie of the entry that sent it (§7.4.1).
+    pub to_controller: Vec<(PacketFields, u64)>,
     /// The entries hit, in pipeline order.
     pub hits: Vec<Hit>,
     /// The table where no entry matched (and the packet was dropped), if any.
@@ -1457,7 +1458,10 @@ impl FakeTable {
 
     fn output(&self, port: u32, pkt: &PacketFields, trace: &mut Trace, depth: usize) {
         match port {
-            port::CONTROLLER => trace.to_controller.push(*pkt),
+            port::CONTROLLER => {
+                let cookie = trace.hits.last().map_or(u64::MAX, |h| h.cookie);
+                trace.to_controller.push((*pkt, cookie));
+            }
             port::IN_PORT => trace.outputs.push((pkt.in_port, *pkt)),
             port::TABLE => {
                 if depth < MAX_GROUP_DEPTH {

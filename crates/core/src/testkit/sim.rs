@@ -186,15 +186,25 @@ impl Sim {
 
     pub fn absorb(&mut self, d: Delivery) {
         self.received.extend(d.hosts);
-        for (dpid, f) in d.to_controller {
+        for (dpid, f, cookie) in d.to_controller {
             let frame = frame_of(&f);
-            self.packet_in(dpid, f.in_port, frame);
+            self.packet_in_by(dpid, f.in_port, frame, cookie);
         }
     }
 
+    /// A PACKET_IN as a table miss would send it.
     pub fn packet_in(&mut self, dpid: u64, in_port: u32, data: ofp::Bytes) {
+        self.packet_in_by(dpid, in_port, data, u64::MAX);
+    }
+
+    /// A PACKET_IN sent by the rule with `cookie` (§7.4.1).
+    pub fn packet_in_by(&mut self, dpid: u64, in_port: u32, data: ofp::Bytes, cookie: u64) {
         self.packet_ins += 1;
-        let pi = PacketIn::table_miss(in_port, data);
+        let mut pi = PacketIn::table_miss(in_port, data);
+        pi.cookie = cookie;
+        if cookie != u64::MAX {
+            pi.reason = ofp::PacketInReason::Action;
+        }
         self.c
             .handle_message(self.now, dpid, &Message::PacketIn(pi), &mut self.out);
         self.pump();
