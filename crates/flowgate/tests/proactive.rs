@@ -543,6 +543,23 @@ fn ovs_proactive_removal_keeps_the_removed_backends_connections() {
     ctl.assert_no_openflow_errors();
 }
 
+/// [`proactive_pair`] with an idle timeout of 2 s, once the switch is past its reconnect
+/// grace (a reload in it would leave the group's rule placing new connections).
+fn settled_pair(
+    p: &flowgate_testbed::Prefix,
+    name: &str,
+) -> (
+    topo::Topology,
+    Ctl,
+    String,
+    Vec<flowgate_testbed::ProcGuard>,
+) {
+    let started = Instant::now();
+    let pair = proactive_pair(p, name, "idle_timeout_secs = 2\n");
+    past_grace(started);
+    pair
+}
+
 /// A reload that takes a service out of the proactive mode (to the reactive one) keeps the
 /// download in flight on it: its VIP's conntrack rule stays, retiring, a priority above
 /// the reactive intercept, with its backends' rules, until their traffic has been idle
@@ -552,10 +569,7 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     let Some(p) = setup("ovs_proactive_to_reactive_keeps_live_connections") else {
         return;
     };
-    let started = Instant::now();
-    let (t, ctl, cfg, _servers) =
-        proactive_pair(&p, "proactive-to-reactive", "idle_timeout_secs = 2\n");
-    past_grace(started);
+    let (t, ctl, cfg, _servers) = settled_pair(&p, "proactive-to-reactive");
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
@@ -600,10 +614,7 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     let Some(p) = setup("ovs_proactive_to_partitioned_keeps_live_connections") else {
         return;
     };
-    let started = Instant::now();
-    let (t, ctl, cfg, _servers) =
-        proactive_pair(&p, "proactive-to-partitioned", "idle_timeout_secs = 2\n");
-    past_grace(started);
+    let (t, ctl, cfg, _servers) = settled_pair(&p, "proactive-to-partitioned");
     // Direct return, as the partitioned mode has it: the backends hold the VIP.
     for h in &t.hosts[1..] {
         h.add_loopback_vip(VIP.parse().expect("vip"))
@@ -664,10 +675,7 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let Some(p) = setup("ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect") else {
         return;
     };
-    let started = Instant::now();
-    let (t, mut ctl, cfg, _servers) =
-        proactive_pair(&p, "retiring-unheard", "idle_timeout_secs = 2\n");
-    past_grace(started);
+    let (t, mut ctl, cfg, _servers) = settled_pair(&p, "retiring-unheard");
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
@@ -719,10 +727,7 @@ fn ovs_a_backend_removed_while_the_controller_was_down_keeps_its_connections() {
     else {
         return;
     };
-    let started = Instant::now();
-    let (t, mut ctl, cfg, _servers) =
-        proactive_pair(&p, "removed-while-down", "idle_timeout_secs = 2\n");
-    past_grace(started);
+    let (t, mut ctl, cfg, _servers) = settled_pair(&p, "removed-while-down");
     let br = &t.bridges[0];
     let client = &t.hosts[0];
     let dl = Download::start(client, &format!("http://{VIP}/bytes/8000000"));

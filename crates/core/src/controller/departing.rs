@@ -352,6 +352,38 @@ mod tests {
         .collect()
     }
 
+    /// A connection from h1 in each of the 8 partitions: its port and the backend that
+    /// got its SYN.
+    fn connect_one_per_partition(sim: &mut Sim) -> Vec<(u16, String)> {
+        (0..8u16)
+            .map(|i| {
+                let port = 40_000 + 2 * i;
+                let got = send(sim, port, SYN);
+                assert_eq!(got.len(), 1, "{got:?}");
+                (port, got[0].0.clone())
+            })
+            .collect()
+    }
+
+    /// A reload to the service with `mode` (its lines); what it sends is left in the
+    /// outbox.
+    fn reload(sim: &mut Sim, mode: &str) {
+        let cfg = Config::from_toml(&config(mode), &|_| None).expect("valid");
+        let now = sim.now;
+        sim.c.reload(now, &cfg, &mut sim.out);
+    }
+
+    /// Switch 1's rules of `kind`: (priority, idle timeout, hard timeout) of each.
+    fn rules(sim: &Sim, kind: RuleKind) -> Vec<(u16, u16, u16)> {
+        sim.net
+            .switch(1)
+            .expect("switch 1")
+            .flows()
+            .filter(|f| cookie::kind_of(f.cookie) == Some(kind))
+            .map(|f| (f.priority, f.idle_timeout, f.hard_timeout))
+            .collect()
+    }
+
     /// Partitioned to reactive: a live connection's segments go on to its backend, VIP
     /// kept (the first through the controller, which gives it a rule of its own); a new
     /// connection's SYN goes up and is placed there; the departing rules take only
@@ -359,33 +391,16 @@ mod tests {
     #[test]
     fn partitioned_to_reactive_keeps_the_partitions_connections() {
         let mut sim = partitioned();
-        let live: Vec<(u16, String)> = (0..8u16)
-            .map(|i| {
-                let port = 40_000 + 2 * i;
-                let got = send(&mut sim, port, SYN);
-                assert_eq!(got.len(), 1, "{got:?}");
-                (port, got[0].0.clone())
-            })
-            .collect();
-        let cfg = Config::from_toml(&config(""), &|_| None).expect("valid");
-        let now = sim.now;
-        sim.c.reload(now, &cfg, &mut sim.out);
+        let live = connect_one_per_partition(&mut sim);
+        reload(&mut sim, "");
         sim.pump();
-        let departing: Vec<_> = sim
-            .net
-            .switch(1)
-            .expect("switch 1")
-            .flows()
-            .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Departing))
-            .map(|f| (f.priority, f.idle_timeout))
+        let departing: Vec<(u16, u16)> = rules(&sim, RuleKind::Departing)
+            .iter()
+            .map(|&(prio, idle, _)| (prio, idle))
             .collect();
         assert_eq!(departing, [(PRIO_DEPARTING, 5); 8]);
         assert!(
-            !sim.net
-                .switch(1)
-                .expect("switch 1")
-                .flows()
-                .any(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Partition)),
+            rules(&sim, RuleKind::Partition).is_empty(),
             "the partition rules are gone"
         );
 
@@ -425,18 +440,10 @@ mod tests {
 
         // A segment nobody decided that came up another way (here a table miss) is no
         // old partition's: it buys itself no rule.
-        let departing = |sim: &Sim| {
-            sim.net
-                .switch(1)
-                .expect("switch 1")
-                .flows()
-                .filter(|f| cookie::kind_of(f.cookie) == Some(RuleKind::Departing))
-                .count()
-        };
-        let before = departing(&sim);
+        let before = rules(&sim, RuleKind::Departing).len();
         let stray = sim::tcp(mac(1), VMAC, (ip(1), 45_000), (VIP, 80), ACK);
         sim.packet_in(1, 1, stray);
-        assert_eq!(departing(&sim), before);
+        assert_eq!(rules(&sim, RuleKind::Departing).len(), before);
     }
 
     /// Partitioned with another partition count: for the transition every segment of
@@ -447,30 +454,16 @@ mod tests {
     #[test]
     fn a_new_partition_count_keeps_the_old_partitions_connections() {
         let mut sim = partitioned();
-        let live: Vec<(u16, String)> = (0..8u16)
-            .map(|i| {
-                let port = 40_000 + 2 * i;
-                let got = send(&mut sim, port, SYN);
-                assert_eq!(got.len(), 1, "{got:?}");
-                (port, got[0].0.clone())
-            })
-            .collect();
+        let live = connect_one_per_partition(&mut sim);
         let two_bits = PARTITIONED.replace("partition_bits = 3", "partition_bits = 2");
-        let cfg = Config::from_toml(&config(&two_bits), &|_| None).expect("valid");
-        let now = sim.now;
-        sim.c.reload(now, &cfg, &mut sim.out);
+        reload(&mut sim, &two_bits);
         sim.pump();
         sim.tick(Duration::from_millis(10));
-        let rules = |sim: &Sim, kind: RuleKind| -> Vec<(u16, u16)> {
-            sim.net
-                .switch(1)
-                .expect("switch 1")
-                .flows()
-                .filter(|f| cookie::kind_of(f.cookie) == Some(kind))
-                .map(|f| (f.priority, f.hard_timeout))
-                .collect()
-        };
-        assert_eq!(rules(&sim, RuleKind::Departing), [(PRIO_DEPARTING, 2); 8]);
+        let departing: Vec<(u16, u16)> = rules(&sim, RuleKind::Departing)
+            .iter()
+            .map(|&(prio, _, hard)| (prio, hard))
+            .collect();
+        assert_eq!(departing, [(PRIO_DEPARTING, 2); 8]);
         let before = sim.packet_ins;
         assert_eq!(
             rules(&sim, RuleKind::Partition).len(),
@@ -500,7 +493,7 @@ mod tests {
         // (The old connections' own rules stay, by their idle timeout.)
         let wildcard = rules(&sim, RuleKind::Departing)
             .into_iter()
-            .filter(|&(prio, _)| prio == PRIO_DEPARTING)
+            .filter(|&(prio, _, _)| prio == PRIO_DEPARTING)
             .count();
         assert_eq!(wildcard, 0);
         let before = sim.packet_ins;
@@ -513,9 +506,7 @@ mod tests {
     #[test]
     fn partitioned_to_proactive_departs_below_conntrack() {
         let mut sim = partitioned();
-        let cfg = Config::from_toml(&config("mode = \"proactive\"\n"), &|_| None).expect("valid");
-        let now = sim.now;
-        sim.c.reload(now, &cfg, &mut sim.out);
+        reload(&mut sim, "mode = \"proactive\"\n");
         let msgs: Vec<FlowMod> = sim
             .out
             .drain()

@@ -770,6 +770,29 @@ mod tests {
         (ctl, now)
     }
 
+    /// [`controller`] by round robin once its switch's grace has ended: the time then, and
+    /// what the grace's end sent.
+    fn past_grace(weights: &[u32]) -> (Controller, Instant, Vec<Message>) {
+        let (mut ctl, now) = controller("round-robin", weights);
+        let mut out = Outbox::new();
+        let t = now + ctl.config().reconnect_grace;
+        ctl.handle_tick(t, &mut out);
+        let sent = out.drain().map(|(_, m)| m).collect();
+        (ctl, t, sent)
+    }
+
+    /// [`controller`]'s service, with `mode` (its lines) and the backends `10.0.0.{b}`.
+    fn web(mode: &str, backends: &[u8]) -> Config {
+        let mut c = format!(
+            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n{mode}\
+             [service.health]\nkind = \"none\"\n"
+        );
+        for b in backends {
+            c += &format!("[[service.backend]]\naddress = \"10.0.0.{b}\"\n");
+        }
+        Config::from_toml(&c, &|_| None).expect("valid")
+    }
+
     fn groups(out: &mut Outbox) -> Vec<GroupMod> {
         out.drain()
             .filter_map(|(_, m)| match m {
@@ -1040,11 +1063,8 @@ mod tests {
     /// comes back has its rules written as before, without a timeout.
     #[test]
     fn a_removed_backend_retires_its_rules_by_idle_timeout() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1, 1]);
+        let (mut ctl, now, _) = past_grace(&[1, 1, 1]);
         let mut out = Outbox::new();
-        let grace = ctl.config().reconnect_grace;
-        ctl.handle_tick(now + grace, &mut out);
-        out.drain().for_each(drop);
         let idle = ctl.services[0].cfg.idle_timeout_secs;
         let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
         let names = |fm: &FlowMod, a: Ipv4Addr| {
@@ -1052,7 +1072,7 @@ mod tests {
                 matches!(o, Oxm::Ipv4Src { value, .. } | Oxm::Ipv4Dst { value, .. } if *value == a)
             })
         };
-        let t = now + grace;
+        let t = now;
         ctl.remove_backend(t, 0, 1, &mut out).expect("removed");
         let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
         let retiring: Vec<(usize, &FlowMod)> = msgs
@@ -1123,25 +1143,13 @@ mod tests {
     /// are its backends' rules. Proactive again, the retiring VIP rule is deleted.
     #[test]
     fn a_vip_that_leaves_the_proactive_mode_retires_its_rules() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let (mut ctl, now, _) = past_grace(&[1, 1]);
         let mut out = Outbox::new();
-        let grace = ctl.config().reconnect_grace;
-        ctl.handle_tick(now + grace, &mut out);
-        out.drain().for_each(drop);
-        let text = |mode: &str| {
-            format!(
-                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n{mode}\
-                 [service.health]\nkind = \"none\"\n\
-                 [[service.backend]]\naddress = \"10.0.0.2\"\n\
-                 [[service.backend]]\naddress = \"10.0.0.3\"\n"
-            )
-        };
-        let reload = |ctl: &mut Controller, t: &str, out: &mut Outbox| -> Vec<Message> {
-            let cfg = Config::from_toml(t, &|_| None).expect("valid");
-            ctl.reload(now + grace, &cfg, out);
+        let reload = |ctl: &mut Controller, mode: &str, out: &mut Outbox| -> Vec<Message> {
+            ctl.reload(now, &web(mode, &[2, 3]), out);
             out.drain().map(|(_, m)| m).collect()
         };
-        let msgs = reload(&mut ctl, &text(""), &mut out);
+        let msgs = reload(&mut ctl, "", &mut out);
         let vip: Ipv4Addr = VIP.parse().expect("address");
         let retiring: Vec<&FlowMod> = msgs
             .iter()
@@ -1172,7 +1180,7 @@ mod tests {
                 && fm.cookie & cookie::KIND_MASK == cookie::RuleKind::Intercept.base())));
 
         let vip_rule = (*vip_rule).clone();
-        let msgs = reload(&mut ctl, &text("mode = \"proactive\"\n"), &mut out);
+        let msgs = reload(&mut ctl, "mode = \"proactive\"\n", &mut out);
         let deleted = msgs.iter().any(|m| {
             matches!(m, Message::FlowMod(del)
             if del.command == ofp::FlowModCommand::Delete && deletes(del, &vip_rule))
@@ -1192,21 +1200,11 @@ mod tests {
     /// tables, and nothing else.
     #[test]
     fn a_vip_turned_partitioned_retires_above_the_partitions_until_its_replies_end() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let (mut ctl, now, _) = past_grace(&[1, 1]);
         let mut out = Outbox::new();
-        let grace = ctl.config().reconnect_grace;
-        ctl.handle_tick(now + grace, &mut out);
-        out.drain().for_each(drop);
-        let text = format!(
-            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
-             mode = \"partitioned\"\npartition_bits = 2\n\
-             [service.health]\nkind = \"none\"\n\
-             [[service.backend]]\naddress = \"10.0.0.2\"\n\
-             [[service.backend]]\naddress = \"10.0.0.3\"\n"
-        );
-        let cfg = Config::from_toml(&text, &|_| None).expect("valid");
-        ctl.reload(now + grace, &cfg, &mut out);
-        ctl.handle_tick(now + grace + Duration::from_millis(20), &mut out);
+        let partitioned = web("mode = \"partitioned\"\npartition_bits = 2\n", &[2, 3]);
+        ctl.reload(now, &partitioned, &mut out);
+        ctl.handle_tick(now + Duration::from_millis(20), &mut out);
         let sent: Vec<FlowMod> = out
             .drain()
             .filter_map(|(_, m)| match m {
@@ -1272,12 +1270,7 @@ mod tests {
             byte_count: 4000,
             match_: ip_src(tcp(), vip).with(Oxm::TcpSrc(80)).with(tracked()),
         };
-        ctl.handle_message(
-            now + grace,
-            7,
-            &Message::FlowRemoved(ended.clone()),
-            &mut out,
-        );
+        ctl.handle_message(now, 7, &Message::FlowRemoved(ended.clone()), &mut out);
         let answer: Vec<(Dpid, Message)> = out.drain().collect();
         let [(7, Message::FlowMod(del))] = &answer[..] else {
             panic!("one delete, to the switch that reported: {answer:?}");
@@ -1294,7 +1287,7 @@ mod tests {
             table_id: 0,
             ..ended
         };
-        ctl.handle_message(now + grace, 7, &Message::FlowRemoved(other), &mut out);
+        ctl.handle_message(now, 7, &Message::FlowRemoved(other), &mut out);
         assert!(out.is_empty());
     }
 
@@ -1304,19 +1297,10 @@ mod tests {
     /// for it to report its end.
     #[test]
     fn a_connecting_switch_loses_a_retiring_vip_rule_that_outlived_its_reply_rule() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1]);
+        let (mut ctl, now, _) = past_grace(&[1, 1]);
         let mut out = Outbox::new();
-        let grace = ctl.config().reconnect_grace;
-        ctl.handle_tick(now + grace, &mut out);
-        out.drain().for_each(drop);
-        let reactive = format!(
-            "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
-             [service.health]\nkind = \"none\"\n\
-             [[service.backend]]\naddress = \"10.0.0.2\"\n\
-             [[service.backend]]\naddress = \"10.0.0.3\"\n"
-        );
-        let cfg = Config::from_toml(&reactive, &|_| None).expect("valid");
-        ctl.reload(now + grace, &cfg, &mut out);
+        let cfg = web("", &[2, 3]);
+        ctl.reload(now, &cfg, &mut out);
         // The switch's retiring rules, as its flow stats give them.
         let held: Vec<ofp::FlowStats> = out
             .drain()
@@ -1421,13 +1405,10 @@ mod tests {
     /// connections with them.
     #[test]
     fn a_connecting_switch_retires_what_its_rules_serve_and_no_service_has_now() {
-        let (mut ctl, now) = controller("round-robin", &[1, 1]);
-        let mut out = Outbox::new();
-        let grace = ctl.config().reconnect_grace;
-        ctl.handle_tick(now + grace, &mut out);
-        let held: Vec<ofp::FlowStats> = out
-            .drain()
-            .filter_map(|(_, m)| match m {
+        let (_, now, sent) = past_grace(&[1, 1]);
+        let held: Vec<ofp::FlowStats> = sent
+            .into_iter()
+            .filter_map(|m| match m {
                 Message::FlowMod(fm)
                     if fm.command == ofp::FlowModCommand::Add
                         && fm.cookie & cookie::KIND_MASK == COOKIE_KIND =>
@@ -1437,16 +1418,6 @@ mod tests {
                 _ => None,
             })
             .collect();
-        let config = |mode: &str, backends: &[u8]| {
-            let mut c = format!(
-                "[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n{mode}\
-                 [service.health]\nkind = \"none\"\n"
-            );
-            for b in backends {
-                c += &format!("[[service.backend]]\naddress = \"10.0.0.{b}\"\n");
-            }
-            Config::from_toml(&c, &|_| None).expect("valid")
-        };
         let retiring = |cfg: &Config| -> Vec<FlowMod> {
             reported_to_fresh(cfg, now, held.clone())
                 .into_iter()
@@ -1454,12 +1425,12 @@ mod tests {
                 .collect()
         };
         let proactive = "mode = \"proactive\"\n";
-        assert!(retiring(&config(proactive, &[2, 3])).is_empty(), "the same");
+        assert!(retiring(&web(proactive, &[2, 3])).is_empty(), "the same");
 
         // 10.0.0.3 left: its four rules retire (its MAC from table 1's rewrite), with the
         // idle timeout of the service.
         let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
-        let rules = retiring(&config(proactive, &[2]));
+        let rules = retiring(&web(proactive, &[2]));
         assert_eq!(rules.len(), 4, "{rules:#?}");
         let names = |fm: &FlowMod, a: Ipv4Addr| {
             fm.match_.iter().any(|o| {
@@ -1482,7 +1453,7 @@ mod tests {
 
         // Reactive now: the VIP retires above the intercept, with its reply rule (its
         // virtual MAC from the reply rule's rewrite), both backends, and the catch-alls.
-        let rules = retiring(&config("", &[2, 3]));
+        let rules = retiring(&web("", &[2, 3]));
         let vip: Ipv4Addr = VIP.parse().expect("address");
         assert_eq!(rules.len(), 2 + 2 * 4 + 2, "{rules:#?}");
         assert!(
