@@ -578,10 +578,14 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
         carrier(&t.hosts[1..]).is_some()
     });
     ctl.reload_with(&cfg.replace("mode = \"proactive\"\n", ""));
-    let retiring_vip = |flows: &str| rules_at(flows, 201, VIP) > 0;
+    let retiring_vip = |flows: &str| rules_at(flows, 251, VIP) > 0;
     wait_until("the retiring VIP rule", Duration::from_secs(5), || {
         retiring_vip(&br.dump_flows().unwrap_or_default())
     });
+    // The flow table has changed; the datapath's cached flows follow it at the
+    // revalidators' next round (until then, a SYN to the VIP could still meet a cached
+    // flow into the old group, as it once did in CI).
+    flowgate_testbed::Ovs::revalidated().expect("revalidator/wait");
 
     // New connections are the controller's now.
     let before = packet_ins(&ctl);
@@ -589,7 +593,9 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     assert_eq!(after["ok"], 20, "{after}");
     assert!(
         packet_ins(&ctl) > before,
-        "reactive: new connections come up"
+        "reactive: new connections come up\n{}\n{}",
+        br.dump_flows().unwrap_or_default(),
+        flowgate_testbed::ovs::appctl(&["dpctl/dump-flows"]).unwrap_or_default()
     );
 
     dl.finishes(5_000_000, "the download from before the reload");
@@ -599,6 +605,78 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     wait_under_load("the retiring rules' end", end, client, &url, br, |flows| {
         !retiring_vip(flows) && table_1_idle(flows)
     });
+    ctl.assert_no_openflow_errors();
+}
+
+/// A proactive service turned reactive and gapped (an OFF period's rule at the switch drops
+/// its new connections) keeps the download in flight on it moving: the VIP's retiring
+/// conntrack rule sits above the gap rule, so the download's segments pass conntrack to
+/// their backend while new connections' SYNs, tracked, meet the gap. Below it, the gap
+/// dropped the download's ACKs too: it stalled for the OFF period, its answers went idle,
+/// its retiring rules with them, and it never moved again.
+#[test]
+fn ovs_a_gap_after_the_proactive_mode_spares_its_connections() {
+    let Some(p) = setup("ovs_a_gap_after_the_proactive_mode_spares_its_connections") else {
+        return;
+    };
+    let (t, ctl, cfg, _servers) = settled_pair(&p, "proactive-gap");
+    let br = &t.bridges[0];
+    let client = &t.hosts[0];
+    let url = format!("http://{VIP}/");
+    // 6 MB at 1 MB/s; curl gives up if it stalls for 2 s (an OFF period lasts 3).
+    let dl = Download::start_unstalled(client, &format!("http://{VIP}/bytes/6000000"), 2);
+    download_carrier(&t.hosts[1..]);
+    // Reactive, with a static gap of 3 s as soon as new connections come faster than one
+    // every 2 s: each admitted one puts a 3 s OFF rule on the switch.
+    let gapped = "[service.overload]\nmode = \"static\"\ncapacity_rps = 0.5\n\
+                  gaps_ms = \"0,3000\"\noff_rule_min_gap_ms = 1000\n\
+                  [service.health]\n";
+    let reactive =
+        cfg.replace("mode = \"proactive\"\n", "")
+            .replacen("[service.health]\n", gapped, 1);
+    ctl.reload_with(&reactive);
+    wait_until("the retiring VIP rule", Duration::from_secs(5), || {
+        rules_at(&br.dump_flows().unwrap_or_default(), 251, VIP) > 0
+    });
+
+    // New connections at 4/s for 3 s, while the switch is watched for the gap's rule.
+    let mut gap_seen = String::new();
+    let tried = std::thread::scope(|s| {
+        let tried = s.spawn(|| {
+            load(
+                client,
+                &url,
+                &[
+                    "--rate",
+                    "4",
+                    "--requests",
+                    "12",
+                    "--timeout-ms",
+                    "1000",
+                    "--duration-secs",
+                    "5",
+                ],
+            )
+        });
+        while !tried.is_finished() {
+            let flows = br.dump_flows().unwrap_or_default();
+            if gap_seen.is_empty() && rules_at(&flows, 250, VIP) > 0 {
+                gap_seen = flows;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tried.join().expect("load")
+    });
+    assert!(tried["ok"].as_u64().unwrap_or(0) >= 1, "{tried}");
+    assert!(
+        !gap_seen.is_empty(),
+        "an OFF period's rule went to the switch: {tried}\n{}",
+        ctl.log()
+    );
+    dl.finishes(
+        6_000_000,
+        "the download from before the reload, through the gap",
+    );
     ctl.assert_no_openflow_errors();
 }
 
@@ -681,7 +759,7 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let url = format!("http://{VIP}/");
     let reactive = cfg.replace("mode = \"proactive\"\n", "");
     ctl.reload_with(&reactive);
-    let retiring_vip = |flows: &str| rules_at(flows, 201, VIP) > 0;
+    let retiring_vip = |flows: &str| rules_at(flows, 251, VIP) > 0;
     let reply_rule = |flows: &str| {
         flows
             .lines()

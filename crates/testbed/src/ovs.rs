@@ -106,6 +106,16 @@ impl Ovs {
         Ok(())
     }
 
+    /// Waits for a round of ovs-vswitchd's revalidators that starts after this call
+    /// (`ovs-appctl revalidator/wait`, as Open vSwitch's own tests use it): only then do
+    /// the flows its datapath cached before a flow-table change act by the change. Until
+    /// then a packet that matches a cached flow (a new connection's SYN, where the flow
+    /// wildcards its ports) still does what the old rules said; the lag is up to
+    /// `max-revalidator` (500 ms), more on a loaded machine.
+    pub fn revalidated() -> Result<()> {
+        appctl(&["revalidator/wait"]).map(|_| ())
+    }
+
     /// Names of all bridges (`ovs-vsctl list-br`).
     pub fn list_bridges() -> Result<Vec<String>> {
         Ok(vsctl(&["list-br"])?

@@ -906,6 +906,14 @@ impl Controller {
             let now = self.switches[&dpid].connected_at;
             self.overload_ensure_meters(now, dpid, out);
         }
+        // Pools or modes may have changed: the proactive services' groups and rules too
+        // (make before break: they are not among the intercepts' deletes). First: a VIP
+        // that leaves the proactive mode has its retiring rule (above the intercept) before
+        // its intercept comes, so that its old connections' segments never meet the
+        // intercept beside its proactive rule of the same priority (OpenFlow leaves which
+        // one matches undefined, §6.4), where a revalidator could cache the intercept's
+        // answer for them.
+        self.proactive_resync(out);
         for &dpid in self.switches.keys() {
             out.push(dpid, rules::delete_kind(RuleKind::Intercept));
             out.push(dpid, Message::BarrierRequest);
@@ -913,9 +921,6 @@ impl Controller {
                 out.push(dpid, m.clone());
             }
         }
-        // Pools or modes may have changed: the proactive services' groups and rules too
-        // (make before break: they are not among the deletes above).
-        self.proactive_resync(out);
         self.partition_resync(out);
     }
 

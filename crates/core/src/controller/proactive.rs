@@ -56,17 +56,18 @@
 //! connections to it: they are written again with a retiring cookie bit that no
 //! generation's delete takes and the idle timeout of its services, and the switch removes
 //! them once its connections have been idle that long (`retiring_flows`). So does a VIP
-//! whose service goes or leaves the proactive mode: its table-0 rule is written again a
-//! priority above the reactive intercept (a new connection's SYN passes conntrack, finds
-//! no group, and goes on to the intercept, tracked), with its reply rule. When no
-//! proactive service is left, table 1's catch-alls stay, out of every generation, for
-//! good (`retiring_flows` says why). When the service is partitioned now, the VIP's rule
-//! retires above the partition rules (241): a new partitioned connection passes conntrack
-//! uncommitted on its way to them. Its segments after the SYN are new to conntrack where
-//! it picks connections up mid-stream (Open vSwitch's own, Linux's with
-//! `nf_conntrack_tcp_loose`), invalid where it does not, so table 1 sends on, rather than
-//! drops, the invalid to the VIP (a known connection's invalid segment is still NATed to
-//! its backend, does not match the VIP, and is dropped as before). Every new connection
+//! whose service goes or leaves the proactive mode: its table-0 rule is written again
+//! above the reactive intercept and gap rules (251: a new connection's SYN passes
+//! conntrack, finds no group, and goes on to the gap or the intercept, tracked), with its
+//! reply rule. When no proactive service is left, table 1's catch-alls stay, out of every
+//! generation, for good (`retiring_flows` says why). When the service is partitioned now,
+//! the VIP's rule retires above the partition rules (241): a new partitioned connection
+//! passes conntrack uncommitted on its way to them. A new connection's segments after the
+//! SYN (a partitioned one's, or a reactive one's ACK that its deferred rules wait for) are
+//! new to conntrack where it picks connections up mid-stream (Open vSwitch's own, Linux's
+//! with `nf_conntrack_tcp_loose`), invalid where it does not, so table 1 sends on, rather
+//! than drops, the invalid to the VIP (a known connection's invalid segment is still NATed
+//! to its backend, does not match the VIP, and is dropped as before). Every new connection
 //! meets the retiring VIP rule, which would so live for ever; its life is its reply
 //! rule's instead. Only the old connections' answers pass that one, which reports its end
 //! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
@@ -148,14 +149,18 @@ const OFPGC_ADD_OR_MOD: u16 = 0x8000;
 
 /// A retiring VIP's table-0 rule: above a reactive intercept of the same address and port
 /// (`rules::PRIO_INTERCEPT`), so that a proactive connection's packets still meet
-/// conntrack first (a new connection's then go on to the intercept, tracked).
-const PRIO_RETIRING_VIP: u16 = rules::PRIO_INTERCEPT + 1;
+/// conntrack first (a new connection's then go on to the intercept, tracked), and above
+/// the reactive service's gap rules (`rules::PRIO_GAP`, which match no conntrack state):
+/// below them, an OFF period dropped the old connections' segments with the new ones'
+/// SYNs, and on Open vSwitch a download stalled for good. A new connection's SYN still
+/// meets the gap, tracked, on its second pass through table 0.
+const PRIO_RETIRING_VIP: u16 = rules::PRIO_GAP + 1;
 /// ...and above a partitioned service's rules (the moving partitions' included), when the
 /// VIP's service is partitioned now: below them, the old connections' packets went to a
 /// partition's owner with the VIP as their destination, which answered with a reset.
 const PRIO_RETIRING_VIP_PARTITIONED: u16 = super::partition::PRIO_MOVING + 1;
-/// A retiring partitioned VIP's segments that conntrack calls invalid go on (table 1),
-/// above the drop of the invalid.
+/// A retiring VIP's segments that conntrack calls invalid go on (table 1), above the drop
+/// of the invalid.
 const PRIO_RETIRING_INV: u16 = PRIO_INV + 1;
 const PRIO_NEW: u16 = 30;
 const PRIO_DIRECT: u16 = 25;
@@ -1168,16 +1173,27 @@ mod tests {
                         .any(|o| matches!(o, Oxm::Ipv4Dst { value, .. } if *value == vip))
             })
             .expect("the VIP's conntrack rule, retiring");
-        assert_eq!(vip_rule.priority, rules::PRIO_INTERCEPT + 1);
+        // Above the gap rules, which are above the intercept.
+        assert!(vip_rule.priority > rules::PRIO_GAP && rules::PRIO_GAP > rules::PRIO_INTERCEPT);
+        assert!(vip_rule.priority < rules::PRIO_CONN);
         assert_eq!(vip_rule.idle_timeout, ctl.services[0].cfg.idle_timeout_secs);
-        // Its reply rule, each backend's four (both are located), and table 1's two
-        // catch-alls (no proactive service is left).
-        assert_eq!(retiring.len(), 2 + 2 * 4 + 2, "{retiring:#?}");
-        // The reactive intercept is there, below it.
-        assert!(msgs.iter().any(|m| matches!(m, Message::FlowMod(fm)
-            if fm.command == ofp::FlowModCommand::Add
+        // Its reply rule and its pass for the invalid, each backend's four (both are
+        // located), and table 1's two catch-alls (no proactive service is left).
+        assert_eq!(retiring.len(), 3 + 2 * 4 + 2, "{retiring:#?}");
+        // The reactive intercept is there, below it, and comes after it: the proactive
+        // rule it shares a priority with is never the old connections' only rule.
+        let at = |pred: &dyn Fn(&FlowMod) -> bool| {
+            msgs.iter()
+                .position(|m| matches!(m, Message::FlowMod(fm) if pred(fm)))
+        };
+        let intercept = at(&|fm| {
+            fm.command == ofp::FlowModCommand::Add
                 && fm.priority == rules::PRIO_INTERCEPT
-                && fm.cookie & cookie::KIND_MASK == cookie::RuleKind::Intercept.base())));
+                && fm.cookie & cookie::KIND_MASK == cookie::RuleKind::Intercept.base()
+        })
+        .expect("the reactive intercept");
+        let retiring_at = at(&|fm| fm == *vip_rule).expect("the retiring VIP rule");
+        assert!(retiring_at < intercept, "{msgs:#?}");
 
         let vip_rule = (*vip_rule).clone();
         let msgs = reload(&mut ctl, "mode = \"proactive\"\n", &mut out);
@@ -1330,7 +1346,8 @@ mod tests {
         };
         // The reply rule is still there: nothing goes.
         assert!(deletes_on_connect(held.clone()).is_empty());
-        // It ended unheard: the VIP's retiring rule goes, and no other.
+        // It ended unheard: the VIP's retiring rules go (its conntrack rule and its pass for
+        // the invalid), and no other.
         let without_reply: Vec<ofp::FlowStats> =
             held.iter().filter(|f| !is_reply(f)).cloned().collect();
         let dels = deletes_on_connect(without_reply.clone());
@@ -1347,7 +1364,10 @@ mod tests {
             .filter(|fm| deletes(&dels[0], fm))
             .map(|fm| (fm.table_id, fm.priority))
             .collect();
-        assert_eq!(taken, [(0, PRIO_RETIRING_VIP)]);
+        assert_eq!(
+            taken,
+            [(0, PRIO_RETIRING_VIP), (TABLE_CT, PRIO_RETIRING_INV)]
+        );
         assert!(deletes(&dels[0], &vip_rule));
     }
 
@@ -1452,10 +1472,11 @@ mod tests {
         );
 
         // Reactive now: the VIP retires above the intercept, with its reply rule (its
-        // virtual MAC from the reply rule's rewrite), both backends, and the catch-alls.
+        // virtual MAC from the reply rule's rewrite) and its pass for the invalid, both
+        // backends, and the catch-alls.
         let rules = retiring(&web("", &[2, 3]));
         let vip: Ipv4Addr = VIP.parse().expect("address");
-        assert_eq!(rules.len(), 2 + 2 * 4 + 2, "{rules:#?}");
+        assert_eq!(rules.len(), 3 + 2 * 4 + 2, "{rules:#?}");
         assert!(
             rules
                 .iter()

@@ -678,9 +678,21 @@ pub struct Download(std::process::Child);
 
 impl Download {
     pub fn start(client: &Host, url: &str) -> Download {
-        let args = ["curl", "-s", "-o", "/dev/null", "-m", "60", "-w"];
+        Self::start_with(client, url, &[])
+    }
+
+    /// A download that curl gives up once it has moved no byte for `secs` seconds (so
+    /// that it does not finish, and [`Download::finishes`] fails, if it stalls that long).
+    pub fn start_unstalled(client: &Host, url: &str, secs: u32) -> Download {
+        let secs = secs.to_string();
+        Self::start_with(client, url, &["--speed-limit", "1", "--speed-time", &secs])
+    }
+
+    fn start_with(client: &Host, url: &str, extra: &[&str]) -> Download {
+        let args = ["curl", "-s", "-o", "/dev/null", "-m", "60"];
+        let w = ["-w", "%{http_code} %{size_download}", url];
         let child = client
-            .command(&[&args[..], &["%{http_code} %{size_download}", url]].concat())
+            .command(&[&args[..], extra, &w[..]].concat())
             .stdout(Stdio::piped())
             .spawn()
             .expect("curl");

@@ -35,8 +35,7 @@ pub(crate) struct Report {
 }
 
 /// Deletes a VIP's retiring rules, in both tables, and no other: its packets' conntrack
-/// rule (at whichever priority it retired) and the partitioned mode's pass for the
-/// invalid (a non-strict delete takes every rule whose match holds this one's, §6.4,
+/// rule (at whichever priority it retired) and its pass for the invalid (a non-strict delete takes every rule whose match holds this one's, §6.4,
 /// and the cookie filter only retiring ones). Its reply rule (`ip_src`) is not taken: it
 /// is the one that ended, or a live one replaced it.
 pub(super) fn retiring_vip_delete(key: (Ipv4Addr, u16)) -> Message {
@@ -119,7 +118,7 @@ impl Controller {
 
     /// The retiring rules of a VIP that left the proactive mode: its conntrack rule a
     /// priority above what its service (if any) has now, its reply rule reporting its
-    /// end, and when it is partitioned now the pass for the invalid.
+    /// end, and the pass for the invalid.
     fn retire_vip(
         &mut self,
         (vip, port): (Ipv4Addr, u16),
@@ -131,16 +130,16 @@ impl Controller {
             s.cfg.vip == Some(vip) && s.cfg.port == port && s.cfg.mode == ServiceMode::Partitioned
         });
         let (idle, ends) = (idle.max(1), FlowModFlags::SEND_FLOW_REM);
-        if partitioned {
-            let at = PRIO_RETIRING_VIP_PARTITIONED;
-            vip_flows(RETIRING, idle, at, (vip, port), mac, ends, v);
-            let invalid = ct_state::INV | ct_state::TRK;
-            let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
-            let on = acts([nicira::resubmit_table(0)]);
-            v.push(added(RETIRING, idle, TABLE_CT, PRIO_RETIRING_INV, m, on));
+        let at = if partitioned {
+            PRIO_RETIRING_VIP_PARTITIONED
         } else {
-            vip_flows(RETIRING, idle, PRIO_RETIRING_VIP, (vip, port), mac, ends, v);
-        }
+            PRIO_RETIRING_VIP
+        };
+        vip_flows(RETIRING, idle, at, (vip, port), mac, ends, v);
+        let invalid = ct_state::INV | ct_state::TRK;
+        let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
+        let on = acts([nicira::resubmit_table(0)]);
+        v.push(added(RETIRING, idle, TABLE_CT, PRIO_RETIRING_INV, m, on));
         self.proactive.retired_vips.insert((vip, port));
     }
 
