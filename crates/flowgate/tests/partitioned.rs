@@ -137,11 +137,6 @@ fn partition_view(ctl: &Ctl) -> (u64, u64, Vec<u64>) {
     }
 }
 
-fn packet_ins(ctl: &Ctl) -> u64 {
-    let (_, body) = ctl.get("/metrics");
-    metric(&body, "flowgate_packet_in_total").unwrap_or(0.0) as u64
-}
-
 /// `flowgate httpd` named `name` on every address of the host, the VIP on its loopback
 /// included, with `extra` arguments.
 fn dsr_httpd(host: &Host, name: &str, extra: &[&str]) -> flowgate_testbed::ProcGuard {
@@ -317,7 +312,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
         1 << BITS,
         "the API counts every partition: {owned:?}"
     );
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let report = load(
         client,
         &url,
@@ -330,7 +325,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
             log.to_str().expect("utf-8 path"),
         ],
     );
-    let during = packet_ins(&ctl) - before;
+    let during = ctl.packet_ins() - before;
     assert_spread_off_controller("partitioned", &report, during, || {
         br.dump_flows().unwrap_or_default()
     });
@@ -417,7 +412,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
     );
     // ...where new connections meet their new owner, never the drained one.
     let log = ctl.dir.join("transition.log");
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let during_t = load(
         client,
         &url,
@@ -430,7 +425,7 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
             log.to_str().expect("utf-8 path"),
         ],
     );
-    let pis = packet_ins(&ctl) - before;
+    let pis = ctl.packet_ins() - before;
     let still = in_transition(&partitions(&br.dump_flows().unwrap_or_default()));
     assert_eq!(during_t["ok"], 60, "{during_t}");
     let sh = shares(&during_t);
@@ -487,9 +482,9 @@ fn ovs_partitioned_vip_serves_from_rules_and_moves_no_live_connection() {
     );
 
     // Off the controller again, and away from the drained backend.
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let after = load(client, &url, &["--requests", "120", "--concurrency", "4"]);
-    let pis = packet_ins(&ctl) - before;
+    let pis = ctl.packet_ins() - before;
     assert_eq!(after["ok"], 120, "{after}");
     let sh = shares(&after);
     eprintln!("after the transition: {sh:?}, {pis} PACKET_INs");

@@ -12,11 +12,6 @@ use support::*;
 const VIP: &str = "10.0.0.100";
 const TOKEN: &str = "proactive-token-0123456789";
 
-fn packet_ins(ctl: &Ctl) -> u64 {
-    let (_, body) = ctl.get("/metrics");
-    metric(&body, "flowgate_packet_in_total").unwrap_or(0.0) as u64
-}
-
 /// An HTTP server on each of `hosts`, named `b2`, `b3`, ... as their addresses end.
 fn servers(hosts: &[flowgate_testbed::Host]) -> Vec<flowgate_testbed::ProcGuard> {
     hosts
@@ -170,9 +165,9 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     let warm = load(client, &url, &["--requests", "3", "--concurrency", "1"]);
     assert_eq!(warm["ok"], 3, "{warm}");
 
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let report = load(client, &url, &["--requests", "300", "--concurrency", "4"]);
-    let during = packet_ins(&ctl) - before;
+    let during = ctl.packet_ins() - before;
     assert_spread_off_controller("proactive", &report, during, || {
         br.dump_flows().unwrap_or_default()
     });
@@ -273,7 +268,7 @@ fn ovs_proactive_vip_serves_and_rebalances() {
     eprintln!(
         "across the restart, from (rewrites, L2 rules) {full:?}: {w:?}; PACKET_INs at the new \
          controller: {}",
-        packet_ins(&ctl)
+        ctl.packet_ins()
     );
     assert!(
         w.dumps >= 20,
@@ -588,11 +583,11 @@ fn ovs_proactive_to_reactive_keeps_live_connections() {
     flowgate_testbed::Ovs::revalidated().expect("revalidator/wait");
 
     // New connections are the controller's now.
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let after = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
     assert_eq!(after["ok"], 20, "{after}");
     assert!(
-        packet_ins(&ctl) > before,
+        ctl.packet_ins() > before,
         "reactive: new connections come up\n{}\n{}",
         br.dump_flows().unwrap_or_default(),
         flowgate_testbed::ovs::appctl(&["dpctl/dump-flows"]).unwrap_or_default()
@@ -727,13 +722,13 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
     // New connections keep arriving and meeting the VIP's retiring rule; it goes all the
     // same, with its reply rule, once the download's answers have been idle for 2 s (by
     // its own idle timeout, it would never go).
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let end = Duration::from_secs(20);
     wait_under_load("the retiring rules' end", end, client, &url, br, |flows| {
         at(flows, 241) == 0 && table_1_idle(flows)
     });
     assert_eq!(
-        packet_ins(&ctl),
+        ctl.packet_ins(),
         before,
         "partitioned: no new connection comes up"
     );

@@ -13,11 +13,6 @@ use support::*;
 
 const VIP: &str = "10.0.0.100";
 
-fn packet_ins(ctl: &Ctl) -> u64 {
-    metric(&ctl.get("/metrics").1, "flowgate_packet_in_total").expect("flowgate_packet_in_total")
-        as u64
-}
-
 /// Mininet's tree,2,2: s1 at the root, s2 (h1, h2) and s3 (h3, h4) below it. Every pair
 /// of hosts pings, and a client on s2 reaches the VIP served by the backends on s3.
 #[test]
@@ -220,7 +215,7 @@ fn ovs_ring_does_not_loop() {
         &vip_config(VIP, "round-robin", &["10.0.0.3".parse().expect("ip")], ""),
     );
     let (_bridges, hosts, _links) = ring(p, &ctl, LinkKind::Patch);
-    let start_pi = packet_ins(&ctl);
+    let start_pi = ctl.packet_ins();
 
     // Warm-up: the first pings may need link discovery to finish.
     for (a, b) in [(0, 1), (1, 2), (2, 0)] {
@@ -234,7 +229,7 @@ fn ovs_ring_does_not_loop() {
             ctl.log()
         );
     }
-    let warm_pi = packet_ins(&ctl);
+    let warm_pi = ctl.packet_ins();
     assert!(
         warm_pi - start_pi < 2000,
         "{} PACKET_INs while the ring was discovered: a broadcast loop",
@@ -242,7 +237,7 @@ fn ovs_ring_does_not_loop() {
     );
 
     // Five seconds of pings, each after flushing the ARP cache: a broadcast ARP each time.
-    let before = packet_ins(&ctl);
+    let before = ctl.packet_ins();
     let deadline = Instant::now() + Duration::from_secs(5);
     let (mut ok, mut tries) = (0, 0);
     while Instant::now() < deadline {
@@ -259,9 +254,9 @@ fn ovs_ring_does_not_loop() {
         }
         std::thread::sleep(Duration::from_millis(100).saturating_sub(round.elapsed()));
     }
-    let during = packet_ins(&ctl) - before;
+    let during = ctl.packet_ins() - before;
     std::thread::sleep(Duration::from_secs(1));
-    let after = packet_ins(&ctl) - before;
+    let after = ctl.packet_ins() - before;
     eprintln!("{ok}/{tries} pings, {during} PACKET_INs in 5 s, {after} a second later");
     assert!(
         tries >= 6 && ok * 10 >= tries * 9,

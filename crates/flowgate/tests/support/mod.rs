@@ -185,6 +185,12 @@ impl Ctl {
         http_get(self.api, path)
     }
 
+    /// PACKET_INs the controller has handled (`flowgate_packet_in_total`).
+    pub fn packet_ins(&self) -> u64 {
+        let (_, body) = self.get("/metrics");
+        metric(&body, "flowgate_packet_in_total").expect("flowgate_packet_in_total") as u64
+    }
+
     pub fn get_json(&self, path: &str) -> serde_json::Value {
         let (status, body) = self.get(path);
         assert_eq!(status, 200, "GET {path}: {body}");
