@@ -19,7 +19,7 @@ use std::net::Ipv4Addr;
 use bytes::{Bytes, BytesMut};
 use flowgate_packet::{ETH_TYPE_IPV4, IP_PROTO_TCP, MacAddr};
 use ofp::oxm::{class, ofb};
-use ofp::{Action, Actions, FlowMod, FlowModFixed, FlowModFlags, Oxm, RawOxm};
+use ofp::{Action, Actions, FlowMod, FlowModFixed, FlowModFlags, Match, Oxm, RawOxm};
 
 use super::rules;
 use crate::cookie::{self, RuleKind};
@@ -59,6 +59,14 @@ impl Syn {
             Syn::Any => None,
             Syn::Not => Some([0, 0, m[0], m[1]]),
             Syn::Only => Some([m[0], m[1], m[0], m[1]]),
+        }
+    }
+
+    /// `m` with this requirement of the SYN bit (unchanged for [`Syn::Any`]).
+    pub(crate) fn on(self, m: Match) -> Match {
+        match self.oxm() {
+            Some(o) => m.with(o),
+            None => m,
         }
     }
 

@@ -171,7 +171,7 @@ impl Controller {
                         fm.hard_timeout = secs;
                         fm
                     }
-                    None => departing(idle, 0, prio, with_not_syn(m), Actions::new()),
+                    None => departing(idle, 0, prio, Syn::Not.on(m), Actions::new()),
                 };
                 rules0.push(((!via_controller).then_some(*mac), fm));
             }
@@ -188,7 +188,7 @@ impl Controller {
             }
             if now_mode == Some(ServiceMode::Proactive) {
                 let m = rules::tcp_match(None, Some(vip), None, Some(port));
-                let m = with_not_syn(m).with(nicira::ct_state_match(
+                let m = Syn::Not.on(m).with(nicira::ct_state_match(
                     ct_state::TRK,
                     ct_state::TRK | ct_state::EST,
                 ));
@@ -277,7 +277,7 @@ impl Controller {
             Some(key.client_port),
             Some(key.service_port),
         );
-        let mut fm = departing(idle, 0, rules::PRIO_CONN, with_not_syn(m), Actions::new());
+        let mut fm = departing(idle, 0, rules::PRIO_CONN, Syn::Not.on(m), Actions::new());
         fm.instructions
             .push(Instruction::ApplyActions(actions.clone()));
         out.push(at.dpid, Message::FlowMod(fm));
@@ -286,13 +286,6 @@ impl Controller {
             rules::packet_out(at.in_port, actions, at.data.clone()),
         );
         true
-    }
-}
-
-fn with_not_syn(m: Match) -> Match {
-    match Syn::Not.oxm() {
-        Some(o) => m.with(o),
-        None => m,
     }
 }
 

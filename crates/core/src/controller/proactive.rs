@@ -17,6 +17,7 @@
 //! | 1 | 25 | per backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+new+trk-dnat` | `ct(commit, zone=Z, table=0)` |
 //! | 1 | 20 | per located backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+trk` | `eth_dst:=MAC(B), resubmit(,0)` |
 //! | 1 | 20 | `tcp, ip_src=V, tcp_src=P, ct_state=+trk` (a reply, un-NATed) | `eth_src:=virtual MAC, resubmit(,0)` |
+//! | 1 | 6 | per backend B: `tcp, ip_src=B, tcp_src=P, ct_state=+inv+trk, tcp_flags=+syn` (a reactive service's deferred handshake) | `resubmit(,0)` |
 //! | 1 | 5 | `ct_state=+inv+trk` | drop |
 //! | 1 | 1 | `ct_state=+trk` | `resubmit(,0)` |
 //!
@@ -110,6 +111,7 @@ use ofp::{
     Instruction, Match, Message, Oxm,
 };
 
+use super::conn_rule::Syn;
 use super::nicira::{self, ct_state};
 use super::{Controller, Outbox, rules};
 use crate::balance::SelectRequest;
@@ -159,9 +161,9 @@ const PRIO_RETIRING_VIP: u16 = rules::PRIO_GAP + 1;
 /// VIP's service is partitioned now: below them, the old connections' packets went to a
 /// partition's owner with the VIP as their destination, which answered with a reset.
 const PRIO_RETIRING_VIP_PARTITIONED: u16 = super::partition::PRIO_MOVING + 1;
-/// A retiring VIP's segments that conntrack calls invalid go on (table 1), above the drop
-/// of the invalid.
-const PRIO_RETIRING_INV: u16 = PRIO_INV + 1;
+/// What conntrack calls invalid and must go on all the same (table 1), above the drop of
+/// the invalid: a retiring VIP's segments, a backend's SYN-ACKs that conntrack never saw.
+const PRIO_INV_PASS: u16 = PRIO_INV + 1;
 const PRIO_NEW: u16 = 30;
 const PRIO_DIRECT: u16 = 25;
 const PRIO_EST: u16 = 20;
@@ -395,6 +397,24 @@ fn backend_flows(
                 ct_state::NEW | ct_state::TRK | ct_state::DNAT,
             )),
         acts([nicira::ct(nicira::CT_COMMIT, CT_ZONE, Some(0), &[])]),
+    );
+    // A SYN-ACK from it that conntrack calls invalid is one of a connection conntrack never
+    // saw begin: a reactive service's on the same backend and port, whose SYN the
+    // controller sent on straight to the backend's port while its rules wait for the
+    // client's ACK (`controller::handshake`). It goes on to table 0, tracked, where the
+    // reactive service's reply catch takes it up to be rewritten; dropped with the
+    // invalid, that handshake never completed. A proactive connection's SYN-ACK is
+    // conntrack's own (the SYN made the entry), never invalid for this reason.
+    push(
+        TABLE_CT,
+        PRIO_INV_PASS,
+        Syn::Only.on(ip_src(tcp(), addr)
+            .with(Oxm::TcpSrc(port))
+            .with(nicira::ct_state_match(
+                ct_state::INV | ct_state::TRK,
+                ct_state::INV | ct_state::TRK,
+            ))),
+        acts([nicira::resubmit_table(0)]),
     );
     let Some(mac) = mac else { return };
     push(
@@ -1088,7 +1108,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(retiring.len(), 4, "its four rules: {retiring:?}");
+        assert_eq!(retiring.len(), 5, "its five rules: {retiring:?}");
         for (_, fm) in &retiring {
             assert_eq!(fm.command, ofp::FlowModCommand::Add);
             assert_eq!(fm.idle_timeout, idle);
@@ -1116,7 +1136,7 @@ mod tests {
                 .count()
         };
         assert_eq!(normal(&msgs, gone), 0);
-        assert_eq!(normal(&msgs, "10.0.0.2".parse().expect("address")), 4);
+        assert_eq!(normal(&msgs, "10.0.0.2".parse().expect("address")), 5);
         // The next resync retires nothing more.
         ctl.handle_tick(t + Duration::from_millis(10), &mut out);
         let later: Vec<Message> = out.drain().map(|(_, m)| m).collect();
@@ -1139,7 +1159,7 @@ mod tests {
         }
         ctl.handle_tick(t + Duration::from_millis(20), &mut out);
         let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
-        assert_eq!(normal(&msgs, gone), 4);
+        assert_eq!(normal(&msgs, gone), 5);
     }
 
     /// A service that leaves the proactive mode (here by a reload to the reactive mode)
@@ -1177,9 +1197,9 @@ mod tests {
         assert!(vip_rule.priority > rules::PRIO_GAP && rules::PRIO_GAP > rules::PRIO_INTERCEPT);
         assert!(vip_rule.priority < rules::PRIO_CONN);
         assert_eq!(vip_rule.idle_timeout, ctl.services[0].cfg.idle_timeout_secs);
-        // Its reply rule and its pass for the invalid, each backend's four (both are
+        // Its reply rule and its pass for the invalid, each backend's five (both are
         // located), and table 1's two catch-alls (no proactive service is left).
-        assert_eq!(retiring.len(), 3 + 2 * 4 + 2, "{retiring:#?}");
+        assert_eq!(retiring.len(), 3 + 2 * 5 + 2, "{retiring:#?}");
         // The reactive intercept is there, below it, and comes after it: the proactive
         // rule it shares a priority with is never the old connections' only rule.
         let at = |pred: &dyn Fn(&FlowMod) -> bool| {
@@ -1256,14 +1276,14 @@ mod tests {
         assert!(vip_rule[0].0 > partition.max(super::super::partition::PRIO_MOVING));
         assert_eq!(
             of_vip(TABLE_CT, true),
-            [(PRIO_RETIRING_INV, FlowModFlags::empty())],
+            [(PRIO_INV_PASS, FlowModFlags::empty())],
             "the invalid to the VIP go on, above their drop"
         );
         assert_eq!(
             of_vip(TABLE_CT, false),
             [(PRIO_EST, FlowModFlags::SEND_FLOW_REM)]
         );
-        assert_eq!(retiring.len(), 3 + 2 * 4 + 2, "VIP, backends, catch-alls");
+        assert_eq!(retiring.len(), 3 + 2 * 5 + 2, "VIP, backends, catch-alls");
         let catch_alls: Vec<u16> = retiring
             .iter()
             .filter(|f| f.table_id == TABLE_CT && [PRIO_INV, PRIO_TRK].contains(&f.priority))
@@ -1296,7 +1316,7 @@ mod tests {
             .filter(|f| deletes(del, f))
             .map(|f| (f.table_id, f.priority))
             .collect();
-        assert_eq!(taken, [(0, vip_rule[0].0), (TABLE_CT, PRIO_RETIRING_INV)]);
+        assert_eq!(taken, [(0, vip_rule[0].0), (TABLE_CT, PRIO_INV_PASS)]);
 
         // Any other rule's end (here a table-0 one) deletes nothing.
         let other = ofp::FlowRemoved {
@@ -1364,10 +1384,7 @@ mod tests {
             .filter(|fm| deletes(&dels[0], fm))
             .map(|fm| (fm.table_id, fm.priority))
             .collect();
-        assert_eq!(
-            taken,
-            [(0, PRIO_RETIRING_VIP), (TABLE_CT, PRIO_RETIRING_INV)]
-        );
+        assert_eq!(taken, [(0, PRIO_RETIRING_VIP), (TABLE_CT, PRIO_INV_PASS)]);
         assert!(deletes(&dels[0], &vip_rule));
     }
 
@@ -1447,11 +1464,11 @@ mod tests {
         let proactive = "mode = \"proactive\"\n";
         assert!(retiring(&web(proactive, &[2, 3])).is_empty(), "the same");
 
-        // 10.0.0.3 left: its four rules retire (its MAC from table 1's rewrite), with the
+        // 10.0.0.3 left: its five rules retire (its MAC from table 1's rewrite), with the
         // idle timeout of the service.
         let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
         let rules = retiring(&web(proactive, &[2]));
-        assert_eq!(rules.len(), 4, "{rules:#?}");
+        assert_eq!(rules.len(), 5, "{rules:#?}");
         let names = |fm: &FlowMod, a: Ipv4Addr| {
             fm.match_.iter().any(|o| {
                 matches!(o, Oxm::Ipv4Src { value, .. } | Oxm::Ipv4Dst { value, .. } if *value == a)
@@ -1476,7 +1493,7 @@ mod tests {
         // backends, and the catch-alls.
         let rules = retiring(&web("", &[2, 3]));
         let vip: Ipv4Addr = VIP.parse().expect("address");
-        assert_eq!(rules.len(), 3 + 2 * 4 + 2, "{rules:#?}");
+        assert_eq!(rules.len(), 3 + 2 * 5 + 2, "{rules:#?}");
         assert!(
             rules
                 .iter()

@@ -10,7 +10,7 @@ use flowgate_packet::MacAddr;
 use ofp::{Action, FlowMod, FlowModFlags, Instruction, Message, Oxm};
 
 use super::{
-    COOKIE_KIND, COOKIE_RETIRE, PRIO_EST, PRIO_RETIRING_INV, PRIO_RETIRING_VIP,
+    COOKIE_KIND, COOKIE_RETIRE, PRIO_EST, PRIO_INV_PASS, PRIO_RETIRING_VIP,
     PRIO_RETIRING_VIP_PARTITIONED, TABLE_CT, acts, added, backend_flows, catch_alls, ct_state,
     nicira, to_vip, vip_flows,
 };
@@ -139,7 +139,7 @@ impl Controller {
         let invalid = ct_state::INV | ct_state::TRK;
         let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
         let on = acts([nicira::resubmit_table(0)]);
-        v.push(added(RETIRING, idle, TABLE_CT, PRIO_RETIRING_INV, m, on));
+        v.push(added(RETIRING, idle, TABLE_CT, PRIO_INV_PASS, m, on));
         self.proactive.retired_vips.insert((vip, port));
     }
 
