@@ -413,6 +413,50 @@ print(n)\n"
     )
 }
 
+/// Two raw SYN senders from `attacker` to `vip` for `secs` seconds each.
+fn syn_flood(attacker: &flowgate_testbed::Host, vip: &str, secs: f64) -> Vec<std::process::Child> {
+    let script = syn_flood_script(attacker.ip(), vip, secs);
+    (0..2)
+        .map(|_| {
+            attacker
+                .command(&["python3", "-c", &script])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("flood sender")
+        })
+        .collect()
+}
+
+/// Waits for a flood's senders: the SYNs they sent.
+fn flood_sent(senders: Vec<std::process::Child>) -> u64 {
+    senders
+        .into_iter()
+        .map(|s| {
+            let out = s.wait_with_output().expect("sender");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// `flowgate load --json` on `host`, in the background ([`load_report`] waits for it).
+fn spawn_load(host: &flowgate_testbed::Host, url: &str, args: &[&str]) -> std::process::Child {
+    let mut argv = vec![FLOWGATE, "load", "--url", url, "--json"];
+    argv.extend_from_slice(args);
+    host.command(&argv)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("load client")
+}
+
+/// What a [`spawn_load`] reported once it ended.
+fn load_report(c: std::process::Child) -> serde_json::Value {
+    let out = c.wait_with_output().expect("load client");
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
 /// One of ovs-vswitchd's coverage counters (`ovs-appctl coverage/read-counter`).
 fn ovs_coverage(counter: &str) -> Option<u64> {
     flowgate_testbed::ovs::appctl(&["coverage/read-counter", counter])
@@ -479,16 +523,9 @@ fn ovs_overload_packet_in_flood() {
         assert_eq!(r["ok"], 2, "{r}");
     }
 
-    let spawn_load = |url: &str, args: &[&str]| {
-        let mut argv = vec![FLOWGATE, "load", "--url", url, "--json"];
-        argv.extend_from_slice(args);
-        user.command(&argv)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("load client")
-    };
     // An established keep-alive connection to the flooded service, through the flood.
     let keepalive = spawn_load(
+        user,
         &format!("http://{VIP}/"),
         &[
             "--concurrency",
@@ -505,6 +542,7 @@ fn ovs_overload_packet_in_flood() {
     );
     // New connections to the other service, 5 a second (open loop), through the flood.
     let fresh = spawn_load(
+        user,
         &format!("http://{VIP2}/"),
         &[
             "--rate",
@@ -520,16 +558,7 @@ fn ovs_overload_packet_in_flood() {
     std::thread::sleep(Duration::from_millis(500));
 
     // Two raw SYN senders, 7.5 s each: the flood lasts the whole sampling window.
-    let script = syn_flood_script(attacker.ip(), VIP, 7.5);
-    let senders: Vec<_> = (0..2)
-        .map(|_| {
-            attacker
-                .command(&["python3", "-c", &script])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .expect("flood sender")
-        })
-        .collect();
+    let senders = syn_flood(attacker, VIP, 7.5);
     let overflow_before = ovs_coverage("rconn_overflow");
     let t0 = Instant::now();
     let mut samples = Vec::new();
@@ -574,19 +603,8 @@ fn ovs_overload_packet_in_flood() {
             }
         }
     }
-    let mut sent = 0u64;
-    for s in senders {
-        let out = s.wait_with_output().expect("sender");
-        sent += String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse::<u64>()
-            .unwrap_or(0);
-    }
-    let report = |c: std::process::Child| -> serde_json::Value {
-        let out = c.wait_with_output().expect("load client");
-        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-    };
-    let (ka, fr) = (report(keepalive), report(fresh));
+    let sent = flood_sent(senders);
+    let (ka, fr) = (load_report(keepalive), load_report(fresh));
     let (_, m) = ctl.get("/metrics");
     let max_rate = metric(&m, "flowgate_controller_packet_in_max_rate").unwrap_or(0.0);
     let ov = ctl.get_json("/api/v1/overload");
@@ -782,31 +800,24 @@ fn ovs_deferred_handshakes_reach_a_backend_that_a_proactive_service_shares() {
     }
 
     // Real clients of the flooded service, 10 a second, through the flood.
-    let url = format!("http://{VIP}/");
-    let mut argv = vec![FLOWGATE, "load", "--url", &url, "--json"];
-    argv.extend_from_slice(&["--rate", "10", "--requests", "60", "--timeout-ms", "3000"]);
-    argv.extend_from_slice(&["--duration-secs", "10"]);
-    let users = user
-        .command(&argv)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("load client");
+    let users = spawn_load(
+        user,
+        &format!("http://{VIP}/"),
+        &[
+            "--rate",
+            "10",
+            "--requests",
+            "60",
+            "--timeout-ms",
+            "3000",
+            "--duration-secs",
+            "10",
+        ],
+    );
     std::thread::sleep(Duration::from_millis(500));
-    let script = syn_flood_script(attacker.ip(), VIP, 6.0);
-    let senders: Vec<_> = (0..2)
-        .map(|_| {
-            attacker
-                .command(&["python3", "-c", &script])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .expect("flood sender")
-        })
-        .collect();
-    for s in senders {
-        s.wait_with_output().expect("sender");
-    }
-    let out = users.wait_with_output().expect("load client");
-    let served: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let syns = flood_sent(syn_flood(attacker, VIP, 6.0));
+    assert!(syns > 10_000, "the flood was sent: {syns}");
+    let served = load_report(users);
     let (_, m) = ctl.get("/metrics");
     let handshakes = |what: &str| {
         let name = format!("flowgate_service_handshakes_{what}_total");
