@@ -29,6 +29,8 @@ use crate::cookie::{self, RuleKind};
 const NXM_NX_TCP_FLAGS: u8 = 34;
 /// The SYN bit of `tcp_flags`.
 const TCP_FLAG_SYN: u16 = 0x002;
+/// The ACK bit of `tcp_flags`.
+const TCP_FLAG_ACK: u16 = 0x010;
 
 /// What a rule asks of the SYN bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,9 @@ pub(crate) enum Syn {
     /// forward rule, and there they would follow the partition's wildcard rule rather than
     /// the intercept (see `vip::Controller::emit_rules`).
     Only,
+    /// `tcp_flags=+syn+ack`: the segment is a SYN-ACK. Table 1's pass of a SYN-ACK that
+    /// conntrack calls invalid (`proactive`), never on a connection rule.
+    AndAck,
 }
 
 impl Syn {
@@ -59,6 +64,10 @@ impl Syn {
             Syn::Any => None,
             Syn::Not => Some([0, 0, m[0], m[1]]),
             Syn::Only => Some([m[0], m[1], m[0], m[1]]),
+            Syn::AndAck => {
+                let b = (TCP_FLAG_SYN | TCP_FLAG_ACK).to_be_bytes();
+                Some([b[0], b[1], b[0], b[1]])
+            }
         }
     }
 
@@ -80,10 +89,15 @@ impl Syn {
             Some(v) => v,
             None => [0; 4],
         };
+        const SYN_ACK: [u8; 4] = match Syn::AndAck.value_mask() {
+            Some(v) => v,
+            None => [0; 4],
+        };
         let payload: &'static [u8] = match self {
             Syn::Any => return None,
             Syn::Not => &NOT,
             Syn::Only => &ONLY,
+            Syn::AndAck => &SYN_ACK,
         };
         Some(Oxm::Raw(RawOxm {
             class: class::NXM_1,
@@ -576,7 +590,7 @@ mod tests {
     #[test]
     fn encodes_as_its_general_flow_mod() {
         let mut n = 0;
-        for syn in [Syn::Any, Syn::Not, Syn::Only] {
+        for syn in [Syn::Any, Syn::Not, Syn::Only, Syn::AndAck] {
             for sets in 0u8..16 {
                 for fin in [None, Some(rules::fin_timeout_body(5))] {
                     for out in [Out::Port(7), Out::Controller] {
@@ -609,7 +623,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(n, 3 * 16 * 2 * 2);
+        assert_eq!(n, 4 * 16 * 2 * 2);
     }
 
     /// An encoding outbox sends a connection rule as the bytes of its FLOW_MOD, and keeps

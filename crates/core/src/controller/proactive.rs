@@ -17,7 +17,7 @@
 //! | 1 | 25 | per backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+new+trk-dnat` | `ct(commit, zone=Z, table=0)` |
 //! | 1 | 20 | per located backend B: `tcp, ip_dst=B, tcp_dst=P, ct_state=+trk` | `eth_dst:=MAC(B), resubmit(,0)` |
 //! | 1 | 20 | `tcp, ip_src=V, tcp_src=P, ct_state=+trk` (a reply, un-NATed) | `eth_src:=virtual MAC, resubmit(,0)` |
-//! | 1 | 6 | per backend B: `tcp, ip_src=B, tcp_src=P, ct_state=+inv+trk, tcp_flags=+syn` (a reactive service's deferred handshake) | `resubmit(,0)` |
+//! | 1 | 6 | `tcp, ct_state=+inv+trk, tcp_flags=+syn+ack` (a reactive service's deferred handshake, on a shared backend) | `resubmit(,0)` |
 //! | 1 | 5 | `ct_state=+inv+trk` | drop |
 //! | 1 | 1 | `ct_state=+trk` | `resubmit(,0)` |
 //!
@@ -162,7 +162,7 @@ const PRIO_RETIRING_VIP: u16 = rules::PRIO_GAP + 1;
 /// partition's owner with the VIP as their destination, which answered with a reset.
 const PRIO_RETIRING_VIP_PARTITIONED: u16 = super::partition::PRIO_MOVING + 1;
 /// What conntrack calls invalid and must go on all the same (table 1), above the drop of
-/// the invalid: a retiring VIP's segments, a backend's SYN-ACKs that conntrack never saw.
+/// the invalid: a retiring VIP's segments, SYN-ACKs that conntrack never saw begin.
 const PRIO_INV_PASS: u16 = PRIO_INV + 1;
 const PRIO_NEW: u16 = 30;
 const PRIO_DIRECT: u16 = 25;
@@ -282,11 +282,28 @@ fn to_ct() -> Actions {
     acts([nicira::ct(0, CT_ZONE, Some(TABLE_CT), &nicira::nat(None))])
 }
 
-/// Table 1's catch-alls, shared by every service: the invalid dropped, the rest of what
-/// conntrack saw back to table 0.
+/// Table 1's catch-alls, shared by every service: the invalid dropped (but a SYN-ACK), the
+/// rest of what conntrack saw back to table 0.
 fn catch_alls(cookie: u64, v: &mut Vec<Message>) {
     let invalid =
         nicira::ct_state_match(ct_state::INV | ct_state::TRK, ct_state::INV | ct_state::TRK);
+    // A SYN-ACK that conntrack calls invalid is one of a connection it never saw begin: a
+    // reactive service's on a backend that a proactive one shares (same address and
+    // port), whose SYN the controller sent straight to the backend's port while its rules
+    // wait for the client's ACK (`controller::handshake`). It goes on to table 0, tracked,
+    // where the reactive service's reply catch takes it up to be rewritten; dropped with
+    // the invalid, that handshake never completed. A proactive connection's SYN-ACK is
+    // conntrack's own (the SYN made the entry), never invalid for this reason. One rule
+    // for every backend, kept as long as the others here: per backend, it retired by its
+    // own idle timer, unused, while the backend's other retiring rules lived on.
+    v.push(added(
+        cookie,
+        0,
+        TABLE_CT,
+        PRIO_INV_PASS,
+        Syn::AndAck.on(tcp().with(invalid.clone())),
+        acts([nicira::resubmit_table(0)]),
+    ));
     v.push(added(
         cookie,
         0,
@@ -397,24 +414,6 @@ fn backend_flows(
                 ct_state::NEW | ct_state::TRK | ct_state::DNAT,
             )),
         acts([nicira::ct(nicira::CT_COMMIT, CT_ZONE, Some(0), &[])]),
-    );
-    // A SYN-ACK from it that conntrack calls invalid is one of a connection conntrack never
-    // saw begin: a reactive service's on the same backend and port, whose SYN the
-    // controller sent on straight to the backend's port while its rules wait for the
-    // client's ACK (`controller::handshake`). It goes on to table 0, tracked, where the
-    // reactive service's reply catch takes it up to be rewritten; dropped with the
-    // invalid, that handshake never completed. A proactive connection's SYN-ACK is
-    // conntrack's own (the SYN made the entry), never invalid for this reason.
-    push(
-        TABLE_CT,
-        PRIO_INV_PASS,
-        Syn::Only.on(ip_src(tcp(), addr)
-            .with(Oxm::TcpSrc(port))
-            .with(nicira::ct_state_match(
-                ct_state::INV | ct_state::TRK,
-                ct_state::INV | ct_state::TRK,
-            ))),
-        acts([nicira::resubmit_table(0)]),
     );
     let Some(mac) = mac else { return };
     push(
@@ -1108,7 +1107,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(retiring.len(), 5, "its five rules: {retiring:?}");
+        assert_eq!(retiring.len(), 4, "its four rules: {retiring:?}");
         for (_, fm) in &retiring {
             assert_eq!(fm.command, ofp::FlowModCommand::Add);
             assert_eq!(fm.idle_timeout, idle);
@@ -1136,7 +1135,7 @@ mod tests {
                 .count()
         };
         assert_eq!(normal(&msgs, gone), 0);
-        assert_eq!(normal(&msgs, "10.0.0.2".parse().expect("address")), 5);
+        assert_eq!(normal(&msgs, "10.0.0.2".parse().expect("address")), 4);
         // The next resync retires nothing more.
         ctl.handle_tick(t + Duration::from_millis(10), &mut out);
         let later: Vec<Message> = out.drain().map(|(_, m)| m).collect();
@@ -1159,7 +1158,7 @@ mod tests {
         }
         ctl.handle_tick(t + Duration::from_millis(20), &mut out);
         let msgs: Vec<Message> = out.drain().map(|(_, m)| m).collect();
-        assert_eq!(normal(&msgs, gone), 5);
+        assert_eq!(normal(&msgs, gone), 4);
     }
 
     /// A service that leaves the proactive mode (here by a reload to the reactive mode)
@@ -1197,9 +1196,9 @@ mod tests {
         assert!(vip_rule.priority > rules::PRIO_GAP && rules::PRIO_GAP > rules::PRIO_INTERCEPT);
         assert!(vip_rule.priority < rules::PRIO_CONN);
         assert_eq!(vip_rule.idle_timeout, ctl.services[0].cfg.idle_timeout_secs);
-        // Its reply rule and its pass for the invalid, each backend's five (both are
-        // located), and table 1's two catch-alls (no proactive service is left).
-        assert_eq!(retiring.len(), 3 + 2 * 5 + 2, "{retiring:#?}");
+        // Its reply rule and its pass for the invalid, each backend's four (both are
+        // located), and table 1's three catch-alls (no proactive service is left).
+        assert_eq!(retiring.len(), 3 + 2 * 4 + 3, "{retiring:#?}");
         // The reactive intercept is there, below it, and comes after it: the proactive
         // rule it shares a priority with is never the old connections' only rule.
         let at = |pred: &dyn Fn(&FlowMod) -> bool| {
@@ -1283,13 +1282,19 @@ mod tests {
             of_vip(TABLE_CT, false),
             [(PRIO_EST, FlowModFlags::SEND_FLOW_REM)]
         );
-        assert_eq!(retiring.len(), 3 + 2 * 5 + 2, "VIP, backends, catch-alls");
+        assert_eq!(retiring.len(), 3 + 2 * 4 + 3, "VIP, backends, catch-alls");
         let catch_alls: Vec<u16> = retiring
             .iter()
-            .filter(|f| f.table_id == TABLE_CT && [PRIO_INV, PRIO_TRK].contains(&f.priority))
+            .filter(|f| {
+                f.table_id == TABLE_CT
+                    && !f
+                        .match_
+                        .iter()
+                        .any(|o| matches!(o, Oxm::Ipv4Src { .. } | Oxm::Ipv4Dst { .. }))
+            })
             .map(|f| f.idle_timeout)
             .collect();
-        assert_eq!(catch_alls, [0, 0], "table 1's catch-alls stay");
+        assert_eq!(catch_alls, [0, 0, 0], "table 1's catch-alls stay");
 
         // The reply rule ends: the switch that reported it is told to delete the VIP's
         // retiring rules, and the delete takes those and no other.
@@ -1464,11 +1469,11 @@ mod tests {
         let proactive = "mode = \"proactive\"\n";
         assert!(retiring(&web(proactive, &[2, 3])).is_empty(), "the same");
 
-        // 10.0.0.3 left: its five rules retire (its MAC from table 1's rewrite), with the
+        // 10.0.0.3 left: its four rules retire (its MAC from table 1's rewrite), with the
         // idle timeout of the service.
         let gone: Ipv4Addr = "10.0.0.3".parse().expect("address");
         let rules = retiring(&web(proactive, &[2]));
-        assert_eq!(rules.len(), 5, "{rules:#?}");
+        assert_eq!(rules.len(), 4, "{rules:#?}");
         let names = |fm: &FlowMod, a: Ipv4Addr| {
             fm.match_.iter().any(|o| {
                 matches!(o, Oxm::Ipv4Src { value, .. } | Oxm::Ipv4Dst { value, .. } if *value == a)
@@ -1493,7 +1498,7 @@ mod tests {
         // backends, and the catch-alls.
         let rules = retiring(&web("", &[2, 3]));
         let vip: Ipv4Addr = VIP.parse().expect("address");
-        assert_eq!(rules.len(), 3 + 2 * 5 + 2, "{rules:#?}");
+        assert_eq!(rules.len(), 3 + 2 * 4 + 3, "{rules:#?}");
         assert!(
             rules
                 .iter()

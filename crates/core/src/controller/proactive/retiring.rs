@@ -35,9 +35,10 @@ pub(crate) struct Report {
 }
 
 /// Deletes a VIP's retiring rules, in both tables, and no other: its packets' conntrack
-/// rule (at whichever priority it retired) and its pass for the invalid (a non-strict delete takes every rule whose match holds this one's, §6.4,
-/// and the cookie filter only retiring ones). Its reply rule (`ip_src`) is not taken: it
-/// is the one that ended, or a live one replaced it.
+/// rule (at whichever priority it retired) and its pass for the invalid (a non-strict
+/// delete takes every rule whose match holds this one's, §6.4, and the cookie filter only
+/// retiring ones). Its reply rule (`ip_src`) is not taken: it is the one that ended, or a
+/// live one replaced it.
 pub(super) fn retiring_vip_delete(key: (Ipv4Addr, u16)) -> Message {
     let mut del = FlowMod::delete(to_vip(key));
     del.cookie = COOKIE_KIND | COOKIE_RETIRE;
