@@ -47,6 +47,7 @@ impl Ctl {
         let dir = std::env::temp_dir().join(format!("flowgate-it-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        failure::record();
         let mut ctl = Ctl {
             child: None,
             openflow: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
@@ -244,9 +245,65 @@ impl Drop for Ctl {
             eprintln!(
                 "--- controller log ({}) ---\n{}",
                 self.dir.display(),
-                self.log()
+                abridged(&self.log(), 150, 300)
             );
+            // Repeated after the log: CI keeps only the tail of a failed test's output.
+            if let Some(failure) = failure::message() {
+                eprintln!("--- the test failed: {failure} ---");
+            }
         }
+    }
+}
+
+/// `text` with only its first `head` and last `tail` lines where it has more: a flood's
+/// debug log runs to hundreds of thousands of lines.
+fn abridged(text: &str, head: usize, tail: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() <= head + tail {
+        return text.to_string();
+    }
+    format!(
+        "{}\n[... {} lines left out ...]\n{}",
+        lines[..head].join("\n"),
+        lines.len() - head - tail,
+        lines[lines.len() - tail..].join("\n")
+    )
+}
+
+/// The message of this thread's panic, for a harness that prints it again at the end.
+mod failure {
+    use std::cell::RefCell;
+    use std::sync::Once;
+
+    thread_local! {
+        static LAST: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    /// Record panics from now on (the default hook still prints them where they happen).
+    pub fn record() {
+        static HOOK: Once = Once::new();
+        HOOK.call_once(|| {
+            let default = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let at = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                let msg = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                LAST.with(|l| *l.borrow_mut() = Some(format!("{msg}{at}")));
+                default(info);
+            }));
+        });
+    }
+
+    /// The message of the panic this thread is unwinding from, if recorded.
+    pub fn message() -> Option<String> {
+        LAST.with(|l| l.borrow().clone())
     }
 }
 
