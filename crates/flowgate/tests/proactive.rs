@@ -741,7 +741,8 @@ fn ovs_proactive_to_partitioned_keeps_live_connections() {
 /// is heard by none) goes when the switch connects to one again: the controller asks the
 /// switch for its retiring rules and deletes a VIP rule that has lost its reply rule.
 /// New connections kept it alive meanwhile (their SYNs pass it); left, it would send every
-/// new connection's SYN through conntrack for good.
+/// new connection's SYN through conntrack for good. Its pass for the invalid in table 1,
+/// which has no timeout of its own, goes with it.
 #[test]
 fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let Some(p) = setup("ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect") else {
@@ -754,14 +755,16 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let reactive = cfg.replace("mode = \"proactive\"\n", "");
     ctl.reload_with(&reactive);
     let retiring_vip = |flows: &str| rules_at(flows, 251, VIP) > 0;
-    let reply_rule = |flows: &str| {
+    let in_table_1 = |flows: &str, side: &str| {
         flows
             .lines()
-            .any(|l| l.contains(" table=1,") && l.contains(&format!("nw_src={VIP},")))
+            .any(|l| l.contains(" table=1,") && l.contains(&format!("{side}={VIP},")))
     };
+    let reply_rule = |flows: &str| in_table_1(flows, "nw_src");
+    let pass = |flows: &str| in_table_1(flows, "nw_dst");
     wait_until("the retiring rules", Duration::from_secs(5), || {
         let flows = br.dump_flows().unwrap_or_default();
-        retiring_vip(&flows) && reply_rule(&flows)
+        retiring_vip(&flows) && reply_rule(&flows) && pass(&flows)
     });
 
     // No controller: new connections' SYNs keep the VIP's rule alive (and get no answer),
@@ -771,9 +774,14 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
         let _ = client.exec(&["curl", "-s", "-o", "/dev/null", "-m", "0.3", &url]);
         !reply_rule(&br.dump_flows().unwrap_or_default())
     });
+    let flows = br.dump_flows().unwrap_or_default();
     assert!(
-        retiring_vip(&br.dump_flows().unwrap_or_default()),
+        retiring_vip(&flows),
         "new connections kept the VIP's retiring rule"
+    );
+    assert!(
+        pass(&flows),
+        "the VIP's pass for the invalid lives as long: {flows}"
     );
 
     ctl.respawn(&reactive);
@@ -784,7 +792,7 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
         client,
         &url,
         br,
-        |flows| !retiring_vip(flows),
+        |flows| !retiring_vip(flows) && !pass(flows),
     );
     ctl.assert_no_openflow_errors();
 }

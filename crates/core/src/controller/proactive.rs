@@ -69,13 +69,14 @@
 //! with `nf_conntrack_tcp_loose`), invalid where it does not, so table 1 sends on, rather
 //! than drops, the invalid to the VIP (a known connection's invalid segment is still NATed
 //! to its backend, does not match the VIP, and is dropped as before). Every new connection
-//! meets the retiring VIP rule, which would so live for ever; its life is its reply
-//! rule's instead. Only the old connections' answers pass that one, which reports its end
+//! meets the retiring VIP rule, which would so live for ever, and the pass for the invalid
+//! sees hardly a packet where conntrack picks connections up, so would end too soon: the
+//! life of both is their reply rule's instead. Only the old connections' answers pass that one, which reports its end
 //! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
 //! that switch (`proactive_rule_ended`).
 //!
 //! **A switch that connects** is asked for its proactive rules (`retiring`): a retiring
-//! VIP rule whose reply rule ended unheard, while no controller was connected, goes; and
+//! VIP's rules whose reply rule ended unheard, while no controller was connected, go; and
 //! a backend or a VIP that the rules of a generation serve and no proactive service has
 //! now (removed while no controller was connected, or this one started with another
 //! configuration) retires then, as if it had left now. The generation's delete at the
@@ -1278,6 +1279,16 @@ mod tests {
             [(PRIO_INV_PASS, FlowModFlags::empty())],
             "the invalid to the VIP go on, above their drop"
         );
+        let pass_idle: Vec<u16> = retiring
+            .iter()
+            .filter(|f| f.table_id == TABLE_CT && names(f, true))
+            .map(|f| f.idle_timeout)
+            .collect();
+        assert_eq!(
+            pass_idle,
+            [0],
+            "the pass ends with the reply rule, not by itself"
+        );
         assert_eq!(
             of_vip(TABLE_CT, false),
             [(PRIO_EST, FlowModFlags::SEND_FLOW_REM)]
@@ -1391,6 +1402,17 @@ mod tests {
             .collect();
         assert_eq!(taken, [(0, PRIO_RETIRING_VIP), (TABLE_CT, PRIO_INV_PASS)]);
         assert!(deletes(&dels[0], &vip_rule));
+        // Only the pass is left (the VIP rule idled out too): it has no timeout, so it
+        // goes the same way.
+        let pass_only: Vec<ofp::FlowStats> = without_reply
+            .iter()
+            .filter(|f| f.table_id == TABLE_CT && f.priority == PRIO_INV_PASS)
+            .filter(|f| f.match_.iter().any(|o| matches!(o, Oxm::Ipv4Dst { .. })))
+            .cloned()
+            .collect();
+        assert_eq!(pass_only.len(), 1);
+        let vip_delete = dels[0].clone();
+        assert_eq!(deletes_on_connect(pass_only), [vip_delete]);
     }
 
     /// A rule as a switch's flow stats give it.

@@ -26,12 +26,23 @@ const RETIRING: u64 = COOKIE_KIND | COOKIE_RETIRE | 0xffff;
 /// What a connecting switch reports of its proactive rules, while its report comes in.
 #[derive(Debug, Default)]
 pub(crate) struct Report {
-    /// Retiring VIP rules: whether the VIP's table-0 rule and its reply rule were seen.
-    retiring_vips: BTreeMap<(Ipv4Addr, u16), (bool, bool)>,
+    /// Retiring VIP rules, by which of them were seen.
+    retiring_vips: BTreeMap<(Ipv4Addr, u16), RetiringVip>,
     /// The backends a generation's rules serve, with their MAC where table 1 names it.
     backends: BTreeMap<(Ipv4Addr, u16), Option<MacAddr>>,
     /// The VIPs a generation's rules serve, with their virtual MAC (the reply rule's).
     vips: BTreeMap<(Ipv4Addr, u16), MacAddr>,
+}
+
+/// Which of a retiring VIP's rules a connecting switch reports.
+#[derive(Debug, Default, Clone, Copy)]
+struct RetiringVip {
+    /// Its conntrack rule in table 0.
+    vip_rule: bool,
+    /// Its reply rule, the one that reports its end.
+    reply: bool,
+    /// Its pass for the invalid in table 1.
+    pass: bool,
 }
 
 /// Deletes a VIP's retiring rules, in both tables, and no other: its packets' conntrack
@@ -119,7 +130,11 @@ impl Controller {
 
     /// The retiring rules of a VIP that left the proactive mode: its conntrack rule a
     /// priority above what its service (if any) has now, its reply rule reporting its
-    /// end, and the pass for the invalid.
+    /// end, and the pass for the invalid. The pass has no timeout of its own: the reply
+    /// rule's end takes it with the rest (`proactive_rule_ended`). Where conntrack picks
+    /// up connections mid-stream (Open vSwitch's own) hardly a packet uses it, so by its
+    /// own idle timer it ended while the VIP's other rules lived on, and after that, on a
+    /// strict conntrack, a deferred reactive handshake's ACK to the VIP was dropped.
     fn retire_vip(
         &mut self,
         (vip, port): (Ipv4Addr, u16),
@@ -140,7 +155,7 @@ impl Controller {
         let invalid = ct_state::INV | ct_state::TRK;
         let m = to_vip((vip, port)).with(nicira::ct_state_match(invalid, invalid));
         let on = acts([nicira::resubmit_table(0)]);
-        v.push(added(RETIRING, idle, TABLE_CT, PRIO_INV_PASS, m, on));
+        v.push(added(RETIRING, 0, TABLE_CT, PRIO_INV_PASS, m, on));
         self.proactive.retired_vips.insert((vip, port));
     }
 
@@ -203,9 +218,12 @@ impl Controller {
                 [PRIO_RETIRING_VIP, PRIO_RETIRING_VIP_PARTITIONED].contains(&fs.priority);
             match (fs.table_id, from, to) {
                 (0, None, Some(key)) if vip_rule => {
-                    r.retiring_vips.entry(key).or_default().0 = true
+                    r.retiring_vips.entry(key).or_default().vip_rule = true
                 }
-                (TABLE_CT, Some(key), None) => r.retiring_vips.entry(key).or_default().1 = true,
+                (TABLE_CT, Some(key), None) => r.retiring_vips.entry(key).or_default().reply = true,
+                (TABLE_CT, None, Some(key)) if fs.priority == PRIO_INV_PASS => {
+                    r.retiring_vips.entry(key).or_default().pass = true
+                }
                 _ => {}
             }
             return;
@@ -232,10 +250,11 @@ impl Controller {
     /// The last part of a flow-stats reply from `dpid`; once it is the report of its
     /// proactive rules:
     ///
-    /// - a retiring VIP rule without its reply rule goes. The reply rule's end
+    /// - a retiring VIP's rules without its reply rule go. The reply rule's end
     ///   (`proactive_rule_ended`) reached no controller: the switch was not connected to
     ///   one then. Left, the VIP rule would send every new connection through conntrack
-    ///   until the VIP is proactive again.
+    ///   until the VIP is proactive again, and the pass for the invalid (which has no
+    ///   timeout) would stay for good.
     /// - a backend or a VIP that a generation's rules serve and no proactive service has
     ///   now (it left while no controller was connected, or this one started with another
     ///   configuration) retires, as if it had left now: the generation's delete at the end
@@ -247,7 +266,7 @@ impl Controller {
         for (key, _) in r
             .retiring_vips
             .iter()
-            .filter(|&(_, &(vip, reply))| vip && !reply)
+            .filter(|&(_, r)| (r.vip_rule || r.pass) && !r.reply)
         {
             out.push(dpid, retiring_vip_delete(*key));
         }
