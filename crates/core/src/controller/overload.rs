@@ -32,9 +32,11 @@ pub(crate) struct ServiceGap {
     off_rules_out: bool,
     /// Per switch: offered demand, share of the admitted rate, and its own gate.
     pub(crate) per_switch: BTreeMap<Dpid, SwitchDemand>,
-    /// The service's new-flow demand on the controller, its max-min fair share of the
-    /// controller's admitted rate, and the gate that enforces it.
+    /// The service's new-flow demand on the controller, the max-min fair level of the
+    /// controller's admitted rate (see `overload_tick`), and the gate that enforces it.
     ctl: SwitchDemand,
+    /// New flows the controller's gate dropped (`ctl`).
+    ctl_refused_total: u64,
 }
 
 impl ServiceGap {
@@ -43,6 +45,7 @@ impl ServiceGap {
             name: name.to_string(),
             slot,
             ctl: SwitchDemand::default(),
+            ctl_refused_total: 0,
             cfg: cfg.clone(),
             law: GapController::new(cfg.law()),
             gate: Gate::default(),
@@ -367,8 +370,8 @@ impl Controller {
         }
     }
 
-    /// Whether the controller is gapping service `si`'s new flows (its share of the
-    /// controller's admitted rate is limited).
+    /// Whether the controller is gapping service `si`'s new flows (it asks more of the
+    /// controller's admitted rate than the fair level).
     pub(crate) fn overload_controller_gapping(&self, si: usize) -> bool {
         let constrained = |c: &SwitchDemand| c.share.is_some_and(|share| share < ctl_demand(c));
         let services = &self.overload.services;
@@ -415,26 +418,30 @@ impl Controller {
     ) -> bool {
         self.overload.last_refusal_by_controller = false;
         // The controller's own gate first: while the controller gaps itself, each service
-        // gets its max-min fair share of the controller's admitted rate, and a new flow
-        // beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the controller
+        // is held to the max-min fair level of the controller's admitted rate, and a new
+        // flow beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the controller
         // and its channel to the switch are what is overloaded).
-        if let Some(c) = self.overload.services.get_mut(si).map(|g| &mut g.ctl) {
+        let interval = self.overload.controller.cfg.interval;
+        if let Some(g) = self.overload.services.get_mut(si) {
+            let c = &mut g.ctl;
             c.arrival();
-            if let Some(share) = c.share {
-                let gap = Duration::from_secs_f64(1.0 / share.max(1e-3));
-                // A batch's worth of tokens (`batch_depth`): the runtime hands the core a
-                // batch of PACKET_INs at one timestamp, and a bucket of two tokens then
-                // admits ~2 per batch, far under the law's rate (7–10k/s of a 40–100k/s
-                // rate, measured). The whole rate used to slow OVS under a flood, each
-                // admitted SYN leaving two rules in its flow table (the PACKET_IN rate OVS
-                // delivered sank to a quarter in `ovs_overload_packet_in_flood`); while
-                // the controller gaps, a connection's rules now wait for its client's ACK
+            if let Some(level) = c.share {
+                let gap = Duration::from_secs_f64(1.0 / level.max(1e-3));
+                // A control interval's worth of tokens: the level holds over an interval,
+                // not between two SYNs. A flooded service empties any bucket, so its depth
+                // only matters to a quiet one, whose SYNs may arrive together: held up on
+                // their way, or in one batch of PACKET_INs, which the runtime hands the
+                // core at one timestamp (a bucket of two tokens admitted ~2 per batch, 7–10k/s
+                // of a 40–100k/s rate, measured). The whole rate used to slow OVS under a
+                // flood, each admitted SYN leaving two rules in its flow table (the
+                // PACKET_IN rate OVS delivered sank to a quarter in
+                // `ovs_overload_packet_in_flood`); while the controller gaps, a
+                // connection's rules now wait for its client's ACK
                 // (`controller::handshake`), so a flood's SYNs leave none.
-                if !c.gate.admit_with_depth(
-                    now,
-                    Some(gap),
-                    batch_depth(crate::overload::config::DEFAULT_GATE_BURST, Some(gap)),
-                ) {
+                let window = interval.max(GATE_BATCH_WINDOW).as_secs_f64();
+                let depth = crate::overload::config::DEFAULT_GATE_BURST.max(level * window);
+                if !c.gate.admit_with_depth(now, Some(gap), depth) {
+                    g.ctl_refused_total += 1;
                     self.overload.last_refusal_by_controller = true;
                     self.overload.shed_total += 1;
                     self.overload.controller.law.refused_total += 1;
@@ -561,7 +568,15 @@ impl Controller {
                     .map(|s| &mut s.demand),
             );
             // The controller's admitted rate among the services, max-min fair by their
-            // new-flow demand.
+            // new-flow demand, enforced by a gate per service at the fair level: the share
+            // of the services held below what they ask. A service that asks less is not
+            // held to what it asked: gated at its own share (its measured demand), a
+            // quiet service's SYNs that came in together (held up on their way, as by a
+            // switch short of CPU) emptied its bucket of two, the rest were dropped, and
+            // their clients waited out a SYN retransmission (1 s): seen on OVS in
+            // `ovs_overload_packet_in_flood`, 2 of 45 connections, with the host's two
+            // cores busy elsewhere. The level still bounds a service whose demand jumps
+            // until the next interval measures it.
             for g in &mut self.overload.services {
                 g.ctl.measure(dt);
             }
@@ -578,8 +593,9 @@ impl Controller {
                         .iter()
                         .map(|g| ctl_demand(&g.ctl))
                         .collect();
-                    for (g, share) in self.overload.services.iter_mut().zip(max_min_fair(r, &d)) {
-                        g.ctl.share = Some(share);
+                    let level = max_min_fair(r, &d).into_iter().fold(0.0, f64::max);
+                    for g in &mut self.overload.services {
+                        g.ctl.share = Some(level);
                     }
                 }
             }
@@ -692,6 +708,7 @@ impl Controller {
             .map(|(&d, s)| self.share_view(d, Some(id), &s.demand_view()))
             .collect();
         v.handshakes = self.services.get(service).map(|s| s.handshakes);
+        v.controller_refused_total = Some(g.ctl_refused_total);
         Some(v)
     }
 
@@ -802,7 +819,6 @@ impl Controller {
     }
 }
 
-/// A service's load ρ: the largest of its configured ratios (1.0 = at target).
 /// The runtime hands the core a switch's PACKET_INs in batches (everything one read
 /// brought, up to 256) that share one timestamp, so a gate sees a batch's arrivals at one
 /// instant and refills only between batches. A bucket of `burst` tokens would then admit
@@ -811,13 +827,6 @@ impl Controller {
 /// A service gate's bucket therefore also holds [`GATE_BATCH_WINDOW`] of admissions, so
 /// a batch gets what its interval earned; at the gaps of seconds to tens of milliseconds
 /// that service pools see, `burst` still decides.
-/// What a service asks of the controller's admitted rate: twice its measured demand (plus
-/// one), since a quiet service's arrivals are not periodic and its share must take their
-/// bursts.
-fn ctl_demand(c: &SwitchDemand) -> f64 {
-    2.0 * c.rate + 1.0
-}
-
 pub(crate) fn batch_depth(burst: f64, gap: Option<Duration>) -> f64 {
     match gap {
         Some(g) if !g.is_zero() => burst.max(GATE_BATCH_WINDOW.as_secs_f64() / g.as_secs_f64()),
@@ -828,6 +837,14 @@ pub(crate) fn batch_depth(burst: f64, gap: Option<Duration>) -> f64 {
 /// How much time of admissions a gate's bucket holds at least (see [`batch_depth`]).
 const GATE_BATCH_WINDOW: Duration = Duration::from_millis(10);
 
+/// What a service asks of the controller's admitted rate: twice its measured demand (plus
+/// one), since a quiet service's arrivals are not periodic: one that asks this much or
+/// less of the fair level is not gapped (`overload_controller_gapping`).
+fn ctl_demand(c: &SwitchDemand) -> f64 {
+    2.0 * c.rate + 1.0
+}
+
+/// A service's load ρ: the largest of its configured ratios (1.0 = at target).
 pub(crate) fn service_load(s: &ServiceState, cfg: &OverloadConfig, admitted_rate: f64) -> f64 {
     let mut load: f64 = 0.0;
     if let Some(cap) = cfg.capacity_rps {

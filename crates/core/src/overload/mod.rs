@@ -63,8 +63,9 @@
 //!   are offered demand the gate never saw, added to λ and to the switch's demand.
 //! - The controller's own channel: a meter on the table-miss rule, and a cap on every
 //!   intercept meter, at the switch's share of the controller's admitted PACKET_IN rate;
-//!   and at the controller, a gate per service at its max-min fair share of that rate
-//!   ([`max_min_fair`]), which drops new flows beyond it without answering (no FLOW_MOD,
+//!   and at the controller, a gate per service at the max-min fair level of that rate
+//!   ([`max_min_fair`]: the share of the services held below their demand, so a service
+//!   that asks less is not held at all), which drops new flows beyond it without answering (no FLOW_MOD,
 //!   no PACKET_OUT: measured on OVS, a flooded switch stops reading what the controller
 //!   sends, so each admitted flood SYN would queue more for it).
 
@@ -422,6 +423,7 @@ impl GapController {
             offered_total: self.offered_total,
             admitted_total: self.admitted_total,
             refused_total: self.refused_total,
+            controller_refused_total: None,
             meter_dropped_total: self.meter_dropped_total,
             switches: Vec::new(),
             handshakes: None,
@@ -452,6 +454,11 @@ pub struct GapView {
     pub admitted_total: u64,
     /// New flows refused by the gap (RST from the controller, or dropped by a gap rule).
     pub refused_total: u64,
+    /// A service's new flows that the controller's own gate dropped while it gapped
+    /// itself (beyond the service's max-min fair share of the controller's admitted
+    /// rate); counted in neither `offered_total` nor `refused_total`. `null` for the
+    /// controller, whose `refused_total` counts them all.
+    pub controller_refused_total: Option<u64>,
     /// New flows (PACKET_INs) the switches' meters dropped, from METER_STATS; counted in
     /// `offered_total` and `offered_rate`, not in `refused_total`.
     pub meter_dropped_total: u64,

@@ -450,6 +450,19 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
     }
     family(
         o,
+        "flowgate_service_controller_refused_total",
+        "counter",
+        "New connections of the service that the controller's own gate dropped (beyond its max-min fair share of the controller's admitted rate).",
+    );
+    for (name, v) in &views {
+        let _ = writeln!(
+            o,
+            "flowgate_service_controller_refused_total{{service=\"{name}\"}} {}",
+            v.controller_refused_total.unwrap_or(0)
+        );
+    }
+    family(
+        o,
         "flowgate_service_overload_meter_dropped_total",
         "counter",
         "New connections the switches' meters dropped for the service (METER_STATS band counts).",

@@ -203,7 +203,7 @@ fn schemas() -> Value {
                 "cpu": num_or_null,
                 "metrics_fresh": { "type": "boolean" },
                 "group_weight": { "type": ["integer", "null"], "description": "Proactive mode: the backend's bucket weight in the service's select group." },
-                "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total, meter_dropped_total (METER_STATS band drops), switches (per switch: dpid, offered_rate, admitted_rate_limit share, meter_rate, meter_dropped_total), handshakes (connections admitted while the controller gapped the service, their rules deferred to the client's ACK: clients_complete, deferred, completed, abandoned) (mode \"off\" when the service has no overload control)." }
+                "gap": { "description": "The pool's overload (gap) control state: mode, gapping, admitted_rate_limit, gap_ms, level, load, offered/admitted rates and totals, refused_total, controller_refused_total (new connections the controller's own gate dropped while it gapped itself, beyond the service's max-min fair share of its admitted rate), meter_dropped_total (METER_STATS band drops), switches (per switch: dpid, offered_rate, admitted_rate_limit share, meter_rate, meter_dropped_total), handshakes (connections admitted while the controller gapped the service, their rules deferred to the client's ACK: clients_complete, deferred, completed, abandoned) (mode \"off\" when the service has no overload control)." }
             }
         },
         "BackendList": { "type": "array", "items": schema_ref("Backend") },
