@@ -51,6 +51,13 @@ type GapGauge = (
     fn(&flowgate_core::overload::GapView) -> Option<f64>,
 );
 
+/// A gap-state counter, the same way.
+type GapCounter = (
+    &'static str,
+    &'static str,
+    fn(&flowgate_core::overload::GapView) -> u64,
+);
+
 pub(crate) fn render(handle: &Handle) -> String {
     let flow_counts = handle
         .flow_counts
@@ -435,44 +442,28 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
             }
         }
     }
-    family(
-        o,
-        "flowgate_service_overload_refused_total",
-        "counter",
-        "New connections refused by the gap (RST from the controller, or dropped).",
-    );
-    for (name, v) in &views {
-        let _ = writeln!(
-            o,
-            "flowgate_service_overload_refused_total{{service=\"{name}\"}} {}",
-            v.refused_total
-        );
-    }
-    family(
-        o,
-        "flowgate_service_controller_refused_total",
-        "counter",
-        "New connections of the service that the controller's own gate dropped (beyond its max-min fair share of the controller's admitted rate).",
-    );
-    for (name, v) in &views {
-        let _ = writeln!(
-            o,
-            "flowgate_service_controller_refused_total{{service=\"{name}\"}} {}",
-            v.controller_refused_total.unwrap_or(0)
-        );
-    }
-    family(
-        o,
-        "flowgate_service_overload_meter_dropped_total",
-        "counter",
-        "New connections the switches' meters dropped for the service (METER_STATS band counts).",
-    );
-    for (name, v) in &views {
-        let _ = writeln!(
-            o,
-            "flowgate_service_overload_meter_dropped_total{{service=\"{name}\"}} {}",
-            v.meter_dropped_total
-        );
+    let counters: [GapCounter; 3] = [
+        (
+            "flowgate_service_overload_refused_total",
+            "New connections refused by the gap (RST from the controller, or dropped).",
+            |v| v.refused_total,
+        ),
+        (
+            "flowgate_service_controller_refused_total",
+            "New connections of the service that the controller's own gate dropped while it gapped itself (beyond the max-min fair level of its admitted rate).",
+            |v| v.controller_refused_total.unwrap_or(0),
+        ),
+        (
+            "flowgate_service_overload_meter_dropped_total",
+            "New connections the switches' meters dropped for the service (METER_STATS band counts).",
+            |v| v.meter_dropped_total,
+        ),
+    ];
+    for (metric, help, f) in counters {
+        family(o, metric, "counter", help);
+        for (name, v) in &views {
+            let _ = writeln!(o, "{metric}{{service=\"{name}\"}} {}", f(v));
+        }
     }
     let cv = c.controller_gap_view();
     for (metric, kind, help, x) in [
