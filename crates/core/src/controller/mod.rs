@@ -745,6 +745,12 @@ impl Controller {
         }
         self.adopt_reported_hosts(now, out);
         for d in ended {
+            // Logged: the deletes that follow change the switch's tables under live
+            // traffic, and a stall right after a failover is then placed in time.
+            tracing::info!(
+                dpid = format_args!("{d:016x}"),
+                "reconnect grace over: rules not re-added are deleted"
+            );
             self.l2_settle(d, out);
             self.proactive_settle(d, out);
             self.partition_settle(d, out);
