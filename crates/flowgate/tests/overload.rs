@@ -558,8 +558,8 @@ fn ovs_overload_packet_in_flood() {
     std::thread::sleep(Duration::from_millis(500));
 
     // Two raw SYN senders, 8 s each: the flood lasts the whole sampling window, which
-    // starts once the controller sees it (on a busy host the senders take a while to
-    // start: 2 s, seen with the two cores busy elsewhere).
+    // starts once the controller sees it (on a busy host the flood's first PACKET_INs came
+    // 3.8–4.2 s after the senders started, with the two cores busy elsewhere).
     let packet_ins = || metric(&ctl.get("/metrics").1, "flowgate_packet_in_total").unwrap_or(0.0);
     let before = packet_ins();
     let senders = syn_flood(attacker, VIP, 8.0);

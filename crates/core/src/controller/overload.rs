@@ -419,8 +419,8 @@ impl Controller {
         self.overload.last_refusal_by_controller = false;
         // The controller's own gate first: while the controller gaps itself, each service
         // is held to the max-min fair level of the controller's admitted rate, and a new
-        // flow beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the controller
-        // and its channel to the switch are what is overloaded).
+        // flow beyond it is dropped without a word (no FLOW_MOD, no PACKET_OUT: the
+        // controller and its channel to the switch are what is overloaded).
         let interval = self.overload.controller.cfg.interval;
         if let Some(g) = self.overload.services.get_mut(si) {
             let c = &mut g.ctl;
@@ -431,13 +431,13 @@ impl Controller {
                 // not between two SYNs. A flooded service empties any bucket, so its depth
                 // only matters to a quiet one, whose SYNs may arrive together: held up on
                 // their way, or in one batch of PACKET_INs, which the runtime hands the
-                // core at one timestamp (a bucket of two tokens admitted ~2 per batch, 7–10k/s
-                // of a 40–100k/s rate, measured). The whole rate used to slow OVS under a
-                // flood, each admitted SYN leaving two rules in its flow table (the
+                // core at one timestamp (a bucket of two tokens admitted ~2 per batch,
+                // 7–10k/s of a 40–100k/s rate, measured). The whole rate used to slow OVS
+                // under a flood, each admitted SYN leaving two rules in its flow table (the
                 // PACKET_IN rate OVS delivered sank to a quarter in
-                // `ovs_overload_packet_in_flood`); while the controller gaps, a
-                // connection's rules now wait for its client's ACK
-                // (`controller::handshake`), so a flood's SYNs leave none.
+                // `ovs_overload_packet_in_flood`); while the controller gaps, a connection's
+                // rules now wait for its client's ACK (`controller::handshake`), so a
+                // flood's SYNs leave none.
                 let window = interval.max(GATE_BATCH_WINDOW).as_secs_f64();
                 let depth = crate::overload::config::DEFAULT_GATE_BURST.max(level * window);
                 if !c.gate.admit_with_depth(now, Some(gap), depth) {

@@ -71,9 +71,9 @@
 //! to its backend, does not match the VIP, and is dropped as before). Every new connection
 //! meets the retiring VIP rule, which would so live for ever, and the pass for the invalid
 //! sees hardly a packet where conntrack picks connections up, so would end too soon: the
-//! life of both is their reply rule's instead. Only the old connections' answers pass that one, which reports its end
-//! (`OFPFF_SEND_FLOW_REM`), and the controller then deletes the VIP's retiring rules on
-//! that switch (`proactive_rule_ended`).
+//! life of both is their reply rule's instead. Only the old connections' answers pass
+//! that one, which reports its end (`OFPFF_SEND_FLOW_REM`), and the controller then
+//! deletes the VIP's retiring rules on that switch (`proactive_rule_ended`).
 //!
 //! **A switch that connects** is asked for its proactive rules (`retiring`): a retiring
 //! VIP's rules whose reply rule ended unheard, while no controller was connected, go; and

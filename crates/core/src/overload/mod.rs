@@ -65,9 +65,10 @@
 //!   intercept meter, at the switch's share of the controller's admitted PACKET_IN rate;
 //!   and at the controller, a gate per service at the max-min fair level of that rate
 //!   ([`max_min_fair`]: the share of the services held below their demand, so a service
-//!   that asks less is not held at all), which drops new flows beyond it without answering (no FLOW_MOD,
-//!   no PACKET_OUT: measured on OVS, a flooded switch stops reading what the controller
-//!   sends, so each admitted flood SYN would queue more for it).
+//!   that asks less is not held at all), which drops new flows beyond it without
+//!   answering (no FLOW_MOD, no PACKET_OUT: measured on OVS, a flooded switch stops
+//!   reading what the controller sends, so each admitted flood SYN would queue more for
+//!   it).
 
 pub mod config;
 #[cfg(test)]
@@ -455,9 +456,9 @@ pub struct GapView {
     /// New flows refused by the gap (RST from the controller, or dropped by a gap rule).
     pub refused_total: u64,
     /// A service's new flows that the controller's own gate dropped while it gapped
-    /// itself (beyond the service's max-min fair share of the controller's admitted
-    /// rate); counted in neither `offered_total` nor `refused_total`. `null` for the
-    /// controller, whose `refused_total` counts them all.
+    /// itself (beyond the max-min fair level of the controller's admitted rate); counted
+    /// in neither `offered_total` nor `refused_total`. `null` for the controller, whose
+    /// `refused_total` counts them all.
     pub controller_refused_total: Option<u64>,
     /// New flows (PACKET_INs) the switches' meters dropped, from METER_STATS; counted in
     /// `offered_total` and `offered_rate`, not in `refused_total`.
