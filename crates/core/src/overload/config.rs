@@ -47,6 +47,12 @@ pub const DEFAULT_TARGET_DELAY_MS: u64 = 5;
 /// (up to 13 of a quiet service's 45 new connections timed out); with 256 KiB it passed 9
 /// of 9 (`docs/benchmarks.md`, stop 16).
 pub const DEFAULT_TARGET_OUTFLOW_BYTES: u64 = 256 << 10;
+/// The control channel's round trip beyond which it counts as overloaded: what a new
+/// flow's setup waits for, the switch's queues included. In `ovs_overload_packet_in_flood`
+/// its standing value was 0.1–13 ms between bursts, and 150–500 ms in the flood's first
+/// seconds, while the outflow stayed within its target (33 KB) and a quiet service's SYNs
+/// waited up to 290 ms for their answers (p95 of its connections 1.4 s in CI).
+pub const DEFAULT_TARGET_RTT_MS: u64 = 50;
 /// The controller's control interval (its PACKET_IN rate is measured in bulk).
 pub const DEFAULT_CONTROLLER_INTERVAL_MS: u64 = 100;
 /// The controller never meters itself below 100 PACKET_INs per second (OVS's own floor
@@ -247,6 +253,8 @@ pub struct ControllerOverloadConfig {
     pub target_delay: Duration,
     /// Target for the bytes queued for a switch (the control channel's backlog).
     pub target_outflow_bytes: u64,
+    /// Target for the control channel's standing round trip (ECHO).
+    pub target_rtt: Duration,
     pub high_watermark: f64,
     pub low_watermark: f64,
     pub decrease_factor: f64,
@@ -264,6 +272,7 @@ impl Default for ControllerOverloadConfig {
             target_utilization: DEFAULT_TARGET_UTILIZATION,
             target_delay: Duration::from_millis(DEFAULT_TARGET_DELAY_MS),
             target_outflow_bytes: DEFAULT_TARGET_OUTFLOW_BYTES,
+            target_rtt: Duration::from_millis(DEFAULT_TARGET_RTT_MS),
             high_watermark: DEFAULT_HIGH_WATERMARK,
             low_watermark: DEFAULT_LOW_WATERMARK,
             decrease_factor: DEFAULT_DECREASE_FACTOR,
@@ -323,6 +332,7 @@ impl ControllerOverloadConfig {
         if let Some(v) = o.int_in("target_outflow_bytes", 1024, 1 << 32, errs) {
             c.target_outflow_bytes = v as u64;
         }
+        c.target_rtt = o.millis("target_rtt_ms", DEFAULT_TARGET_RTT_MS, 1, 10_000, errs);
         read_watermarks(
             &mut o,
             &mut c.high_watermark,

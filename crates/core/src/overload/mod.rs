@@ -9,8 +9,9 @@
 //!   response time against `target_response_ms` (the largest of the configured ratios);
 //! - **the controller itself** ([`ControllerGap`]), whose load is the busy fraction of its
 //!   PACKET_IN path against `target_utilization`, the standing PACKET_IN queue against
-//!   `target_delay_ms` and the bytes queued for a switch against `target_outflow_bytes`,
-//!   as measured by the runtime ([`WorkSample`]). The busy fraction counts only the work
+//!   `target_delay_ms`, the bytes queued for a switch against `target_outflow_bytes` and
+//!   the control channel's standing round trip (ECHO) against `target_rtt_ms`, as
+//!   measured by the runtime ([`WorkSample`]). The busy fraction counts only the work
 //!   the gap controls, the flows the controller admitted: refusing a flood's excess costs
 //!   time too, but gapping harder cannot reduce it (only the switches' meters can), and a
 //!   law fed it would gap a controller that is merely busy refusing (or merely busy).
@@ -793,8 +794,41 @@ pub struct WorkSample {
     /// How long the oldest of those bytes has waited for the switch to take them: the
     /// control channel's queueing delay, whatever the switch's reading speed.
     pub outflow_delay: Duration,
+    /// The control channel's round trip (zero: not measured): an ECHO_REQUEST's wait for
+    /// its reply, the latest one's or, while one is unanswered, at least its age so far.
+    /// It crosses every queue a new flow's setup crosses, the switch's own included (its
+    /// socket buffers, the messages it has read but not yet processed, the PACKET_INs it
+    /// has not yet sent), which the outflow cannot see once the kernel has taken the bytes.
+    pub channel_rtt: Duration,
     /// The switch (datapath id) the batch came from.
     pub switch: u64,
+}
+
+/// Per switch, the least of a window's readings of one delay: the standing part (a burst
+/// drained within the window is not overload). The largest switch's is the channel's: one
+/// switch that cannot keep up is enough.
+#[derive(Debug, Clone, Default)]
+struct StandingPerSwitch(Vec<(u64, Duration)>);
+
+impl StandingPerSwitch {
+    fn record(&mut self, switch: u64, d: Duration) {
+        match self.0.iter_mut().find(|(sw, _)| *sw == switch) {
+            Some((_, m)) => *m = (*m).min(d),
+            None => self.0.push((switch, d)),
+        }
+    }
+
+    /// The window's figure, and a fresh window.
+    fn take(&mut self) -> Duration {
+        let d = self
+            .0
+            .iter()
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or(Duration::ZERO);
+        self.0.clear();
+        d
+    }
 }
 
 /// The controller's own gap: its PACKET_IN path's load, measured by the runtime, drives
@@ -811,10 +845,10 @@ pub struct ControllerGap {
     standing_min: Option<Duration>,
     backlog_max: u64,
     outflow_max: u64,
-    /// Per switch, the least outflow delay of the window's samples: the standing queue
-    /// toward it (a burst the switch drains within the window is not overload). The
-    /// largest of them is the channel's delay: one switch that cannot keep up is enough.
-    outflow_delay_min: Vec<(u64, Duration)>,
+    /// The standing outflow delay toward each switch.
+    outflow_delay_min: StandingPerSwitch,
+    /// The standing round trip of each switch's channel.
+    channel_rtt_min: StandingPerSwitch,
     handled_since: u64,
     busy_since: Duration,
     /// Last window's figures, for operators.
@@ -824,6 +858,7 @@ pub struct ControllerGap {
     pub backlog: u64,
     pub outflow: u64,
     pub outflow_delay: Duration,
+    pub channel_rtt: Duration,
     pub decision_latency_us: f64,
     /// The highest PACKET_IN rate handled in a window where the controller was saturated.
     pub max_handled_rate: f64,
@@ -842,7 +877,8 @@ impl ControllerGap {
             standing_min: None,
             backlog_max: 0,
             outflow_max: 0,
-            outflow_delay_min: Vec::new(),
+            outflow_delay_min: StandingPerSwitch::default(),
+            channel_rtt_min: StandingPerSwitch::default(),
             handled_since: 0,
             busy_since: Duration::ZERO,
             utilization: 0.0,
@@ -851,6 +887,7 @@ impl ControllerGap {
             backlog: 0,
             outflow: 0,
             outflow_delay: Duration::ZERO,
+            channel_rtt: Duration::ZERO,
             decision_latency_us: 0.0,
             max_handled_rate: 0.0,
             handled_rate: 0.0,
@@ -876,14 +913,8 @@ impl ControllerGap {
         }
         self.backlog_max = self.backlog_max.max(s.backlog);
         self.outflow_max = self.outflow_max.max(s.outflow);
-        match self
-            .outflow_delay_min
-            .iter_mut()
-            .find(|(sw, _)| *sw == s.switch)
-        {
-            Some((_, d)) => *d = (*d).min(s.outflow_delay),
-            None => self.outflow_delay_min.push((s.switch, s.outflow_delay)),
-        }
+        self.outflow_delay_min.record(s.switch, s.outflow_delay);
+        self.channel_rtt_min.record(s.switch, s.channel_rtt);
         self.law
             .record_bulk(s.packet_ins + s.budget_dropped, s.packet_ins);
     }
@@ -910,12 +941,8 @@ impl ControllerGap {
         self.standing_delay = self.standing_min.unwrap_or(Duration::ZERO);
         self.backlog = self.backlog_max;
         self.outflow = self.outflow_max;
-        self.outflow_delay = self
-            .outflow_delay_min
-            .iter()
-            .map(|(_, d)| *d)
-            .max()
-            .unwrap_or(Duration::ZERO);
+        self.outflow_delay = self.outflow_delay_min.take();
+        self.channel_rtt = self.channel_rtt_min.take();
         self.handled_rate = self.handled_since as f64 / secs;
         if self.handled_since > 0 {
             self.decision_latency_us =
@@ -929,7 +956,8 @@ impl ControllerGap {
         // drains within the window is not overload (CoDel's reasoning).
         let channel = (self.standing_delay.as_secs_f64() / target_delay)
             .max(self.outflow as f64 / self.cfg.target_outflow_bytes.max(1) as f64)
-            .max(self.outflow_delay.as_secs_f64() / target_delay);
+            .max(self.outflow_delay.as_secs_f64() / target_delay)
+            .max(self.channel_rtt.as_secs_f64() / self.cfg.target_rtt.as_secs_f64().max(1e-6));
         let load = cpu.max(channel);
         if load >= 1.0 {
             // The maximum of the smoothed rate (memory `settle`), not of one window: a
@@ -945,7 +973,6 @@ impl ControllerGap {
         self.standing_min = None;
         self.backlog_max = 0;
         self.outflow_max = 0;
-        self.outflow_delay_min.clear();
         // When the CPU is what overloads, the PACKET_INs it handled in this window are
         // what the load scales with: the first cut starts from them (from the smoothed
         // rate, which lags a step from idle, `flowgate sim` cut a controller of 5,000/s
@@ -967,6 +994,7 @@ impl ControllerGap {
             backlog_bytes: self.backlog,
             outflow_bytes: self.outflow,
             outflow_delay_ms: self.outflow_delay.as_secs_f64() * 1000.0,
+            channel_rtt_ms: self.channel_rtt.as_secs_f64() * 1000.0,
             decision_latency_us: self.decision_latency_us,
             handled_rate: self.handled_rate,
             max_handled_rate: self.max_handled_rate,
@@ -993,6 +1021,10 @@ pub struct ControllerGapView {
     /// The standing delay of that queue over the last window: how long the oldest unread
     /// bytes had waited, at the least (compared with `target_delay_ms`).
     pub outflow_delay_ms: f64,
+    /// The standing round trip of the control channel over the last window: the least
+    /// ECHO round trip the window measured, of the slowest switch (compared with
+    /// `target_rtt_ms`; 0 while the controller's overload control is off).
+    pub channel_rtt_ms: f64,
     /// Mean handling time of one PACKET_IN over the last window.
     pub decision_latency_us: f64,
     /// PACKET_INs handled per second over the last window.

@@ -372,6 +372,7 @@ fn saturated() -> super::WorkSample {
         backlog: 500,
         outflow: 0,
         outflow_delay: Duration::ZERO,
+        channel_rtt: Duration::ZERO,
         switch: 1,
         budget_dropped: 0,
         shed: Duration::ZERO,

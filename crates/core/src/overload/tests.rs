@@ -302,6 +302,7 @@ fn controller_gap_holds_the_packet_in_rate_near_its_maximum() {
             backlog: backlog as u64,
             outflow: 0,
             outflow_delay: Duration::ZERO,
+            channel_rtt: Duration::ZERO,
             switch: 1,
             budget_dropped: 0,
             shed: Duration::ZERO,
@@ -371,6 +372,7 @@ fn a_controller_busy_refusing_a_flood_keeps_admitting_what_it_can() {
                 backlog: backlog as u64,
                 outflow: 0,
                 outflow_delay: Duration::ZERO,
+                channel_rtt: Duration::ZERO,
                 switch: 1,
                 budget_dropped: 0,
             });
@@ -403,7 +405,7 @@ fn a_controller_busy_refusing_a_flood_keeps_admitting_what_it_can() {
 #[test]
 fn config_keys_are_read_strictly_with_paths() {
     let ok = crate::Config::from_toml(
-        "[controller.overload]\nmode = \"adaptive\"\ntarget_delay_ms = 10\n\
+        "[controller.overload]\nmode = \"adaptive\"\ntarget_delay_ms = 10\ntarget_rtt_ms = 30\n\
          [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
          [service.overload]\nmode = \"adaptive\"\ncapacity_rps = 80\ninterval_ms = 20\n\
          high_watermark = 0.9\nlow_watermark = 0.8\nbackstop_factor = 3\n\
@@ -421,6 +423,7 @@ fn config_keys_are_read_strictly_with_paths() {
         ok.controller.overload.target_delay,
         Duration::from_millis(10)
     );
+    assert_eq!(ok.controller.overload.target_rtt, Duration::from_millis(30));
 
     let bad = crate::Config::from_toml(
         "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
@@ -780,4 +783,60 @@ fn the_controllers_first_cut_depends_on_what_overloads() {
     let (load, cut) = first_cut(2 * config::DEFAULT_TARGET_OUTFLOW_BYTES);
     assert!((load - 2.0).abs() < 1e-9, "{load}");
     assert!(cut < 1_000.0, "{cut}");
+}
+
+/// The control channel's round trip is a load like the others: one that stands over a
+/// window beyond `target_rtt_ms` cuts the admitted rate, and one slow echo among fast ones
+/// (a burst the switch drained within the window) does not. The slowest switch counts.
+#[test]
+fn a_standing_channel_round_trip_beyond_its_target_cuts_the_admitted_rate() {
+    let run = |rtts_ms: &[u64]| {
+        let mut g = ControllerGap::new(ControllerOverloadConfig {
+            mode: Mode::Adaptive,
+            ..ControllerOverloadConfig::default()
+        });
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(100);
+        // A second at 2,000 PACKET_INs a second, 10 % busy, the channel fast.
+        for k in 1..=10 {
+            g.record(WorkSample {
+                packet_ins: 200,
+                busy: Duration::from_millis(10),
+                channel_rtt: Duration::from_micros(300),
+                switch: 1,
+                ..WorkSample::default()
+            });
+            assert_eq!(g.step(t0 + tick * k).and_then(|s| s.after), None);
+        }
+        // Then a window whose batches read these round trips: switch 1 fast throughout,
+        // switch 2 as given.
+        for &ms in rtts_ms {
+            for (switch, rtt) in [
+                (1, Duration::from_micros(300)),
+                (2, Duration::from_millis(ms)),
+            ] {
+                g.record(WorkSample {
+                    packet_ins: 50,
+                    busy: Duration::from_millis(2),
+                    channel_rtt: rtt,
+                    switch,
+                    ..WorkSample::default()
+                });
+            }
+        }
+        let step = g.step(t0 + tick * 11).expect("a step");
+        (step.load, step.after, g.view().channel_rtt_ms)
+    };
+    let target = config::DEFAULT_TARGET_RTT_MS as f64;
+    // Four times the target, all window long: load 4, a cut.
+    let (load, after, rtt) = run(&[200, 210, 250, 200]);
+    assert!((rtt - 200.0).abs() < 1e-9, "{rtt}");
+    assert!((load - 200.0 / target).abs() < 1e-9, "{load}");
+    let cut = after.expect("a cut");
+    assert!(cut < 2_000.0, "{cut}");
+    // One slow reading among fast ones: the standing round trip is the fast one.
+    let (load, after, rtt) = run(&[1, 300, 1, 1]);
+    assert!((rtt - 1.0).abs() < 1e-9, "{rtt}");
+    assert!(load < 1.0, "{load}");
+    assert_eq!(after, None);
 }

@@ -498,6 +498,12 @@ fn overload_metrics(o: &mut String, c: &flowgate_core::Controller) {
             cv.outflow_delay_ms / 1000.0,
         ),
         (
+            "flowgate_controller_channel_rtt_seconds",
+            "gauge",
+            "Standing round trip of the control channel in the last window (the least ECHO round trip of the slowest switch; 0 while overload control is off).",
+            cv.channel_rtt_ms / 1000.0,
+        ),
+        (
             "flowgate_controller_overload_gapping",
             "gauge",
             "1 while the controller meters its own PACKET_INs.",

@@ -229,7 +229,7 @@ fn schemas() -> Value {
         "ServiceList": { "type": "array", "items": schema_ref("Service") },
         "OverloadList": {
             "type": "object",
-            "description": "`services`: each service's name and gap state; `controller`: the controller's own overload state (the same gap fields, refused_total = new connections its own gate dropped, plus utilization, queueing_delay_ms, backlog_bytes, outflow_bytes, outflow_delay_ms, decision_latency_us, handled_rate, max_handled_rate).",
+            "description": "`services`: each service's name and gap state; `controller`: the controller's own overload state (the same gap fields, refused_total = new connections its own gate dropped, plus utilization, queueing_delay_ms, backlog_bytes, outflow_bytes, outflow_delay_ms, channel_rtt_ms, decision_latency_us, handled_rate, max_handled_rate).",
         },
         "Cluster": {
             "type": "object",

@@ -8,6 +8,7 @@
 //! own writer task.
 
 mod buffers;
+mod channel_rtt;
 pub mod cluster;
 pub mod latency;
 mod per_backend;

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::channel_rtt::{PROBE_XID, RttProbe};
 use super::{Handle, Outflow};
 
 /// Per-session limits.
@@ -31,6 +32,11 @@ pub struct SessionLimits {
     pub packet_in_rate: u32,
     /// The handshake must finish within this time.
     pub handshake_timeout: Duration,
+    /// How often the control channel's round trip is probed (ECHO): a quarter of the
+    /// controller's control interval while its overload control is on, so that each
+    /// window has a few readings to take the least of. `None` when it is off at start (a
+    /// reload that turns it on probes the switches that connect after it).
+    pub rtt_probe: Option<Duration>,
 }
 
 impl SessionLimits {
@@ -40,6 +46,8 @@ impl SessionLimits {
             echo_timeout: cfg.openflow.echo_timeout,
             packet_in_rate: cfg.openflow.packet_in_rate,
             handshake_timeout: Duration::from_secs(10),
+            rtt_probe: (cfg.controller.overload.mode == flowgate_core::overload::Mode::Adaptive)
+                .then(|| cfg.controller.overload.interval / 4),
         }
     }
 }
@@ -391,6 +399,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let dpid = features.datapath_id;
     let mut read_pauses: u64 = 0;
     let mut handled_batch = false;
+    let mut rtt = RttProbe::new(limits.rtt_probe, Instant::now());
     loop {
         // The answers wait for this session's writer, a task of the same runtime. While
         // the switch keeps our socket full, every read is ready at once, and this loop ran
@@ -428,6 +437,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         // Take everything already buffered, then hand the batch to the core in one lock.
         let work_start = Instant::now();
+        if rtt.due().is_some_and(|due| due <= work_start) {
+            // Behind whatever is queued for the switch already, as a new flow's answer is.
+            let echo = encode_one(PROBE_XID, &Message::EchoRequest(Bytes::new()));
+            outflow.queue(echo.len(), work_start);
+            let _ = tx.send((work_start, echo));
+            rtt.sent(work_start);
+        }
         batch.clear();
         let mut packet_ins = 0u64;
         while let Some(peeked) = rd.peek()? {
@@ -484,7 +500,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         outflow.queue(reply.len(), now);
                         let _ = tx.send((now, reply));
                     }
-                    Message::EchoReply(_) => {}
+                    Message::EchoReply(_) => rtt.answered(xid, Instant::now()),
                     // Role replies, role-status and IS_SLAVE/STALE errors: the cluster layer.
                     ref m if super::cluster::on_switch_message(handle, features, m) => {}
                     Message::Error(ref e) => {
@@ -584,6 +600,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     backlog: rd.buf.len() as u64,
                     outflow: outflow.queued.load(Ordering::Relaxed) as u64,
                     outflow_delay: outflow.head_age(done),
+                    channel_rtt: rtt.reading(done),
                     switch: dpid,
                 });
             handled_batch = true;
@@ -596,13 +613,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
             limits.echo_interval
         };
         let idle_for = last_heard.elapsed();
-        let left = wait.saturating_sub(idle_for);
+        let keepalive_left = wait.saturating_sub(idle_for);
+        // Woken for the next probe too: it is sent at the top of the loop.
+        let left = rtt.due().map_or(keepalive_left, |due| {
+            keepalive_left.min(due.saturating_duration_since(Instant::now()))
+        });
         tokio::select! {
             r = tokio::time::timeout(left, rd.fill()) => match r {
                 Ok(Ok(true)) => { last_heard = Instant::now(); filled_at = last_heard; echo_sent = false; }
                 Ok(Ok(false)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
+                    if last_heard.elapsed() < wait {
+                        continue; // the probe's turn, not the keep-alive's
+                    }
                     if echo_sent {
                         return Err(SessionError::Timeout("an echo reply (dead peer)"));
                     }

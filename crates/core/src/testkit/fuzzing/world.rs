@@ -522,6 +522,7 @@ impl World {
             backlog: u64::from(input.u16()),
             outflow: u64::from(input.u32()),
             outflow_delay: us(input),
+            channel_rtt: us(input),
             switch: dpid,
         };
         self.c.record_packet_in_work(sample);
