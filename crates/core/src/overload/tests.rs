@@ -742,28 +742,35 @@ fn a_meter_changes_for_a_real_change_not_for_a_jitter() {
     assert!(meter_change_due(have, band(f64::INFINITY), hold, hold));
 }
 
+/// A controller gap in adaptive mode after ten control intervals (100 ms) of `sample`,
+/// none of which gapped it; with its start and its interval.
+fn after_a_quiet_second(sample: WorkSample) -> (ControllerGap, Instant, Duration) {
+    let mut g = ControllerGap::new(ControllerOverloadConfig {
+        mode: Mode::Adaptive,
+        ..ControllerOverloadConfig::default()
+    });
+    let t0 = Instant::now();
+    let tick = Duration::from_millis(100);
+    for k in 1..=10 {
+        g.record(sample);
+        assert_eq!(g.step(t0 + tick * k).and_then(|s| s.after), None);
+    }
+    (g, t0, tick)
+}
+
 /// The controller's first cut after idle: when its CPU overloads, from the PACKET_INs it
 /// handled in that window (the smoothed rate still lags the step); when its channel does
 /// (a switch that does not read what it is sent), deeper, from the smoothed rate.
 #[test]
 fn the_controllers_first_cut_depends_on_what_overloads() {
     let first_cut = |outflow: u64| {
-        let mut g = ControllerGap::new(ControllerOverloadConfig {
-            mode: Mode::Adaptive,
-            ..ControllerOverloadConfig::default()
-        });
-        let t0 = Instant::now();
-        let tick = Duration::from_millis(100);
         // Idle for a second, at 100 PACKET_INs a second, 200 µs each.
-        for k in 1..=10 {
-            g.record(WorkSample {
-                packet_ins: 10,
-                busy: Duration::from_millis(2),
-                switch: 1,
-                ..WorkSample::default()
-            });
-            assert_eq!(g.step(t0 + tick * k).and_then(|s| s.after), None);
-        }
+        let (mut g, t0, tick) = after_a_quiet_second(WorkSample {
+            packet_ins: 10,
+            busy: Duration::from_millis(2),
+            switch: 1,
+            ..WorkSample::default()
+        });
         // Then 5,000 a second: all its time.
         g.record(WorkSample {
             packet_ins: 500,
@@ -791,23 +798,14 @@ fn the_controllers_first_cut_depends_on_what_overloads() {
 #[test]
 fn a_standing_channel_round_trip_beyond_its_target_cuts_the_admitted_rate() {
     let run = |rtts_ms: &[u64]| {
-        let mut g = ControllerGap::new(ControllerOverloadConfig {
-            mode: Mode::Adaptive,
-            ..ControllerOverloadConfig::default()
-        });
-        let t0 = Instant::now();
-        let tick = Duration::from_millis(100);
         // A second at 2,000 PACKET_INs a second, 10 % busy, the channel fast.
-        for k in 1..=10 {
-            g.record(WorkSample {
-                packet_ins: 200,
-                busy: Duration::from_millis(10),
-                channel_rtt: Duration::from_micros(300),
-                switch: 1,
-                ..WorkSample::default()
-            });
-            assert_eq!(g.step(t0 + tick * k).and_then(|s| s.after), None);
-        }
+        let (mut g, t0, tick) = after_a_quiet_second(WorkSample {
+            packet_ins: 200,
+            busy: Duration::from_millis(10),
+            channel_rtt: Duration::from_micros(300),
+            switch: 1,
+            ..WorkSample::default()
+        });
         // Then a window whose batches read these round trips: switch 1 fast throughout,
         // switch 2 as given.
         for &ms in rtts_ms {
