@@ -51,8 +51,10 @@ pub const DEFAULT_TARGET_OUTFLOW_BYTES: u64 = 256 << 10;
 /// flow's setup waits for, the switch's queues included. In `ovs_overload_packet_in_flood`
 /// its standing value was 0.1–13 ms between bursts, and 150–500 ms in the flood's first
 /// seconds, while the outflow stayed within its target (33 KB) and a quiet service's SYNs
-/// waited up to 290 ms for their answers (p95 of its connections 1.4 s in CI).
-pub const DEFAULT_TARGET_RTT_MS: u64 = 50;
+/// waited up to 290 ms for their answers (p95 of its connections 1.4 s in CI). The quiet
+/// service's p95 there, three runs each: 144–242 ms at a 50 ms target, 71–144 ms at 20,
+/// 110–172 ms at 10 (`docs/benchmarks.md`, stop 35).
+pub const DEFAULT_TARGET_RTT_MS: u64 = 20;
 /// The controller's control interval (its PACKET_IN rate is measured in bulk).
 pub const DEFAULT_CONTROLLER_INTERVAL_MS: u64 = 100;
 /// The controller never meters itself below 100 PACKET_INs per second (OVS's own floor
