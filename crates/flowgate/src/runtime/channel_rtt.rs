@@ -9,34 +9,54 @@
 
 use std::time::{Duration, Instant};
 
+use flowgate_core::Config;
+use flowgate_core::overload::Mode;
+
 /// The probes' xid, apart from the keep-alive's (`0xec40`), whose reply only says the
 /// switch is alive.
 pub(crate) const PROBE_XID: u32 = 0xec41;
 
-/// One switch's probe: at most one in flight; the next goes `every` after a reply.
-#[derive(Debug)]
+/// How often a session probes, in µs (0: never): a quarter of the controller's control
+/// interval while its overload control is adaptive, so that each window has a few readings
+/// to take the least of; never while it is off (nothing reads them).
+pub(crate) fn probe_interval_us(cfg: &Config) -> u64 {
+    let o = &cfg.controller.overload;
+    if o.mode == Mode::Adaptive {
+        u64::try_from((o.interval / 4).as_micros()).unwrap_or(u64::MAX)
+    } else {
+        0
+    }
+}
+
+/// One switch's probe: at most one in flight; the next goes an interval after a reply.
+#[derive(Debug, Default)]
 pub(crate) struct RttProbe {
     every: Option<Duration>,
-    next: Instant,
+    next: Option<Instant>,
     in_flight: Option<Instant>,
     last: Duration,
 }
 
 impl RttProbe {
-    /// `every`: `None` never probes (the controller's overload control is off).
-    pub(crate) fn new(every: Option<Duration>, now: Instant) -> Self {
-        RttProbe {
-            every,
-            next: now,
-            in_flight: None,
-            last: Duration::ZERO,
+    /// Follows the running config (`us` from [`probe_interval_us`]): probing starts at
+    /// once when turned on, and stops, forgetting what it measured, when turned off.
+    pub(crate) fn set_interval(&mut self, us: u64, now: Instant) {
+        let every = (us > 0).then(|| Duration::from_micros(us));
+        if every == self.every {
+            return;
         }
+        if every.is_none() {
+            *self = RttProbe::default();
+            return;
+        }
+        self.every = every;
+        self.next.get_or_insert(now);
     }
 
     /// When the next probe is due; `None` while one is in flight, or never probing.
     pub(crate) fn due(&self) -> Option<Instant> {
         match (self.every, self.in_flight) {
-            (Some(_), None) => Some(self.next),
+            (Some(_), None) => self.next,
             _ => None,
         }
     }
@@ -54,7 +74,7 @@ impl RttProbe {
         }
         if let (Some(sent), Some(every)) = (self.in_flight.take(), self.every) {
             self.last = now.saturating_duration_since(sent);
-            self.next = now + every;
+            self.next = Some(now + every);
         }
     }
 
@@ -81,7 +101,8 @@ mod tests {
     fn a_probe_measures_from_its_sending_to_its_reply() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let mut p = RttProbe::new(Some(ms(25)), t0);
+        let mut p = RttProbe::default();
+        p.set_interval(25_000, t0);
         assert_eq!(p.due(), Some(t0));
         p.sent(t0);
         assert_eq!(p.due(), None, "one in flight at a time");
@@ -101,11 +122,32 @@ mod tests {
     }
 
     #[test]
-    fn with_overload_control_off_nothing_is_probed() {
+    fn probing_follows_the_overload_controls_mode() {
         let t0 = Instant::now();
-        let mut p = RttProbe::new(None, t0);
-        assert_eq!(p.due(), None);
+        let ms = Duration::from_millis;
+        let cfg = |toml: &str| Config::from_toml(toml, &|_| None).expect("valid");
+        let off = probe_interval_us(&cfg(""));
+        let on = probe_interval_us(&cfg(
+            "[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 40\n",
+        ));
+        assert_eq!((off, on), (0, 10_000));
+        let mut p = RttProbe::default();
+        p.set_interval(off, t0);
+        assert_eq!(p.due(), None, "off: never");
         p.answered(PROBE_XID, t0);
         assert_eq!(p.reading(t0), Duration::ZERO);
+        // Turned on by a reload: at once.
+        p.set_interval(on, t0 + ms(5));
+        assert_eq!(p.due(), Some(t0 + ms(5)));
+        p.sent(t0 + ms(5));
+        p.set_interval(on, t0 + ms(6));
+        assert!(
+            p.in_flight(),
+            "the same interval leaves the probe in flight"
+        );
+        // Turned off: what it measured is forgotten, nothing is due.
+        p.set_interval(off, t0 + ms(7));
+        assert!(!p.in_flight());
+        assert_eq!((p.due(), p.reading(t0 + ms(8))), (None, Duration::ZERO));
     }
 }

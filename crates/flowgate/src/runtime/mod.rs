@@ -297,6 +297,10 @@ pub struct Handle {
     pub config_path: Option<Arc<PathBuf>>,
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
+    /// How often each session probes its channel's round trip, in µs (0: never), as the
+    /// running config says ([`channel_rtt::probe_interval_us`]): set at start and on reload,
+    /// read by the sessions at each turn of their loops.
+    pub(crate) rtt_probe_us: Arc<AtomicU64>,
     /// Time the core takes to handle one PACKET_IN (measured by the sessions).
     pub decision_latency: Arc<latency::LatencyHistogram>,
     /// What the sessions time each PACKET_IN with: the CPU's time-stamp counter where it
@@ -328,12 +332,14 @@ impl Handle {
     /// [`crate::server::run`] builds, and what in-process API tests use.
     pub fn new(controller: Controller, config: Config, config_path: Option<PathBuf>) -> Handle {
         let cluster = Arc::new(cluster::ClusterState::new(&config.cluster));
+        let rtt_probe_us = Arc::new(AtomicU64::new(channel_rtt::probe_interval_us(&config)));
         Handle {
             core: Arc::new(Mutex::new(CoreCell::new(controller))),
             started: Instant::now(),
             config: Arc::new(Mutex::new(config)),
             config_path: config_path.map(Arc::new),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
+            rtt_probe_us,
             decision_latency: Arc::new(latency::LatencyHistogram::new()),
             clock: quanta::Clock::new(),
             flow_counts: Arc::new(Mutex::new(HashMap::new())),

@@ -97,6 +97,10 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         core.with(|c, out| c.reload(now, &config, out));
         // Swapped under the core lock, so no reader sees the new services with the old
         // config (or the other way round).
+        handle.rtt_probe_us.store(
+            super::channel_rtt::probe_interval_us(&config),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
     }
     Ok(ReloadReport {

@@ -32,11 +32,6 @@ pub struct SessionLimits {
     pub packet_in_rate: u32,
     /// The handshake must finish within this time.
     pub handshake_timeout: Duration,
-    /// How often the control channel's round trip is probed (ECHO): a quarter of the
-    /// controller's control interval while its overload control is on, so that each
-    /// window has a few readings to take the least of. `None` when it is off at start (a
-    /// reload that turns it on probes the switches that connect after it).
-    pub rtt_probe: Option<Duration>,
 }
 
 impl SessionLimits {
@@ -46,8 +41,6 @@ impl SessionLimits {
             echo_timeout: cfg.openflow.echo_timeout,
             packet_in_rate: cfg.openflow.packet_in_rate,
             handshake_timeout: Duration::from_secs(10),
-            rtt_probe: (cfg.controller.overload.mode == flowgate_core::overload::Mode::Adaptive)
-                .then(|| cfg.controller.overload.interval / 4),
         }
     }
 }
@@ -399,7 +392,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let dpid = features.datapath_id;
     let mut read_pauses: u64 = 0;
     let mut handled_batch = false;
-    let mut rtt = RttProbe::new(limits.rtt_probe, Instant::now());
+    let mut rtt = RttProbe::default();
     loop {
         // The answers wait for this session's writer, a task of the same runtime. While
         // the switch keeps our socket full, every read is ready at once, and this loop ran
@@ -437,6 +430,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         // Take everything already buffered, then hand the batch to the core in one lock.
         let work_start = Instant::now();
+        rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
         if rtt.due().is_some_and(|due| due <= work_start) {
             // Behind whatever is queued for the switch already, as a new flow's answer is.
             let echo = encode_one(PROBE_XID, &Message::EchoRequest(Bytes::new()));
