@@ -370,12 +370,8 @@ fn saturated() -> super::WorkSample {
         busy: Duration::from_millis(100),
         queueing: Duration::from_millis(20),
         backlog: 500,
-        outflow: 0,
-        outflow_delay: Duration::ZERO,
-        channel_rtt: Duration::ZERO,
         switch: 1,
-        budget_dropped: 0,
-        shed: Duration::ZERO,
+        ..super::WorkSample::default()
     }
 }
 

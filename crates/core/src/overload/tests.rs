@@ -300,12 +300,8 @@ fn controller_gap_holds_the_packet_in_rate_near_its_maximum() {
             busy: Duration::from_secs_f64(handled / service_rate),
             queueing: Duration::from_secs_f64(backlog / service_rate),
             backlog: backlog as u64,
-            outflow: 0,
-            outflow_delay: Duration::ZERO,
-            channel_rtt: Duration::ZERO,
             switch: 1,
-            budget_dropped: 0,
-            shed: Duration::ZERO,
+            ..WorkSample::default()
         });
         g.step(t0 + Duration::from_secs_f64(t + tick));
         if t > 10.0 {
@@ -370,11 +366,8 @@ fn a_controller_busy_refusing_a_flood_keeps_admitting_what_it_can() {
                 shed: Duration::from_secs_f64(if leave_shed_out { shed } else { 0.0 }),
                 queueing: Duration::from_secs_f64(backlog / (processed / tick).max(1.0)),
                 backlog: backlog as u64,
-                outflow: 0,
-                outflow_delay: Duration::ZERO,
-                channel_rtt: Duration::ZERO,
                 switch: 1,
-                budget_dropped: 0,
+                ..WorkSample::default()
             });
             g.step(t0 + Duration::from_secs_f64(t + tick));
             if t > 20.0 {

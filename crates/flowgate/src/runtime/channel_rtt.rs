@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use flowgate_core::Config;
 use flowgate_core::overload::Mode;
 
-/// The probes' xid, apart from the keep-alive's (`0xec40`), whose reply only says the
-/// switch is alive.
+/// The keep-alive's xid: its reply only says the switch is alive.
+pub(crate) const KEEPALIVE_XID: u32 = 0xec40;
+/// The probes' xid, apart from the keep-alive's.
 pub(crate) const PROBE_XID: u32 = 0xec41;
 
 /// How often a session probes, in µs (0: never): a quarter of the controller's control
@@ -109,7 +110,7 @@ mod tests {
         // Unanswered, it reads at least its age.
         assert_eq!(p.reading(t0 + ms(40)), ms(40));
         // The keep-alive's reply is not the probe's.
-        p.answered(0xec40, t0 + ms(50));
+        p.answered(KEEPALIVE_XID, t0 + ms(50));
         assert!(p.in_flight());
         p.answered(PROBE_XID, t0 + ms(60));
         assert!(!p.in_flight());

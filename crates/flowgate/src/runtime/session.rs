@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::channel_rtt::{PROBE_XID, RttProbe};
+use super::channel_rtt::{KEEPALIVE_XID, PROBE_XID, RttProbe};
 use super::{Handle, Outflow};
 
 /// Per-session limits.
@@ -169,6 +169,21 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     fn take(&mut self, len: usize) -> Bytes {
         self.buf.split_to(len.min(self.buf.len())).freeze()
     }
+}
+
+/// Queues a message of the session's own (an echo, or a reply to one) for the switch,
+/// behind whatever waits already, and counted in the outflow as the core's messages are
+/// (the writer subtracts every buffer it writes).
+fn queue_for_switch(
+    outflow: &Outflow,
+    tx: &mpsc::UnboundedSender<super::Chunk>,
+    xid: u32,
+    msg: &Message,
+    now: Instant,
+) {
+    let bytes = encode_one(xid, msg);
+    outflow.queue(bytes.len(), now);
+    let _ = tx.send((now, bytes));
 }
 
 fn encode_one(xid: u32, msg: &Message) -> Bytes {
@@ -433,9 +448,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
         rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
         if rtt.due().is_some_and(|due| due <= work_start) {
             // Behind whatever is queued for the switch already, as a new flow's answer is.
-            let echo = encode_one(PROBE_XID, &Message::EchoRequest(Bytes::new()));
-            outflow.queue(echo.len(), work_start);
-            let _ = tx.send((work_start, echo));
+            let echo = Message::EchoRequest(Bytes::new());
+            queue_for_switch(outflow, tx, PROBE_XID, &echo, work_start);
             rtt.sent(work_start);
         }
         batch.clear();
@@ -488,11 +502,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 };
                 match msg {
                     Message::EchoRequest(data) => {
-                        // Counted like the core's messages: the writer subtracts every buffer.
-                        let reply = encode_one(xid, &Message::EchoReply(data));
-                        let now = Instant::now();
-                        outflow.queue(reply.len(), now);
-                        let _ = tx.send((now, reply));
+                        let reply = Message::EchoReply(data);
+                        queue_for_switch(outflow, tx, xid, &reply, Instant::now());
                     }
                     Message::EchoReply(_) => rtt.answered(xid, Instant::now()),
                     // Role replies, role-status and IS_SLAVE/STALE errors: the cluster layer.
@@ -624,10 +635,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     if echo_sent {
                         return Err(SessionError::Timeout("an echo reply (dead peer)"));
                     }
-                    let echo = encode_one(0xec40, &Message::EchoRequest(Bytes::new()));
-                    let now = Instant::now();
-                    outflow.queue(echo.len(), now);
-                    let _ = tx.send((now, echo));
+                    let echo = Message::EchoRequest(Bytes::new());
+                    queue_for_switch(outflow, tx, KEEPALIVE_XID, &echo, Instant::now());
                     echo_sent = true;
                     last_heard = Instant::now();
                 }

@@ -507,10 +507,23 @@ pub fn assert_spread_off_controller(
     );
 }
 
-pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
+    wait_until_explained(what, timeout, f, String::new);
+}
+
+/// [`wait_until`], whose timeout also says what `explain` finds then: the state that a
+/// failure seen once in CI needs to be placed.
+pub fn wait_until_explained(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", explain());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
