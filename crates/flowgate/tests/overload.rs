@@ -881,3 +881,89 @@ fn ovs_deferred_handshakes_reach_a_backend_that_a_proactive_service_shares() {
     );
     ctl.assert_no_openflow_errors();
 }
+
+/// The probes' xid (`runtime::channel_rtt::PROBE_XID`).
+const PROBE_XID: u32 = 0xec41;
+
+/// How long until the controller sends `s` a round-trip probe (answered, as a switch
+/// would), or `None` if none comes within `within`.
+fn next_probe(s: &mut std::net::TcpStream, within: Duration) -> Option<Duration> {
+    use std::io::Write as _;
+    let start = Instant::now();
+    loop {
+        let left = within.checked_sub(start.elapsed())?;
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .expect("read timeout");
+        let m = match fake_switch::read_msg(s) {
+            Ok(Some(m)) => m,
+            Ok(None) => panic!("the controller closed the session"),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None;
+            }
+            Err(e) => panic!("read: {e}"),
+        };
+        if m[1] == fake_switch::OFPT_ECHO_REQUEST {
+            let mut r = m.clone();
+            r[1] = fake_switch::OFPT_ECHO_REPLY;
+            s.write_all(&r).expect("echo reply");
+            if fake_switch::xid_of(&m) == PROBE_XID {
+                return Some(start.elapsed());
+            }
+        }
+    }
+}
+
+/// A reload that turns the overload control on starts the round-trip probes of a switch
+/// that sends nothing at once, not at its session's next keep-alive (30 s here); one that
+/// turns it off stops them.
+#[test]
+fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
+    let base = "[openflow]\nlisten = \"127.0.0.1:0\"\necho_interval_ms = 30000\necho_timeout_ms = 60000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+    let adaptive =
+        format!("{base}\n[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 100\n");
+    let mut ctl = Ctl::start("rtt-reload", base);
+    let mut s = fake_switch::handshake(ctl.openflow, 0x7e10);
+    assert_eq!(
+        next_probe(&mut s, Duration::from_secs(1)),
+        None,
+        "no probe while the overload control is off"
+    );
+
+    ctl.reload_with(&adaptive);
+    // The reload's log line comes after the sessions were told: the probe may already be
+    // here, and a probe every 25 ms (a quarter of the interval) follows each reply.
+    let first = next_probe(&mut s, Duration::from_secs(5));
+    assert!(
+        first.is_some(),
+        "no probe within 5 s of the reload:\n{}",
+        ctl.log()
+    );
+    for i in 0..3 {
+        assert!(
+            next_probe(&mut s, Duration::from_secs(2)).is_some(),
+            "probe {} after the reload did not come:\n{}",
+            i + 2,
+            ctl.log()
+        );
+    }
+
+    ctl.reload_with(base);
+    // One probe may have been on its way when the reload landed (a slow host may hold it
+    // a while): at most a few come before a quiet 300 ms.
+    for _ in 0..3 {
+        if next_probe(&mut s, Duration::from_millis(300)).is_none() {
+            break;
+        }
+    }
+    assert_eq!(
+        next_probe(&mut s, Duration::from_secs(1)),
+        None,
+        "probes after the reload turned the control off"
+    );
+    ctl.kill();
+}

@@ -29,6 +29,11 @@ pub(crate) fn probe_interval_us(cfg: &Config) -> u64 {
     }
 }
 
+/// The probes' period for `us` µs (0: none).
+fn every_of(us: u64) -> Option<Duration> {
+    (us > 0).then(|| Duration::from_micros(us))
+}
+
 /// One switch's probe: at most one in flight; the next goes an interval after a reply.
 #[derive(Debug, Default)]
 pub(crate) struct RttProbe {
@@ -42,7 +47,7 @@ impl RttProbe {
     /// Follows the running config (`us` from [`probe_interval_us`]): probing starts at
     /// once when turned on, and stops, forgetting what it measured, when turned off.
     pub(crate) fn set_interval(&mut self, us: u64, now: Instant) {
-        let every = (us > 0).then(|| Duration::from_micros(us));
+        let every = every_of(us);
         if every == self.every {
             return;
         }
@@ -52,6 +57,11 @@ impl RttProbe {
         }
         self.every = every;
         self.next.get_or_insert(now);
+    }
+
+    /// Whether the probe already follows `us` (from [`probe_interval_us`]).
+    pub(crate) fn follows(&self, us: u64) -> bool {
+        self.every == every_of(us)
     }
 
     /// When the next probe is due; `None` while one is in flight, or never probing.

@@ -301,6 +301,10 @@ pub struct Handle {
     /// running config says ([`channel_rtt::probe_interval_us`]): set at start and on reload,
     /// read by the sessions at each turn of their loops.
     pub(crate) rtt_probe_us: Arc<AtomicU64>,
+    /// Told when a reload changes `rtt_probe_us`: it wakes the sessions that wait idle
+    /// (for bytes or the keep-alive), which read the interval only at their next turn
+    /// and would otherwise start probing up to `echo_interval_ms` late.
+    pub(crate) rtt_probe_changed: Arc<tokio::sync::Notify>,
     /// Time the core takes to handle one PACKET_IN (measured by the sessions).
     pub decision_latency: Arc<latency::LatencyHistogram>,
     /// What the sessions time each PACKET_IN with: the CPU's time-stamp counter where it
@@ -340,6 +344,7 @@ impl Handle {
             config_path: config_path.map(Arc::new),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
             rtt_probe_us,
+            rtt_probe_changed: Arc::default(),
             decision_latency: Arc::new(latency::LatencyHistogram::new()),
             clock: quanta::Clock::new(),
             flow_counts: Arc::new(Mutex::new(HashMap::new())),

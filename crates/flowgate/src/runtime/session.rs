@@ -623,6 +623,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
         let left = rtt.due().map_or(keepalive_left, |due| {
             keepalive_left.min(due.saturating_duration_since(Instant::now()))
         });
+        // A reload that turns the probes on or off wakes the wait. Registered before the
+        // interval is read again: a change after the read is then told to this waiter.
+        let reloaded = handle.rtt_probe_changed.notified();
+        if !rtt.follows(handle.rtt_probe_us.load(Ordering::Relaxed)) {
+            continue;
+        }
         tokio::select! {
             r = tokio::time::timeout(left, rd.fill()) => match r {
                 Ok(Ok(true)) => { last_heard = Instant::now(); filled_at = last_heard; echo_sent = false; }
@@ -641,6 +647,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     last_heard = Instant::now();
                 }
             },
+            () = reloaded => {}
             _ = stop.changed() => return Ok(()),
         }
     }
