@@ -16,17 +16,22 @@
 //!   connections (all draining): each answered with a RST, nothing tracked. What a SYN the
 //!   controller refuses costs it, against one it places (the simulator's
 //!   `refusal_cost`, docs/simulator.md).
+//! * `churn/isslm/1000000`: connections that end, as under `flowgate bench controller
+//!   --expire-after`: a million live, and each batch of 256 new ones' SYNs handled with
+//!   the 512 FLOW_REMOVEDs (accounting and outcome rules) of the 256 oldest. Per
+//!   connection set up and ended; against `syn/isslm/1000000`, what an ending costs.
 //!
 //! Wall-clock time on a shared machine: compare the two in one run (the ratio), not
 //! absolute figures across runs.
 
+use std::collections::VecDeque;
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flowgate_core::Outbox;
 use flowgate_core::testkit::sim::{Sim, VIP, VMAC, arp_request, ip, mac};
+use flowgate_core::{Outbox, RuleEnded};
 use flowgate_packet::{self as packet, TcpFlags, TcpSegment};
 use ofp::{Bytes, Message, PacketIn};
 
@@ -211,5 +216,110 @@ fn syn(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, syn);
+/// The FLOW_REMOVEDs the switch would send for the rules of `enc` that ask for one
+/// (OFPFF_SEND_FLOW_REM: a connection's accounting and outcome rules), as it would when
+/// the connection ended.
+fn removals_of(enc: &flowgate_core::Encoded, into: &mut VecDeque<Bytes>) {
+    for (_, _, bytes) in enc.iter() {
+        let Ok((_, Message::FlowMod(fm))) = ofp::decode(Bytes::copy_from_slice(bytes)) else {
+            continue;
+        };
+        if !fm.flags.contains(ofp::FlowModFlags::SEND_FLOW_REM) {
+            continue;
+        }
+        let fr = ofp::FlowRemoved {
+            cookie: fm.cookie,
+            priority: fm.priority,
+            reason: ofp::FlowRemovedReason::IdleTimeout,
+            table_id: fm.table_id,
+            duration_sec: 2,
+            duration_nsec: 0,
+            idle_timeout: fm.idle_timeout,
+            hard_timeout: fm.hard_timeout,
+            packet_count: 9,
+            byte_count: 900,
+            match_: fm.match_,
+        };
+        let mut buf = bytes::BytesMut::new();
+        ofp::encode(0, &Message::FlowRemoved(fr), &mut buf).expect("a FLOW_REMOVED encodes");
+        into.push_back(buf.freeze());
+    }
+}
+
+/// Connections that end, as in `flowgate bench controller --expire-after`: a table of a
+/// million live connections, where each batch of new ones' SYNs comes with the
+/// FLOW_REMOVEDs of as many of the oldest (their accounting and outcome rules), all
+/// handled in one batch as the runtime does (the batch's lines prefetched first). Per
+/// connection: one set up, one ended.
+fn churn(c: &mut Criterion) {
+    const TABLE: usize = 1_000_000;
+    let mut g = c.benchmark_group("churn");
+    g.throughput(Throughput::Elements(1));
+    let mut sim = controller("isslm");
+    let mut out = Outbox::encoding();
+    let mut clients = Clients::new();
+    let mut ended: VecDeque<Bytes> = VecDeque::with_capacity(2 * TABLE + 4 * BATCH);
+    let handle = |sim: &mut Sim, out: &mut Outbox, syns: &[Bytes], removed: &[RuleEnded]| {
+        for f in syns {
+            sim.c.prefetch_packet_in(f);
+        }
+        for e in removed {
+            sim.c.prefetch_rule_ended(e);
+        }
+        for e in removed {
+            sim.c.handle_rule_ended(sim.now, DPID, e, out);
+        }
+        for f in syns {
+            let _ = sim.c.handle_packet_in_frame(sim.now, DPID, f, out);
+        }
+    };
+    for _ in 0..TABLE.div_ceil(BATCH) {
+        let frames = clients.refill().to_vec();
+        handle(&mut sim, &mut out, &frames, &[]);
+        if let Some(enc) = out.encoded_mut() {
+            removals_of(enc, &mut ended);
+            enc.clear();
+        }
+    }
+    let per_conn = ended.len() / sim.c.connections().len().max(1);
+    assert_eq!(
+        per_conn, 2,
+        "two rules of each connection send FLOW_REMOVED"
+    );
+    let live_before = sim.c.connections().len();
+    let mut set_up = 0usize;
+    g.bench_function(BenchmarkId::new("isslm", TABLE), |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            let mut done = 0;
+            while done < iters {
+                let frames = clients.refill().to_vec();
+                let removed: Vec<Bytes> = ended.drain(..2 * BATCH).collect();
+                let removed: Vec<RuleEnded> = removed
+                    .iter()
+                    .filter_map(|b| ofp::FlowRemovedView::new(b).ok())
+                    .map(|v| RuleEnded::of_view(&v))
+                    .collect();
+                let t = Instant::now();
+                handle(&mut sim, &mut out, &frames, &removed);
+                took += t.elapsed();
+                if let Some(enc) = out.encoded_mut() {
+                    removals_of(enc, &mut ended);
+                    enc.clear();
+                }
+                set_up += BATCH;
+                done += BATCH as u64;
+            }
+            took.mul_f64(iters as f64 / done as f64)
+        })
+    });
+    // Each batch ended as many connections as it set up: the table stayed at its size
+    // (a bench whose removals missed would be measuring inserts alone).
+    let live_after = sim.c.connections().len();
+    assert!(set_up > 0);
+    assert_eq!(live_after, live_before, "as many ended as set up");
+    g.finish();
+}
+
+criterion_group!(benches, syn, churn);
 criterion_main!(benches);
