@@ -967,3 +967,74 @@ fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
     );
     ctl.kill();
 }
+
+/// A switch that keeps its session busy (an ECHO_REQUEST of its own every 50 ms, each
+/// answered) but answers none of the controller's: how long the controller keeps the
+/// session, up to `within`.
+fn session_kept_by_a_switch_that_never_answers(ctl: &Ctl, within: Duration) -> Duration {
+    use std::io::Write as _;
+    let mut s = fake_switch::handshake(ctl.openflow, 0x7e11);
+    s.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("read timeout");
+    let start = Instant::now();
+    let mut xid = 0x5000u32;
+    while start.elapsed() < within {
+        xid += 1;
+        if s.write_all(&fake_switch::header(
+            4,
+            fake_switch::OFPT_ECHO_REQUEST,
+            8,
+            xid,
+        ))
+        .is_err()
+        {
+            return start.elapsed();
+        }
+        loop {
+            match fake_switch::read_msg(&mut s) {
+                Ok(Some(_)) => {}
+                Ok(None) => return start.elapsed(),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break;
+                }
+                Err(_) => return start.elapsed(),
+            }
+        }
+    }
+    start.elapsed()
+}
+
+/// An ECHO_REQUEST must be answered (§7.5.2). A switch that answers none of the
+/// round-trip probes is closed once one has waited the keep-alive's timeout, however busy
+/// it keeps its session (its probe's age would otherwise read as the channel's round trip
+/// and hold every switch's new flows to the least rate); with the overload control off
+/// (no probes), the same switch is kept.
+#[test]
+fn a_switch_that_never_answers_the_round_trip_probe_is_closed() {
+    let base = "[openflow]\nlisten = \"127.0.0.1:0\"\necho_interval_ms = 300\necho_timeout_ms = 900\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+    let off = Ctl::start("rtt-unanswered-off", base);
+    let kept = session_kept_by_a_switch_that_never_answers(&off, Duration::from_secs(3));
+    assert!(
+        kept >= Duration::from_secs(3),
+        "without probes, a busy switch is kept (closed after {kept:?}):\n{}",
+        off.log()
+    );
+    let on = Ctl::start(
+        "rtt-unanswered-on",
+        &format!("{base}\n[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 100\n"),
+    );
+    let kept = session_kept_by_a_switch_that_never_answers(&on, Duration::from_secs(10));
+    assert!(
+        kept < Duration::from_secs(5),
+        "the session of a switch that answers no probe was kept {kept:?}:\n{}",
+        on.log()
+    );
+    wait_until("the reason in the log", Duration::from_secs(5), || {
+        on.log().contains("an echo reply to the round-trip probe")
+    });
+}

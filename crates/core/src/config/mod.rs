@@ -216,7 +216,10 @@ impl ClusterConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenflowConfig {
     pub listen: SocketAddr,
+    /// A silent switch is sent an ECHO_REQUEST after this long.
     pub echo_interval: Duration,
+    /// A switch silent this long, or that leaves an ECHO_REQUEST (the keep-alive's, or a
+    /// round-trip probe's) unanswered this long, is closed as dead.
     pub echo_timeout: Duration,
     /// TLS on the OpenFlow channel, as OVS's `ssl:` controller targets use.
     pub tls: Option<TlsConfig>,

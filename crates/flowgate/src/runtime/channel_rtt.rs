@@ -40,6 +40,8 @@ pub(crate) struct RttProbe {
     every: Option<Duration>,
     next: Option<Instant>,
     in_flight: Option<Instant>,
+    /// Time the probe in flight spent with the session not reading (see `excuse`).
+    excused: Duration,
     last: Duration,
 }
 
@@ -75,6 +77,7 @@ impl RttProbe {
     /// A probe was queued for the switch at `now`.
     pub(crate) fn sent(&mut self, now: Instant) {
         self.in_flight = Some(now);
+        self.excused = Duration::ZERO;
     }
 
     /// An ECHO_REPLY with `xid` was read at `now`: the probe's round trip when it answers
@@ -92,10 +95,28 @@ impl RttProbe {
     /// The round trip as known at `now`: the last one measured, or the age of the one in
     /// flight once it is older (a switch that does not answer is at least that slow).
     pub(crate) fn reading(&self, now: Instant) -> Duration {
-        let waiting = self
-            .in_flight
-            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-        self.last.max(waiting)
+        self.last.max(self.age(now))
+    }
+
+    /// The session read nothing for `d` (it waited for the switch to take its bytes): a
+    /// reply that came meanwhile waits unread, so the probe in flight is not held to that
+    /// time as unanswered ([`RttProbe::unanswered_for`]); its reading still counts it.
+    pub(crate) fn excuse(&mut self, d: Duration) {
+        if self.in_flight.is_some() {
+            self.excused += d;
+        }
+    }
+
+    /// How long the probe in flight has gone unanswered at `now` while the session read
+    /// (zero with none in flight): the switch's silence, for its liveness.
+    pub(crate) fn unanswered_for(&self, now: Instant) -> Duration {
+        self.age(now).saturating_sub(self.excused)
+    }
+
+    /// The age of the probe in flight (zero with none).
+    fn age(&self, now: Instant) -> Duration {
+        self.in_flight
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
     #[cfg(test)]
@@ -119,15 +140,28 @@ mod tests {
         assert_eq!(p.due(), None, "one in flight at a time");
         // Unanswered, it reads at least its age.
         assert_eq!(p.reading(t0 + ms(40)), ms(40));
+        assert_eq!(p.unanswered_for(t0 + ms(40)), ms(40));
+        // While the session did not read, a reply could not be seen: its silence is
+        // excused, not its round trip.
+        p.excuse(ms(30));
+        assert_eq!(p.unanswered_for(t0 + ms(45)), ms(15));
+        assert_eq!(p.reading(t0 + ms(45)), ms(45));
         // The keep-alive's reply is not the probe's.
         p.answered(KEEPALIVE_XID, t0 + ms(50));
         assert!(p.in_flight());
         p.answered(PROBE_XID, t0 + ms(60));
         assert!(!p.in_flight());
+        assert_eq!(p.unanswered_for(t0 + ms(70)), Duration::ZERO);
         assert_eq!(p.reading(t0 + ms(70)), ms(60));
         assert_eq!(p.due(), Some(t0 + ms(85)));
         // A faster one replaces it.
+        p.excuse(ms(50));
         p.sent(t0 + ms(85));
+        assert_eq!(
+            p.unanswered_for(t0 + ms(86)),
+            ms(1),
+            "an excuse is for the probe in flight only"
+        );
         p.answered(PROBE_XID, t0 + ms(86));
         assert_eq!(p.reading(t0 + ms(90)), ms(1));
     }

@@ -434,11 +434,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     "the switch takes its messages slower than it sends PACKET_INs: pausing reads until it catches up"
                 );
             }
+            let paused = Instant::now();
             if !wait_for_switch_to_read(outflow, limits.echo_interval + limits.echo_timeout, stop)
                 .await?
             {
                 return Ok(());
             }
+            rtt.excuse(paused.elapsed());
             // It took its bytes: alive, and the pause (unread input) is not its silence.
             last_heard = Instant::now();
             echo_sent = false;
@@ -446,6 +448,15 @@ async fn read_loop<R: AsyncRead + Unpin>(
         // Take everything already buffered, then hand the batch to the core in one lock.
         let work_start = Instant::now();
         rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
+        // An ECHO_REQUEST must be answered (§7.5.2). A switch that leaves the probe
+        // unanswered as long as the keep-alive may wait is as dead as one that leaves the
+        // keep-alive so, however much else it sends; kept on, its probe's age would read
+        // as the channel's round trip and hold every switch's new flows to the least rate.
+        if rtt.unanswered_for(work_start) > limits.echo_timeout {
+            return Err(SessionError::Timeout(
+                "an echo reply to the round-trip probe (dead peer)",
+            ));
+        }
         if rtt.due().is_some_and(|due| due <= work_start) {
             // Behind whatever is queued for the switch already, as a new flow's answer is.
             let echo = Message::EchoRequest(Bytes::new());
