@@ -227,19 +227,7 @@ fn removals_of(enc: &flowgate_core::Encoded, into: &mut VecDeque<Bytes>) {
         if !fm.flags.contains(ofp::FlowModFlags::SEND_FLOW_REM) {
             continue;
         }
-        let fr = ofp::FlowRemoved {
-            cookie: fm.cookie,
-            priority: fm.priority,
-            reason: ofp::FlowRemovedReason::IdleTimeout,
-            table_id: fm.table_id,
-            duration_sec: 2,
-            duration_nsec: 0,
-            idle_timeout: fm.idle_timeout,
-            hard_timeout: fm.hard_timeout,
-            packet_count: 9,
-            byte_count: 900,
-            match_: fm.match_,
-        };
+        let fr = ofp::FlowRemoved::of_rule(&fm, ofp::FlowRemovedReason::IdleTimeout, 2, 9, 900);
         let mut buf = bytes::BytesMut::new();
         ofp::encode(0, &Message::FlowRemoved(fr), &mut buf).expect("a FLOW_REMOVED encodes");
         into.push_back(buf.freeze());

@@ -101,19 +101,9 @@ fn views_of_flow_mods_and_packet_out_allocate_nothing() {
     let removed = ofp::decode(bytes::Bytes::copy_from_slice(frames[0]))
         .ok()
         .and_then(|(_, m)| match m {
-            ofp::Message::FlowMod(fm) => Some(ofp::Message::FlowRemoved(ofp::FlowRemoved {
-                cookie: fm.cookie,
-                priority: fm.priority,
-                reason: ofp::FlowRemovedReason::IdleTimeout,
-                table_id: fm.table_id,
-                duration_sec: 12,
-                duration_nsec: 0,
-                idle_timeout: fm.idle_timeout,
-                hard_timeout: fm.hard_timeout,
-                packet_count: 9,
-                byte_count: 900,
-                match_: fm.match_,
-            })),
+            ofp::Message::FlowMod(fm) => Some(ofp::Message::FlowRemoved(
+                ofp::FlowRemoved::of_rule(&fm, ofp::FlowRemovedReason::IdleTimeout, 12, 9, 900),
+            )),
             _ => None,
         })
         .expect("the first answer is a FLOW_MOD");

@@ -379,6 +379,31 @@ pub struct FlowRemoved {
 }
 
 impl FlowRemoved {
+    /// What a switch reports (§7.4.2) when the rule `fm` added ends for `reason`, having
+    /// lived `duration_sec` and counted `packet_count` packets of `byte_count` bytes: the
+    /// rule's cookie, priority, table, timeouts and match.
+    pub fn of_rule(
+        fm: &FlowMod,
+        reason: FlowRemovedReason,
+        duration_sec: u32,
+        packet_count: u64,
+        byte_count: u64,
+    ) -> Self {
+        FlowRemoved {
+            cookie: fm.cookie,
+            priority: fm.priority,
+            reason,
+            table_id: fm.table_id,
+            duration_sec,
+            duration_nsec: 0,
+            idle_timeout: fm.idle_timeout,
+            hard_timeout: fm.hard_timeout,
+            packet_count,
+            byte_count,
+            match_: fm.match_.clone(),
+        }
+    }
+
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(FlowRemoved {
             cookie: r.u64()?,

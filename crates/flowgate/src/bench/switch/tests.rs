@@ -437,18 +437,9 @@ fn the_send_lag_is_how_long_the_oldest_batch_not_taken_has_been_due() {
 fn ended_connections_send_the_flow_removed_of_each_rule() {
     let mut sw = switch(CheckMode::Vip);
     sw.expire_after = 1;
-    let removed_of = |fm: &FlowMod| ofp::FlowRemoved {
-        cookie: fm.cookie,
-        priority: fm.priority,
-        reason: ofp::FlowRemovedReason::IdleTimeout,
-        table_id: fm.table_id,
-        duration_sec: u32::from(fm.idle_timeout),
-        duration_nsec: 0,
-        idle_timeout: fm.idle_timeout,
-        hard_timeout: fm.hard_timeout,
-        packet_count: 1,
-        byte_count: 74,
-        match_: fm.match_.clone(),
+    let removed_of = |fm: &FlowMod| {
+        let reason = ofp::FlowRemovedReason::IdleTimeout;
+        ofp::FlowRemoved::of_rule(fm, reason, u32::from(fm.idle_timeout), 1, 74)
     };
     let mut want = Vec::new();
     for k in 0..2u64 {
