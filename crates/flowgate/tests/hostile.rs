@@ -158,7 +158,7 @@ fn ovs_hostile_switch_peers() {
             ctl.log_plain()
         );
         assert!(
-            bridge.is_connected().expect("is_connected"),
+            ctl.lists_switch(bridge),
             "real switch disconnected after {what}"
         );
         let r = load(client, &url, &["--requests", "20", "--concurrency", "2"]);

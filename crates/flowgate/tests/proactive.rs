@@ -753,6 +753,10 @@ fn ovs_a_retiring_vip_rule_whose_end_went_unheard_goes_at_reconnect() {
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/");
     let reactive = cfg.replace("mode = \"proactive\"\n", "");
+    // Connections just before the reload, so that their reply rules (idle for 2 s, then
+    // gone) are there to keep the VIP's rule retiring rather than removed at once.
+    let just_before = load(client, &url, &["--requests", "4", "--concurrency", "1"]);
+    assert_eq!(just_before["ok"], 4, "{just_before}");
     ctl.reload_with(&reactive);
     let retiring_vip = |flows: &str| rules_at(flows, 251, VIP) > 0;
     let in_table_1 = |flows: &str, side: &str| {
