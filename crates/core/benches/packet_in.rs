@@ -275,7 +275,6 @@ fn churn(c: &mut Criterion) {
         "two rules of each connection send FLOW_REMOVED"
     );
     let live_before = sim.c.connections().len();
-    let mut set_up = 0usize;
     g.bench_function(BenchmarkId::new("isslm", TABLE), |b| {
         b.iter_custom(|iters| {
             let mut took = Duration::ZERO;
@@ -295,16 +294,15 @@ fn churn(c: &mut Criterion) {
                     removals_of(enc, &mut ended);
                     enc.clear();
                 }
-                set_up += BATCH;
                 done += BATCH as u64;
             }
             took.mul_f64(iters as f64 / done as f64)
         })
     });
     // Each batch ended as many connections as it set up: the table stayed at its size
-    // (a bench whose removals missed would be measuring inserts alone).
+    // (a bench whose removals missed would be measuring inserts alone). It holds as well
+    // when a filter left the bench out, as when `syn` alone is run.
     let live_after = sim.c.connections().len();
-    assert!(set_up > 0);
     assert_eq!(live_after, live_before, "as many ended as set up");
     g.finish();
 }
