@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use flowgate::runtime::Handle;
 use flowgate_core::{Config, Controller};
+use flowgate_testbed::ScratchDir;
 use serde_json::{Value, json};
 use support::dechunk;
 
@@ -39,6 +40,7 @@ struct Server {
     handle: Handle,
     path: PathBuf,
     _rt: tokio::runtime::Runtime,
+    _dir: ScratchDir,
 }
 
 fn server(name: &str, token: Option<&str>) -> Server {
@@ -47,8 +49,7 @@ fn server(name: &str, token: Option<&str>) -> Server {
 
 /// A server over a controller configured by `text`.
 fn server_with(name: &str, text: &str) -> Server {
-    let dir = std::env::temp_dir().join(format!("flowgate-api-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = ScratchDir::new(&format!("api-{name}")).expect("temp dir");
     let path = dir.join("flowgate.toml");
     std::fs::write(&path, text).expect("write config");
     // Not from the environment: the tests decide whether there is a token.
@@ -72,6 +73,7 @@ fn server_with(name: &str, text: &str) -> Server {
         handle,
         path,
         _rt: rt,
+        _dir: dir,
     }
 }
 

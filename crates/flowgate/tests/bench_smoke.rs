@@ -9,6 +9,7 @@ use clap::Parser;
 use flowgate::bench::controller::{self, ControllerArgs, Peer};
 use flowgate::bench::switch::CheckMode;
 use flowgate::bench::{datapath, memory};
+use flowgate_testbed::ScratchDir;
 
 #[derive(Parser)]
 struct Wrap<T: clap::Args> {
@@ -38,8 +39,7 @@ fn run_bench_controller(extra: &[&str]) -> (String, String) {
 
 /// [`run_bench_controller`] with its own loops (`-l`, `-m`, `-w`).
 fn run_bench_controller_loops(loops: &[&str], extra: &[&str]) -> (String, String) {
-    let dir = std::env::temp_dir().join(format!("flowgate-bench-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = ScratchDir::new("bench-smoke").expect("temp dir");
     let out = dir.join(format!(
         "controller-{}.md",
         extra.join("_").replace(['/', ' '], "")
@@ -725,8 +725,7 @@ fn bench_cluster_spill_and_setup_answer() {
 /// (SIGSTOP) for 300 ms in the middle of its span reports a gap at least that long.
 #[test]
 fn bench_hiccups_reports_a_stop_of_the_process_as_a_gap() {
-    let dir = std::env::temp_dir().join(format!("flowgate-bench-hiccups-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = ScratchDir::new("bench-hiccups").expect("temp dir");
     let out = dir.join("hiccups.md");
     let mut child = std::process::Command::new(flowgate_bin())
         .args(["bench", "hiccups", "--secs", "4", "--cpus", "0", "--out"])

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use flowgate_testbed::ScratchDir;
+
 const FLOWGATE: &str = env!("CARGO_BIN_EXE_flowgate");
 
 fn repo() -> PathBuf {
@@ -39,8 +41,7 @@ fn the_examples_are_valid_configs() {
 
 #[test]
 fn a_bad_config_reports_every_error_and_starts_nothing() {
-    let dir = std::env::temp_dir().join(format!("flowgate-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("cli").expect("temp dir");
     let path = dir.join("bad.toml");
     std::fs::write(
         &path,
@@ -96,8 +97,7 @@ fn ofp_roundtrip_accepts_every_conformance_message() {
 
 #[test]
 fn ofp_tools_reject_garbage_without_panicking() {
-    let dir = std::env::temp_dir().join(format!("flowgate-cli-g-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("cli-g").expect("temp dir");
     let cases: [(&str, &[u8]); 4] = [
         ("empty", b""),
         ("garbage", b"\xde\xad\xbe\xef not openflow at all"),
@@ -123,8 +123,7 @@ fn ofp_tools_reject_garbage_without_panicking() {
 /// tests check what they mean).
 #[test]
 fn sim_quick_runs_the_matrix_and_writes_tables_and_plots() {
-    let dir = std::env::temp_dir().join(format!("flowgate-sim-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = ScratchDir::new("sim").expect("temp dir");
     let (ok, out, err) = run(&[
         "sim",
         "--quick",

@@ -81,6 +81,8 @@ fn run_bounded(args: &[&str], limit: Duration) -> (bool, String) {
         std::thread::sleep(Duration::from_millis(200));
     };
     let out = std::fs::read_to_string(&log).unwrap_or_default();
+    // The caller shows the output where it fails.
+    let _ = std::fs::remove_file(&log);
     (status.is_some_and(|s| s.success()), out)
 }
 

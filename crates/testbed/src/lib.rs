@@ -32,6 +32,7 @@ pub mod load;
 pub mod netns;
 pub mod ovs;
 pub mod rootleg;
+pub mod scratch;
 pub mod topo;
 
 use std::collections::BTreeMap;
@@ -43,6 +44,7 @@ use std::sync::{Mutex, PoisonError};
 pub use error::{Error, Result};
 pub use netns::{Host, HostOptions, ProcGuard};
 pub use ovs::{Bridge, Link, LinkKind, Ovs};
+pub use scratch::ScratchDir;
 pub use topo::{TopoOptions, Topology};
 
 /// A short unique name prefix: `fg` + 4 hex digits (6 characters), leaving 9 characters of

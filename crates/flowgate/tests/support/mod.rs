@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flowgate_testbed::rootleg::RootLeg;
-use flowgate_testbed::{Bridge, Host, Prefix, ProcGuard, cleanup_stale, require_root_ovs};
+use flowgate_testbed::{
+    Bridge, Host, Prefix, ProcGuard, ScratchDir, cleanup_stale, require_root_ovs,
+};
 
 pub mod fake_switch;
 
@@ -36,7 +38,8 @@ pub struct Ctl {
     child: Option<Child>,
     pub openflow: SocketAddr,
     pub api: SocketAddr,
-    pub dir: PathBuf,
+    /// Its config, ready file and logs; removed when the test passes.
+    pub dir: ScratchDir,
     config: String,
     starts: u32,
 }
@@ -44,9 +47,7 @@ pub struct Ctl {
 impl Ctl {
     /// Start `flowgate controller` with `config`, where the listen addresses may use port 0.
     pub fn start(name: &str, config: &str) -> Ctl {
-        let dir = std::env::temp_dir().join(format!("flowgate-it-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = ScratchDir::new(&format!("it-{name}")).expect("temp dir");
         failure::record();
         let mut ctl = Ctl {
             child: None,
