@@ -706,7 +706,6 @@ fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16, 
     let Some(p) = setup(test) else {
         return;
     };
-    let started = Instant::now();
     let DsrNet {
         t,
         ctl,
@@ -725,7 +724,7 @@ fn partitioned_departs(test: &str, name: &str, mode: &str, departing_prio: u16, 
     wait_until("the partition rules", Duration::from_secs(10), || {
         at(&br.dump_flows().unwrap_or_default(), 220) == 4
     });
-    past_grace(started);
+    ctl.wait_past_grace();
     let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     download_carrier(&t.hosts[1..]);
 

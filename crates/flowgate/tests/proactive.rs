@@ -551,9 +551,8 @@ fn settled_pair(
     String,
     Vec<flowgate_testbed::ProcGuard>,
 ) {
-    let started = Instant::now();
     let pair = proactive_pair(p, name, "idle_timeout_secs = 2\n");
-    past_grace(started);
+    pair.1.wait_past_grace();
     pair
 }
 

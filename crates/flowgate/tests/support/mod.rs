@@ -613,6 +613,16 @@ impl Ctl {
 
     /// Waits for a log line containing `needle`: the log is written a moment after what
     /// it reports (the ready file, an API answer), so a test that reads it must wait.
+    /// Returns once a switch of this controller (since its first start) is past its
+    /// reconnect grace (3 s from its connection), in which the controller deletes no rule:
+    /// a reload in it leaves the proactive group's rule placing new connections until it
+    /// ends. Read from its log: a clock started with the test guessed it (3.5 s), and the
+    /// switch once connected 0.55 s after the controller started, the reload came first
+    /// and two new connections met no rule.
+    pub fn wait_past_grace(&self) {
+        self.wait_log("reconnect grace over", Duration::from_secs(10));
+    }
+
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while !self.log_plain().contains(needle) {
@@ -850,14 +860,6 @@ pub fn download_carrier(backends: &[Host]) -> String {
         busy.is_some()
     });
     busy.unwrap_or_default()
-}
-
-/// Returns once the switch that connected after `started` is past its reconnect grace
-/// (3 s), in which the controller deletes no rule: a reload in it leaves the proactive
-/// group's rule placing new connections until it ends.
-pub fn past_grace(started: Instant) {
-    let end = started + Duration::from_millis(3500);
-    std::thread::sleep(end.saturating_duration_since(Instant::now()));
 }
 
 /// How many of a `dump-flows`' rules have `priority` and match `nw_dst=addr`.
