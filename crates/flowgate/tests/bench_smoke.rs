@@ -565,7 +565,8 @@ fn bench_memory_counts_connections() {
 
 #[test]
 fn bench_memory_cli_writes_table() {
-    let out = std::env::temp_dir().join(format!("flowgate-bench-mem-{}.md", std::process::id()));
+    let dir = ScratchDir::new("bench-mem").expect("temp dir");
+    let out = dir.join("memory.md");
     let o = std::process::Command::new(flowgate_bin())
         .args(["bench", "memory", "--conns", "5000,10000", "--out"])
         .arg(&out)
@@ -574,7 +575,6 @@ fn bench_memory_cli_writes_table() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let t = std::fs::read_to_string(&out).expect("--out");
     assert!(t.contains("| 5000 |") && t.contains("| 10000 |"), "{t}");
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -589,7 +589,8 @@ fn bench_datapath_all_paths_answer() {
             return;
         }
     }
-    let out = std::env::temp_dir().join(format!("flowgate-bench-dp-{}.md", std::process::id()));
+    let dir = ScratchDir::new("bench-dp").expect("temp dir");
+    let out = dir.join("datapath.md");
     let o = std::process::Command::new(flowgate_bin())
         .args([
             "--log",
@@ -642,7 +643,6 @@ fn bench_datapath_all_paths_answer() {
     .expect("wrk output parses");
     assert_eq!(parsed.0, 100.0);
     assert_eq!(parsed.2, 2.5);
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -655,8 +655,8 @@ fn bench_cluster_spill_and_setup_answer() {
         eprintln!("skipping: no etcd binary (apt-get install etcd-server etcd-client)");
         return;
     }
-    let out =
-        std::env::temp_dir().join(format!("flowgate-bench-cluster-{}.md", std::process::id()));
+    let dir = ScratchDir::new("bench-cluster").expect("temp dir");
+    let out = dir.join("cluster.md");
     let o = std::process::Command::new(flowgate_bin())
         .args([
             "--log",
@@ -718,7 +718,6 @@ fn bench_cluster_spill_and_setup_answer() {
     assert!(answers[0] > 0 && answers[1] > 0, "local / remote:\n{t}");
     let v = vil(&c[8]);
     assert_eq!(v[1], 0, "invalid answers in the spill trial:\n{t}");
-    let _ = std::fs::remove_file(out);
 }
 
 /// The hiccup meter sees a stop it did not cause: a `flowgate bench hiccups` stopped

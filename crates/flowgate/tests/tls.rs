@@ -3,13 +3,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use flowgate_testbed::ovs::vsctl;
 use flowgate_testbed::topo::{self, TopoOptions};
-use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
+use flowgate_testbed::{Prefix, ScratchDir, cleanup_stale, require_root_ovs};
 use support::*;
 
 const VIP: &str = "10.0.0.100";
@@ -166,10 +166,7 @@ fn ovs_tls_openflow_channel() {
     }
     let p = Prefix::for_test(name);
     cleanup_stale(p.as_str()).expect("clean leftovers");
-    let pki: PathBuf =
-        std::env::temp_dir().join(format!("flowgate-it-tls-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&pki);
-    std::fs::create_dir_all(&pki).expect("pki dir");
+    let pki = ScratchDir::new("it-tls-pki").expect("pki dir");
     make_pki(&pki);
     let f = |n: &str| pki.join(n).display().to_string();
 
@@ -237,5 +234,4 @@ fn ovs_tls_openflow_channel() {
     );
     ctl.assert_no_openflow_errors();
     drop(_ssl);
-    let _ = std::fs::remove_dir_all(&pki);
 }

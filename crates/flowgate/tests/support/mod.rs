@@ -126,7 +126,10 @@ impl Ctl {
         for b in bridges {
             b.set_controller(&[self.target()]).expect("set controller");
         }
-        let listed = || bridges.iter().all(|b| self.lists_switch(b));
+        let listed = || {
+            let have = self.switch_dpids();
+            bridges.iter().all(|b| have.contains(&b.dpid()))
+        };
         wait_until_explained(
             "the switches connected",
             Duration::from_secs(10),
@@ -144,11 +147,16 @@ impl Ctl {
     /// Whether this controller has a session with `bridge` (`/api/v1/switches` lists its
     /// datapath id).
     pub fn lists_switch(&self, bridge: &Bridge) -> bool {
-        let dpid = format!("{:016x}", bridge.dpid());
+        self.switch_dpids().contains(&bridge.dpid())
+    }
+
+    /// The datapath ids of the switches this controller has sessions with.
+    pub fn switch_dpids(&self) -> Vec<u64> {
         let switches = self.get_json("/api/v1/switches");
-        switches
-            .as_array()
-            .is_some_and(|a| a.iter().any(|s| s["dpid"].as_str() == Some(dpid.as_str())))
+        let dpids = switches.as_array().into_iter().flatten();
+        dpids
+            .filter_map(|s| u64::from_str_radix(s["dpid"].as_str()?, 16).ok())
+            .collect()
     }
 
     /// Kill the controller (SIGKILL: no goodbye to the switches) and start it again on the
@@ -611,8 +619,6 @@ impl Ctl {
         strip_ansi(&self.log())
     }
 
-    /// Waits for a log line containing `needle`: the log is written a moment after what
-    /// it reports (the ready file, an API answer), so a test that reads it must wait.
     /// Returns once a switch of this controller (since its first start) is past its
     /// reconnect grace (3 s from its connection), in which the controller deletes no rule:
     /// a reload in it leaves the proactive group's rule placing new connections until it
@@ -623,6 +629,8 @@ impl Ctl {
         self.wait_log("reconnect grace over", Duration::from_secs(10));
     }
 
+    /// Waits for a log line containing `needle`: the log is written a moment after what
+    /// it reports (the ready file, an API answer), so a test that reads it must wait.
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while !self.log_plain().contains(needle) {
