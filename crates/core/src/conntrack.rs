@@ -150,6 +150,9 @@ pub struct ConnTable {
     hasher: RandomState,
     shards: Box<[Shard]>,
     entries: Entries,
+    /// Entries each shard's index was built for by [`ConnTable::with_capacity`] (0: none):
+    /// it keeps that index however few entries it holds.
+    reserved_per_shard: usize,
 }
 
 impl Default for ConnTable {
@@ -168,7 +171,37 @@ impl ConnTable {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher,
             entries: Entries::default(),
+            reserved_per_shard: 0,
         }
+    }
+
+    /// A table built for `n` connections (`[controller] preallocate_connections`): every
+    /// shard's index as long as `n` connections would grow it, the store's chunks for `n`
+    /// entries, and all of it written once here, so that the kernel has mapped its pages.
+    /// Until the table holds about `n`, an insert neither grows an index (a new one built
+    /// and the old one's slots moved) nor meets a page the kernel has yet to zero and
+    /// map: both on the PACKET_IN path otherwise (in `flowgate bench controller` at
+    /// 600,000 setups/s, with the controller's CPU about half busy, page faults took
+    /// 2.5–5 % of its time and index growth 0.5–0.7 %). Built for the connections the run
+    /// reached, it took 6 % off the CPU per setup; built for twice as many, about half of
+    /// that, as the larger index misses the TLB more (`docs/benchmarks.md`, stop 38).
+    /// What it builds is kept when the connections end; past `n` the table grows as any
+    /// other. About 65 bytes per connection, taken at once.
+    pub fn with_capacity(n: usize) -> Self {
+        let mut t = Self::default();
+        if n == 0 {
+            return t;
+        }
+        // A shard holds n / SHARDS on average; hashing spreads them binomially, so the
+        // fullest of 4,096 shards holds about four standard deviations more.
+        let mean = n.div_ceil(SHARDS);
+        let fullest = mean + 4 * mean.isqrt() + 8;
+        for (s, shard) in t.shards.iter_mut().enumerate() {
+            shard.index = touched(vec![0; index_len_holding(s, fullest)]).into_boxed_slice();
+        }
+        t.reserved_per_shard = fullest;
+        t.entries.reserve(n.min(MAX_ENTRIES));
+        t
     }
 
     /// The key's hash and its shard.
@@ -249,7 +282,7 @@ impl ConnTable {
         }
         shard.delete_slot(i);
         shard.len -= 1;
-        shard.shrink_if_sparse();
+        shard.shrink_if_sparse(s, self.reserved_per_shard);
         let last = self.entries.len - 1;
         if e != last {
             // The last entry moves into the hole: its slot must say so.
@@ -311,6 +344,8 @@ impl ConnTable {
 struct Entries {
     chunks: Vec<Vec<(ConnKey, Conn)>>,
     len: usize,
+    /// Chunks kept however few entries the store holds ([`Entries::reserve`]).
+    reserved: usize,
 }
 
 impl Entries {
@@ -324,6 +359,35 @@ impl Entries {
         self.chunks
             .get_mut(p >> CHUNK_BITS)?
             .get_mut(p & (CHUNK - 1))
+    }
+
+    /// Chunks for `n` entries, written once (see [`ConnTable::with_capacity`]), kept
+    /// however few entries the store holds.
+    fn reserve(&mut self, n: usize) {
+        let filler = (
+            ConnKey {
+                client: Ipv4Addr::UNSPECIFIED,
+                client_port: 0,
+                service_addr: Ipv4Addr::UNSPECIFIED,
+                service_port: 0,
+            },
+            Conn {
+                service: 0,
+                backend: 0,
+                created_ms: 0,
+                installed: false,
+                reply: Reply::Unseen,
+                isn: None,
+                tag: 0,
+                client_mac: MacId::UNKNOWN,
+            },
+        );
+        while self.chunks.len() < n.div_ceil(CHUNK) {
+            let mut chunk = touched(vec![filler; CHUNK]);
+            chunk.clear();
+            self.chunks.push(chunk);
+        }
+        self.reserved = self.chunks.len();
     }
 
     /// Append at position `len`.
@@ -355,8 +419,8 @@ impl Entries {
         // a table that hovers about a chunk's boundary does not allocate and free 640 KB
         // over and over; then it goes back to the allocator.
         let tail = self.len >> CHUNK_BITS;
-        if self.chunks.len() > tail + 1 && self.len & (CHUNK - 1) < CHUNK / 2 {
-            self.chunks.truncate(tail + 1);
+        if self.chunks.len() > (tail + 1).max(self.reserved) && self.len & (CHUNK - 1) < CHUNK / 2 {
+            self.chunks.truncate((tail + 1).max(self.reserved));
         }
         Some(removed)
     }
@@ -440,8 +504,7 @@ impl Shard {
     /// passes the shard's load limit, between 26/64 and 38/64 by its number.
     #[inline]
     fn grow_for(&mut self, s: usize, n: usize) {
-        let limit = 26 + s % 13;
-        if n * 64 > self.index.len() * limit {
+        if n * 64 > self.index.len() * load_limit(s) {
             self.resize_index((self.index.len() * 2).max(8));
         }
     }
@@ -449,9 +512,18 @@ impl Shard {
     /// A shard that held a flood's connections gives its memory back once they are gone:
     /// below an eighth of its index (well under what it grows at, so that a shard near a
     /// boundary does not resize back and forth).
-    fn shrink_if_sparse(&mut self) {
+    /// Not below what it was built for (shard number `s` of a table built for
+    /// `reserved` entries a shard).
+    fn shrink_if_sparse(&mut self, s: usize, reserved: usize) {
         if self.len * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
-            self.resize_index(index_len_for(self.len));
+            let floor = if reserved == 0 {
+                0
+            } else {
+                index_len_holding(s, reserved)
+            };
+            if self.index.len() > floor {
+                self.resize_index(index_len_for(self.len).max(floor));
+            }
         }
     }
 
@@ -502,6 +574,32 @@ impl Shard {
 /// Indexes this small are not shrunk (a shard of a few connections keeps its few lines).
 const MIN_SHRINK_SLOTS: usize = 64;
 
+/// Shard `s`'s load limit, in 64ths: it grows its index past it.
+#[inline]
+fn load_limit(s: usize) -> usize {
+    26 + s % 13
+}
+
+/// The index shard `s` has once it has grown for `n` entries ([`Shard::grow_for`]).
+fn index_len_holding(s: usize, n: usize) -> usize {
+    let mut len = 8;
+    while n * 64 > len * load_limit(s) {
+        len *= 2;
+    }
+    len
+}
+
+/// `v` with each element written, so that its pages are mapped now: an allocation this
+/// large comes fresh from the kernel, and the allocator knows it to be zero already.
+fn touched<T: Copy>(mut v: Vec<T>) -> Vec<T> {
+    for x in v.iter_mut() {
+        // Opaque to the compiler, so the store is not dropped as one of a value known
+        // to be there.
+        *x = std::hint::black_box(*x);
+    }
+    v
+}
+
 /// Index slots for `n` entries: a power of two, at least twice `n` (linear probing's
 /// probes stay short below half full), at least 8.
 fn index_len_for(n: usize) -> usize {
@@ -534,6 +632,82 @@ mod tests {
             tag: i as u16,
             client_mac: MacId::UNKNOWN,
         }
+    }
+
+    /// `[controller] preallocate_connections`: up to its capacity the table neither grows
+    /// nor gives back; past it, it grows and shrinks as any other, not below what it was
+    /// built for.
+    #[test]
+    fn a_preallocated_table_keeps_its_size_within_its_capacity() {
+        let n = 100_000;
+        let slots = |t: &ConnTable| t.shards.iter().map(|s| s.index.len()).collect::<Vec<_>>();
+        let mut t = ConnTable::with_capacity(n);
+        let built = slots(&t);
+        let chunks = t.entries.chunks.len();
+        assert!(chunks * CHUNK >= n);
+        assert!(built.iter().all(|&l| l > 8), "{built:?}");
+        for i in 0..n as u32 {
+            assert_eq!(t.insert(key(i), conn(i)), None);
+        }
+        assert_eq!(slots(&t), built, "no shard's index grew");
+        assert_eq!(t.entries.chunks.len(), chunks, "no chunk was added");
+        assert!((0..n as u32).all(|i| t.get(&key(i)) == Some(&conn(i))));
+        for i in 0..n as u32 {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+        }
+        assert!(t.is_empty());
+        assert_eq!(slots(&t), built, "no shard's index shrank");
+        assert_eq!(t.entries.chunks.len(), chunks, "the chunks stayed");
+
+        let more = 4 * n as u32;
+        for i in 0..more {
+            t.insert(key(i), conn(i));
+        }
+        let grown = slots(&t);
+        assert!(grown.iter().zip(&built).all(|(now, was)| now >= was));
+        assert!(grown.iter().sum::<usize>() > built.iter().sum::<usize>());
+        assert!((0..more).all(|i| t.get(&key(i)) == Some(&conn(i))));
+        for i in 0..more {
+            assert_eq!(t.remove(&key(i)), Some(conn(i)));
+        }
+        assert_eq!(slots(&t), built, "back to what it was built for");
+        assert_eq!(t.entries.chunks.len(), chunks);
+        // An ordinary table gives its memory back.
+        let mut plain = ConnTable::new();
+        for i in 0..more {
+            plain.insert(key(i), conn(i));
+        }
+        for i in 0..more {
+            plain.remove(&key(i));
+        }
+        assert!(slots(&plain).iter().all(|&l| l <= MIN_SHRINK_SLOTS));
+        assert!(plain.entries.chunks.len() <= 1);
+    }
+
+    /// What `with_capacity` builds is in memory when it returns (not left for the first
+    /// inserts to fault in): the process's resident set grew by all of it. (nextest runs
+    /// each test in a process of its own.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_preallocated_table_is_resident_at_once() {
+        fn resident() -> usize {
+            let status = std::fs::read_to_string("/proc/self/status").expect("status");
+            let kb = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+                .expect("VmRSS");
+            kb * 1024
+        }
+        let before = resident();
+        let t = ConnTable::with_capacity(1_000_000);
+        let grew = resident().saturating_sub(before);
+        let built = t.shards.iter().map(|s| s.index.len() * 8).sum::<usize>()
+            + t.entries.chunks.len() * CHUNK * std::mem::size_of::<(ConnKey, Conn)>();
+        assert!(
+            grew * 10 >= built * 9,
+            "{grew} bytes resident of {built} built"
+        );
     }
 
     #[test]

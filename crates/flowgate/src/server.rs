@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flowgate_core::{Config, Controller};
 use tokio::net::TcpListener;
@@ -37,7 +37,18 @@ pub async fn run_with_path(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let built = Instant::now();
+    // With `preallocate_connections`, this maps the connection table's memory: a second
+    // or so for millions, before any switch is served (their connections wait in the
+    // listener's backlog).
     let controller = Controller::new(&config);
+    if config.controller.preallocate_connections > 0 {
+        tracing::info!(
+            connections = config.controller.preallocate_connections,
+            ms = built.elapsed().as_millis() as u64,
+            "connection table preallocated"
+        );
+    }
     let handle = Handle::new(controller, config, config_path).with_park_spin(listeners.park_spin);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();

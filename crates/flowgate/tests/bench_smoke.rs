@@ -160,6 +160,14 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             "0.25,0.5",
         ][..],
         &["--peers", "flowgate", "--latency"][..],
+        // The connection table built at start (`preallocate_connections`).
+        &[
+            "--peers",
+            "flowgate",
+            "--latency",
+            "--controller-preallocate",
+            "100000",
+        ][..],
         &["--peers", "flowgate", "--rate", "2000"][..],
         // Controller and switches on CPUs of their own (needs two).
         &["--peers", "flowgate", "--rate", "2000", "--pin"][..],
@@ -254,6 +262,11 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
         assert_eq!(tails, expected - windowed, "{table}");
         assert!(
             table.contains("setups over 100 µs (") || table.contains("no setup took over 100 µs"),
+            "{table}"
+        );
+        assert_eq!(
+            extra.contains(&"--controller-preallocate"),
+            table.contains("table preallocated for 100000 connections"),
             "{table}"
         );
         // The bench checked the controller's affinity before it measured.

@@ -275,6 +275,11 @@ pub struct ControllerConfig {
     /// cannot fill the tables for every other. Not at a domain's uplink (`[cluster]
     /// uplink`), where the other domains' hosts are seen.
     pub max_hosts_per_port: u32,
+    /// Connections the connection table is built for at start, its memory mapped then
+    /// (about 65 bytes each): up to that many, a new connection's PACKET_IN neither grows
+    /// the table nor waits for the kernel to map a page for it. 0 (the default): the
+    /// table grows as connections come. Past it, it grows too.
+    pub preallocate_connections: usize,
     /// A host with a known address that has sent nothing up for this long is asked by ARP
     /// whether it is still there, and forgotten (its L2 rules deleted, its place in the
     /// tables freed) if it does not answer (see `Controller::age_hosts`). `None`: hosts
@@ -580,6 +585,10 @@ fn validate(
     let max_hosts_per_port = ctl
         .int_in("max_hosts_per_port", 1, 10_000_000, errs)
         .map_or(DEFAULT_MAX_HOSTS_PER_PORT, |v| v as u32);
+    // A hundred million is 6 GB.
+    let preallocate_connections = ctl
+        .int_in("preallocate_connections", 0, 100_000_000, errs)
+        .map_or(0, |v| v as usize);
     // 0 turns ageing off; at most a week.
     let host_timeout = match ctl.int_in("host_timeout_secs", 0, 604_800, errs) {
         Some(0) => None,
@@ -657,6 +666,7 @@ fn validate(
             reconnect_grace,
             max_hosts,
             max_hosts_per_port,
+            preallocate_connections,
             host_timeout,
             unknown_flow,
             fin_timeout_secs,

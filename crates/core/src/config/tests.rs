@@ -282,6 +282,28 @@ fn the_host_table_is_bounded_by_default() {
 }
 
 #[test]
+fn the_connection_table_is_preallocated_only_when_asked() {
+    assert_eq!(
+        with("").expect("valid").controller.preallocate_connections,
+        0
+    );
+    assert_eq!(
+        with("[controller]\npreallocate_connections = 2000000\n")
+            .expect("valid")
+            .controller
+            .preallocate_connections,
+        2_000_000
+    );
+    for bad in ["-1", "100000001", "\"many\""] {
+        assert_eq!(
+            the_error(&format!("[controller]\npreallocate_connections = {bad}\n")),
+            "controller.preallocate_connections",
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn hosts_age_after_five_minutes_by_default_and_zero_turns_it_off() {
     let timeout = |toml: &str| with(toml).expect("valid").controller.host_timeout;
     assert_eq!(timeout(""), Some(Duration::from_secs(300)));

@@ -344,7 +344,7 @@ impl Controller {
             service_addrs: Vec::new(),
             virtual_macs: Vec::new(),
             backend_index: HashMap::default(),
-            conns: ConnTable::new(),
+            conns: ConnTable::with_capacity(config.controller.preallocate_connections),
             counters: Counters::default(),
             events: VecDeque::with_capacity(EVENT_RING),
             seed,

@@ -127,6 +127,12 @@ pub struct ControllerArgs {
     /// sleeps, so a batch does not wait for its CPU to wake.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub controller_spin_us: u64,
+    /// flowgate only: the connections its table is built for at start (`[controller]
+    /// preallocate_connections`; 0, the default: it grows as they come). Every probe is
+    /// a new connection and none ends unless `--expire-after`, so a run tracks about its
+    /// rate times its length.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    pub controller_preallocate: u64,
     /// Before each run, measure the machine's hiccups for this many milliseconds: a busy
     /// thread on each CPU, and how long each went without running (see `flowgate bench
     /// hiccups`), before the controller under test is started. 0: not measured.
@@ -773,6 +779,12 @@ pub fn flowgate_config(args: &ControllerArgs) -> anyhow::Result<String> {
     if args.controller_spin_us > 0 {
         c += &format!("spin_before_park_us = {}\n", args.controller_spin_us);
     }
+    if args.controller_preallocate > 0 {
+        c += &format!(
+            "\n[controller]\npreallocate_connections = {}\n",
+            args.controller_preallocate
+        );
+    }
     if args.controller_overload != "off" {
         c += &format!(
             "\n[controller.overload]\nmode = \"{}\"\n",
@@ -936,14 +948,18 @@ pub fn spawn_peer(
                 addr,
                 api,
                 version: format!(
-                    "flowgate {} ({}{})",
+                    "flowgate {} ({}{}{})",
                     env!("CARGO_PKG_VERSION"),
                     match args.controller_threads {
                         0 => "worker threads: one per CPU".to_string(),
                         1 => "1 worker thread".to_string(),
                         n => format!("{n} worker threads"),
                     },
-                    spin_label(args.controller_spin_us)
+                    spin_label(args.controller_spin_us),
+                    match args.controller_preallocate {
+                        0 => String::new(),
+                        n => format!(", table preallocated for {n} connections"),
+                    }
                 ),
                 child,
                 _dir: dir,
