@@ -393,50 +393,43 @@ impl Topology {
         {
             return HostChange::Same;
         }
-        if !self.hosts.contains_key(&mac) {
-            if self.full(self.hosts.len()) {
-                return HostChange::Refused;
+        // A known host, the common case on the PACKET_IN path: one lookup.
+        if let Some(h) = self.hosts.get_mut(&mac) {
+            h.last_seen = now;
+            h.probes = 0;
+            if h.at == at {
+                return HostChange::Same;
             }
-            if self.port_full(at, |s| s.hosts) {
-                return HostChange::PortFull;
-            }
+            let from = std::mem::replace(&mut h.at, at);
+            let addresses = h.addresses;
+            count_out(&mut self.share_at, from, addresses);
+            let share = self.share_at.entry(at).or_default();
+            share.hosts += 1;
+            share.addresses += addresses;
+            return HostChange::Moved;
         }
-        match self.hosts.get_mut(&mac) {
-            Some(h) if h.at == at => {
-                h.last_seen = now;
-                h.probes = 0;
-                HostChange::Same
-            }
-            Some(h) => {
-                let from = std::mem::replace(&mut h.at, at);
-                h.last_seen = now;
-                h.probes = 0;
-                let addresses = h.addresses;
-                count_out(&mut self.share_at, from, addresses);
-                let share = self.share_at.entry(at).or_default();
-                share.hosts += 1;
-                share.addresses += addresses;
-                HostChange::Moved
-            }
-            None => {
-                self.hosts.insert(
-                    mac,
-                    HostInfo {
-                        at,
-                        ip: None,
-                        last_seen: now,
-                        probes: 0,
-                        addresses: 0,
-                    },
-                );
-                self.share_at.entry(at).or_default().hosts += 1;
-                // A host forgotten with its port (unplugged, its switch gone) that comes
-                // back elsewhere moved: what was routed to it must follow.
-                match self.forgotten.remove(&mac) {
-                    Some(was) if was != at => HostChange::Moved,
-                    _ => HostChange::New,
-                }
-            }
+        if self.full(self.hosts.len()) {
+            return HostChange::Refused;
+        }
+        if self.port_full(at, |s| s.hosts) {
+            return HostChange::PortFull;
+        }
+        self.hosts.insert(
+            mac,
+            HostInfo {
+                at,
+                ip: None,
+                last_seen: now,
+                probes: 0,
+                addresses: 0,
+            },
+        );
+        self.share_at.entry(at).or_default().hosts += 1;
+        // A host forgotten with its port (unplugged, its switch gone) that comes back
+        // elsewhere moved: what was routed to it must follow.
+        match self.forgotten.remove(&mac) {
+            Some(was) if was != at => HostChange::Moved,
+            _ => HostChange::New,
         }
     }
 
