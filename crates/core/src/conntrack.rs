@@ -511,9 +511,8 @@ impl Shard {
 
     /// A shard that held a flood's connections gives its memory back once they are gone:
     /// below an eighth of its index (well under what it grows at, so that a shard near a
-    /// boundary does not resize back and forth).
-    /// Not below what it was built for (shard number `s` of a table built for
-    /// `reserved` entries a shard).
+    /// boundary does not resize back and forth), down to what it was built for (it is
+    /// shard number `s` of a table built for `reserved` entries a shard; 0: none).
     fn shrink_if_sparse(&mut self, s: usize, reserved: usize) {
         if self.len * 8 < self.index.len() && self.index.len() > MIN_SHRINK_SLOTS {
             let floor = if reserved == 0 {

@@ -510,6 +510,18 @@ fn a_reload_names_the_settings_that_need_a_restart() {
     // Host-table bounds apply at once.
     let bounds = "[controller]\nmax_hosts_per_port = 9\n";
     assert_eq!(reload(&format!("{text}{bounds}")), json!([]));
+    // The connection table is built at start.
+    let table = "[controller]\npreallocate_connections = 1000\n";
+    assert_eq!(
+        reload(&format!("{text}{table}")),
+        json!(["controller.preallocate_connections"])
+    );
+    // Each reload compares its file with what runs (the table built at start).
+    assert_eq!(
+        reload(&format!("{text}{table}")),
+        json!(["controller.preallocate_connections"])
+    );
+    assert_eq!(reload(&text), json!([]));
 }
 
 #[test]

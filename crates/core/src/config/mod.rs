@@ -585,7 +585,7 @@ fn validate(
     let max_hosts_per_port = ctl
         .int_in("max_hosts_per_port", 1, 10_000_000, errs)
         .map_or(DEFAULT_MAX_HOSTS_PER_PORT, |v| v as u32);
-    // A hundred million is 6 GB.
+    // A hundred million is 6.5 GB.
     let preallocate_connections = ctl
         .int_in("preallocate_connections", 0, 100_000_000, errs)
         .map_or(0, |v| v as usize);

@@ -53,7 +53,7 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         // The running settings: a reload keeps the ones only a restart changes, so that
         // each later reload compares its file with what runs.
         let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
-        let checks: [(&'static str, bool); 9] = [
+        let checks: [(&'static str, bool); 10] = [
             (
                 "openflow.listen",
                 old.openflow.listen != config.openflow.listen,
@@ -83,12 +83,18 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
                 "runtime.spin_before_park_us",
                 old.runtime.spin_before_park != config.runtime.spin_before_park,
             ),
+            // The connection table is built with the controller.
+            (
+                "controller.preallocate_connections",
+                old.controller.preallocate_connections != config.controller.preallocate_connections,
+            ),
         ];
         restart_needed.extend(checks.iter().filter(|c| c.1).map(|c| c.0));
         config.openflow = old.openflow.clone();
         config.api.listen = old.api.listen;
         config.cluster = old.cluster.clone();
         config.runtime = old.runtime;
+        config.controller.preallocate_connections = old.controller.preallocate_connections;
     }
     let services = config.services.len();
     {
