@@ -588,8 +588,8 @@ fn index_len_holding(s: usize, n: usize) -> usize {
     len
 }
 
-/// `v` with each element written, so that its pages are mapped now: an allocation this
-/// large comes fresh from the kernel, and the allocator knows it to be zero already.
+/// `v` with each element written, so that its pages are mapped now: `vec![x; n]` may take
+/// its memory fresh from the kernel, known to be zero, and then write none of it.
 fn touched<T: Copy>(mut v: Vec<T>) -> Vec<T> {
     for x in v.iter_mut() {
         // Opaque to the compiler, so the store is not dropped as one of a value known
