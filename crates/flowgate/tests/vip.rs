@@ -388,24 +388,34 @@ fn ovs_controller_restart_keeps_connections() {
     t.bridges[0]
         .wait_connected(Duration::from_secs(15))
         .expect("switch reconnects");
+    // The restarted controller rebuilds the download's connection from the switch's flow
+    // stats. Read while the download runs: a second after it ends (its FIN, then
+    // `fin_timeout`) the switch removes its rules and the count with them, so a read
+    // after curl returned raced that second.
+    let rebuilt = |services: &serde_json::Value| -> u64 {
+        services[0]["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["active_connections"].as_u64().unwrap())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut services = ctl.get_json("/api/v1/services");
+    while rebuilt(&services) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        services = ctl.get_json("/api/v1/services");
+    }
+    assert!(
+        rebuilt(&services) >= 1,
+        "connections rebuilt from flow stats: {services}"
+    );
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         text.trim(),
         "200 6000000",
         "the download survived the restart (curl: {text})"
-    );
-
-    let services = ctl.get_json("/api/v1/services");
-    let rebuilt: u64 = services[0]["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["active_connections"].as_u64().unwrap())
-        .sum();
-    assert!(
-        rebuilt >= 1,
-        "connections rebuilt from flow stats: {services}"
     );
 
     ctl.wait_backends_ready(Duration::from_secs(15));
