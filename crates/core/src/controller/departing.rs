@@ -59,7 +59,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::MacAddr;
-use ofp::{Action, Actions, FlowMod, Instruction, Match, Message, Oxm};
+use ofp::{Action, Actions, Bytes, FlowMod, Instruction, Match, Message, Oxm};
 
 use super::conn_rule::Syn;
 use super::nicira::{self, ct_state};
@@ -283,7 +283,7 @@ impl Controller {
         out.push(at.dpid, Message::FlowMod(fm));
         out.push(
             at.dpid,
-            rules::packet_out(at.in_port, actions, at.data.clone()),
+            rules::packet_out(at.in_port, actions, Bytes::copy_from_slice(at.data)),
         );
         true
     }

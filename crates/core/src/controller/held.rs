@@ -77,7 +77,7 @@ impl Controller {
         let settling = self.any_in_grace();
         if let (Some(since), true) = (self.held.retrying, settling) {
             // Tried again and still not placeable: back as it was.
-            self.hold(since, at, at.data.clone());
+            self.hold(since, at);
             return;
         }
         let Some(s) = self.services.get_mut(si) else {
@@ -89,8 +89,7 @@ impl Controller {
             return;
         }
         s.counters.held_settling += 1;
-        // A copy: a slice would keep the whole read buffer it came in alive.
-        self.hold(now, at, Bytes::copy_from_slice(at.data));
+        self.hold(now, at);
         self.ask_for_backends(now, out);
     }
 
@@ -108,14 +107,15 @@ impl Controller {
         }
     }
 
-    fn hold(&mut self, since: Instant, at: &Arrival<'_>, data: Bytes) {
+    fn hold(&mut self, since: Instant, at: &Arrival<'_>) {
         if self.held.syns.len() >= MAX_HELD {
             return;
         }
         self.held.syns.push_back(HeldSyn {
             dpid: at.dpid,
             in_port: at.in_port,
-            data,
+            // A copy: the packet lies in the session's read buffer, which is reused.
+            data: Bytes::copy_from_slice(at.data),
             since,
         });
     }

@@ -20,7 +20,7 @@ impl Controller {
         now: Instant,
         dpid: Dpid,
         (in_port, cookie): (Option<u32>, u64),
-        data: &Bytes,
+        data: &[u8],
         out: &mut Outbox,
     ) {
         self.counters.packet_in += 1;
@@ -214,7 +214,7 @@ impl Controller {
         dpid: Dpid,
         in_port: u32,
         dst: MacAddr,
-        data: &Bytes,
+        data: &[u8],
         out: &mut Outbox,
     ) {
         let mut actions = Actions::new();
@@ -246,7 +246,10 @@ impl Controller {
                 }
             }
         }
-        out.push(dpid, rules::packet_out(in_port, actions, data.clone()));
+        out.push(
+            dpid,
+            rules::packet_out(in_port, actions, Bytes::copy_from_slice(data)),
+        );
     }
 
     /// Install, on every switch, the rule carrying traffic for `mac` toward it.

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use flowgate_packet::{self as packet, Frame, MacAddr, Tcp};
-use ofp::{Action, Bytes, Instruction, Oxm};
+use ofp::{Action, Instruction, Oxm};
 
 use super::conn_rule::{ConnPacketOut, ConnRule, Out, Rewrite, Syn};
 use super::ended::Tuple;
@@ -55,7 +55,7 @@ pub(crate) struct Arrival<'a> {
     pub(crate) frame: &'a Frame<'a>,
     pub(crate) tcp: &'a Tcp<'a>,
     /// The packet, as the PACKET_IN carried it.
-    pub(crate) data: &'a Bytes,
+    pub(crate) data: &'a [u8],
 }
 
 impl Arrival<'_> {
@@ -885,12 +885,6 @@ impl Controller {
                 rules::packet_out(ofp::port::CONTROLLER, rules::output(at.in_port), rst),
             );
         }
-    }
-
-    fn since_refresh(&self, now: Instant) -> std::time::Duration {
-        self.last_refresh
-            .map(|t| now.saturating_duration_since(t))
-            .unwrap_or_default()
     }
 
     /// After a restart or a reconnect: a connection rule the switch still holds becomes a

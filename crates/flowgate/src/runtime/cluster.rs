@@ -447,14 +447,14 @@ pub(crate) fn on_switch_message(
     }
 }
 
-/// [`on_switch_message`] for a PACKET_IN still in its frame (the session decodes those
-/// while the core handles them): true when a standby must not hand it to the core. Decodes
-/// only on a standby's session; a frame that does not decode is left to the core, whose
-/// decoding ends the session.
+/// [`on_switch_message`] for a PACKET_IN still in its frame (the core reads those in
+/// place): true when a standby must not hand it to the core. Reads it only on a standby's
+/// session; a frame that does not read as a PACKET_IN is left to the core, whose reading
+/// ends the session.
 pub(crate) fn standby_drops_packet_in(
     handle: &Handle,
     features: &ofp::SwitchFeatures,
-    frame: &ofp::Bytes,
+    frame: &[u8],
 ) -> bool {
     let cs = &handle.cluster;
     if cs.is_single()
@@ -466,10 +466,9 @@ pub(crate) fn standby_drops_packet_in(
     {
         return false;
     }
-    match ofp::decode(frame.clone()) {
-        Ok((_, m)) => on_switch_message(handle, features, &m),
-        Err(_) => false,
-    }
+    // What `on_switch_message` decides of a decoded PACKET_IN on a standby's session,
+    // read through the view.
+    ofp::PacketInView::new(frame).is_ok_and(|v| is_ipv4_tcp(v.data()))
 }
 
 /// An untagged Ethernet frame carrying IPv4 TCP.

@@ -148,26 +148,23 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             .map_err(|e| SessionError::Frame(e.to_string()))
     }
 
-    /// The next whole frame, in place: read it, then [`Reader::consume`] it. For the
-    /// messages read without a `Bytes` of their own (FLOW_REMOVED): a handle per frame
-    /// is a split and a reference count, 6 % of the controller's CPU with connections
-    /// ending, where two of every three frames are FLOW_REMOVEDs.
-    fn peek(&self) -> Result<Option<&[u8]>, SessionError> {
+    /// The whole frame that starts `at` bytes into the buffer, in place: the batch reads
+    /// its messages where they lie, then [`Reader::consume`]s them together. A `Bytes`
+    /// handle per frame is a split and a reference count: 6 % of the controller's CPU with
+    /// connections ending (two of every three frames FLOW_REMOVEDs), and for PACKET_INs a
+    /// split, a slice and two drops, four atomic operations each.
+    fn peek_at(&self, at: usize) -> Result<Option<&[u8]>, SessionError> {
+        let rest = self.buf.get(at..).unwrap_or_default();
         let len = self
             .framer
-            .frame_len(&self.buf)
+            .frame_len(rest)
             .map_err(|e| SessionError::Frame(e.to_string()))?;
-        Ok(len.and_then(|n| self.buf.get(..n)))
+        Ok(len.and_then(|n| rest.get(..n)))
     }
 
-    /// Drop the frame [`Reader::peek`] returned.
+    /// Drop the first `len` bytes: the frames a batch read in place.
     fn consume(&mut self, len: usize) {
         self.buf.advance(len.min(self.buf.len()));
-    }
-
-    /// Take the frame [`Reader::peek`] returned, as a `Bytes` of its own (not framed again).
-    fn take(&mut self, len: usize) -> Bytes {
-        self.buf.split_to(len.min(self.buf.len())).freeze()
     }
 }
 
@@ -465,15 +462,19 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         batch.clear();
         let mut packet_ins = 0u64;
-        while let Some(peeked) = rd.peek()? {
+        // The batch's frames stay in the read buffer until it is handled: `scanned` bytes
+        // of it are the batch's.
+        let mut scanned = 0;
+        while let Some(peeked) = rd.peek_at(scanned)? {
             // The framer checked the header (§7.1): byte 1 is the type.
             let msg_type = peeked.get(1).copied().unwrap_or_default();
             let len = peeked.len();
+            let at = scanned;
+            scanned += len;
             if msg_type == ofp::MsgType::FlowRemoved as u8 {
                 // Read in place, outside the lock, and never decoded (see `RuleEnded`). A
                 // bad one ends the batch, as any message that does not decode does.
                 let read = ofp::FlowRemovedView::new(peeked).map(|v| RuleEnded::of_view(&v));
-                rd.consume(len);
                 match read {
                     Ok(e) => batch.push(Pending::Ended(e)),
                     Err(e) => {
@@ -482,14 +483,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                 }
             } else if msg_type == ofp::MsgType::PacketIn as u8 {
-                let frame = rd.take(len);
-                if super::cluster::standby_drops_packet_in(handle, features, &frame) {
+                if super::cluster::standby_drops_packet_in(handle, features, peeked) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
                 } else if budget.take(work_start) {
                     // (One clock read per batch: every frame of it was already buffered
                     // at `work_start`.)
                     packet_ins += 1;
-                    batch.push(Pending::Frame(frame));
+                    batch.push(Pending::Frame { at, len });
                 } else {
                     dropped_packet_ins += 1;
                     // Reported with the next batch that reaches the core.
@@ -504,7 +504,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                 }
             } else {
-                let (xid, msg) = match ofp::decode(rd.take(len)) {
+                // Rare (echoes, errors, replies): decoded from a copy of their own.
+                let (xid, msg) = match ofp::decode(Bytes::copy_from_slice(peeked)) {
                     Ok(m) => m,
                     Err(e) => {
                         batch.push(Pending::Undecodable(e));
@@ -535,19 +536,25 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 break;
             }
         }
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            // Answered here (echoes), dropped, or the cluster layer's: done with.
+            rd.consume(scanned);
+        } else {
             let now = Instant::now();
             let mut core = handle.lock();
             let locked = Instant::now();
             let (mut shed_work, mut shed_n) = (Duration::ZERO, 0u32);
             let mut undecodable = None;
             let n = batch.len();
+            let buf: &[u8] = &rd.buf;
+            // A frame of the batch, where it lies (always there: `scanned` covers it).
+            let frame = |at: usize, len: usize| buf.get(at..at + len).unwrap_or_default();
             core.with(|c, out| {
                 // The batch's connection-table lines, loaded together (see the method).
                 for p in &batch {
-                    match p {
-                        Pending::Frame(f) => c.prefetch_packet_in(f),
-                        Pending::Ended(e) => c.prefetch_rule_ended(e),
+                    match *p {
+                        Pending::Frame { at, len } => c.prefetch_packet_in(frame(at, len)),
+                        Pending::Ended(ref e) => c.prefetch_rule_ended(e),
                         _ => {}
                     }
                 }
@@ -561,10 +568,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         // PACKET_INs are read in place, never decoded into a `Message`
                         // (792 bytes, and its packet's reference count): the core takes
                         // the frame through `ofp::PacketInView`.
-                        Pending::Frame(f) => {
+                        Pending::Frame { at, len } => {
                             let shed_before = c.shed_total();
                             let start = t.unwrap_or_else(|| clock.raw());
-                            if let Err(e) = c.handle_packet_in_frame(now, dpid, &f, out) {
+                            let f = frame(at, len);
+                            if let Err(e) = c.handle_packet_in_frame(now, dpid, f, out) {
                                 undecodable = Some(e);
                                 break;
                             }
@@ -598,6 +606,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             if let Some(e) = undecodable {
                 return Err(SessionError::Decode(e.to_string()));
             }
+            rd.consume(scanned);
             let done = Instant::now();
             // The shed PACKET_INs' part of reading and framing, pro rata.
             let decoding = now.saturating_duration_since(work_start);
@@ -664,13 +673,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-/// A message of a batch for the core: a PACKET_IN as its bytes, which the core reads in
-/// place (checked as it is handled: a bad one ends the batch there); a FLOW_REMOVED as the
-/// core reads it; the rest decoded already (boxed: they are rare, and a `Message` is 792
-/// bytes).
+/// A message of a batch for the core: a PACKET_IN as where its bytes lie, which the core
+/// reads in place (checked as it is handled: a bad one ends the batch there); a
+/// FLOW_REMOVED as the core reads it; the rest decoded already (boxed: they are rare, and a
+/// `Message` is 792 bytes).
 enum Pending {
-    /// A PACKET_IN.
-    Frame(Bytes),
+    /// A PACKET_IN: where it lies in the read buffer.
+    Frame {
+        at: usize,
+        len: usize,
+    },
     /// A FLOW_REMOVED, as the core reads it.
     Ended(RuleEnded),
     /// A message that does not decode: the batch's end, and the session's, once what came

@@ -76,3 +76,63 @@ pub fn handshake(addr: SocketAddr, dpid: u64) -> TcpStream {
         }
     }
 }
+
+/// The MAC the controller gives the first service's VIP unless configured (`virtual_mac`).
+pub const VIP_MAC: [u8; 6] = [0x02, 0x66, 0x67, 0x00, 0x00, 0x01];
+
+fn csum(data: &[u8]) -> u16 {
+    let mut s: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// A TCP SYN from 10.0.0.77:`sport` to the VIP, as a PACKET_IN from port 1 (§7.4.1).
+pub fn packet_in_syn(xid: u32, sport: u16) -> Vec<u8> {
+    let src = [10, 0, 0, 77];
+    let dst = [10, 0, 0, 100];
+    let mut tcp = Vec::with_capacity(20);
+    tcp.extend_from_slice(&sport.to_be_bytes());
+    tcp.extend_from_slice(&80u16.to_be_bytes());
+    tcp.extend_from_slice(&u32::from(sport).wrapping_mul(7919).to_be_bytes()); // seq
+    tcp.extend_from_slice(&0u32.to_be_bytes()); // ack
+    tcp.extend_from_slice(&[0x50, 0x02]); // data offset 5, SYN
+    tcp.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]); // window, checksum, urgent
+    let mut pseudo = Vec::with_capacity(32);
+    pseudo.extend_from_slice(&src);
+    pseudo.extend_from_slice(&dst);
+    pseudo.extend_from_slice(&[0, 6, 0, 20]);
+    pseudo.extend_from_slice(&tcp);
+    let c = csum(&pseudo).to_be_bytes();
+    tcp[16] = c[0];
+    tcp[17] = c[1];
+    let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&dst);
+    let c = csum(&ip).to_be_bytes();
+    ip[10] = c[0];
+    ip[11] = c[1];
+    let mut frame = Vec::with_capacity(54);
+    frame.extend_from_slice(&VIP_MAC);
+    frame.extend_from_slice(&[0x02, 0, 0, 0, 0xbe, 0xef]);
+    frame.extend_from_slice(&[0x08, 0x00]);
+    frame.extend_from_slice(&ip);
+    frame.extend_from_slice(&tcp);
+
+    let len = 8 + 16 + 16 + 2 + frame.len();
+    let mut v = header(4, OFPT_PACKET_IN, len as u16, xid);
+    v.extend_from_slice(&0xffff_ffffu32.to_be_bytes()); // buffer_id: NO_BUFFER
+    v.extend_from_slice(&(frame.len() as u16).to_be_bytes()); // total_len
+    v.extend_from_slice(&[0, 0]); // reason NO_MATCH, table 0
+    v.extend_from_slice(&u64::MAX.to_be_bytes()); // cookie
+    // ofp_match: OXM, length 12 (in_port), padded to 16.
+    v.extend_from_slice(&[0, 1, 0, 12, 0x80, 0x00, 0x00, 0x04, 0, 0, 0, 1, 0, 0, 0, 0]);
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(&frame);
+    assert_eq!(v.len(), len);
+    v
+}
