@@ -231,6 +231,55 @@ const MAX_LEN: usize = 256;
 /// The body of a `fin_timeout` action as [`rules::fin_timeout_body`] makes it.
 const FIN_BODY_LEN: usize = 8;
 
+/// Where a connection rule's values lie (§7.3.4.1, §7.2.3): the cookie and idle timeout
+/// in the fixed fields, and the 4-tuple's values in its OXMs (each after a 4-byte
+/// header): the match starts at [`FIXED_LEN`] with 4 bytes of its own header, then
+/// eth_type (4+2) and ip_proto (4+1).
+const COOKIE_AT: usize = 8;
+const IDLE_TIMEOUT_AT: usize = 26;
+const IPV4_SRC_AT: usize = FIXED_LEN + 4 + 6 + 5 + 4;
+const IPV4_DST_AT: usize = IPV4_SRC_AT + 8;
+const TCP_SRC_AT: usize = IPV4_DST_AT + 8;
+const TCP_DST_AT: usize = TCP_SRC_AT + 6;
+
+/// The shapes a connection rule takes ([`ConnRule::shape`]): 4 SYN requirements × 16
+/// rewrites × with or without `fin_timeout` × to a port or to the controller.
+const SHAPES: usize = 256;
+
+/// A shape's rule with its values zeroed, and where its actions start.
+struct Template {
+    bytes: Vec<u8>,
+    actions: usize,
+}
+
+/// Every shape's template, made once (`encode_fields` of [`ConnRule::of_shape`]); 45 KB.
+fn templates() -> &'static [Template] {
+    static TEMPLATES: std::sync::OnceLock<Vec<Template>> = std::sync::OnceLock::new();
+    TEMPLATES.get_or_init(|| {
+        (0..SHAPES)
+            .map(|s| {
+                let r = ConnRule::of_shape(s);
+                let mut b = BytesMut::new();
+                r.encode_fields(&mut b);
+                let match_len = TUPLE_MATCH_LEN + if r.syn == Syn::Any { 0 } else { SYN_OXM_LEN };
+                Template {
+                    bytes: b.to_vec(),
+                    actions: FIXED_LEN + match_len.next_multiple_of(8) + INSTRUCTION_LEN,
+                }
+            })
+            .collect()
+    })
+}
+
+/// `v` written over `b` at `at` (nothing if it does not fit: a template is always long
+/// enough for its shape's values).
+#[inline(always)]
+fn put<const N: usize>(b: &mut [u8], at: usize, v: &[u8; N]) {
+    if let Some(d) = b.get_mut(at..at + N) {
+        d.copy_from_slice(v);
+    }
+}
+
 /// A cursor over the zeroed bytes a message will fill. Writes past their end are dropped
 /// (none can be: `encode` sizes them first). It borrows the bytes rather than holding
 /// them, so that the cursor is a small value that stays in a register: inside a struct
@@ -340,9 +389,122 @@ impl ConnRule {
         self.rewrite.len() + self.fin.map_or(0, experimenter_len) + OUTPUT_LEN
     }
 
+    /// Which of the [`SHAPES`] this rule has: what it asks of the SYN bit, which header
+    /// fields it rewrites, whether it has a `fin_timeout` and where it outputs. `None` for
+    /// a `fin_timeout` body of another length than [`rules::fin_timeout_body`]'s.
+    #[inline]
+    fn shape(&self) -> Option<usize> {
+        let syn = match self.syn {
+            Syn::Any => 0,
+            Syn::Not => 1,
+            Syn::Only => 2,
+            Syn::AndAck => 3,
+        };
+        let r = &self.rewrite;
+        let sets = usize::from(r.eth_dst.is_some())
+            | usize::from(r.ipv4_dst.is_some()) << 1
+            | usize::from(r.eth_src.is_some()) << 2
+            | usize::from(r.ipv4_src.is_some()) << 3;
+        let fin = match self.fin {
+            None => 0,
+            Some(b) if b.len() == FIN_BODY_LEN => 1,
+            Some(_) => return None,
+        };
+        let to_controller = usize::from(self.out == Out::Controller);
+        Some(syn | sets << 2 | fin << 6 | to_controller << 7)
+    }
+
+    /// The rule of shape `shape` with every value zeroed: the template's source.
+    fn of_shape(shape: usize) -> ConnRule {
+        const ZERO_BODY: [u8; FIN_BODY_LEN] = [0; FIN_BODY_LEN];
+        let bit = |i: usize| shape & (1 << i) != 0;
+        ConnRule {
+            cookie_low: 0,
+            idle_timeout: 0,
+            src: Ipv4Addr::UNSPECIFIED,
+            dst: Ipv4Addr::UNSPECIFIED,
+            sport: 0,
+            dport: 0,
+            syn: match shape & 3 {
+                0 => Syn::Any,
+                1 => Syn::Not,
+                2 => Syn::Only,
+                _ => Syn::AndAck,
+            },
+            rewrite: Rewrite {
+                eth_dst: bit(2).then_some(MacAddr::ZERO),
+                ipv4_dst: bit(3).then_some(Ipv4Addr::UNSPECIFIED),
+                eth_src: bit(4).then_some(MacAddr::ZERO),
+                ipv4_src: bit(5).then_some(Ipv4Addr::UNSPECIFIED),
+            },
+            fin: bit(6).then_some(&ZERO_BODY[..]),
+            out: if bit(7) {
+                Out::Controller
+            } else {
+                Out::Port(0)
+            },
+        }
+    }
+
     /// Append the whole FLOW_MOD, header included, with xid 0 (the runtime gives each
     /// message its switch's next one). The same bytes as `ofp::encode(0, &flow_mod())`.
+    ///
+    /// Copied from its shape's template, then its values written in: a dozen stores where
+    /// writing it field by field ([`ConnRule::encode_fields`]) is some forty, each with its
+    /// bounds check (176 instructions a rule in `scripts/instructions-per-packet-in.sh`).
     pub(crate) fn encode(&self, out: &mut BytesMut) {
+        let Some(t) = self.shape().and_then(|s| templates().get(s)) else {
+            return self.encode_fields(out);
+        };
+        let at = out.len();
+        out.extend_from_slice(&t.bytes);
+        let Some(b) = out.get_mut(at..) else {
+            return;
+        };
+        put(
+            b,
+            COOKIE_AT,
+            &cookie::cookie(RuleKind::Conn, self.cookie_low).to_be_bytes(),
+        );
+        put(b, IDLE_TIMEOUT_AT, &self.idle_timeout.to_be_bytes());
+        put(b, IPV4_SRC_AT, &self.src.octets());
+        put(b, IPV4_DST_AT, &self.dst.octets());
+        put(b, TCP_SRC_AT, &self.sport.to_be_bytes());
+        put(b, TCP_DST_AT, &self.dport.to_be_bytes());
+        // Each SET_FIELD's value follows its action header and its OXM header (4 + 4).
+        let mut a = t.actions + 8;
+        if let Some(mac) = self.rewrite.eth_dst {
+            put(b, a, &mac.0);
+            a += SET_FIELD_LEN;
+        }
+        if let Some(ip) = self.rewrite.ipv4_dst {
+            put(b, a, &ip.octets());
+            a += SET_FIELD_LEN;
+        }
+        if let Some(mac) = self.rewrite.eth_src {
+            put(b, a, &mac.0);
+            a += SET_FIELD_LEN;
+        }
+        if let Some(ip) = self.rewrite.ipv4_src {
+            put(b, a, &ip.octets());
+            a += SET_FIELD_LEN;
+        }
+        // The experimenter action's body follows its type, length and experimenter id.
+        if let Some(body) = self
+            .fin
+            .and_then(|f| <&[u8; FIN_BODY_LEN]>::try_from(f).ok())
+        {
+            put(b, a, body);
+            a += experimenter_len(body);
+        }
+        // OFPAT_OUTPUT's port follows its type and length (`a` is 8 into the action).
+        if let Out::Port(p) = self.out {
+            put(b, a - 4, &p.to_be_bytes());
+        }
+    }
+
+    /// [`ConnRule::encode`] field by field: for the templates, and for a rule of no shape.
+    fn encode_fields(&self, out: &mut BytesMut) {
         let match_len = TUPLE_MATCH_LEN + if self.syn == Syn::Any { 0 } else { SYN_OXM_LEN };
         let match_padded = match_len.next_multiple_of(8);
         let instruction_len = INSTRUCTION_LEN + self.actions_len();
@@ -461,7 +623,7 @@ pub(crate) struct ConnPacketOut<'a> {
     pub(crate) in_port: u32,
     pub(crate) rewrite: Rewrite,
     pub(crate) out_port: u32,
-    pub(crate) data: &'a Bytes,
+    pub(crate) data: &'a [u8],
 }
 
 impl ConnPacketOut<'_> {
@@ -502,7 +664,7 @@ impl ConnPacketOut<'_> {
         let mut a = Actions::new();
         self.rewrite.push_actions(&mut a);
         a.push(Action::output(self.out_port));
-        rules::packet_out(self.in_port, a, self.data.clone())
+        rules::packet_out(self.in_port, a, Bytes::copy_from_slice(self.data))
     }
 }
 
@@ -586,13 +748,20 @@ mod tests {
     }
 
     /// Every shape a connection rule takes encodes to the bytes of its general FLOW_MOD,
-    /// which decode back to it.
+    /// which decode back to it: from its template (every value of the rule differs from
+    /// the template's zeros, so a value not written in shows), and field by field for a
+    /// `fin_timeout` body of another length.
     #[test]
     fn encodes_as_its_general_flow_mod() {
+        const LONGER_BODY: [u8; 16] = [0, 19, 0, 5, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
         let mut n = 0;
         for syn in [Syn::Any, Syn::Not, Syn::Only, Syn::AndAck] {
             for sets in 0u8..16 {
-                for fin in [None, Some(rules::fin_timeout_body(5))] {
+                for fin in [
+                    None,
+                    Some(rules::fin_timeout_body(5)),
+                    Some(&LONGER_BODY[..]),
+                ] {
                     for out in [Out::Port(7), Out::Controller] {
                         let r = ConnRule {
                             cookie_low: 0x1234_0001_0002 | u64::from(sets),
@@ -623,7 +792,20 @@ mod tests {
                 }
             }
         }
-        assert_eq!(n, 4 * 16 * 2 * 2);
+        assert_eq!(n, 4 * 16 * 3 * 2);
+    }
+
+    /// Each template is its own shape's, and the shapes cover every rule of a usual body.
+    #[test]
+    fn every_shape_has_its_template() {
+        assert_eq!(templates().len(), SHAPES);
+        for s in 0..SHAPES {
+            let r = ConnRule::of_shape(s);
+            assert_eq!(r.shape(), Some(s));
+            let mut b = BytesMut::new();
+            r.encode_fields(&mut b);
+            assert_eq!(templates()[s].bytes, &b[..]);
+        }
     }
 
     /// An encoding outbox sends a connection rule as the bytes of its FLOW_MOD, and keeps
