@@ -231,10 +231,11 @@ const MAX_LEN: usize = 256;
 /// The body of a `fin_timeout` action as [`rules::fin_timeout_body`] makes it.
 const FIN_BODY_LEN: usize = 8;
 
-/// Where a connection rule's values lie (§7.3.4.1, §7.2.3): the cookie and idle timeout
-/// in the fixed fields, and the 4-tuple's values in its OXMs (each after a 4-byte
-/// header): the match starts at [`FIXED_LEN`] with 4 bytes of its own header, then
-/// eth_type (4+2) and ip_proto (4+1).
+/// Where a connection rule's values lie (§7.3.4.1, §7.2.3): the cookie after the 8-byte
+/// header, the idle timeout after the cookie, its mask, the table id and the command
+/// (8 + 8 + 8 + 1 + 1), and the 4-tuple's values in its OXMs (each after a 4-byte header):
+/// the match starts at [`FIXED_LEN`] with 4 bytes of its own header, then eth_type (4+2)
+/// and ip_proto (4+1).
 const COOKIE_AT: usize = 8;
 const IDLE_TIMEOUT_AT: usize = 26;
 const IPV4_SRC_AT: usize = FIXED_LEN + 4 + 6 + 5 + 4;
@@ -451,7 +452,7 @@ impl ConnRule {
     ///
     /// Copied from its shape's template, then its values written in: a dozen stores where
     /// writing it field by field ([`ConnRule::encode_fields`]) is some forty, each with its
-    /// bounds check (176 instructions a rule in `scripts/instructions-per-packet-in.sh`).
+    /// bounds check (under callgrind, 102 instructions a rule against 176).
     pub(crate) fn encode(&self, out: &mut BytesMut) {
         let Some(t) = self.shape().and_then(|s| templates().get(s)) else {
             return self.encode_fields(out);
