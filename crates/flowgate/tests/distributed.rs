@@ -668,7 +668,7 @@ impl RawOf {
 /// The cost of the distributed mode on a domain's flow setup, in the same run: the same
 /// new-connection load through the same two switches, first with a domain master (and a
 /// standby, SLAVE), then with a single controller. Reported, and bounded loosely (the
-/// store is never on the PACKET_IN path, so the rates should be close).
+/// store is never on the PACKET_IN path, so a setup's median latency should be close).
 #[test]
 fn ovs_flow_setup_domain_vs_single() {
     let test = "ovs_flow_setup_domain_vs_single";
@@ -725,8 +725,13 @@ fn ovs_flow_setup_domain_vs_single() {
         one["latency_ms"]["p99"],
         one["failed"]
     );
+    // The bound is on the medians: a store on the PACKET_IN path would slow every setup,
+    // where a few SYNs shed by a loaded machine's overload control (tolerated above) slow
+    // only theirs, and each 5 s timeout among them took the 8-at-a-time rate down by half
+    // (CI: 2 timeouts of 1,000, 120/s against 744/s, p50 9.4 against 9.0 ms).
+    let p50 = |r: &serde_json::Value| r["latency_ms"]["p50"].as_f64().unwrap_or(f64::MAX);
     assert!(
-        rate(&dom) > 0.5 * rate(&one),
+        p50(&dom) <= 2.0 * p50(&one) + 5.0,
         "domain mode far slower: {dom} vs {one}"
     );
 }
