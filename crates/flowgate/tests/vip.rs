@@ -400,15 +400,11 @@ fn ovs_controller_restart_keeps_connections() {
             .map(|b| b["active_connections"].as_u64().unwrap())
             .sum()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut services = ctl.get_json("/api/v1/services");
-    while rebuilt(&services) == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        services = ctl.get_json("/api/v1/services");
-    }
-    assert!(
-        rebuilt(&services) >= 1,
-        "connections rebuilt from flow stats: {services}"
+    wait_until_explained(
+        "connections rebuilt from flow stats",
+        Duration::from_secs(10),
+        || rebuilt(&ctl.get_json("/api/v1/services")) >= 1,
+        || ctl.get_json("/api/v1/services").to_string(),
     );
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
