@@ -253,6 +253,12 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
                 assert_eq!(rows, 1, "no run at {f}:\n{table}");
             }
         }
+        // Every run counts its latencies to the kernel's stamp of each answer's arrival,
+        // and says what they were at the bench's read.
+        let at_read = table
+            .matches("counted to when the bench read each answer instead of to its arrival in the switch's socket (the bench's own delays in reading and checking included)")
+            .count();
+        assert_eq!(at_read, expected, "{table}");
         // Each run not measured through a window of 256 says what its tail is made of
         // (a count over 100 µs, or that there was none).
         let tails = table.matches("\nTail of flowgate, ").count();
@@ -316,6 +322,15 @@ fn bench_controller_library_checks_every_answer() {
     );
     assert!(
         r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.p999_us,
+        "{r:?}"
+    );
+    // Latencies count to the kernel's stamp of each answer's arrival, which is never
+    // after the bench read it.
+    assert!(r.arrival_stamped, "the kernel stamped every answer: {r:?}");
+    assert!(
+        r.p50_us <= r.at_read.p50_us
+            && r.p99_us <= r.at_read.p99_us
+            && r.p999_us <= r.at_read.p999_us,
         "{r:?}"
     );
     // A window of 256 queues every probe: no bursts are looked for.

@@ -16,6 +16,11 @@ pub const SLOW: Duration = Duration::from_micros(100);
 /// Slow setups sent less than this apart belong to one burst.
 pub const BURST_GAP: Duration = Duration::from_millis(1);
 
+/// A probe sent this far behind the open-loop schedule went out in the bench's catch-up
+/// after a pause of its own: it reached the controller in a burst the schedule did not
+/// offer.
+pub const SENT_LATE: Duration = Duration::from_micros(100);
+
 /// Slow setups each emulated switch keeps (16 bytes each): beyond it, a run's bursts
 /// are summarised from its first ones (`Bursts::capped`).
 pub const KEEP_PER_SWITCH: usize = 250_000;
@@ -39,6 +44,9 @@ pub struct Bursts {
     pub longest: Duration,
     /// Some switch kept only its first [`KEEP_PER_SWITCH`] slow setups.
     pub capped: bool,
+    /// Open loop: slow setups (all of them, not only those kept) whose probe was sent over
+    /// [`SENT_LATE`] behind the schedule.
+    pub sent_late: Option<u64>,
 }
 
 impl Bursts {
@@ -102,7 +110,15 @@ impl Bursts {
             switches,
             share(self.slow_everywhere, self.slow),
             self.longest.as_secs_f64() * 1e3,
-        )
+        ) + &match self.sent_late {
+            Some(n) => format!(
+                "; {:.0} % of them were sent over {} µs behind the schedule (the bench's \
+                 catch-up after a pause of its own)",
+                share(n, self.slow),
+                SENT_LATE.as_micros()
+            ),
+            None => String::new(),
+        }
     }
 }
 
@@ -137,11 +153,23 @@ mod tests {
                 slow_everywhere: 3,
                 longest: Duration::from_micros(900),
                 capped: false,
+                sent_late: None,
             }
         );
         let s = b.sentence(600, 2);
         assert!(s.starts_with("6 setups over 100 µs (1.00 % of 600)"), "{s}");
         assert!(s.contains("1 of the bursts reached all 2 switches at once and hold 50 %"));
+        assert!(!s.contains("behind the schedule"), "{s}");
+        // Open loop: the share of them the bench sent late.
+        let late = Bursts {
+            sent_late: Some(3),
+            ..b
+        };
+        let s = late.sentence(600, 2);
+        assert!(
+            s.ends_with("; 50 % of them were sent over 100 µs behind the schedule (the bench's catch-up after a pause of its own)"),
+            "{s}"
+        );
     }
 
     #[test]

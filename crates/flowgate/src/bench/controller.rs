@@ -193,10 +193,18 @@ pub struct RunResult {
     pub max: f64,
     pub avg: f64,
     pub stdev: f64,
+    /// Setup latency: from a probe's send to its answer's arrival in the switch's socket
+    /// (the kernel's receive stamp, where `arrival_stamped`).
     pub p50_us: u64,
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// Every switch's answers carried the kernel's stamp of their arrival; without it,
+    /// an answer arrived when the bench read it.
+    pub arrival_stamped: bool,
+    /// The latencies counted to when the bench read each answer instead: they add the
+    /// bench's own delays in reading and checking (how stop 40 and before counted).
+    pub at_read: Quantiles,
     /// Setups with a latency: those answered during the measured loops.
     pub measured: u64,
     /// The slow ones among them, in bursts (open loop and latency mode).
@@ -247,6 +255,24 @@ pub struct AgainstSchedule {
     pub from_due_p50_us: u64,
     pub from_due_p99_us: u64,
     pub from_due_p999_us: u64,
+}
+
+/// Three quantiles of a latency distribution, µs.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Quantiles {
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+}
+
+impl Quantiles {
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Quantiles {
+        Quantiles {
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+        }
+    }
 }
 
 /// Milliseconds each CPU was ready to run but the hypervisor ran something else
@@ -527,16 +553,21 @@ async fn measure_async(
     flags.stop.store(true, Ordering::Relaxed);
     let results = futures_join(handles).await;
     let (mut hist, mut send_lag, mut from_due) = (micros_hist(), micros_hist(), micros_hist());
+    let mut at_read = micros_hist();
+    let mut arrival_stamped = true;
     let mut samples = Vec::new();
     let mut errors = Vec::new();
-    let (mut slow, mut capped) = (Vec::new(), false);
+    let (mut slow, mut capped, mut sent_late) = (Vec::new(), false, 0);
     for (i, r) in results.into_iter().enumerate() {
         hist.add(&r.hist)?;
+        at_read.add(&r.hist_at_read)?;
+        arrival_stamped &= r.arrival_stamped;
         send_lag.add(&r.send_lag)?;
         from_due.add(&r.hist_from_due)?;
         let i = u16::try_from(i).unwrap_or(u16::MAX);
         slow.extend(r.slow.into_iter().map(|t| (t, i)));
         capped |= r.slow_capped;
+        sent_late += r.slow_sent_late;
         samples.extend(r.samples);
         errors.extend(r.error);
     }
@@ -574,8 +605,13 @@ async fn measure_async(
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
         max_us: hist.max(),
+        arrival_stamped,
+        at_read: Quantiles::of(&at_read),
         measured: hist.len(),
-        bursts: pace.keeps_slow().then(|| Bursts::of(slow, n, capped)),
+        bursts: pace.keeps_slow().then(|| Bursts {
+            sent_late: matches!(pace, Pace::Rate(_)).then_some(sent_late),
+            ..Bursts::of(slow, n, capped)
+        }),
         sent: total(|c| c.sent.load(Ordering::Relaxed)),
         valid: total(|c| c.valid.load(Ordering::Relaxed)),
         invalid: total(|c| c.invalid.load(Ordering::Relaxed)),

@@ -234,6 +234,19 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         l.from_due_p999_us
                     );
                 }
+                body += &format!(
+                    "\nLatency of {}, {}, counted to when the bench read each answer instead of to its arrival in the switch's socket{}: p50 {} µs, p99 {} µs, p99.9 {} µs.\n",
+                    r.controller,
+                    r.pace,
+                    if r.arrival_stamped {
+                        " (the bench's own delays in reading and checking included)"
+                    } else {
+                        " (the kernel did not stamp every answer's arrival: the table counts to the read too)"
+                    },
+                    r.at_read.p50_us,
+                    r.at_read.p99_us,
+                    r.at_read.p999_us
+                );
                 if let Some(b) = &r.bursts {
                     body += &format!(
                         "\nTail of {}, {}: {}.\n",

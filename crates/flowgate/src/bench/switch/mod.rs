@@ -11,9 +11,15 @@
 //! any OpenFlow 1.3 VIP balancer can be measured. In L2 mode (learning switches) every
 //! FLOW_MOD ADD and every non-LLDP PACKET_OUT counts as one response, as in cbench.
 //!
+//! A setup's latency runs from when the switch queued its probe for the socket to when
+//! the kernel stamped the arrival of the answer's last part (`stamped`): what the bench's
+//! one thread adds after that, reading and checking sixteen switches' answers in turn, is
+//! not the controller's. Each run also keeps the latency counted to the bench's read.
+//!
 //! `check`: what each part of an answer must say; `probe`: the PACKET_INs it sends,
 //! written straight into its buffer; `open_loop`: the schedule of `Pace::Rate`;
-//! `outstanding`: the probes awaiting their answers.
+//! `outstanding`: the probes awaiting their answers; `stamped`: reads with the kernel's
+//! receive stamp.
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -32,6 +38,7 @@ mod check;
 mod open_loop;
 mod outstanding;
 mod probe;
+mod stamped;
 
 use super::bursts;
 use check::{Acts, check_forward, check_packet_out, connection_of};
@@ -39,7 +46,6 @@ pub use open_loop::OpenLoop;
 use open_loop::probes_due;
 use outstanding::{Outstanding, Pending, Verdict};
 use probe::{SynTemplate, put_flow_removed, put_packet_in};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// What counts as an answer.
@@ -57,7 +63,8 @@ pub enum Pace {
     /// Keep this many probes outstanding per switch (1 = cbench's latency mode).
     Window(usize),
     /// Open loop: this many probes per second from this switch, on a fixed schedule
-    /// ([`OpenLoop`], whatever the answers do); latency counts from the send.
+    /// ([`OpenLoop`], whatever the answers do); latency counts from the send (see the
+    /// module's documentation).
     Rate(f64),
 }
 
@@ -140,11 +147,22 @@ pub struct RunFlags {
 pub type Samples = Vec<String>;
 
 pub struct SwitchResult {
+    /// Setup latencies in µs: from a probe's send to its answer's arrival in the
+    /// switch's socket (the kernel's receive stamp; see `stamped`).
     pub hist: Histogram<u64>,
+    /// The same, counted to when the bench read the answer (what stop 40 and before
+    /// reported): it adds the bench's own delays in reading and checking.
+    pub hist_at_read: Histogram<u64>,
+    /// The kernel stamped this switch's answers as they arrived (`hist` counts to the
+    /// read where it did not).
+    pub arrival_stamped: bool,
     /// When the setups over [`bursts::SLOW`] were sent (the first
     /// [`bursts::KEEP_PER_SWITCH`]), and whether there were more.
     pub slow: Vec<Instant>,
     pub slow_capped: bool,
+    /// Open loop: slow setups whose probe went out over [`bursts::SENT_LATE`] behind the
+    /// schedule.
+    pub slow_sent_late: u64,
     /// Open loop, over the measured loops: how late each batch of probes was sent
     /// against the schedule, in µs (see `OpenLoop::lag`).
     pub send_lag: Histogram<u64>,
@@ -178,8 +196,16 @@ struct Sw {
     fifo: VecDeque<(Instant, Instant)>,
     vip_mac: MacAddr,
     hist: Histogram<u64>,
+    /// The same latencies counted to when the bench read each answer.
+    hist_at_read: Histogram<u64>,
+    /// When the bench read the answers being checked.
+    read_at: Instant,
+    /// `SO_TIMESTAMPING` took, and every read of the measured loops carried a stamp.
+    arrival_stamped: bool,
     slow: Vec<Instant>,
     slow_capped: bool,
+    /// Slow setups whose probe went out over [`bursts::SENT_LATE`] behind the schedule.
+    slow_sent_late: u64,
     send_lag: Histogram<u64>,
     hist_from_due: Histogram<u64>,
     /// Open loop: the probes this switch took from the schedule so far (sent or not).
@@ -249,8 +275,11 @@ pub async fn run_switch_in(run: SwitchRun, open: Option<(Arc<OpenLoop>, usize)>)
     let error = sw.run(controller).await.err();
     SwitchResult {
         hist: sw.hist,
+        hist_at_read: sw.hist_at_read,
+        arrival_stamped: sw.arrival_stamped,
         slow: sw.slow,
         slow_capped: sw.slow_capped,
+        slow_sent_late: sw.slow_sent_late,
         send_lag: sw.send_lag,
         hist_from_due: sw.hist_from_due,
         samples: sw.samples,
@@ -287,8 +316,12 @@ impl Sw {
             fifo: VecDeque::new(),
             vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
             hist: micros_hist(),
+            hist_at_read: micros_hist(),
+            read_at: Instant::now(),
+            arrival_stamped: false,
             slow: Vec::new(),
             slow_capped: false,
+            slow_sent_late: 0,
             send_lag: micros_hist(),
             hist_from_due: micros_hist(),
             scheduled: 0,
@@ -306,11 +339,17 @@ impl Sw {
     }
 
     async fn run(&mut self, controller: SocketAddr) -> Result<(), String> {
-        let mut stream = TcpStream::connect(controller)
+        let stream = TcpStream::connect(controller)
             .await
             .map_err(|e| format!("connect {controller}: {e}"))?;
         let _ = stream.set_nodelay(true);
-        let mut rbuf = BytesMut::with_capacity(256 * 1024);
+        // Without the kernel's stamps, an answer arrives when the bench reads it.
+        self.arrival_stamped = stamped::enable(&stream).is_ok();
+        // Read into `rbuf[end..]`; the frames not yet checked are `rbuf[start..end]`. An
+        // OpenFlow message is at most 64 KiB, so a partial one always fits once moved to
+        // the front.
+        let mut rbuf = vec![0u8; 256 * 1024];
+        let (mut start, mut end) = (0usize, 0usize);
         self.send(&Message::Hello(ofp::Hello::ours()));
         // Probes go out on answers (windows) or on the open-loop schedule's wake-ups: the
         // tick only starts windows, notices `stop` and times out the lost.
@@ -318,7 +357,6 @@ impl Sw {
         let open = self.open.clone();
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_sweep = Instant::now();
-        let (mut rd, mut wr) = stream.split();
         // What is being written now; new messages go to `wbuf` meanwhile. Reading and
         // writing race each other: a switch that stopped reading while its own writes are
         // held back (the controller's socket full) would queue the controller's answers
@@ -331,18 +369,51 @@ impl Sw {
             if self.flags.stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            rbuf.reserve(64 * 1024);
+            if rbuf.len() - end < 64 * 1024 {
+                rbuf.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+            }
             tokio::select! {
-                r = rd.read_buf(&mut rbuf) => {
-                    let n = r.map_err(|e| format!("read: {e}"))?;
+                w = stream.writable(), if !out.is_empty() => {
+                    w.map_err(|e| format!("write: {e}"))?;
+                    match stream.try_write(&out) {
+                        Ok(n) => out.advance(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(format!("write: {e}")),
+                    }
+                    continue;
+                }
+                r = stream.readable() => {
+                    r.map_err(|e| format!("read: {e}"))?;
+                    let read = stream.try_io(tokio::io::Interest::READABLE, || {
+                        stamped::recv(&stream, rbuf.get_mut(end..).unwrap_or_default())
+                    });
+                    let (n, stamp) = match read {
+                        Ok(r) => r,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(format!("read: {e}")),
+                    };
                     if n == 0 {
                         return Err("the controller closed the connection".into());
                     }
+                    end += n;
                     let now = Instant::now();
+                    self.read_at = now;
+                    let arrived = match stamp {
+                        Some(s) => stamped::arrival(s, now, std::time::SystemTime::now()),
+                        None => {
+                            // (Bytes that came before the option took carry none.)
+                            if self.flags.measuring.load(Ordering::Relaxed) {
+                                self.arrival_stamped = false;
+                            }
+                            now
+                        }
+                    };
                     // Whole frames are checked in place, then dropped from the buffer at
                     // once: no `Bytes` per frame.
+                    let unread = rbuf.get(start..end).unwrap_or_default();
                     let mut at = 0;
-                    while let Some(head) = rbuf.get(at..at + ofp::HEADER_LEN) {
+                    while let Some(head) = unread.get(at..at + ofp::HEADER_LEN) {
                         let len = match ofp::HeaderView::new_checked(head) {
                             Ok(h) => usize::from(h.length()),
                             Err(_) => {
@@ -350,17 +421,16 @@ impl Sw {
                                 return Err(format!("framing: {}", ofp::FrameError::BadLength(l)));
                             }
                         };
-                        let Some(frame) = rbuf.get(at..at + len) else {
+                        let Some(frame) = unread.get(at..at + len) else {
                             break;
                         };
-                        self.on_frame(now, frame)?;
+                        self.on_frame(arrived, frame)?;
                         at += len;
                     }
-                    rbuf.advance(at);
-                }
-                w = wr.write_buf(&mut out), if !out.is_empty() => {
-                    w.map_err(|e| format!("write: {e}"))?;
-                    continue;
+                    start += at;
+                    if start == end {
+                        (start, end) = (0, 0);
+                    }
                 }
                 _ = tick.tick() => {}
                 () = probes_due(open.as_ref()) => {}
@@ -696,11 +766,21 @@ impl Sw {
         if self.flags.measuring.load(Ordering::Relaxed) {
             let took = now.saturating_duration_since(sent);
             let _ = self.hist.record((took.as_micros() as u64).max(1));
+            let at_read = self.read_at.saturating_duration_since(sent);
+            let _ = self
+                .hist_at_read
+                .record((at_read.as_micros() as u64).max(1));
             if self.open.is_some() {
                 let since_due = now.saturating_duration_since(due);
                 let _ = self
                     .hist_from_due
                     .record((since_due.as_micros() as u64).max(1));
+            }
+            if took > bursts::SLOW
+                && self.open.is_some()
+                && sent.saturating_duration_since(due) > bursts::SENT_LATE
+            {
+                self.slow_sent_late += 1;
             }
             if took > bursts::SLOW && self.pace.keeps_slow() {
                 if self.slow.len() < bursts::KEEP_PER_SWITCH {

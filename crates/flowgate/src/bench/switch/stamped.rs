@@ -1,0 +1,129 @@
+//! Reads that say when their bytes reached this host: the kernel's software receive
+//! timestamp (`SO_TIMESTAMPING` with `SOF_TIMESTAMPING_RX_SOFTWARE`).
+//!
+//! Why: one bench thread runs all the emulated switches, and it checks every answer it
+//! reads. When several switches' answers arrive together (after any pause of the
+//! controller), the last switch it gets to waits for the checks of all the others, and a
+//! latency taken when the bench reads counts that wait as the controller's. The kernel
+//! stamps a segment as it enters the receive path (for loopback, in the controller's
+//! `write`), so a latency up to that stamp is the controller's and the network's alone,
+//! as a latency counted from the probe's send already leaves out the bench's lateness
+//! in sending it.
+//!
+//! TCP reports the stamp of the last segment a read took (`tcp_recv_timestamp`), so the
+//! answers of an earlier segment in the same read get a later arrival than theirs: the
+//! error is on the slow side.
+
+use std::io;
+use std::io::IoSliceMut;
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::socket::{
+    ControlMessageOwned, MsgFlags, TimestampingFlag, recvmsg, setsockopt, sockopt,
+};
+
+/// Ask the kernel to stamp what `socket` receives, in software.
+pub(super) fn enable(socket: &impl AsFd) -> io::Result<()> {
+    let flags = TimestampingFlag::SOF_TIMESTAMPING_SOFTWARE
+        | TimestampingFlag::SOF_TIMESTAMPING_RX_SOFTWARE;
+    setsockopt(socket, sockopt::Timestamping, &flags).map_err(io::Error::from)
+}
+
+/// Room for one `SCM_TIMESTAMPING` control message (three `timespec`s).
+const CONTROL_LEN: usize = 128;
+
+/// One read: its bytes into `buf`, and the kernel's stamp of the last segment read, on
+/// the realtime clock (as time since the epoch), if it gave one. `Ok((0, _))` is the end
+/// of the stream. Non-blocking: `WouldBlock` when there is nothing to read.
+pub(super) fn recv(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
+    let mut control = [0u8; CONTROL_LEN];
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut control),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let mut stamp = None;
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmTimestampsns(ts) = c {
+                let (s, ns) = (ts.system.tv_sec(), ts.system.tv_nsec());
+                // An unset stamp is all zeros.
+                if s > 0 {
+                    stamp = Some(Duration::new(s as u64, ns as u32));
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, stamp))
+}
+
+/// The monotonic instant of a realtime `stamp`, given one reading of both clocks taken
+/// together (`now`, `now_real`): `now` less how long ago the stamp was. A stamp after
+/// `now_real` (the realtime clock stepped back) is `now`.
+pub(super) fn arrival(stamp: Duration, now: Instant, now_real: SystemTime) -> Instant {
+    let since_epoch = now_real
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let ago = since_epoch.saturating_sub(stamp);
+    now.checked_sub(ago).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    /// Bytes written over loopback come with a stamp from between the write and the read,
+    /// and `arrival` puts it on the monotonic clock in the same order.
+    #[test]
+    fn a_read_is_stamped_between_the_write_and_the_read() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        enable(&server).expect("SO_TIMESTAMPING");
+        let before = (Instant::now(), SystemTime::now());
+        client.write_all(b"answers").expect("write");
+        std::thread::sleep(Duration::from_millis(20));
+        let mut buf = [0u8; 64];
+        let (n, stamp) = loop {
+            match recv(&server, &mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                r => break r.expect("recv"),
+            }
+        };
+        let (now, now_real) = (Instant::now(), SystemTime::now());
+        assert_eq!(&buf[..n], b"answers");
+        let stamp = stamp.expect("the kernel stamped the segment");
+        let real = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        assert!(
+            real(before.1) <= stamp && stamp <= real(now_real),
+            "{stamp:?}"
+        );
+        let at = arrival(stamp, now, now_real);
+        assert!(before.0 <= at && at <= now);
+        // It arrived before the 20 ms sleep, not when it was read.
+        assert!(now - at >= Duration::from_millis(15), "{:?}", now - at);
+    }
+
+    #[test]
+    fn a_stamp_ahead_of_the_clock_is_now() {
+        let (now, now_real) = (Instant::now(), SystemTime::now());
+        let ahead = now_real
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            + Duration::from_secs(1);
+        assert_eq!(arrival(ahead, now, now_real), now);
+        let behind = ahead - Duration::from_millis(1001);
+        assert_eq!(
+            arrival(behind, now, now_real),
+            now - Duration::from_millis(1)
+        );
+    }
+}
