@@ -259,6 +259,10 @@ fn bench_controller_flowgate_throughput_latency_and_rate() {
             .matches("counted to when the bench read each answer instead of to its arrival in the switch's socket (the bench's own delays in reading and checking included)")
             .count();
         assert_eq!(at_read, expected, "{table}");
+        assert!(
+            table.contains("Latencies run from each probe's send to its answer's arrival"),
+            "{table}"
+        );
         // Each run not measured through a window of 256 says what its tail is made of
         // (a count over 100 µs, or that there was none).
         let tails = table.matches("\nTail of flowgate, ").count();

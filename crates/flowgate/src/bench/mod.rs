@@ -157,6 +157,7 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Controller(args) => {
             let report = controller::run(&args)?;
             let mut body = controller::table(&report).markdown();
+            body += "\nLatencies run from each probe's send to its answer's arrival in the switch's socket (the kernel's receive stamp); counted to the bench's read of it, they are given run by run below.\n";
             if !report.versions.is_empty() {
                 body += &format!("\nControllers: {}\n", report.versions.join("; "));
             }
