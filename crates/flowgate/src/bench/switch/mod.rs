@@ -11,10 +11,11 @@
 //! any OpenFlow 1.3 VIP balancer can be measured. In L2 mode (learning switches) every
 //! FLOW_MOD ADD and every non-LLDP PACKET_OUT counts as one response, as in cbench.
 //!
-//! A setup's latency runs from when the switch queued its probe for the socket to when
-//! the kernel stamped the arrival of the answer's last part (`stamped`): what the bench's
-//! one thread adds after that, reading and checking sixteen switches' answers in turn, is
-//! not the controller's. Each run also keeps the latency counted to the bench's read.
+//! A setup's latency runs from the write that handed the last of its probe to the kernel
+//! to when the kernel stamped the arrival of the answer's last part (`stamped`): what the
+//! bench's one thread adds on either side, reading and checking sixteen switches' answers
+//! in turn, is not the controller's. Each run also keeps the latency counted to the
+//! bench's read.
 //!
 //! `check`: what each part of an answer must say; `probe`: the PACKET_INs it sends,
 //! written straight into its buffer; `open_loop`: the schedule of `Pace::Rate`;
@@ -191,6 +192,10 @@ struct Sw {
     wbuf: BytesMut,
     xid: u32,
     next_probe: u64,
+    /// Probes before this number went out whole; those from it up to `in_out` are in
+    /// the buffer being written.
+    written: u64,
+    in_out: u64,
     pending: Outstanding,
     /// L2 mode: when each outstanding probe was sent and fell due, oldest first.
     fifo: VecDeque<(Instant, Instant)>,
@@ -312,6 +317,8 @@ impl Sw {
             wbuf: BytesMut::with_capacity(256 * 1024),
             xid: 1,
             next_probe: 0,
+            written: 0,
+            in_out: 0,
             pending,
             fifo: VecDeque::new(),
             vip_mac: MacAddr([0x02, 0x66, 0x67, 0, 0, 1]),
@@ -365,6 +372,7 @@ impl Sw {
         loop {
             if out.is_empty() {
                 std::mem::swap(&mut out, &mut self.wbuf);
+                self.in_out = self.next_probe;
             }
             if self.flags.stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -376,8 +384,14 @@ impl Sw {
             tokio::select! {
                 w = stream.writable(), if !out.is_empty() => {
                     w.map_err(|e| format!("write: {e}"))?;
+                    let at = Instant::now();
                     match stream.try_write(&out) {
-                        Ok(n) => out.advance(n),
+                        Ok(n) => {
+                            out.advance(n);
+                            if out.is_empty() {
+                                self.sent_whole(at);
+                            }
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(format!("write: {e}")),
                     }
@@ -699,6 +713,26 @@ impl Sw {
         self.syn
             .put(&mut self.wbuf, self.xid, src_mac, dst_mac, client, isn);
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The buffer being written went out whole with the write that began at `at`: its
+    /// probes' latencies count from then, not from when they were queued (the bench may
+    /// have read and checked answers in between).
+    fn sent_whole(&mut self, at: Instant) {
+        let (from, to) = (self.written, self.in_out);
+        self.written = to;
+        match self.check {
+            CheckMode::Vip => self.pending.sent_at(from, to, at),
+            CheckMode::L2 => {
+                // The fifo holds probes `next_probe - len .. next_probe`, oldest first.
+                let first = self.next_probe - self.fifo.len() as u64;
+                for k in from.max(first)..to {
+                    if let Some(e) = self.fifo.get_mut((k - first) as usize) {
+                        e.0 = at;
+                    }
+                }
+            }
+        }
     }
 
     fn outstanding(&self) -> usize {

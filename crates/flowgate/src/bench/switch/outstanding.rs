@@ -79,6 +79,21 @@ impl Outstanding {
         Some(p)
     }
 
+    /// Probes `from..to` (by number) went out whole at `t`: their latency counts from
+    /// then. Those answered already are gone and keep theirs.
+    pub(super) fn sent_at(&mut self, from: u64, to: u64, t: Instant) {
+        for k in from.max(self.base)..to {
+            let Ok(i) = usize::try_from(k - self.base) else {
+                return;
+            };
+            match self.slots.get_mut(i) {
+                Some(Some(p)) => p.sent = t,
+                Some(None) => {}
+                None => return,
+            }
+        }
+    }
+
     /// Remove the oldest probes while `expired` says so (probes are sent in order, so the
     /// expired ones come first).
     pub(super) fn expire(&mut self, expired: impl Fn(&Pending) -> bool) {

@@ -120,6 +120,59 @@ fn outstanding_probes_are_found_by_client_and_leave_in_order() {
     assert!(o.get(&p.client_of(60_002)).is_some());
 }
 
+/// A probe's latency counts from the write that took the last of its buffer: the probes
+/// queued before it, and only those, get that write's time; an answered one is gone.
+#[test]
+fn probes_count_from_the_write_that_took_their_buffer_whole() {
+    for check in [CheckMode::Vip, CheckMode::L2] {
+        let mut sw = switch(check);
+        let queued = Instant::now();
+        for _ in 0..3 {
+            sw.send_probe(queued, queued);
+        }
+        // Probes 0..3 are in the buffer being written; 3 is queued after.
+        sw.in_out = sw.next_probe;
+        sw.send_probe(queued, queued);
+        if check == CheckMode::Vip {
+            assert!(sw.pending.remove(&sw.plan.client_of(1)).is_some());
+        }
+        let written = queued + Duration::from_micros(40);
+        sw.sent_whole(written);
+        let sent: Vec<Instant> = match check {
+            CheckMode::Vip => [0, 2, 3]
+                .iter()
+                .map(|k| {
+                    sw.pending
+                        .get(&sw.plan.client_of(*k))
+                        .expect("outstanding")
+                        .sent
+                })
+                .collect(),
+            CheckMode::L2 => sw.fifo.iter().map(|e| e.0).collect(),
+        };
+        let want = match check {
+            CheckMode::Vip => vec![written, written, queued],
+            CheckMode::L2 => vec![written, written, written, queued],
+        };
+        assert_eq!(sent, want, "{check:?}");
+        assert_eq!(sw.written, 3);
+        // The next buffer: probe 3 alone.
+        sw.in_out = sw.next_probe;
+        let later = written + Duration::from_micros(40);
+        sw.sent_whole(later);
+        let last = match check {
+            CheckMode::Vip => {
+                sw.pending
+                    .get(&sw.plan.client_of(3))
+                    .expect("outstanding")
+                    .sent
+            }
+            CheckMode::L2 => sw.fifo.back().expect("queued").0,
+        };
+        assert_eq!(last, later, "{check:?}");
+    }
+}
+
 /// A complete answer for probe 0 toward backend `b`: the forward and reverse rules and
 /// the PACKET_OUT of the SYN.
 struct Answer {
