@@ -252,9 +252,7 @@ pub struct AgainstSchedule {
     pub send_lag_p50_us: u64,
     pub send_lag_p99_us: u64,
     pub send_lag_max_us: u64,
-    pub from_due_p50_us: u64,
-    pub from_due_p99_us: u64,
-    pub from_due_p999_us: u64,
+    pub from_due: Quantiles,
 }
 
 /// Three quantiles of a latency distribution, µs.
@@ -633,9 +631,7 @@ async fn measure_async(
                 send_lag_p50_us: send_lag.value_at_quantile(0.5),
                 send_lag_p99_us: send_lag.value_at_quantile(0.99),
                 send_lag_max_us: send_lag.max(),
-                from_due_p50_us: from_due.value_at_quantile(0.5),
-                from_due_p99_us: from_due.value_at_quantile(0.99),
-                from_due_p999_us: from_due.value_at_quantile(0.999),
+                from_due: Quantiles::of(&from_due),
             }
         }),
         hiccups_before: Vec::new(),

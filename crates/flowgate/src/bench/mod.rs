@@ -230,9 +230,9 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                         l.send_lag_p50_us,
                         l.send_lag_p99_us,
                         l.send_lag_max_us,
-                        l.from_due_p50_us,
-                        l.from_due_p99_us,
-                        l.from_due_p999_us
+                        l.from_due.p50_us,
+                        l.from_due.p99_us,
+                        l.from_due.p999_us
                     );
                 }
                 body += &format!(

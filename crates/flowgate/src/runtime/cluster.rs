@@ -172,6 +172,11 @@ impl ClusterState {
         self.roles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The switch confirmed us as its MASTER.
+    fn is_master_of(&self, dpid: Dpid) -> bool {
+        self.roles().get(&dpid).copied().unwrap_or(false)
+    }
+
     pub fn mastership(&self) -> Mastership {
         self.view().mastership
     }
@@ -351,7 +356,7 @@ pub(crate) fn on_switch_message(
         Message::RoleReply(r) => {
             match r.role {
                 ControllerRole::Master => {
-                    let newly = !cs.roles().get(&dpid).copied().unwrap_or(false);
+                    let newly = !cs.is_master_of(dpid);
                     cs.set_switch(dpid, "master", r.generation_id, None);
                     if newly {
                         tracing::info!(
@@ -440,9 +445,7 @@ pub(crate) fn on_switch_message(
         // (not writable). TCP is the master's: a standby that decided a connection it
         // cannot install would remember a connection that does not exist. The connections
         // it knows come from the switches' flow stats (at connect and on promotion).
-        Message::PacketIn(pi) => {
-            !cs.roles().get(&dpid).copied().unwrap_or(false) && is_ipv4_tcp(&pi.data)
-        }
+        Message::PacketIn(pi) => !cs.is_master_of(dpid) && is_ipv4_tcp(&pi.data),
         _ => false,
     }
 }
@@ -457,13 +460,7 @@ pub(crate) fn standby_drops_packet_in(
     frame: &[u8],
 ) -> bool {
     let cs = &handle.cluster;
-    if cs.is_single()
-        || cs
-            .roles()
-            .get(&features.datapath_id)
-            .copied()
-            .unwrap_or(false)
-    {
+    if cs.is_single() || cs.is_master_of(features.datapath_id) {
         return false;
     }
     // What `on_switch_message` decides of a decoded PACKET_IN on a standby's session,
@@ -487,7 +484,7 @@ fn demoted_by_switch(handle: &Handle, dpid: Dpid, generation_id: u64, why: &str)
     let cs = &handle.cluster;
     cs.counters.switch_refusals.fetch_add(1, Ordering::Relaxed);
     set_writable(handle, dpid, false);
-    let was = cs.roles().get(&dpid).copied().unwrap_or(false);
+    let was = cs.is_master_of(dpid);
     cs.set_switch(dpid, "pending", generation_id, Some(why.to_string()));
     if was {
         cs.counters.demotions.fetch_add(1, Ordering::Relaxed);
