@@ -29,8 +29,8 @@ mod lldp;
 mod mac;
 
 pub use build::{
-    ETH_MIN_FRAME_LEN, LLDP_MULTICAST, TcpSegment, arp_frame, arp_reply, arp_request, ipv4_tcp,
-    ipv4_udp, lldp_probe, tcp_rst, tcp_syn,
+    ETH_MIN_FRAME_LEN, LLDP_MULTICAST, TCP_RST_V4_LEN, TcpSegment, arp_frame, arp_reply,
+    arp_request, ipv4_tcp, ipv4_udp, lldp_probe, tcp_rst, tcp_rst_v4, tcp_syn,
 };
 pub use frame::{
     Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_tuple, parse,

@@ -316,6 +316,48 @@ fn never_answer_a_rst_or_non_tcp() {
     assert_eq!(tcp_rst(&parse(&syn[..40]).expect("parses")), None);
 }
 
+/// The reset built in place is the general builder's frame, byte for byte, for every
+/// kind of IPv4 segment a controller answers (tagged or not, with or without ACK, data,
+/// FIN, sequence numbers that wrap), and nothing where the general one sends nothing.
+#[test]
+fn rst_v4_is_the_general_reset_without_allocating() {
+    let mut n = 0;
+    for vlan in [None, Some(7), Some(0x0fff)] {
+        for flags in [
+            TcpFlags::SYN,
+            TcpFlags::ACK,
+            TcpFlags::ACK | TcpFlags::PSH,
+            TcpFlags::FIN | TcpFlags::ACK,
+            TcpFlags::SYN | TcpFlags::FIN,
+            TcpFlags::NONE,
+            TcpFlags::RST,
+            TcpFlags::RST | TcpFlags::ACK,
+        ] {
+            for (seq, ack) in [(0, 0), (1000, 0xdead_beef), (u32::MAX - 2, u32::MAX)] {
+                for payload in [&b""[..], b"x", b"GET / HTTP/1.1"] {
+                    let seg = segment(flags, seq, ack, payload, vlan);
+                    let f = parse(&seg).expect("parses");
+                    let general = tcp_rst(&f);
+                    assert_eq!(
+                        tcp_rst_v4(&f).map(|b| b.to_vec()),
+                        general.as_ref().map(|b| b.to_vec()),
+                        "{flags:?} seq {seq} ack {ack} vlan {vlan:?} {} bytes",
+                        payload.len()
+                    );
+                    if let Some(rst) = general {
+                        assert_ipv4_tcp_checksums(&rst);
+                        n += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(n, 3 * 6 * 3 * 3, "every segment but the resets answered");
+    // Not over IPv4: none here, the general builder's.
+    let arp = arp_request(CLIENT_MAC, CLIENT, VIP);
+    assert_eq!(tcp_rst_v4(&parse(&arp).expect("parses")), None);
+}
+
 #[test]
 fn rst_over_ipv6() {
     // SYN [fe80::1]:40000 -> [fe80::2]:443.
@@ -326,6 +368,7 @@ fn rst_over_ipv6() {
     syn.extend_from_slice(&[
         0x9c, 0x40, 0x01, 0xbb, 0, 0, 0, 9, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0,
     ]);
+    assert_eq!(tcp_rst_v4(&parse(&syn).expect("parses")), None, "IPv6");
     let rst = tcp_rst(&parse(&syn).expect("parses")).expect("reset");
     let f = parse(&rst).expect("parses");
     let ip = f.ipv6().expect("ipv6");

@@ -360,6 +360,57 @@ fn an_unknown_non_syn_segment_is_reset_not_forwarded() {
     assert_eq!(sim.c.services()[0].counters.connections_total, 0);
 }
 
+/// A SYN no backend takes is refused with the RST its service would send, and the
+/// runtime's encoding outbox sends the very bytes of the general PACKET_OUT: the reset
+/// built in place (`packet::tcp_rst_v4`) is the general builder's.
+#[test]
+fn a_refused_syns_reset_encodes_as_its_general_packet_out() {
+    let config = format!(
+        "[controller]\nreconnect_grace_ms = 0\n\n{}",
+        service_config("round-robin", &[2, 3, 4])
+    );
+    let mut sim = one_switch(&config);
+    for b in 0..3 {
+        assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Draining));
+    }
+    let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
+    let mut pi = bytes::BytesMut::new();
+    ofp::encode(
+        7,
+        &Message::PacketIn(ofp::PacketIn::table_miss(1, syn.clone())),
+        &mut pi,
+    )
+    .expect("a PACKET_IN encodes");
+    let mut general = Outbox::new();
+    sim.c
+        .handle_packet_in_frame(sim.now, 1, &pi, &mut general)
+        .expect("handled");
+    let msgs: Vec<(u64, Message)> = general.drain().collect();
+    let [(1, Message::PacketOut(po))] = &msgs[..] else {
+        panic!("one PACKET_OUT to the switch: {msgs:?}");
+    };
+    let rst = packet::tcp_rst(&packet::parse(&syn).expect("parses")).expect("a reset");
+    assert_eq!((po.in_port, &po.data), (ofp::port::CONTROLLER, &rst));
+    assert_eq!(
+        po.actions,
+        rules::output(1),
+        "back out of the client's port"
+    );
+    let mut want = bytes::BytesMut::new();
+    ofp::encode(0, &msgs[0].1, &mut want).expect("a PACKET_OUT encodes");
+
+    let mut encoding = Outbox::encoding();
+    sim.c
+        .handle_packet_in_frame(sim.now, 1, &pi, &mut encoding)
+        .expect("handled");
+    let enc = encoding.encoded_mut().expect("an encoding outbox");
+    let got: Vec<(u64, Vec<u8>)> = enc.iter().map(|(d, _, b)| (d, b.to_vec())).collect();
+    assert_eq!(got, vec![(1, want.to_vec())]);
+    assert_eq!(sim.c.counters().resets_sent, 2);
+    assert_eq!(sim.c.services()[0].counters.refused_no_backend, 2);
+    assert_eq!(sim.c.connections().len(), 0, "nothing tracked");
+}
+
 #[test]
 fn a_drained_backend_takes_no_new_connections_and_keeps_its_old_ones() {
     let mut sim = single_switch("round-robin");

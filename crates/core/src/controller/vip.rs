@@ -877,8 +877,20 @@ impl Controller {
     }
 
     /// Answer a segment with the RST its destination would send (RFC 9293 §3.10.7.1).
+    /// Over IPv4 the reset is built on the stack and encoded in place, as a placed
+    /// connection's PACKET_OUT is: a controller shedding load refuses SYNs at its peak
+    /// rate, and a refusal should cost less than the placement it saves.
     pub(super) fn reset(&mut self, at: &Arrival<'_>, out: &mut Outbox) {
-        if let Some(rst) = packet::tcp_rst(at.frame) {
+        if let Some(rst) = packet::tcp_rst_v4(at.frame) {
+            self.counters.resets_sent += 1;
+            let po = ConnPacketOut {
+                in_port: ofp::port::CONTROLLER,
+                rewrite: Rewrite::default(),
+                out_port: at.in_port,
+                data: &rst,
+            };
+            out.push_conn_packet_out(at.dpid, &po);
+        } else if let Some(rst) = packet::tcp_rst(at.frame) {
             self.counters.resets_sent += 1;
             out.push(
                 at.dpid,
