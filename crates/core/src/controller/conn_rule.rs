@@ -163,6 +163,51 @@ impl Rewrite {
         }
     }
 
+    /// Which fields it sets, one bit each in the order of its actions: the 16 shapes of
+    /// a rewrite.
+    #[inline]
+    fn sets(&self) -> usize {
+        usize::from(self.eth_dst.is_some())
+            | usize::from(self.ipv4_dst.is_some()) << 1
+            | usize::from(self.eth_src.is_some()) << 2
+            | usize::from(self.ipv4_src.is_some()) << 3
+    }
+
+    /// The rewrite of shape `sets` with every value zeroed: a template's.
+    fn zeroed(sets: usize) -> Rewrite {
+        let bit = |i: usize| sets & (1 << i) != 0;
+        Rewrite {
+            eth_dst: bit(0).then_some(MacAddr::ZERO),
+            ipv4_dst: bit(1).then_some(Ipv4Addr::UNSPECIFIED),
+            eth_src: bit(2).then_some(MacAddr::ZERO),
+            ipv4_src: bit(3).then_some(Ipv4Addr::UNSPECIFIED),
+        }
+    }
+
+    /// Its values written over a template's SET_FIELD actions, the first of which has its
+    /// value at `at` (after its action header and its OXM header, 4 + 4). Returns where
+    /// the value of the action after them would be: 8 bytes into that action.
+    #[inline(always)]
+    fn put_values(&self, b: &mut [u8], mut at: usize) -> usize {
+        if let Some(mac) = self.eth_dst {
+            put(b, at, &mac.0);
+            at += SET_FIELD_LEN;
+        }
+        if let Some(ip) = self.ipv4_dst {
+            put(b, at, &ip.octets());
+            at += SET_FIELD_LEN;
+        }
+        if let Some(mac) = self.eth_src {
+            put(b, at, &mac.0);
+            at += SET_FIELD_LEN;
+        }
+        if let Some(ip) = self.ipv4_src {
+            put(b, at, &ip.octets());
+            at += SET_FIELD_LEN;
+        }
+        at
+    }
+
     /// The SET_FIELD actions' length.
     #[inline]
     fn len(&self) -> usize {
@@ -267,6 +312,30 @@ fn templates() -> &'static [Template] {
                     bytes: b.to_vec(),
                     actions: FIXED_LEN + match_len.next_multiple_of(8) + INSTRUCTION_LEN,
                 }
+            })
+            .collect()
+    })
+}
+
+/// Where a PACKET_OUT's `in_port` lies: after its header and its `buffer_id` (§7.3.7).
+const PACKET_OUT_IN_PORT_AT: usize = 12;
+
+/// A connection's PACKET_OUT without its packet, for each of the 16 rewrites
+/// ([`Rewrite::sets`]), its values zeroed: header, fixed fields and actions.
+fn packet_out_templates() -> &'static [Vec<u8>] {
+    static TEMPLATES: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    TEMPLATES.get_or_init(|| {
+        (0..16)
+            .map(|sets| {
+                let mut b = BytesMut::new();
+                ConnPacketOut {
+                    in_port: 0,
+                    rewrite: Rewrite::zeroed(sets),
+                    out_port: 0,
+                    data: &[],
+                }
+                .encode_fields(&mut b);
+                b.to_vec()
             })
             .collect()
     })
@@ -401,11 +470,7 @@ impl ConnRule {
             Syn::Only => 2,
             Syn::AndAck => 3,
         };
-        let r = &self.rewrite;
-        let sets = usize::from(r.eth_dst.is_some())
-            | usize::from(r.ipv4_dst.is_some()) << 1
-            | usize::from(r.eth_src.is_some()) << 2
-            | usize::from(r.ipv4_src.is_some()) << 3;
+        let sets = self.rewrite.sets();
         let fin = match self.fin {
             None => 0,
             Some(b) if b.len() == FIN_BODY_LEN => 1,
@@ -432,12 +497,7 @@ impl ConnRule {
                 2 => Syn::Only,
                 _ => Syn::AndAck,
             },
-            rewrite: Rewrite {
-                eth_dst: bit(2).then_some(MacAddr::ZERO),
-                ipv4_dst: bit(3).then_some(Ipv4Addr::UNSPECIFIED),
-                eth_src: bit(4).then_some(MacAddr::ZERO),
-                ipv4_src: bit(5).then_some(Ipv4Addr::UNSPECIFIED),
-            },
+            rewrite: Rewrite::zeroed((shape >> 2) & 0xf),
             fin: bit(6).then_some(&ZERO_BODY[..]),
             out: if bit(7) {
                 Out::Controller
@@ -473,23 +533,7 @@ impl ConnRule {
         put(b, TCP_SRC_AT, &self.sport.to_be_bytes());
         put(b, TCP_DST_AT, &self.dport.to_be_bytes());
         // Each SET_FIELD's value follows its action header and its OXM header (4 + 4).
-        let mut a = t.actions + 8;
-        if let Some(mac) = self.rewrite.eth_dst {
-            put(b, a, &mac.0);
-            a += SET_FIELD_LEN;
-        }
-        if let Some(ip) = self.rewrite.ipv4_dst {
-            put(b, a, &ip.octets());
-            a += SET_FIELD_LEN;
-        }
-        if let Some(mac) = self.rewrite.eth_src {
-            put(b, a, &mac.0);
-            a += SET_FIELD_LEN;
-        }
-        if let Some(ip) = self.rewrite.ipv4_src {
-            put(b, a, &ip.octets());
-            a += SET_FIELD_LEN;
-        }
+        let mut a = self.rewrite.put_values(b, t.actions + 8);
         // The experimenter action's body follows its type, length and experimenter id.
         if let Some(body) = self
             .fin
@@ -635,7 +679,34 @@ impl ConnPacketOut<'_> {
     /// Append the whole PACKET_OUT with xid 0, as [`ConnRule::encode`] does; the same bytes
     /// as `ofp::encode(0, &message())`. The packet is copied from `data`, so no reference
     /// to it is taken (a `Bytes` clone and drop were two atomic operations per setup).
+    ///
+    /// Copied from its rewrite's template, then its values written in, as a rule is
+    /// (under callgrind, 75 instructions a PACKET_OUT against 215 field by field).
     pub(crate) fn encode(&self, out: &mut BytesMut) {
+        let total = PACKET_OUT_FIXED_LEN + self.actions_len() + self.data.len();
+        let (Ok(total16), Some(t)) = (
+            u16::try_from(total),
+            packet_out_templates().get(self.rewrite.sets()),
+        ) else {
+            return self.encode_fields(out);
+        };
+        let at = out.len();
+        out.reserve(total);
+        out.extend_from_slice(t);
+        out.extend_from_slice(self.data);
+        let Some(b) = out.get_mut(at..) else {
+            return;
+        };
+        put(b, 2, &total16.to_be_bytes());
+        put(b, PACKET_OUT_IN_PORT_AT, &self.in_port.to_be_bytes());
+        let a = self.rewrite.put_values(b, PACKET_OUT_FIXED_LEN + 8);
+        // OFPAT_OUTPUT's port follows its type and length (`a` is 8 into the action).
+        put(b, a - 4, &self.out_port.to_be_bytes());
+    }
+
+    /// [`ConnPacketOut::encode`] field by field: for the templates, and for a packet too
+    /// long for one message (which the general encoder refuses).
+    fn encode_fields(&self, out: &mut BytesMut) {
         let actions_len = self.actions_len();
         let total = PACKET_OUT_FIXED_LEN + actions_len + self.data.len();
         let Ok(total16) = u16::try_from(total) else {
@@ -724,6 +795,22 @@ mod tests {
         }
         .encode(&mut got);
         assert!(got.is_empty(), "over 64 KiB: nothing appended");
+    }
+
+    /// Each rewrite's PACKET_OUT template is the field-by-field encoding of its zeroed
+    /// rewrite, and its length the header, fixed fields and actions of that shape.
+    #[test]
+    fn every_rewrite_has_its_packet_out_template() {
+        assert_eq!(packet_out_templates().len(), 16);
+        for sets in 0..16 {
+            let r = Rewrite::zeroed(sets);
+            assert_eq!(r.sets(), sets);
+            assert_eq!(
+                packet_out_templates()[sets].len(),
+                PACKET_OUT_FIXED_LEN + r.len() + OUTPUT_LEN
+            );
+            assert_eq!(rewrite_of(sets as u8).sets(), sets);
+        }
     }
 
     /// An encoding outbox frames only what was appended: a PACKET_OUT too long to encode
