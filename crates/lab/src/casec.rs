@@ -435,22 +435,21 @@ pub fn run(
             "global controllers at the end: C_p1 {}, C_p2 {}",
             gv[0]["mastership"], gv[1]["mastership"]
         ));
-        for (g, name) in [(&g1, "p1"), (&g2, "p2")] {
-            save_log(g, logs, sc.name, name);
-        }
-        for c in [&g1, &g2] {
+        let saved = [(&g1, "p1"), (&g2, "p2")]
+            .map(|(g, name)| (g, g.save_log(logs, &format!("{}-{name}", sc.name))));
+        for (c, log) in saved {
             if c.output().contains("panicked") {
-                bail!("a global controller panicked; see {}", c.log.display());
+                bail!("a global controller panicked; see {}", log.display());
             }
         }
         Ok(out)
     })();
-    for (d, c) in domains.iter().enumerate() {
-        save_log(c, logs, sc.name, &format!("d{}", d + 1));
-    }
-    let panicked = domains.iter().find(|c| c.output().contains("panicked"));
-    if let (Ok(_), Some(c)) = (&result, panicked) {
-        bail!("a domain controller panicked; see {}", c.log.display());
+    let saved: Vec<std::path::PathBuf> = (domains.iter().enumerate())
+        .map(|(d, c)| c.save_log(logs, &format!("{}-d{}", sc.name, d + 1)))
+        .collect();
+    let panicked = (domains.iter().zip(&saved)).find(|(c, _)| c.output().contains("panicked"));
+    if let (Ok(_), Some((_, log))) = (&result, panicked) {
+        bail!("a domain controller panicked; see {}", log.display());
     }
     if result.is_err() {
         let _ = std::fs::write(logs.join(format!("{}-etcd.log", sc.name)), etcd.logs());
@@ -585,13 +584,6 @@ pub fn aggregate(rows: &[Row]) -> Row {
 
 fn signal_settle(p: &Params) -> Result<()> {
     crate::signal::sleep(Duration::from_secs_f64(p.settle_secs))
-}
-
-fn save_log(c: &Controller, logs: &Path, scenario: &str, name: &str) {
-    let _ = std::fs::write(
-        logs.join(format!("controller-{scenario}-{name}.log")),
-        c.output(),
-    );
 }
 
 /// Every client pings its domain's server and the VIP (ARP and L2 rules in place before

@@ -48,8 +48,6 @@ pub struct Controller {
     pub openflow: SocketAddr,
     /// The API address.
     pub api: SocketAddr,
-    /// Its log file.
-    pub log: PathBuf,
 }
 
 impl Controller {
@@ -87,13 +85,22 @@ impl Controller {
             }
             crate::signal::sleep(Duration::from_millis(50))?;
         };
-        let log = proc.log_path().to_path_buf();
         Ok(Controller {
             proc,
             openflow,
             api,
-            log,
         })
+    }
+
+    /// Writes everything it logged so far to `logs/controller-NAME.log`, the run's own
+    /// folder (its log under the temporary folder goes when it stops), and returns that
+    /// file's path.
+    pub fn save_log(&self, logs: &Path, name: &str) -> PathBuf {
+        let path = logs.join(format!("controller-{name}.log"));
+        if let Err(e) = std::fs::write(&path, self.output()) {
+            eprintln!("lab: cannot write {}: {e}", path.display());
+        }
+        path
     }
 
     /// `tcp:IP:PORT`, the controller target to give OVS.

@@ -391,7 +391,7 @@ fn run_arms(
         signal::check()?;
         pb.set_message(format!("arm {}: controller ({})", arm.label, arm.algorithm));
         if ai > 0 {
-            save_log(&controller, logs, sc.name, sc.arms[ai - 1].label);
+            controller.save_log(logs, &format!("{}-{}", sc.name, sc.arms[ai - 1].label));
             controller.stop();
             // Arms must not see each other: drop the last arm's per-connection rules
             // while no controller is connected, so their expiry (FLOW_REMOVED) does not
@@ -539,9 +539,10 @@ fn run_arms(
             clock.lap(&format!("{}: settle", arm.label));
         }
     }
-    save_log(&controller, logs, sc.name, sc.arms[sc.arms.len() - 1].label);
+    let last = sc.arms[sc.arms.len() - 1].label;
+    let saved = controller.save_log(logs, &format!("{}-{last}", sc.name));
     if controller.output().contains("panicked") {
-        bail!("the controller panicked; see {}", controller.log.display());
+        bail!("the controller panicked; see {}", saved.display());
     }
     pb.set_message("removing the network");
     drop(controller);
@@ -653,13 +654,6 @@ impl Laps {
 
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05, `cookie::RuleKind`).
 const CONN_RULES: &str = "cookie=0x0500000000000000/0xff00000000000000";
-
-fn save_log(c: &Controller, logs: &Path, scenario: &str, arm: &str) {
-    let _ = std::fs::write(
-        logs.join(format!("controller-{scenario}-{arm}.log")),
-        c.output(),
-    );
-}
 
 /// Every client pings server 2 once, so ARP and the controller's L2 rules are in place
 /// before the measured phases (all at once; bounded by ping's own deadline).

@@ -335,13 +335,6 @@ fn start_controller(
     Ok(c)
 }
 
-fn save_log(c: &Controller, logs: &Path, mode: &str) {
-    let _ = std::fs::write(
-        logs.join(format!("controller-overload-{mode}.log")),
-        c.output(),
-    );
-}
-
 fn f(v: &serde_json::Value, path: &[&str]) -> f64 {
     let mut x = v;
     for k in path {
@@ -428,7 +421,7 @@ pub fn run(
     say(format!(
         "  pool: nominal {nominal:.1} req/s, measured {measured:.1} req/s (closed loop); unloaded p50 {un_p50:.1} ms, p99 {un_p99:.1} ms"
     ));
-    save_log(&c, logs, "calibration");
+    c.save_log(logs, "overload-calibration");
     c.stop();
     pb.inc(1);
 
@@ -510,9 +503,9 @@ pub fn run(
             points.push(pt);
             pb.inc(1);
         }
-        save_log(&c, logs, mode);
+        let saved = c.save_log(logs, &format!("overload-{mode}"));
         if c.output().contains("panicked") {
-            bail!("the controller panicked; see {}", c.log.display());
+            bail!("the controller panicked; see {}", saved.display());
         }
         c.stop();
     }

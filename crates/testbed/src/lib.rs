@@ -489,6 +489,24 @@ mod tests {
         assert!(me.is_some_and(|p| p > 0), "{me:?}");
     }
 
+    /// A process's log lasts as long as its guard: read while it runs, gone after (no
+    /// namespace needed: the guard takes any command).
+    #[test]
+    fn a_process_log_goes_with_its_guard() {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "echo started; exec sleep 30"]);
+        let guard = netns::ProcGuard::spawn(cmd, "fgtest-log").expect("spawn");
+        let log = guard.log_path().to_path_buf();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !guard.output().contains("started") && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(guard.output(), "started\n");
+        assert!(log.exists());
+        drop(guard);
+        assert!(!log.exists(), "{} left behind", log.display());
+    }
+
     #[test]
     fn prefixes_must_be_plain() {
         assert!(check_prefix("fg12ab").is_ok());

@@ -442,7 +442,10 @@ pub(crate) fn ppid_from_stat(stat: &str) -> Option<u32> {
 static SPAWN_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A child process (in its own process group) killed with its group on drop.
-/// Its stdout and stderr go to [`ProcGuard::log_path`].
+/// Its stdout and stderr go to [`ProcGuard::log_path`], a file under the temporary folder
+/// that goes with the guard, unless the thread is panicking (a failed test's servers
+/// and clients keep theirs): every run used to leave each of its processes' logs behind,
+/// thousands a day on a machine that runs the tests.
 #[derive(Debug)]
 pub struct ProcGuard {
     child: Child,
@@ -560,5 +563,8 @@ impl ProcGuard {
 impl Drop for ProcGuard {
     fn drop(&mut self) {
         self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
