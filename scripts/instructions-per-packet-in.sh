@@ -58,8 +58,11 @@ count() {
 # shape's template is built): a few hundred thousand instructions, which a run's
 # average spreads over however many calls the run made. Two runs of different lengths
 # give what one more PACKET_IN costs, whatever the number of calls.
-read -r i1 n1 < <(count 1)
-read -r i2 n2 < <(count 4)
+# (Command substitutions, so that a failed run stops the script under `set -e`.)
+short="$(count 1)"
+long="$(count 4)"
+read -r i1 n1 <<< "$short"
+read -r i2 n2 <<< "$long"
 awk -v f="$filter" -v i1="$i1" -v n1="$n1" -v i2="$i2" -v n2="$n2" 'BEGIN {
   if (n2 <= n1) { print "the longer run made no more calls (" n1 ", " n2 ")" > "/dev/stderr"; exit 1 }
   printf "%s: %.1f instructions per PACKET_IN (%d more instructions over %d more calls; the longer run averaged %.1f over its %d calls, its one-time costs included)\n", f, (i2 - i1) / (n2 - n1), i2 - i1, n2 - n1, i2 / n2, n2
