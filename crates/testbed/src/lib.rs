@@ -153,6 +153,7 @@ fn remove_matching(doomed: impl Fn(&str) -> bool) -> Result<Cleaned> {
         if doomed(&ns) {
             netns::kill_netns_pids(&ns);
             cmd::run("ip", &["netns", "del", &ns])?;
+            netns::remove_logs_of(&ns);
             c.namespaces.push(ns);
         }
     }

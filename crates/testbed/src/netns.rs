@@ -226,7 +226,7 @@ impl Host {
         ProcGuard::spawn(
             self.command(argv),
             &format!(
-                "{}-{}",
+                "{}.{}",
                 self.ns,
                 argv.first().map(|a| basename(a)).unwrap_or("proc")
             ),
@@ -359,6 +359,9 @@ impl Drop for Host {
         );
         kill_netns_pids(&self.ns);
         cmd::run_quiet("ip", &["netns", "del", &self.ns]);
+        if !std::thread::panicking() {
+            remove_logs_of(&self.ns);
+        }
         // Deleting the namespace destroys eth0 and with it the peer, but asynchronously:
         // wait for that so the name is free when drop returns, then insist.
         if !wait_link_gone(&self.veth, Duration::from_secs(3)) {
@@ -441,6 +444,27 @@ pub(crate) fn ppid_from_stat(stat: &str) -> Option<u32> {
 
 static SPAWN_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Where [`ProcGuard`]s write their processes' output.
+fn log_dir() -> PathBuf {
+    std::env::temp_dir().join("flowgate-testbed")
+}
+
+/// Removes the logs of the processes started in namespace `ns` ([`Host::spawn`] names
+/// them `NS.COMMAND-PID-N.log`; no interface name holds a `.`, so another namespace's
+/// never match): the namespace is gone and its processes with it, including those whose
+/// guards were leaked by a crash.
+pub(crate) fn remove_logs_of(ns: &str) {
+    let Ok(dir) = std::fs::read_dir(log_dir()) else {
+        return;
+    };
+    let lead = format!("{ns}.");
+    for e in dir.flatten() {
+        if e.file_name().to_str().is_some_and(|n| n.starts_with(&lead)) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// A child process (in its own process group) killed with its group on drop.
 /// Its stdout and stderr go to [`ProcGuard::log_path`], a file under the temporary folder
 /// that goes with the guard, unless the thread is panicking (a failed test's servers
@@ -456,7 +480,7 @@ pub struct ProcGuard {
 impl ProcGuard {
     /// Spawns `command` in a new process group with output to a log file named after `tag`.
     pub fn spawn(mut command: Command, tag: &str) -> Result<ProcGuard> {
-        let dir = std::env::temp_dir().join("flowgate-testbed");
+        let dir = log_dir();
         std::fs::create_dir_all(&dir)?;
         let n = SPAWN_SEQ.fetch_add(1, Ordering::Relaxed);
         let log = dir.join(format!("{tag}-{}-{n}.log", std::process::id()));

@@ -116,15 +116,19 @@ fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
     let pre = p.as_str().to_owned();
 
     // 1. Normal drop, with a process running inside a namespace.
-    let pid;
+    let (pid, log1);
     {
         let t = linear(&TopoOptions::new(&pre).link_kind(LinkKind::Veth), 2, 1)?;
         let child = t.hosts[0].spawn(&["sleep", "300"])?;
         pid = child.id();
+        log1 = child.log_path().to_path_buf();
         std::mem::forget(child); // even a leaked guard's process dies with the namespace
         assert!(leftovers(&pre)?.len() >= 4, "{:?}", leftovers(&pre)?);
+        assert!(log1.exists());
     }
     assert_eq!(leftovers(&pre)?, Vec::<String>::new());
+    // And its log with it.
+    assert!(!log1.exists(), "{} left behind", log1.display());
     std::thread::sleep(Duration::from_millis(100));
     let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
@@ -144,6 +148,7 @@ fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
     let br = Bridge::create(&format!("{pre}s9"), 9, &[])?;
     let h = Host::create(&pre, "h9", "10.0.0.9/24", &br, None)?;
     let sleeper = h.spawn(&["sleep", "300"])?;
+    let log3 = sleeper.log_path().to_path_buf();
     std::mem::forget((br, h, sleeper));
     // netns + bridge + its veth + the tap device the userspace datapath makes for the bridge.
     assert_eq!(leftovers(&pre)?.len(), 4, "{:?}", leftovers(&pre)?);
@@ -151,6 +156,7 @@ fn ovs_cleanup_on_drop_panic_and_stale() -> Result<()> {
     assert_eq!(cleaned.bridges, vec![format!("{pre}s9")]);
     assert_eq!(cleaned.namespaces, vec![format!("{pre}h9")]);
     assert_eq!(leftovers(&pre)?, Vec::<String>::new());
+    assert!(!log3.exists(), "{} left behind", log3.display());
     Ok(())
 }
 
