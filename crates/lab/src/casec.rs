@@ -444,10 +444,15 @@ pub fn run(
         }
         Ok(out)
     })();
-    let saved: Vec<std::path::PathBuf> = (domains.iter().enumerate())
+    let saved: Vec<std::path::PathBuf> = domains
+        .iter()
+        .enumerate()
         .map(|(d, c)| c.save_log(logs, &format!("{}-d{}", sc.name, d + 1)))
         .collect();
-    let panicked = (domains.iter().zip(&saved)).find(|(c, _)| c.output().contains("panicked"));
+    let panicked = domains
+        .iter()
+        .zip(&saved)
+        .find(|(c, _)| c.output().contains("panicked"));
     if let (Ok(_), Some((_, log))) = (&result, panicked) {
         bail!("a domain controller panicked; see {}", log.display());
     }

@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use bytes::Bytes;
 use etherparse::{IpNumber, Ipv4Header, Ipv6Header, TcpHeader, UdpHeader};
 
+use crate::checksum::{internet_checksum, ones_complement_sum};
 use crate::frame::{Arp, Frame, L3, L4, Tcp, TcpFlags};
 use crate::lldp::{
     CHASSIS_SUBTYPE_LOCAL, DPID_PREFIX, PORT_SUBTYPE_COMPONENT, TLV_CHASSIS_ID, TLV_END,
@@ -439,7 +440,7 @@ pub fn tcp_rst_v4(frame: &Frame<'_>) -> Option<[u8; TCP_RST_V4_LEN]> {
     h[..10].copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, DEFAULT_TTL, 6]);
     h[12..16].copy_from_slice(&src);
     h[16..20].copy_from_slice(&dst);
-    let csum = !fold(sum16(h));
+    let csum = internet_checksum(ones_complement_sum(0, h));
     h[10..12].copy_from_slice(&csum.to_be_bytes());
     // RFC 9293 §3.1: data offset 5, window 0, no urgent pointer.
     let tcp_at = ip_at + 20;
@@ -451,25 +452,10 @@ pub fn tcp_rst_v4(frame: &Frame<'_>) -> Option<[u8; TCP_RST_V4_LEN]> {
     t[12] = 5 << 4;
     t[13] = flags.0;
     // The checksum covers the pseudo-header: addresses, protocol 6, TCP length 20.
-    let pseudo = sum16(&src) + sum16(&dst) + 6 + 20;
-    let csum = !fold(pseudo + sum16(t));
+    let pseudo = ones_complement_sum(ones_complement_sum(6 + 20, &src), &dst);
+    let csum = internet_checksum(ones_complement_sum(pseudo, t));
     t[16..18].copy_from_slice(&csum.to_be_bytes());
     Some(out)
-}
-
-/// The sum of `b`'s big-endian 16-bit words (RFC 1071), not yet folded.
-fn sum16(b: &[u8]) -> u32 {
-    b.chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum()
-}
-
-/// `sum` folded to 16 bits, end-around carry.
-fn fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
 }
 
 /// An LLDP topology probe from port `port_no` of switch `dpid`, sent from `src_mac` to

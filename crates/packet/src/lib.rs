@@ -11,7 +11,9 @@
 //! * **Builders** ([`arp_reply`], [`arp_request`], [`tcp_rst`], [`lldp_probe`],
 //!   [`ipv4_tcp`], [`tcp_syn`], [`ipv4_udp`]). They allocate (they are off the hot path) and
 //!   return [`bytes::Bytes`] ready to be carried in a PACKET_OUT. Every checksum they write is
-//!   correct, and whatever they build, [`parse`] reads back.
+//!   correct, and whatever they build, [`parse`] reads back. One is on a hot path and does
+//!   not allocate: [`tcp_rst_v4`], the RST of a SYN refused under load, built on the stack
+//!   with the [`internet_checksum`] that also serves the bench's PACKET_INs.
 //!
 //! Parsing is deliberately lax about lengths in one direction. A PACKET_IN of a buffered
 //! packet carries only its first `miss_send_len` / `max_len` bytes (OpenFlow 1.3.5
@@ -24,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod build;
+mod checksum;
 mod frame;
 mod lldp;
 mod mac;
@@ -32,6 +35,7 @@ pub use build::{
     ETH_MIN_FRAME_LEN, LLDP_MULTICAST, TCP_RST_V4_LEN, TcpSegment, arp_frame, arp_reply,
     arp_request, ipv4_tcp, ipv4_udp, lldp_probe, tcp_rst, tcp_rst_v4, tcp_syn,
 };
+pub use checksum::{internet_checksum, ones_complement_sum};
 pub use frame::{
     Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_tuple, parse,
 };

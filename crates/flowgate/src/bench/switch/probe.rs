@@ -140,25 +140,12 @@ impl SynTemplate {
         // RFC 791 / RFC 793 checksums: the IPv4 header; the TCP header (no payload) with
         // the pseudo-header (addresses, protocol, TCP length).
         f[IP_CSUM..IP_CSUM + 2].fill(0);
-        let ip = checksum(sum16(0, &f[IP..TCP]));
+        let ip = packet::internet_checksum(packet::ones_complement_sum(0, &f[IP..TCP]));
         f[IP_CSUM..IP_CSUM + 2].copy_from_slice(&ip.to_be_bytes());
         f[TCP_CSUM..TCP_CSUM + 2].fill(0);
-        let pseudo = sum16(u32::from(packet::IP_PROTO_TCP) + 20, &f[IP_SRC..TCP]);
-        let tcp = checksum(sum16(pseudo, &f[TCP..TCP + 20]));
+        let pseudo =
+            packet::ones_complement_sum(u32::from(packet::IP_PROTO_TCP) + 20, &f[IP_SRC..TCP]);
+        let tcp = packet::internet_checksum(packet::ones_complement_sum(pseudo, &f[TCP..TCP + 20]));
         f[TCP_CSUM..TCP_CSUM + 2].copy_from_slice(&tcp.to_be_bytes());
     }
-}
-
-/// Ones'-complement sum of big-endian 16-bit words (`b` has an even length), unfolded.
-fn sum16(acc: u32, b: &[u8]) -> u32 {
-    b.chunks_exact(2)
-        .fold(acc, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])))
-}
-
-/// The Internet checksum of a sum.
-fn checksum(mut acc: u32) -> u16 {
-    while acc >> 16 != 0 {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
 }
