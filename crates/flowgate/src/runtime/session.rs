@@ -495,6 +495,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
             rtt.sent(work_start);
         }
         batch.clear();
+        // Refilled once a batch: every frame of it was already buffered at `work_start`.
+        budget.refill(work_start);
         let mut packet_ins = 0u64;
         // The batch's frames stay in the read buffer until it is handled: `scanned` bytes
         // of it are the batch's.
@@ -519,9 +521,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             } else if msg_type == ofp::MsgType::PacketIn as u8 {
                 if super::cluster::standby_drops_packet_in(handle, features, peeked) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
-                } else if budget.take(work_start) {
-                    // (One clock read per batch: every frame of it was already buffered
-                    // at `work_start`.)
+                } else if budget.take() {
                     packet_ins += 1;
                     batch.push(Pending::Frame { at, len });
                 } else {
@@ -750,10 +750,15 @@ impl TokenBucket {
         }
     }
 
-    fn take(&mut self, now: Instant) -> bool {
+    /// Add what has accrued since the last refill, up to a second's worth.
+    fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + dt * self.rate).min(self.rate);
+    }
+
+    /// Take one token, if there is one.
+    fn take(&mut self) -> bool {
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -797,6 +802,22 @@ mod tests {
             drop(late.await.expect("writer"));
             assert!(!rd.fill().await.expect("fill"), "EOF");
         });
+    }
+
+    /// The PACKET_IN budget: a second's worth at first, then what accrues, never more
+    /// than a second's worth.
+    #[test]
+    fn the_budget_allows_its_rate_with_bursts_of_a_second() {
+        let mut b = TokenBucket::new(10);
+        let t0 = b.last;
+        let takes = |b: &mut TokenBucket| (0..100).take_while(|_| b.take()).count();
+        assert_eq!(takes(&mut b), 10, "a second's worth at first");
+        b.refill(t0 + Duration::from_millis(500));
+        assert_eq!(takes(&mut b), 5, "half a second's worth");
+        b.refill(t0 + Duration::from_secs(60));
+        assert_eq!(takes(&mut b), 10, "never more than a second's worth");
+        b.refill(t0 + Duration::from_secs(60));
+        assert_eq!(takes(&mut b), 0, "nothing accrues in no time");
     }
 
     /// Whether a whole message waits in the buffer: not for part of one, yes for one,
