@@ -132,9 +132,16 @@ struct Reader<R> {
     io: R,
     buf: BytesMut,
     framer: Framer,
-    /// The last [`Reader::fill`] found nothing to read at first, and the session waited
-    /// for the switch: every other task of the worker had its turn meanwhile.
-    waited: bool,
+}
+
+/// What a [`Reader::fill`] brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Filled {
+    /// Bytes. `waited`: there were none at first, and the session waited for the switch
+    /// (every other task of the worker had its turn meanwhile).
+    Bytes { waited: bool },
+    /// The switch closed the connection.
+    Eof,
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
@@ -143,13 +150,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
             framer: Framer::new(),
-            waited: false,
         }
     }
 
-    /// Read what the stream holds, waiting for bytes if it holds none; returns false at
-    /// EOF.
-    async fn fill(&mut self) -> Result<bool, SessionError> {
+    /// Read what the stream holds, waiting for bytes if it holds none.
+    async fn fill(&mut self) -> Result<Filled, SessionError> {
         self.buf.reserve(16 * 1024);
         let mut waited = false;
         let n = {
@@ -161,8 +166,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             })
             .await?
         };
-        self.waited = waited;
-        Ok(n > 0)
+        Ok(if n > 0 {
+            Filled::Bytes { waited }
+        } else {
+            Filled::Eof
+        })
     }
 
     /// A whole frame is buffered (or a framing error, which the next read of it reports).
@@ -248,8 +256,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, rd.fill()).await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => return Err(SessionError::Protocol("closed during the handshake")),
+                Ok(Ok(Filled::Bytes { .. })) => {}
+                Ok(Ok(Filled::Eof)) => {
+                    return Err(SessionError::Protocol("closed during the handshake"));
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(SessionError::Timeout("the handshake")),
             }
@@ -690,13 +700,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         tokio::select! {
             r = rd.fill() => match r {
-                Ok(true) => {
+                Ok(Filled::Bytes { waited }) => {
                     last_heard = Instant::now();
                     filled_at = last_heard;
                     echo_sent = false;
-                    handled_batch &= !rd.waited;
+                    handled_batch &= !waited;
                 }
-                Ok(false) => return Ok(()),
+                Ok(Filled::Eof) => return Ok(()),
                 Err(e) => return Err(e),
             },
             () = &mut deadline => {
@@ -788,20 +798,26 @@ mod tests {
             let (ours, mut theirs) = tokio::io::duplex(4096);
             let mut rd = Reader::new(ours);
             theirs.write_all(&[1, 2, 3]).await.expect("write");
-            assert!(rd.fill().await.expect("fill"));
-            assert!(!rd.waited, "the bytes were there");
+            assert_eq!(
+                rd.fill().await.expect("fill"),
+                Filled::Bytes { waited: false },
+                "the bytes were there"
+            );
 
             let late = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 theirs.write_all(&[4]).await.expect("write");
                 theirs
             });
-            assert!(rd.fill().await.expect("fill"));
-            assert!(rd.waited, "nothing was there: it waited for the write");
+            assert_eq!(
+                rd.fill().await.expect("fill"),
+                Filled::Bytes { waited: true },
+                "nothing was there: it waited for the write"
+            );
             assert_eq!(&rd.buf[..], &[1, 2, 3, 4]);
 
             drop(late.await.expect("writer"));
-            assert!(!rd.fill().await.expect("fill"), "EOF");
+            assert_eq!(rd.fill().await.expect("fill"), Filled::Eof);
         });
     }
 
