@@ -57,6 +57,35 @@ fn arp_for_the_vip_is_answered_with_the_virtual_mac() {
     );
 }
 
+/// A frame from a service's virtual MAC (one the controller sent as the VIP, come back up
+/// through a switch) teaches nothing: that MAC is the controller's, and learning it at a
+/// port would send the service's traffic there. Every service's, not only the first's.
+#[test]
+fn frames_from_any_services_virtual_mac_teach_no_host() {
+    let vmac2 = packet::MacAddr([0x02, 0x66, 0x67, 0, 1, 1]);
+    let vip2 = Ipv4Addr::new(10, 0, 1, 100);
+    let config = format!(
+        "{}[[service]]\nname = \"api\"\nvip = \"{vip2}\"\nport = 80\nvirtual_mac = \"{vmac2}\"\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"{}\"\n",
+        service_config("round-robin", &[2, 3]),
+        ip(4)
+    );
+    let mut sim = one_switch(&config);
+    let hosts = sim.c.topo.host_count();
+    for (from, vip) in [(VMAC, VIP), (vmac2, vip2)] {
+        sim.packet_in(1, 4, tcp(from, mac(1), (vip, 80), (ip(1), 40000), ACK));
+        assert!(sim.c.topo.host(from).is_none(), "{from} learned");
+    }
+    assert_eq!(sim.c.topo.host_count(), hosts);
+    // The same frame from a host's MAC is learned: the check above can fail.
+    let stranger = mac(7);
+    sim.packet_in(
+        1,
+        4,
+        tcp(stranger, mac(1), (ip(7), 80), (ip(1), 40000), ACK),
+    );
+    assert!(sim.c.topo.host(stranger).is_some());
+}
+
 #[test]
 fn arp_between_hosts_is_flooded_then_unicast_is_carried_by_rules() {
     let mut sim = single_switch("round-robin");
