@@ -263,7 +263,8 @@ impl CoreCell {
             SessionTx {
                 id,
                 xid: 0x1000,
-                buf: self.pool.take(),
+                // Taken from the pool when the first message for the switch is (`flush`).
+                buf: BytesMut::new(),
                 tx,
                 out,
                 writable,
