@@ -10,7 +10,8 @@
 # are not in it; the timed benches say what those cost.
 #
 # usage: scripts/instructions-per-packet-in.sh [FILTER] [BENCH_BINARY]
-#   FILTER        a bench of packet_in.rs (default syn/isslm/0; e.g. syn/refused/0)
+#   FILTER        a bench of packet_in.rs (default syn/isslm/0; e.g. syn/refused/0, or
+#                 syn-16-services/isslm/0 for the controller bench's 16 services)
 #   BENCH_BINARY  a bench binary built earlier (to compare two builds); default: build it
 # Needs valgrind (Debian: apt-get install valgrind).
 set -euo pipefail
