@@ -33,6 +33,12 @@ fn the_messages_of_one_write_are_handled_once_each_in_order() {
     let ctl = Ctl::start("session-batch", &format!("{LISTEN_ANY}{SERVICE}"));
     let mut s = handshake(ctl.openflow, 0x5e55);
     let before = ctl.packet_ins();
+    let decided = || {
+        let (_, body) = ctl.get("/metrics");
+        metric(&body, "flowgate_decision_latency_seconds_count").expect("the histogram's count")
+            as u64
+    };
+    let decided_before = decided();
 
     // One write: three echo requests, each followed by a PACKET_IN, then the first 30
     // bytes of a fourth PACKET_IN.
@@ -63,4 +69,6 @@ fn the_messages_of_one_write_are_handled_once_each_in_order() {
         .expect("write an echo");
     assert_eq!(echo_replies(&mut s, 1), [0x2004]);
     assert_eq!(ctl.packet_ins(), before + 4, "a PACKET_IN handled twice");
+    // Each decision's time reached the histogram (counted per batch, added at its end).
+    assert_eq!(decided(), decided_before + 4);
 }

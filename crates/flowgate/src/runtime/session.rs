@@ -435,6 +435,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut dropped_packet_ins: u64 = 0;
     let mut unreported_drops: u64 = 0;
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
+    let mut latencies = super::latency::BatchHistogram::default();
     let dpid = features.datapath_id;
     let mut read_pauses: u64 = 0;
     // A batch was handled and the session has not waited since.
@@ -626,8 +627,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             let took = clock.delta(start, end);
                             if c.shed_total() == shed_before {
                                 // Decision latency: the core's whole handling of one
-                                // PACKET_IN.
-                                handle.decision_latency.observe(took);
+                                // PACKET_IN (into the shared histogram after the batch).
+                                latencies.observe(took);
                             } else {
                                 shed_work += took;
                                 shed_n += 1;
@@ -648,6 +649,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                 }
             });
+            handle.decision_latency.add(&mut latencies);
             if let Some(e) = undecodable {
                 return Err(SessionError::Decode(e.to_string()));
             }
