@@ -37,9 +37,9 @@ pub struct LatencyHistogram {
 /// One batch's observations, counted in plain integers by the session that makes them and
 /// added to the shared [`LatencyHistogram`] at the batch's end ([`LatencyHistogram::add`]):
 /// the two atomic adds of each PACKET_IN's observation, locked instructions, become one
-/// per bucket the batch used. (On the 2-vCPU VM of stop 44, a loop in C of 20 million
-/// observations took 15.4–16.9 ns each with the atomic adds, 2.3–2.9 ns counted per batch
-/// of 256: about 2 % of the 0.63 µs of CPU a setup took at stop 43.)
+/// per bucket the batch used and one for the sum. (On the 2-vCPU VM of stop 44, a loop
+/// in C of 20 million observations took 15.4–16.9 ns each with the atomic adds, 2.3–2.9
+/// ns counted per batch of 256: about 2 % of the 0.63 µs of CPU a setup took at stop 43.)
 #[derive(Debug, Default)]
 pub struct BatchHistogram {
     buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
