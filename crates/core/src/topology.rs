@@ -637,6 +637,17 @@ impl Topology {
         self.next_hop_before.take().map(NextHops)
     }
 
+    /// Whether every next hop of `before` is still one now, the same: then a path found by
+    /// `before` is the one found now, hop by hop (each hop `before` gives is one a link
+    /// still carries), and no path changed. So it is when a switch with no links joins or
+    /// leaves, as every switch does when its session drops and comes back.
+    pub fn next_hops_hold(&self, before: &NextHops) -> bool {
+        before
+            .0
+            .iter()
+            .all(|(k, hops)| self.next_hop.get(k) == Some(hops))
+    }
+
     fn path_with(
         &self,
         next_hop: &HopMap,
@@ -1057,5 +1068,21 @@ mod tests {
         assert!(!t.is_link_port(PortRef::new(2, 3)));
         assert!(t.expire_links(now + Duration::from_secs(10), Duration::from_secs(3)));
         assert_eq!(t.links().count(), 0);
+    }
+
+    #[test]
+    fn next_hops_hold_while_a_switch_without_links_comes_and_goes() {
+        let (mut t, _) = ring();
+        let _ = t.take_next_hops_before();
+        t.add_switch(9);
+        t.remove_switch(9);
+        let before = t
+            .take_next_hops_before()
+            .expect("the links were worked out again");
+        assert!(t.next_hops_hold(&before));
+        // A link of the ring goes: the next hops across it are others now.
+        t.remove_port(1, 2);
+        let before = t.take_next_hops_before().expect("a link went");
+        assert!(!t.next_hops_hold(&before));
     }
 }

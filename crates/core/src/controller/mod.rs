@@ -217,6 +217,9 @@ pub struct Counters {
     /// Open connections given rules along new paths because their backend or client
     /// moved, or a link of their path changed (see `reroute`).
     pub connections_rerouted: u64,
+    /// Open connections looked at by those walks (each a read of its entry, and after a
+    /// change of the links, its paths worked out twice): the walks' work on the tick.
+    pub reroute_checked: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.

@@ -722,6 +722,54 @@ fn an_open_connection_goes_around_a_link_that_went_down() {
     assert_eq!(sim.c.counters().connections_rerouted, 1);
 }
 
+/// A switch with no links that joins, or leaves, changes no path between the others: no
+/// walk of the connection table follows. (A switch whose session drops and comes back
+/// does both; with a million connections each walk took two seconds of ticks, each tick's
+/// slice stalling the PACKET_IN path for hundreds of microseconds.) A link that goes still
+/// starts one.
+#[test]
+fn a_switch_without_links_that_joins_or_leaves_starts_no_walk() {
+    let mut sim = ring();
+    for (h, i) in [("h1", 1), ("h2", 2), ("h3", 3)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    for port in [45600, 45601, 45602] {
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+    }
+    assert_eq!(sim.c.connections().len(), 3);
+    sim.tick(Duration::from_millis(10));
+    let checked = sim.c.counters().reroute_checked;
+    sim.net.add_switch(9, crate::testkit::FakeTable::new());
+    sim.ports.insert(9, vec![1]);
+    let features = ofp::SwitchFeatures::emulated(9);
+    sim.c.handle_switch_up(sim.now, features, &mut sim.out);
+    sim.pump();
+    sim.tick(Duration::from_millis(10));
+    sim.c.handle_switch_down(sim.now, 9, &mut sim.out);
+    sim.pump();
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(
+        sim.c.counters().reroute_checked,
+        checked,
+        "no connection looked at"
+    );
+    // The s1–s2 link goes: every connection is looked at, and re-routed around the ring.
+    sim.net.remove_link((1, 2));
+    for (d, p) in [(1, 2), (2, 3)] {
+        let mut desc = port_desc(d, p);
+        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
+        let ps = Message::PortStatus(ofp::PortStatus {
+            reason: ofp::PortReason::Modify,
+            desc,
+        });
+        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
+        sim.pump();
+    }
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().reroute_checked, checked + 3);
+    assert_eq!(sim.c.counters().connections_rerouted, 3);
+}
+
 /// Two leaves (1, 2) under two spines (11, 12), leaf port `s` to spine `10 + s`: the
 /// client h1 on leaf 1 (port 3), the backends h2-h4 on leaf 2 (ports 3-5).
 fn leaf_spine() -> Sim {

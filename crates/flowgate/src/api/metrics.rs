@@ -91,6 +91,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.connections_rerouted,
         ),
         (
+            "flowgate_reroute_checked_total",
+            "Open connections looked at by the walks that re-route them (on a host's move or a change of the links).",
+            counters.reroute_checked,
+        ),
+        (
             "flowgate_hosts_refused_total",
             "Source MACs not learned because the host table was full (max_hosts).",
             counters.hosts_refused,
