@@ -27,6 +27,10 @@
 //!   --expire-after`: a million live, and each batch of 256 new ones' SYNs handled with
 //!   the 512 FLOW_REMOVEDs (accounting and outcome rules) of the 256 oldest. Per
 //!   connection set up and ended; against `syn/isslm/1000000`, what an ending costs.
+//! * `tick/<case>/1000000`: one tick of the controller (every `refresh_interval`) with a
+//!   million connections, which the PACKET_IN path waits for: `quiet` (nothing changed),
+//!   `switch-joins` (a switch with no links joined and another left, no path changed) and
+//!   `backend-moved` (a slice of the walk that re-routes a moved backend's connections).
 //!
 //! Wall-clock time on a shared machine: compare the two in one run (the ratio), not
 //! absolute figures across runs.
@@ -63,8 +67,13 @@ fn controller(algorithm: &str, preallocate: usize) -> Sim {
 /// [`controller`] with `services` services, service `i` at [`vip`]`(i)` and
 /// [`vmac`]`(i)`, all on the same three backends.
 fn controller_of(algorithm: &str, preallocate: usize, services: u8) -> Sim {
+    controller_with(algorithm, preallocate, services, "")
+}
+
+/// [`controller_of`] with more of `[controller]`'s settings (`extra`, TOML lines).
+fn controller_with(algorithm: &str, preallocate: usize, services: u8, extra: &str) -> Sim {
     let mut cfg = format!(
-        "[openflow]\npacket_in_rate = 100000000\n\n[controller]\npreallocate_connections = {preallocate}\nreconnect_grace_ms = 0\n"
+        "[openflow]\npacket_in_rate = 100000000\n\n[controller]\npreallocate_connections = {preallocate}\nreconnect_grace_ms = 0\n{extra}"
     );
     for i in 0..services {
         cfg += &format!(
@@ -374,5 +383,75 @@ fn churn(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, syn, churn);
+/// One tick (`Controller::handle_tick`, every `refresh_interval`, 10 ms by default) with
+/// a million connections tracked: the PACKET_IN path waits while it runs.
+fn tick(c: &mut Criterion) {
+    const TABLE: usize = 1_000_000;
+    let mut g = c.benchmark_group("tick");
+    // Hosts never age out: the bench's clock runs ahead 10 ms a tick, and a backend
+    // forgotten would leave its connections no path to be re-routed on.
+    let mut sim = controller_with("isslm", 0, 1, "host_timeout_secs = 0\n");
+    let mut out = Outbox::encoding();
+    let mut clients = Clients::new();
+    for _ in 0..TABLE.div_ceil(BATCH) {
+        let frames = clients.refill().to_vec();
+        handle_batch(&mut sim, &mut out, &frames);
+    }
+    // Timed: one tick, `before` run first outside the timing (its messages dropped).
+    let mut time_ticks = |b: &mut criterion::Bencher<'_>,
+                          sim: &mut Sim,
+                          before: &mut dyn FnMut(&mut Sim, &mut Outbox)| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                before(sim, &mut out);
+                sim.now += Duration::from_millis(10);
+                let t = Instant::now();
+                sim.c.handle_tick(sim.now, &mut out);
+                took += t.elapsed();
+                if let Some(enc) = out.encoded_mut() {
+                    enc.clear();
+                }
+                sim.out.drain().for_each(drop);
+            }
+            took
+        })
+    };
+    // Nothing changed since the last tick.
+    g.bench_function(BenchmarkId::new("quiet", TABLE), |b| {
+        time_ticks(b, &mut sim, &mut |_, _| {});
+    });
+    // A switch with no links joined (and the one before left), as when a switch's session
+    // drops and comes back: no path changed.
+    let mut dpid = 100;
+    g.bench_function(BenchmarkId::new("switch-joins", TABLE), |b| {
+        time_ticks(b, &mut sim, &mut |sim, out| {
+            sim.c.handle_switch_down(sim.now, dpid, out);
+            dpid += 1;
+            sim.c
+                .handle_switch_up(sim.now, ofp::SwitchFeatures::emulated(dpid), out);
+        });
+    });
+    sim.c.handle_switch_down(sim.now, dpid, &mut sim.out);
+    sim.out.drain().for_each(drop);
+    // A slice of the walk that follows a backend's move (h2 between ports 2 and 3, a
+    // move each time a walk ends): a third of the connections get new rules, at most
+    // 20,000 a second.
+    let mut port = 2;
+    g.bench_function(BenchmarkId::new("backend-moved", TABLE), |b| {
+        time_ticks(b, &mut sim, &mut |sim, _| {
+            if !sim.c.rerouting() {
+                port = 5 - port;
+                sim.packet_in(DPID, port, arp_request(2, ip(9)));
+            }
+        });
+    });
+    assert!(
+        sim.c.counters().connections_rerouted > 0,
+        "the walks re-routed"
+    );
+    g.finish();
+}
+
+criterion_group!(benches, syn, churn, tick);
 criterion_main!(benches);
