@@ -30,7 +30,9 @@
 //! * `tick/<case>/1000000`: one tick of the controller (every `refresh_interval`) with a
 //!   million connections, which the PACKET_IN path waits for: `quiet` (nothing changed),
 //!   `switch-joins` (a switch with no links joined and another left, no path changed) and
-//!   `backend-moved` (a slice of the walk that re-routes a moved backend's connections).
+//!   `backend-moved` (a slice of the walk that re-routes a moved backend's connections,
+//!   10 ms of its budget); `backend-moved-step`, the same walk's step between ticks, with
+//!   the budget of one `WALK_STEP`.
 //!
 //! Wall-clock time on a shared machine: compare the two in one run (the ratio), not
 //! absolute figures across runs.
@@ -44,6 +46,7 @@ use criterion::measurement::WallTime;
 use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
+use flowgate_core::controller::WALK_STEP;
 use flowgate_core::testkit::sim::{Sim, VIP, VMAC, arp_request, ip, mac};
 use flowgate_core::{Outbox, RuleEnded};
 use flowgate_packet::{self as packet, MacAddr, TcpFlags, TcpSegment};
@@ -397,17 +400,28 @@ fn tick(c: &mut Criterion) {
         let frames = clients.refill().to_vec();
         handle_batch(&mut sim, &mut out, &frames);
     }
-    // Timed: one tick, `before` run first outside the timing (its messages dropped).
+    // Timed: one tick 10 ms after the last (or, `step`, one step of a walk a
+    // `WALK_STEP` after the last, as the runtime takes them between ticks), `before` run
+    // first outside the timing (its messages dropped).
     let mut time_ticks = |b: &mut criterion::Bencher<'_>,
                           sim: &mut Sim,
+                          step: bool,
                           before: &mut dyn FnMut(&mut Sim, &mut Outbox)| {
         b.iter_custom(|iters| {
             let mut took = Duration::ZERO;
             for _ in 0..iters {
                 before(sim, &mut out);
-                sim.now += Duration::from_millis(10);
-                let t = Instant::now();
-                sim.c.handle_tick(sim.now, &mut out);
+                let t = if step {
+                    sim.now += WALK_STEP;
+                    let t = Instant::now();
+                    sim.c.handle_reroute_step(sim.now, &mut out);
+                    t
+                } else {
+                    sim.now += Duration::from_millis(10);
+                    let t = Instant::now();
+                    sim.c.handle_tick(sim.now, &mut out);
+                    t
+                };
                 took += t.elapsed();
                 if let Some(enc) = out.encoded_mut() {
                     enc.clear();
@@ -419,13 +433,13 @@ fn tick(c: &mut Criterion) {
     };
     // Nothing changed since the last tick.
     g.bench_function(BenchmarkId::new("quiet", TABLE), |b| {
-        time_ticks(b, &mut sim, &mut |_, _| {});
+        time_ticks(b, &mut sim, false, &mut |_, _| {});
     });
     // A switch with no links joined (and the one before left), as when a switch's session
     // drops and comes back: no path changed.
     let mut dpid = 100;
     g.bench_function(BenchmarkId::new("switch-joins", TABLE), |b| {
-        time_ticks(b, &mut sim, &mut |sim, out| {
+        time_ticks(b, &mut sim, false, &mut |sim, out| {
             sim.c.handle_switch_down(sim.now, dpid, out);
             dpid += 1;
             sim.c
@@ -436,15 +450,22 @@ fn tick(c: &mut Criterion) {
     sim.out.drain().for_each(drop);
     // A slice of the walk that follows a backend's move (h2 between ports 2 and 3, a
     // move each time a walk ends): a third of the connections get new rules, at most
-    // 20,000 a second.
+    // 20,000 a second. On the tick, with 10 ms of budget, and in a step between ticks.
     let mut port = 2;
+    let mut move_when_done = |sim: &mut Sim, _: &mut Outbox| {
+        if !sim.c.rerouting() {
+            port = 5 - port;
+            sim.packet_in(DPID, port, arp_request(2, ip(9)));
+            // The walk starts on the tick.
+            sim.now += WALK_STEP;
+            sim.c.handle_tick(sim.now, &mut sim.out);
+        }
+    };
     g.bench_function(BenchmarkId::new("backend-moved", TABLE), |b| {
-        time_ticks(b, &mut sim, &mut |sim, _| {
-            if !sim.c.rerouting() {
-                port = 5 - port;
-                sim.packet_in(DPID, port, arp_request(2, ip(9)));
-            }
-        });
+        time_ticks(b, &mut sim, false, &mut move_when_done);
+    });
+    g.bench_function(BenchmarkId::new("backend-moved-step", TABLE), |b| {
+        time_ticks(b, &mut sim, true, &mut move_when_done);
     });
     assert!(
         sim.c.counters().connections_rerouted > 0,

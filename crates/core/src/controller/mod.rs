@@ -20,6 +20,7 @@ mod partition;
 pub use partition::PartitionView;
 mod proactive;
 mod reroute;
+pub use reroute::WALK_STEP;
 pub(crate) mod rules;
 mod vip;
 
@@ -752,7 +753,7 @@ impl Controller {
         self.maybe_recompute_l2(out);
         self.end_graces(now, out);
         self.retry_held(now, out);
-        self.reroute_tick(out);
+        self.reroute_step(now, out);
     }
 
     /// Whether switch `dpid` is in its reconnect grace: the rules it held when it

@@ -722,6 +722,52 @@ fn an_open_connection_goes_around_a_link_that_went_down() {
     assert_eq!(sim.c.counters().connections_rerouted, 1);
 }
 
+/// A walk goes on between ticks in steps, each with the budget of the time since the last
+/// (20,000 re-routed a second): 200 connections on the tick 10 ms after the last, 20 in a
+/// step a millisecond later. The PACKET_IN path waits for a step a tenth as long.
+#[test]
+fn a_walk_goes_on_between_ticks_a_steps_budget_at_a_time() {
+    let mut sim = ring();
+    for (h, i) in [("h1", 1), ("h2", 2), ("h3", 3)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    for port in 0..300 {
+        sim.send(
+            "h1",
+            &tcp(mac(1), VMAC, (ip(1), 40000 + port), (VIP, 80), SYN),
+        );
+    }
+    assert_eq!(sim.c.connections().len(), 300);
+    sim.tick(Duration::from_millis(10));
+    assert!(!sim.c.rerouting());
+    sim.net.remove_link((1, 2));
+    for (d, p) in [(1, 2), (2, 3)] {
+        let mut desc = port_desc(d, p);
+        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
+        let ps = Message::PortStatus(ofp::PortStatus {
+            reason: ofp::PortReason::Modify,
+            desc,
+        });
+        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
+        sim.pump();
+    }
+    sim.tick(Duration::from_millis(10));
+    assert_eq!(sim.c.counters().connections_rerouted, 200);
+    assert!(sim.c.rerouting());
+    sim.now += WALK_STEP;
+    assert!(sim.c.handle_reroute_step(sim.now, &mut sim.out));
+    sim.pump();
+    assert_eq!(sim.c.counters().connections_rerouted, 220);
+    // Until the walk ends, every connection re-routed once.
+    while sim.c.rerouting() {
+        sim.now += WALK_STEP;
+        sim.c.handle_reroute_step(sim.now, &mut sim.out);
+        sim.pump();
+    }
+    assert_eq!(sim.c.counters().connections_rerouted, 300);
+    assert!(!sim.c.handle_reroute_step(sim.now, &mut sim.out));
+}
+
 /// A switch with no links that joins, or leaves, changes no path between the others: no
 /// walk of the connection table follows. (A switch whose session drops and comes back
 /// does both; with a million connections each walk took two seconds of ticks, each tick's

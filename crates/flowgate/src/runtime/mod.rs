@@ -422,11 +422,21 @@ pub fn spawn(
 async fn tick_loop(handle: Handle, every: Duration, mut stop: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(every.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A walk of the connection table (hosts moved, links changed) also goes on between
+    // ticks, a millisecond's slice at a time: the PACKET_IN path waits for each slice.
+    let mut walking = false;
     loop {
         tokio::select! {
             _ = interval.tick() => {
                 let now = Instant::now();
-                handle.lock().with(|c, out| c.handle_tick(now, out));
+                walking = handle.lock().with(|c, out| {
+                    c.handle_tick(now, out);
+                    c.rerouting()
+                });
+            }
+            () = tokio::time::sleep(flowgate_core::controller::WALK_STEP), if walking => {
+                let now = Instant::now();
+                walking = handle.lock().with(|c, out| c.handle_reroute_step(now, out));
             }
             _ = stop.changed() => return,
         }
