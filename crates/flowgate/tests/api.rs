@@ -54,7 +54,20 @@ fn server_with(name: &str, text: &str) -> Server {
     std::fs::write(&path, text).expect("write config");
     // Not from the environment: the tests decide whether there is a token.
     let config = Config::from_toml(text, &|_| None).expect("valid config");
-    let handle = Handle::new(Controller::new(&config), config, Some(path.clone()));
+    server_over(dir, path, Controller::new(&config), config)
+}
+
+/// A server over `controller`, configured by `text`.
+fn server_with_controller(name: &str, text: &str, controller: Controller) -> Server {
+    let dir = ScratchDir::new(&format!("api-{name}")).expect("temp dir");
+    let path = dir.join("flowgate.toml");
+    std::fs::write(&path, text).expect("write config");
+    let config = Config::from_toml(text, &|_| None).expect("valid config");
+    server_over(dir, path, controller, config)
+}
+
+fn server_over(dir: ScratchDir, path: PathBuf, controller: Controller, config: Config) -> Server {
+    let handle = Handle::new(controller, config, Some(path.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -256,6 +269,84 @@ fn connections_page_and_counts() {
         "/api/v1/connections?limit=1000&after=10.0.0.1:40000%3E10.0.0.100:80",
     );
     assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+/// Ten thousand connections, paged through a thousand at a time: every connection once,
+/// and counted per backend on every page.
+#[test]
+fn ten_thousand_connections_are_paged_through_each_once() {
+    use flowgate_core::Outbox;
+    use flowgate_core::testkit::sim::{SYN, Sim, VIP, VMAC, arp_request, ip, mac, tcp};
+    use std::net::Ipv4Addr;
+
+    let text = "[api]\nlisten = \"127.0.0.1:0\"\n\n[controller]\nreconnect_grace_ms = 0\n\n\
+        [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nvirtual_mac = \"02:66:67:00:00:01\"\n\
+        port = 80\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"none\"\n\n\
+        [[service.backend]]\naddress = \"10.0.0.2\"\n\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3)];
+    let mut sim = Sim::new(text, &[(1, 3)], &[], &hosts);
+    for i in 1..=3u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    const N: u32 = 10_000;
+    let mut out = Outbox::new();
+    for k in 0..N {
+        let client = (
+            Ipv4Addr::from(0x0a80_0000 + (k >> 8)),
+            1024 + (k & 0xff) as u16,
+        );
+        let pi = ofp::PacketIn::table_miss(1, tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+        sim.c
+            .handle_message(sim.now, 1, &ofp::Message::PacketIn(pi), &mut out);
+        out.drain().for_each(drop);
+    }
+    assert_eq!(sim.c.connections().len(), N as usize);
+    let s = server_with_controller("conns-paged", text, sim.c);
+
+    let mut seen = BTreeSet::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let v = get(
+            s.addr,
+            &format!(
+                "/api/v1/connections?limit=1000&after={}",
+                after.replace('>', "%3E")
+            ),
+        )
+        .json();
+        assert_eq!(v["total"], N);
+        let per: BTreeMap<String, u64> = v["per_backend"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["backend"].as_str().unwrap().to_string(),
+                    b["connections"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            per,
+            BTreeMap::from([("10.0.0.2".into(), 5_000), ("10.0.0.3".into(), 5_000)]),
+            "round-robin over two"
+        );
+        for item in v["items"].as_array().unwrap() {
+            assert!(
+                seen.insert(item["key"].as_str().unwrap().to_string()),
+                "listed once"
+            );
+        }
+        pages += 1;
+        match v["next"].as_str() {
+            Some(next) => after = next.to_string(),
+            None => break,
+        }
+        assert!(pages <= 10, "ten pages of a thousand");
+    }
+    assert_eq!(pages, 10);
+    assert_eq!(seen.len(), N as usize, "every connection listed");
 }
 
 // ----- changes ----------------------------------------------------------------------------------
