@@ -669,6 +669,21 @@ fn ring() -> Sim {
     )
 }
 
+/// The ring's s1–s2 link goes down: both ends report it.
+fn cut_ring_link(sim: &mut Sim) {
+    sim.net.remove_link((1, 2));
+    for (d, p) in [(1, 2), (2, 3)] {
+        let mut desc = port_desc(d, p);
+        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
+        let ps = Message::PortStatus(ofp::PortStatus {
+            reason: ofp::PortReason::Modify,
+            desc,
+        });
+        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
+        sim.pump();
+    }
+}
+
 /// A ring of three switches, the client on s1 and the backend on s2: an open connection
 /// goes over the s1–s2 link. When that link goes down (the switches report the ports
 /// down), its rules are written again around the ring, s1–s3–s2, and it carries on.
@@ -690,18 +705,7 @@ fn an_open_connection_goes_around_a_link_that_went_down() {
             .count()
     };
     assert_eq!(on_s3(&sim), 0, "the short way, s1–s2");
-    // The link goes down: both ends report it.
-    sim.net.remove_link((1, 2));
-    for (d, p) in [(1, 2), (2, 3)] {
-        let mut desc = port_desc(d, p);
-        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
-        let ps = Message::PortStatus(ofp::PortStatus {
-            reason: ofp::PortReason::Modify,
-            desc,
-        });
-        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
-        sim.pump();
-    }
+    cut_ring_link(&mut sim);
     sim.tick(Duration::from_millis(10));
     assert_eq!(sim.c.counters().connections_rerouted, 1);
     assert_eq!(on_s3(&sim), 2, "both directions by s3 now");
@@ -740,17 +744,7 @@ fn a_walk_goes_on_between_ticks_a_steps_budget_at_a_time() {
     assert_eq!(sim.c.connections().len(), 300);
     sim.tick(Duration::from_millis(10));
     assert!(!sim.c.rerouting());
-    sim.net.remove_link((1, 2));
-    for (d, p) in [(1, 2), (2, 3)] {
-        let mut desc = port_desc(d, p);
-        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
-        let ps = Message::PortStatus(ofp::PortStatus {
-            reason: ofp::PortReason::Modify,
-            desc,
-        });
-        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
-        sim.pump();
-    }
+    cut_ring_link(&mut sim);
     sim.tick(Duration::from_millis(10));
     assert_eq!(sim.c.counters().connections_rerouted, 200);
     assert!(sim.c.rerouting());
@@ -800,17 +794,7 @@ fn a_switch_without_links_that_joins_or_leaves_starts_no_walk() {
         "no connection looked at"
     );
     // The s1–s2 link goes: every connection is looked at, and re-routed around the ring.
-    sim.net.remove_link((1, 2));
-    for (d, p) in [(1, 2), (2, 3)] {
-        let mut desc = port_desc(d, p);
-        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
-        let ps = Message::PortStatus(ofp::PortStatus {
-            reason: ofp::PortReason::Modify,
-            desc,
-        });
-        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
-        sim.pump();
-    }
+    cut_ring_link(&mut sim);
     sim.tick(Duration::from_millis(10));
     assert_eq!(sim.c.counters().reroute_checked, checked + 3);
     assert_eq!(sim.c.counters().connections_rerouted, 3);
