@@ -101,7 +101,7 @@ impl Controller {
     pub(crate) fn reroute_step(&mut self, now: Instant, out: &mut Outbox) {
         // The budgets are per second, for the time since the last step (the tick's
         // interval, when nothing stepped between), at least one connection a step.
-        let since = self
+        let mut since = self
             .reroute
             .last_step
             .map_or(self.cfg.refresh_interval, |t| {
@@ -125,6 +125,8 @@ impl Controller {
                 return;
             }
             r.cursor = self.conns.len();
+            // A walk that starts has had no time yet: its first slice is one step's.
+            since = since.min(WALK_STEP.as_secs_f64());
         }
         let checks = ((CHECKED_PER_SEC * since) as usize).max(1);
         let reroutes = ((REROUTED_PER_SEC * since) as usize).max(1);
