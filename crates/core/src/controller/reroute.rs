@@ -45,8 +45,8 @@ const CHECKED_PER_SEC: f64 = 500_000.0;
 /// takes some tens of thousands of rules a second.
 const REROUTED_PER_SEC: f64 = 20_000.0;
 /// How often the runtime steps a walk between ticks. With a million connections, a
-/// tick's budget of 10 ms taken at once held the PACKET_IN path for 72–111 µs
-/// re-routing a moved backend's connections, and a step holds it 6.3 µs (`cargo bench
+/// tick's budget of 10 ms taken at once held the PACKET_IN path for 50–111 µs
+/// re-routing a moved backend's connections, and a step holds it 5.0–6.3 µs (`cargo bench
 /// -p flowgate-core --features testkit --bench packet_in -- tick`); the walk goes as
 /// fast.
 pub const WALK_STEP: Duration = Duration::from_millis(1);
