@@ -96,6 +96,7 @@ pub fn controller_target(data: &[u8]) -> Reached {
         }
         world.step(&mut input);
         let c = &world.c;
+        assert_counts_are_the_tables(c);
         reached.connections = reached.connections.max(c.connections().len());
         reached.links = reached.links.max(c.topology().links().count());
     }
@@ -106,6 +107,27 @@ pub fn controller_target(data: &[u8]) -> Reached {
     reached.opaque_reported = world.opaque_reported;
     reached.opaque_ended = world.opaque_ended;
     reached
+}
+
+/// Each backend's `active_connections` is the number of the table's connections it
+/// has: the balancers weigh backends by it, and the API reports it as their share of the
+/// table without counting the table.
+fn assert_counts_are_the_tables(c: &crate::Controller) {
+    let mut counted = std::collections::BTreeMap::<(u16, u16), u32>::new();
+    for (_, conn) in c.connections().iter() {
+        *counted.entry((conn.service, conn.backend)).or_default() += 1;
+    }
+    for (si, s) in c.services().iter().enumerate() {
+        for (bi, b) in s.backends.iter().enumerate() {
+            let n = counted.remove(&(si as u16, bi as u16)).unwrap_or(0);
+            assert_eq!(
+                b.active_connections, n,
+                "service {} backend {}: counted {} connections, the table holds {n}",
+                s.cfg.name, b.address, b.active_connections
+            );
+        }
+    }
+    assert!(counted.is_empty(), "connections of no backend: {counted:?}");
 }
 
 /// The body of the `config` fuzz target: any text as a configuration. A configuration is
