@@ -262,22 +262,27 @@ fn connections_page_and_counts() {
     assert_json_error(&get(s.addr, "/api/v1/connections?limit=0"), 400);
     assert_json_error(&get(s.addr, "/api/v1/connections?limit=1001"), 400);
     assert_json_error(&get(s.addr, "/api/v1/connections?limit=x"), 400);
-    assert_json_error(&get(s.addr, "/api/v1/connections?after=garbage"), 400);
-    assert_json_error(&get(s.addr, "/api/v1/connections?bogus=1"), 400);
-    let ok = get(
-        s.addr,
-        "/api/v1/connections?limit=1000&after=10.0.0.1:40000%3E10.0.0.100:80",
+    assert_json_error(&get(s.addr, "/api/v1/connections?cursor=garbage"), 400);
+    assert_json_error(&get(s.addr, "/api/v1/connections?cursor=-1"), 400);
+    // The key cursor of earlier versions is refused, not taken for the first page.
+    assert_json_error(
+        &get(
+            s.addr,
+            "/api/v1/connections?after=10.0.0.1:40000%3E10.0.0.100:80",
+        ),
+        400,
     );
+    assert_json_error(&get(s.addr, "/api/v1/connections?bogus=1"), 400);
+    // A cursor past the table's end (the table shrank meanwhile) starts at its end.
+    let ok = get(s.addr, "/api/v1/connections?limit=1000&cursor=123456");
     assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.json()["items"], json!([]));
 }
 
-/// Ten thousand connections, paged through a thousand at a time: every connection once,
-/// and counted per backend on every page.
-#[test]
-fn ten_thousand_connections_are_paged_through_each_once() {
-    use flowgate_core::Outbox;
-    use flowgate_core::testkit::sim::{SYN, Sim, VIP, VMAC, arp_request, ip, mac, tcp};
-    use std::net::Ipv4Addr;
+/// A controller holding `n` connections of clients 10.128.x.y, spread round-robin over
+/// backends 10.0.0.2 and 10.0.0.3, and its configuration.
+fn controller_with_connections(n: u32) -> (flowgate_core::testkit::sim::Sim, &'static str) {
+    use flowgate_core::testkit::sim::{Sim, arp_request, ip};
 
     let text = "[api]\nlisten = \"127.0.0.1:0\"\n\n[controller]\nreconnect_grace_ms = 0\n\n\
         [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nvirtual_mac = \"02:66:67:00:00:01\"\n\
@@ -288,33 +293,67 @@ fn ten_thousand_connections_are_paged_through_each_once() {
     for i in 1..=3u8 {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
     }
-    const N: u32 = 10_000;
+    open_connections(&mut sim.c, sim.now, 0..n);
+    (sim, text)
+}
+
+/// Connections from clients `10.128.0.0 + k / 256`, port `1024 + k % 256`, for each `k`.
+fn open_connections(c: &mut Controller, now: Instant, ks: std::ops::Range<u32>) {
+    use flowgate_core::Outbox;
+    use flowgate_core::testkit::sim::{SYN, VIP, VMAC, mac, tcp};
+    use std::net::Ipv4Addr;
+
     let mut out = Outbox::new();
-    for k in 0..N {
+    for k in ks {
         let client = (
             Ipv4Addr::from(0x0a80_0000 + (k >> 8)),
             1024 + (k & 0xff) as u16,
         );
         let pi = ofp::PacketIn::table_miss(1, tcp(mac(1), VMAC, client, (VIP, 80), SYN));
-        sim.c
-            .handle_message(sim.now, 1, &ofp::Message::PacketIn(pi), &mut out);
+        c.handle_message(now, 1, &ofp::Message::PacketIn(pi), &mut out);
         out.drain().for_each(drop);
     }
+}
+
+/// One page of the listing at `cursor`: its keys with their backends, and its `next`.
+fn connections_page(
+    addr: SocketAddr,
+    cursor: &str,
+) -> (Value, Vec<(String, String)>, Option<String>) {
+    let v = get(
+        addr,
+        &format!("/api/v1/connections?limit=1000&cursor={cursor}"),
+    )
+    .json();
+    let items = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["key"].as_str().unwrap().to_string(),
+                i["backend"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let next = v["next"].as_str().map(str::to_string);
+    (v, items, next)
+}
+
+/// Ten thousand connections, paged through a thousand at a time: every connection once,
+/// and counted per backend on every page.
+#[test]
+fn ten_thousand_connections_are_paged_through_each_once() {
+    const N: u32 = 10_000;
+    let (sim, text) = controller_with_connections(N);
     assert_eq!(sim.c.connections().len(), N as usize);
     let s = server_with_controller("conns-paged", text, sim.c);
 
     let mut seen = BTreeSet::new();
-    let mut after = String::new();
+    let mut cursor = String::new();
     let mut pages = 0;
     loop {
-        let v = get(
-            s.addr,
-            &format!(
-                "/api/v1/connections?limit=1000&after={}",
-                after.replace('>', "%3E")
-            ),
-        )
-        .json();
+        let (v, items, next) = connections_page(s.addr, &cursor);
         assert_eq!(v["total"], N);
         let per: BTreeMap<String, u64> = v["per_backend"]
             .as_array()
@@ -332,21 +371,72 @@ fn ten_thousand_connections_are_paged_through_each_once() {
             BTreeMap::from([("10.0.0.2".into(), 5_000), ("10.0.0.3".into(), 5_000)]),
             "round-robin over two"
         );
-        for item in v["items"].as_array().unwrap() {
-            assert!(
-                seen.insert(item["key"].as_str().unwrap().to_string()),
-                "listed once"
-            );
+        assert_eq!(items.len(), 1000);
+        for (key, _) in items {
+            assert!(seen.insert(key), "listed once");
         }
         pages += 1;
-        match v["next"].as_str() {
-            Some(next) => after = next.to_string(),
+        match next {
+            Some(next) => cursor = next,
             None => break,
         }
         assert!(pages <= 10, "ten pages of a thousand");
     }
     assert_eq!(pages, 10);
     assert_eq!(seen.len(), N as usize, "every connection listed");
+}
+
+/// While a listing pages through, half the table ends (a backend removed: every other
+/// connection, so the rest move about in the store) and new connections open: every
+/// connection open from its first page to its last is still listed.
+#[test]
+fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() {
+    const N: u32 = 10_000;
+    let (sim, text) = controller_with_connections(N);
+    let now = sim.now;
+    let throughout: BTreeSet<String> = sim
+        .c
+        .connections()
+        .iter()
+        .filter(|(_, c)| c.backend == 1)
+        .map(|(k, _)| {
+            format!(
+                "{}:{}>{}:{}",
+                k.client, k.client_port, k.service_addr, k.service_port
+            )
+        })
+        .collect();
+    assert_eq!(throughout.len(), 5_000);
+    let s = server_with_controller("conns-churn", text, sim.c);
+
+    let mut seen = BTreeSet::new();
+    let mut cursor = String::new();
+    let mut pages = 0;
+    loop {
+        let (_, items, next) = connections_page(s.addr, &cursor);
+        seen.extend(items.into_iter().map(|(k, _)| k));
+        pages += 1;
+        if pages == 3 {
+            let mut core = s.handle.lock();
+            let c = &mut core.controller;
+            c.remove_backend(now, 0, 0, &mut flowgate_core::Outbox::new())
+                .expect("backend 10.0.0.2 removed");
+            open_connections(c, now, N..N + 2_000);
+            assert_eq!(c.connections().len(), 7_000);
+        }
+        match next {
+            Some(next) => cursor = next,
+            None => break,
+        }
+        assert!(pages <= 10, "at most the pages the table had at the start");
+    }
+    let missed: Vec<_> = throughout.difference(&seen).collect();
+    assert!(
+        missed.is_empty(),
+        "{} of the connections open throughout were not listed, such as {:?}",
+        missed.len(),
+        missed.first()
+    );
 }
 
 // ----- changes ----------------------------------------------------------------------------------

@@ -291,9 +291,11 @@ pub static ROUTES: &[RouteSpec] = &[
         query: &[
             ("limit", "integer", "Page size, 1 to 1000 (default 100)."),
             (
-                "after",
+                "cursor",
                 "string",
-                "Cursor: the `next` of the previous page (a connection key).",
+                "Where to go on: the `next` of the previous page. A listing lists every \
+                 connection open from its first page to its last at least once; one opened \
+                 meanwhile may be listed or not, and one may be listed twice.",
             ),
         ],
         response: "ConnectionPage",
@@ -302,7 +304,7 @@ pub static ROUTES: &[RouteSpec] = &[
             "/api/v1/connections",
             Op::ListConnections,
             "listConnections",
-            "Connection counts per backend and a page of the connection table, in key order.",
+            "Connection counts per backend and a page of the connection table, newest first; each call costs the page, not the table.",
         )
     },
     RouteSpec {

@@ -291,7 +291,7 @@ fn schemas() -> Value {
                 "per_backend": { "type": "array", "items": { "type": "object" } },
                 "limit": { "type": "integer", "maximum": MAX_PAGE },
                 "items": { "type": "array", "items": { "type": "object" } },
-                "next": { "type": ["string", "null"] }
+                "next": { "type": ["string", "null"], "description": "The cursor of the next page; null on the last." }
             }
         },
         "Event": {

@@ -1,7 +1,6 @@
 //! Read-only endpoints and the JSON views they (and the stream) return.
 #![allow(clippy::result_large_err)] // `Err` is the ready 4xx `Response` to send.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use axum::Json;
@@ -355,12 +354,12 @@ pub(crate) async fn switches(State(st): State<ApiState>) -> Response {
 #[serde(deny_unknown_fields)]
 pub(crate) struct PageQuery {
     limit: Option<usize>,
-    after: Option<String>,
+    cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct ConnectionView {
-    /// The cursor form of the key: `client:port>service_addr:port`.
+    /// `client:port>service_addr:port`.
     pub key: String,
     pub client: Ipv4Addr,
     pub client_port: u16,
@@ -386,21 +385,20 @@ fn key_string(k: &ConnKey) -> String {
     )
 }
 
-fn parse_key(s: &str) -> Option<ConnKey> {
-    let (a, b) = s.split_once('>')?;
-    let (client, client_port) = a.rsplit_once(':')?;
-    let (service_addr, service_port) = b.rsplit_once(':')?;
-    Some(ConnKey {
-        client: client.parse().ok()?,
-        client_port: client_port.parse().ok()?,
-        service_addr: service_addr.parse().ok()?,
-        service_port: service_port.parse().ok()?,
-    })
-}
-
-/// Counts per backend, and one page of the table in key order: the `limit` smallest keys
-/// after the cursor, found in one pass with a bounded heap (O(n log limit) under the lock,
-/// no copy of the table).
+/// One page of the connection table, and the connections per backend, in O(`limit`)
+/// under the core's lock: the PACKET_IN path waits while a handler holds it, so a listing
+/// must not cost in proportion to the table (one pass over 2.8 M connections took 34–37
+/// ms; `docs/benchmarks.md`, stop 46).
+///
+/// Pages walk the table's store from its end down ([`ConnTable::at`]); the cursor is the
+/// position to go on from. A connection that ends moves the last one into its place,
+/// always downwards, and a new one is appended: so a listing lists every connection open
+/// from its first page to its last at least once, as Redis's `SCAN` does. One that opens
+/// meanwhile may be listed or not, and one may be listed twice if others end meanwhile.
+/// The counts are the backends' own (`active_connections`, which the controller keeps
+/// equal to their shares of the table).
+///
+/// [`ConnTable::at`]: flowgate_core::conntrack::ConnTable::at
 pub(crate) async fn connections(
     State(st): State<ApiState>,
     Query(q): Query<PageQuery>,
@@ -412,14 +410,14 @@ pub(crate) async fn connections(
             format!("limit must be between 1 and {MAX_PAGE}"),
         );
     }
-    let after = match q.after.as_deref().filter(|s| !s.is_empty()) {
+    let cursor = match q.cursor.as_deref().filter(|s| !s.is_empty()) {
         None => None,
-        Some(s) => match parse_key(s) {
-            Some(k) => Some(k),
-            None => {
+        Some(s) => match s.parse::<usize>() {
+            Ok(p) => Some(p),
+            Err(_) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    format!("after: {s:?} is not a connection key (client:port>addr:port)"),
+                    format!("cursor: {s:?} is not the `next` of a page"),
                 );
             }
         },
@@ -427,28 +425,13 @@ pub(crate) async fn connections(
     let core = st.handle.lock();
     let c = &core.controller;
     let services = c.services();
-    let mut counts: BTreeMap<(u16, u16), u64> = BTreeMap::new();
-    let mut heap: std::collections::BinaryHeap<ConnKey> =
-        std::collections::BinaryHeap::with_capacity(limit + 1);
-    let mut remaining = 0usize;
-    for (k, conn) in c.connections().iter() {
-        *counts.entry((conn.service, conn.backend)).or_default() += 1;
-        if after.is_some_and(|a| *k <= a) {
-            continue;
-        }
-        remaining += 1;
-        if heap.len() < limit {
-            heap.push(*k);
-        } else if heap.peek().is_some_and(|top| k < top) {
-            heap.pop();
-            heap.push(*k);
-        }
-    }
-    let keys = heap.into_sorted_vec();
-    let items: Vec<ConnectionView> = keys
-        .iter()
-        .filter_map(|k| {
-            let conn = c.connections().get(k)?;
+    let table = c.connections();
+    let top = cursor.map_or(table.len(), |p| p.min(table.len()));
+    let bottom = top.saturating_sub(limit);
+    let items: Vec<ConnectionView> = (bottom..top)
+        .rev()
+        .filter_map(|p| {
+            let (k, conn) = table.at(p)?;
             let svc = services.get(usize::from(conn.service));
             Some(ConnectionView {
                 key: key_string(k),
@@ -467,30 +450,20 @@ pub(crate) async fn connections(
         .collect();
     let per_backend: Vec<BackendCount> = services
         .iter()
-        .enumerate()
-        .flat_map(|(si, s)| {
-            let counts = &counts;
-            s.backends
-                .iter()
-                .enumerate()
-                .map(move |(bi, b)| BackendCount {
-                    service: s.cfg.name.clone(),
-                    backend: b.address,
-                    connections: counts.get(&(si as u16, bi as u16)).copied().unwrap_or(0),
-                })
+        .flat_map(|s| {
+            s.backends.iter().map(move |b| BackendCount {
+                service: s.cfg.name.clone(),
+                backend: b.address,
+                connections: u64::from(b.active_connections),
+            })
         })
         .collect();
-    let next = if remaining > items.len() {
-        items.last().map(|i| i.key.clone())
-    } else {
-        None
-    };
     Json(serde_json::json!({
-        "total": c.connections().len(),
+        "total": table.len(),
         "per_backend": per_backend,
         "limit": limit,
         "items": items,
-        "next": next,
+        "next": (bottom > 0).then(|| bottom.to_string()),
     }))
     .into_response()
 }

@@ -45,7 +45,7 @@ pub enum CtlCmd {
         limit: usize,
         /// Cursor (the `next` of a previous page).
         #[arg(long)]
-        after: Option<String>,
+        cursor: Option<String>,
     },
     /// Recent events.
     Events,
@@ -227,10 +227,10 @@ pub fn run(args: CtlArgs) -> anyhow::Result<()> {
     let (method, path, body): (&str, String, Option<Value>) = match &args.cmd {
         CtlCmd::Services => ("GET", "/api/v1/services".into(), None),
         CtlCmd::Switches => ("GET", "/api/v1/switches".into(), None),
-        CtlCmd::Connections { limit, after } => {
+        CtlCmd::Connections { limit, cursor } => {
             let mut p = format!("/api/v1/connections?limit={limit}");
-            if let Some(a) = after {
-                p += &format!("&after={}", seg(a));
+            if let Some(c) = cursor {
+                p += &format!("&cursor={}", seg(c));
             }
             ("GET", p, None)
         }
@@ -484,6 +484,6 @@ fn print_connections(v: &Value) {
         );
     }
     if let Some(n) = v["next"].as_str() {
-        println!("more: --after '{n}'");
+        println!("more: --cursor {n}");
     }
 }
