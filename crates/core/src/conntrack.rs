@@ -303,8 +303,9 @@ impl ConnTable {
     }
 
     /// The connection at position `i` of the store (`0..len()`). A removal moves the last
-    /// entry into its hole, and an insert appends: a walk from the end down visits every
-    /// entry that was there when it started (some twice), whatever it removes on the way.
+    /// entry into its hole, and an insert appends: entries only ever move down, so a walk
+    /// from the end down visits every entry that was there when it started and is there
+    /// when it ends (some twice), whatever is removed or added between its steps.
     pub fn at(&self, i: usize) -> Option<(&ConnKey, &Conn)> {
         self.entries.get(i).map(|(k, c)| (k, c))
     }

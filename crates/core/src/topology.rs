@@ -648,6 +648,35 @@ impl Topology {
             .all(|(k, hops)| self.next_hop.get(k) == Some(hops))
     }
 
+    /// Whether every path from switch `from` to switch `to` that `before` gave, for any
+    /// flow, is the path now: each switch that the earlier next hops toward `to` reach from
+    /// `from` (through any of equal-cost ones) has the same next hops toward `to` now, and
+    /// so makes the same choice for every flow. A walk of the connections after a change
+    /// of the links asks it once per pair of switches, and works out the paths of a
+    /// connection only between switches where it is false.
+    pub fn paths_hold(&self, before: &NextHops, from: Dpid, to: Dpid) -> bool {
+        let mut seen: SmallVec<[Dpid; 16]> = SmallVec::new();
+        let mut stack: SmallVec<[Dpid; 16]> = SmallVec::new();
+        stack.push(from);
+        while let Some(at) = stack.pop() {
+            if at == to || seen.contains(&at) {
+                continue;
+            }
+            seen.push(at);
+            let hops = before.0.get(&(at, to));
+            if hops != self.next_hop.get(&(at, to)) {
+                return false;
+            }
+            for &port in hops.into_iter().flatten() {
+                match self.links.get(&PortRef::new(at, port)) {
+                    Some((peer, _)) => stack.push(peer.dpid),
+                    None => return false,
+                }
+            }
+        }
+        true
+    }
+
     fn path_with(
         &self,
         next_hop: &HopMap,
@@ -1084,5 +1113,29 @@ mod tests {
         t.remove_port(1, 2);
         let before = t.take_next_hops_before().expect("a link went");
         assert!(!t.next_hops_hold(&before));
+    }
+
+    /// The ring's s2–s3 link goes: the paths between s2 and s3 go round by s1 now, and
+    /// those that start or end at s1 are as they were, though s3's next hop toward s2 (and
+    /// s2's toward s3) changed.
+    #[test]
+    fn paths_hold_between_the_switches_whose_paths_avoid_a_lost_link() {
+        let (mut t, _) = ring();
+        let _ = t.take_next_hops_before();
+        t.remove_port(2, 2);
+        let before = t.take_next_hops_before().expect("a link went");
+        assert!(!t.next_hops_hold(&before), "next hops changed");
+        for (from, to) in [(1, 2), (2, 1), (1, 3), (3, 1), (1, 1)] {
+            assert!(t.paths_hold(&before, from, to), "{from} to {to}");
+        }
+        for (from, to) in [(2, 3), (3, 2)] {
+            assert!(!t.paths_hold(&before, from, to), "{from} to {to}");
+        }
+        // The link back: s2 and s3 are next to each other again.
+        t.set_port(2, 2, port("p"));
+        t.link_seen(Instant::now(), PortRef::new(2, 2), PortRef::new(3, 3));
+        let before = t.take_next_hops_before().expect("a link came");
+        assert!(!t.paths_hold(&before, 3, 2));
+        assert!(t.paths_hold(&before, 1, 2));
     }
 }

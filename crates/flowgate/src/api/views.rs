@@ -387,8 +387,8 @@ fn key_string(k: &ConnKey) -> String {
 
 /// One page of the connection table, and the connections per backend, in O(`limit`)
 /// under the core's lock: the PACKET_IN path waits while a handler holds it, so a listing
-/// must not cost in proportion to the table (one pass over 2.8 M connections took 34–37
-/// ms; `docs/benchmarks.md`, stop 46).
+/// must not cost in proportion to the table (one pass over 2.8 M connections took 31–37
+/// ms; `docs/benchmarks.md`, stops 45 and 46).
 ///
 /// Pages walk the table's store from its end down ([`ConnTable::at`]); the cursor is the
 /// position to go on from. A connection that ends moves the last one into its place,
