@@ -539,11 +539,10 @@ fn tick(c: &mut Criterion) {
         "the walks re-routed"
     );
     // A step of the walk that follows a change of the links, a link of the ring going
-    // down, then back, each time a walk ends. Each connection looked at has both its
-    // paths worked out. `link-changed-step`: the s1–s2 link, two thirds of the
-    // connections go another way (at most 20,000 re-routed a second); `link-elsewhere-
-    // step`: the s2–s3 link, which changes next hops but no connection's path (each
-    // looked at, none re-routed: 500,000 a second).
+    // down, then back, each time a walk ends. `link-changed-step`: the s1–s2 link, two
+    // thirds of the connections go another way (their paths worked out, at most 20,000
+    // re-routed a second); `link-elsewhere-step`: the s2–s3 link, which changes next
+    // hops but no connection's path (each looked at, none re-routed: 500,000 a second).
     for (name, link) in [("link-changed-step", S1_S2), ("link-elsewhere-step", S2_S3)] {
         let (mut up, mut walks) = (true, 0u32);
         let mut toggle_when_done = |sim: &mut Sim, _: &mut Outbox| {

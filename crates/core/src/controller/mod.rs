@@ -1019,8 +1019,9 @@ impl Controller {
         // (by name) and backend (by address) to their new places: worked out once per
         // backend, not per connection. A reload that moves none (the common one: settings
         // changed, services or backends added at the end) leaves the table alone, where a
-        // pass over it, under the lock the PACKET_IN path waits for, took 66–70 ms with
-        // 2.8 million connections (`docs/benchmarks.md`, stop 46).
+        // pass over it, under the lock the PACKET_IN path waits for, took 67–89 ms with
+        // 2.8 million connections, and the pass that remains 7.3–7.5 ms
+        // (`docs/benchmarks.md`, stop 46).
         let remap: Vec<Vec<Option<(u16, u16)>>> = old
             .iter()
             .map(|o| {
