@@ -726,6 +726,59 @@ mod tests {
         assert!(t.get(&k).is_none() && t.is_empty());
     }
 
+    /// A walk by position from the end down, a page at a time, with removals anywhere,
+    /// inserts and a retain between its pages, visits every entry that was there from its
+    /// start to its end: the promise of [`ConnTable::at`] that the API's listing and the
+    /// re-route walk rest on.
+    #[test]
+    fn a_walk_down_visits_every_entry_there_throughout() {
+        let mut x = 777_u32;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for round in 0..5_u32 {
+            let mut t = ConnTable::new();
+            let mut next = 5_000_u32;
+            for i in 0..next {
+                t.insert(key(i), conn(i));
+            }
+            let mut throughout: std::collections::HashSet<ConnKey> = (0..next).map(key).collect();
+            let mut seen = std::collections::HashSet::new();
+            let mut cursor = t.len();
+            while cursor > 0 {
+                let bottom = cursor.saturating_sub(50);
+                for p in (bottom..cursor).rev() {
+                    seen.extend(t.at(p).map(|(k, _)| *k));
+                }
+                cursor = bottom;
+                for _ in 0..rnd() % 150 {
+                    t.remove(&key(rnd() % next));
+                }
+                for _ in 0..rnd() % 150 {
+                    t.insert(key(next), conn(next));
+                    next += 1;
+                }
+                if rnd() % 8 == 0 {
+                    let drop = (rnd() % 7) as u16;
+                    t.retain(|_, c| c.backend != drop || c.created_ms % 3 != 0);
+                }
+                // (Keys removed are never inserted again.)
+                throughout.retain(|k| t.get(k).is_some());
+                cursor = cursor.min(t.len());
+            }
+            let missed = throughout.difference(&seen).count();
+            assert_eq!(
+                missed,
+                0,
+                "round {round}: {missed} of {} missed",
+                throughout.len()
+            );
+        }
+    }
+
     /// The sharded table behaves as one map: checked against std's HashMap through
     /// inserts, replacements, removals and a retain, across many shard growths.
     #[test]
