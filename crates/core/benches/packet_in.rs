@@ -111,36 +111,6 @@ fn ring_with(algorithm: &str, extra: &str) -> Sim {
 const S1_S2: ((u64, u32), (u64, u32)) = ((1, 2), (2, 3));
 const S2_S3: ((u64, u32), (u64, u32)) = ((2, 2), (3, 3));
 
-/// A link of the ring goes down (`up` false: both ends report their ports down, §7.4.3)
-/// or comes back (the ports up, and every switch asked for its ports, which the
-/// controller answers with LLDP on each, so every link is found again at once).
-fn ring_link(sim: &mut Sim, (a, b): ((u64, u32), (u64, u32)), up: bool) {
-    if up {
-        sim.net.add_link(a, b);
-    } else {
-        sim.net.remove_link(a);
-    }
-    for (d, p) in [a, b] {
-        let mut desc = flowgate_core::testkit::sim::port_desc(d, p);
-        desc.state = u32::from(!up); // OFPPS_LINK_DOWN (§7.2.1)
-        let ps = Message::PortStatus(ofp::PortStatus {
-            reason: ofp::PortReason::Modify,
-            desc,
-        });
-        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
-    }
-    if up {
-        for d in 1..=3 {
-            let ask = Message::MultipartRequest(ofp::MultipartRequest {
-                flags: 0,
-                body: ofp::MultipartRequestBody::PortDesc,
-            });
-            sim.carry_out(d, ask);
-        }
-    }
-    sim.pump();
-}
-
 /// The configuration of [`controller_with`].
 fn config(algorithm: &str, preallocate: usize, services: u8, extra: &str) -> String {
     let mut cfg = format!(
@@ -452,7 +422,7 @@ fn tick(c: &mut Criterion) {
     // Hosts never age out: the bench's clock runs ahead 10 ms a tick, and a backend
     // forgotten would leave its connections no path to be re-routed on.
     let mut sim = controller_with("isslm", 0, 1, "host_timeout_secs = 0\n");
-    // Links are found again when they come back (`ring_link`), not on the LLDP tick.
+    // Links are found again when they come back (`Sim::set_link`), not on the LLDP tick.
     let mut ring = ring_with("isslm", "host_timeout_secs = 0\nlldp_interval_ms = 60000\n");
     let mut out = Outbox::encoding();
     for sim in [&mut sim, &mut ring] {
@@ -549,7 +519,7 @@ fn tick(c: &mut Criterion) {
             if !sim.c.rerouting() {
                 up = !up;
                 walks += 1;
-                ring_link(sim, link, up);
+                sim.set_link(link, up);
                 sim.now += WALK_STEP;
                 sim.c.handle_tick(sim.now, &mut sim.out);
                 assert!(sim.c.rerouting(), "a change of the links starts a walk");
@@ -565,7 +535,7 @@ fn tick(c: &mut Criterion) {
         );
         // The link back and its walk done, for the next case.
         if !up {
-            ring_link(&mut ring, link, true);
+            ring.set_link(link, true);
         }
         ring.c.handle_tick(ring.now, &mut ring.out);
         while ring.c.rerouting() {

@@ -671,17 +671,7 @@ fn ring() -> Sim {
 
 /// The ring's s1–s2 link goes down: both ends report it.
 fn cut_ring_link(sim: &mut Sim) {
-    sim.net.remove_link((1, 2));
-    for (d, p) in [(1, 2), (2, 3)] {
-        let mut desc = port_desc(d, p);
-        desc.state = 1; // OFPPS_LINK_DOWN (§7.2.1)
-        let ps = Message::PortStatus(ofp::PortStatus {
-            reason: ofp::PortReason::Modify,
-            desc,
-        });
-        sim.c.handle_message(sim.now, d, &ps, &mut sim.out);
-        sim.pump();
-    }
+    sim.set_link(((1, 2), (2, 3)), false);
 }
 
 /// A ring of three switches, the client on s1 and the backend on s2: an open connection

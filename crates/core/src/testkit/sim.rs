@@ -210,6 +210,39 @@ impl Sim {
         self.pump();
     }
 
+    /// The link between ports `a` and `b` goes down (`up` false: both ends report their
+    /// ports down, §7.4.3) or comes back (the ports up, and every switch asked for its
+    /// ports, which the controller answers with LLDP on each: the link is found again at
+    /// once, not at the next LLDP tick).
+    pub fn set_link(&mut self, (a, b): ((u64, u32), (u64, u32)), up: bool) {
+        if up {
+            self.net.add_link(a, b);
+        } else {
+            self.net.remove_link(a);
+        }
+        for (d, p) in [a, b] {
+            let mut desc = port_desc(d, p);
+            desc.state = u32::from(!up); // OFPPS_LINK_DOWN (§7.2.1)
+            let ps = Message::PortStatus(ofp::PortStatus {
+                reason: ofp::PortReason::Modify,
+                desc,
+            });
+            self.c.handle_message(self.now, d, &ps, &mut self.out);
+            self.pump();
+        }
+        if up {
+            let dpids: Vec<u64> = self.ports.keys().copied().collect();
+            for d in dpids {
+                let ask = Message::MultipartRequest(ofp::MultipartRequest {
+                    flags: 0,
+                    body: ofp::MultipartRequestBody::PortDesc,
+                });
+                self.carry_out(d, ask);
+            }
+            self.pump();
+        }
+    }
+
     /// Host `from` sends a frame; returns who received what.
     pub fn send(&mut self, from: &str, frame: &[u8]) -> Vec<(String, PacketFields)> {
         self.received.clear();
