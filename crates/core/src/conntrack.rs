@@ -12,6 +12,7 @@ use std::num::NonZeroU32;
 
 use ahash::RandomState;
 
+use crate::service::BackendId;
 use crate::topology::MacId;
 
 /// A client connection as the client sees it: to the service address (the VIP, or the
@@ -51,7 +52,9 @@ impl ConnKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conn {
     pub service: u16,
-    pub backend: u16,
+    /// Its backend's number in the service: kept when the backend leaves the pool, so
+    /// that a pool change does not rewrite the table.
+    pub backend: BackendId,
     /// When the decision was made, in controller-relative milliseconds.
     pub created_ms: u64,
     /// Whether the rules for it have been sent (false while they wait for the client's
@@ -374,7 +377,7 @@ impl Entries {
             },
             Conn {
                 service: 0,
-                backend: 0,
+                backend: BackendId(0),
                 created_ms: 0,
                 installed: false,
                 reply: Reply::Unseen,
@@ -624,7 +627,7 @@ mod tests {
     fn conn(i: u32) -> Conn {
         Conn {
             service: 0,
-            backend: (i % 7) as u16,
+            backend: BackendId((i % 7) as u16),
             created_ms: u64::from(i),
             installed: i % 2 == 0,
             reply: Reply::Unseen,
@@ -762,7 +765,7 @@ mod tests {
                     next += 1;
                 }
                 if rnd() % 8 == 0 {
-                    let drop = (rnd() % 7) as u16;
+                    let drop = BackendId((rnd() % 7) as u16);
                     t.retain(|_, c| c.backend != drop || c.created_ms % 3 != 0);
                 }
                 // (Keys removed are never inserted again.)
@@ -806,8 +809,8 @@ mod tests {
             let m = model.get_mut(&key(x % 50_000)).expect("same keys");
             m.installed = !m.installed;
         }
-        t.retain(|_, c| c.backend != 3);
-        model.retain(|_, c| c.backend != 3);
+        t.retain(|_, c| c.backend != BackendId(3));
+        model.retain(|_, c| c.backend != BackendId(3));
         assert_eq!(t.len(), model.len());
         let mut a: Vec<_> = t.iter().map(|(k, c)| (*k, *c)).collect();
         let mut b: Vec<_> = model.into_iter().collect();

@@ -94,7 +94,9 @@ pub mod conn {
     /// Set on the reverse rule at the client's edge switch: its FLOW_REMOVED packet count
     /// tells whether the backend answered the connection (passive outlier detection).
     pub const OUTCOME: u64 = 1 << 46;
-    /// The `(service, backend)` indexes a connection rule's cookie carries.
+    /// What a connection rule's cookie carries of its connection: its service's position
+    /// and its backend's number in the service (`service::BackendId`), both as they were
+    /// when the rule was made.
     pub const fn indexes(cookie: u64) -> (u16, u16) {
         (((cookie >> 16) & 0xffff) as u16, (cookie & 0xffff) as u16)
     }

@@ -25,8 +25,36 @@ pub const RATE_TIME_CONSTANT: Duration = Duration::from_secs(1);
 /// backends live).
 pub use crate::health::AdminState;
 
+/// A backend's number in its service, for as long as the service lives: given when the
+/// backend joins the pool and never given to another while the service keeps it, across
+/// the pool's changes and reloads, where its position in the pool shifts. A connection
+/// names its backend by it, so that the connection table, millions of entries, is not
+/// rewritten under the lock the PACKET_IN path waits for when a backend leaves (a pass
+/// that took 25.7 ms with 2.8 million connections; `docs/benchmarks.md`, stop 47).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BackendId(pub u16);
+
+/// The numbers a service may give its backends (after them, it numbers them afresh:
+/// [`ServiceState::renumber`]).
+pub const BACKEND_IDS: usize = u16::MAX as usize;
+
+/// What a backend number stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Numbered {
+    /// A backend of the pool, at this position.
+    Live(u16),
+    /// A backend that left the pool: its connections stay open, by their rules, until
+    /// they end, and keep going where it was.
+    Left {
+        address: Ipv4Addr,
+        mac: Option<MacAddr>,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct BackendState {
+    /// Its number in the service ([`BackendId`]).
+    pub id: BackendId,
     pub address: Ipv4Addr,
     /// Configured weight (before slow start).
     pub weight: u32,
@@ -67,6 +95,7 @@ pub struct BackendState {
 impl BackendState {
     pub fn new(cfg: &BackendConfig) -> Self {
         BackendState {
+            id: BackendId::default(),
             address: cfg.address,
             weight: cfg.weight,
             metrics_url: cfg.metrics.clone(),
@@ -171,19 +200,27 @@ pub struct ServiceState {
     /// Connections admitted without rules while the controller gaps (see
     /// [`crate::controller::handshake`]).
     pub handshakes: crate::controller::handshake::ServiceHandshakes,
+    /// What each backend number given so far stands for (the number is the index).
+    numbers: Vec<Numbered>,
     last_refresh: Option<Instant>,
 }
 
 impl ServiceState {
     pub fn new(cfg: ServiceConfig, slot: u16, seed: u64) -> Self {
+        // The configuration holds at most `MAX_BACKENDS` backends, fewer than the numbers.
         let backends: Vec<BackendState> = cfg
             .backends
             .iter()
-            .map(|b| {
+            .enumerate()
+            .map(|(i, b)| {
                 let mut st = BackendState::new(b);
+                st.id = BackendId(i as u16);
                 st.health = ActiveHealth::new(cfg.health.rise, cfg.health.fall);
                 st
             })
+            .collect();
+        let numbers = (0..backends.len())
+            .map(|i| Numbered::Live(i as u16))
             .collect();
         let balancer = Balancer::new(cfg.algorithm, cfg.params.clone(), backends.len(), seed);
         let n = backends.len();
@@ -196,6 +233,7 @@ impl ServiceState {
             counters: ServiceCounters::default(),
             outliers: PoolOutliers::new(OutlierConfig::default(), n),
             handshakes: Default::default(),
+            numbers,
             last_refresh: None,
         };
         s.rebuild_loads(None);
@@ -216,6 +254,135 @@ impl ServiceState {
 
     pub fn backend_index(&self, addr: Ipv4Addr) -> Option<usize> {
         self.backends.iter().position(|b| b.address == addr)
+    }
+
+    /// The position in the pool of backend `id`; `None` once it has left the pool.
+    #[inline]
+    pub fn position(&self, id: BackendId) -> Option<usize> {
+        match self.numbers.get(usize::from(id.0)) {
+            Some(Numbered::Live(p)) => Some(usize::from(*p)),
+            _ => None,
+        }
+    }
+
+    /// The backend of the pool numbered `id`.
+    #[inline]
+    pub fn backend(&self, id: BackendId) -> Option<&BackendState> {
+        self.backends.get(self.position(id)?)
+    }
+
+    /// How many backend numbers the service has given (see [`BACKEND_IDS`]).
+    pub fn numbers_given(&self) -> usize {
+        self.numbers.len()
+    }
+
+    /// Give `n` numbers to backends that came and went (the numbers run out after 65,535
+    /// backends joined a service).
+    #[cfg(test)]
+    pub(crate) fn spend_numbers(&mut self, n: usize) {
+        let left = Numbered::Left {
+            address: Ipv4Addr::UNSPECIFIED,
+            mac: None,
+        };
+        self.numbers.extend(std::iter::repeat_n(left, n));
+    }
+
+    /// The number of the backend at `position` in the pool.
+    pub fn id_at(&self, position: usize) -> Option<BackendId> {
+        self.backends.get(position).map(|b| b.id)
+    }
+
+    /// Where the connections to backend `id` go: its address, and its MAC once known,
+    /// whether it is in the pool or has left it.
+    pub fn destination(&self, id: BackendId) -> Option<(Ipv4Addr, Option<MacAddr>)> {
+        match *self.numbers.get(usize::from(id.0))? {
+            Numbered::Live(p) => self
+                .backends
+                .get(usize::from(p))
+                .map(|b| (b.address, b.mac)),
+            Numbered::Left { address, mac } => Some((address, mac)),
+        }
+    }
+
+    /// Add `b` (configured as `cfg`) at the end of the pool with a number of its own;
+    /// its position. `None` when the service has given all its numbers: the caller
+    /// numbers the pool afresh ([`ServiceState::renumber`]) and tries again.
+    pub fn join(&mut self, mut b: BackendState, cfg: BackendConfig) -> Option<usize> {
+        if self.numbers.len() >= BACKEND_IDS {
+            return None;
+        }
+        let position = self.backends.len();
+        b.id = BackendId(self.numbers.len() as u16);
+        self.numbers.push(Numbered::Live(position as u16));
+        self.backends.push(b);
+        self.cfg.backends.push(cfg);
+        Some(position)
+    }
+
+    /// Number the pool afresh, each backend by its position, and forget those that left.
+    /// What each earlier number becomes (by the old number as index; `None`: one that
+    /// had left), for the connections that hold them.
+    pub fn renumber(&mut self) -> Vec<Option<BackendId>> {
+        let map = self
+            .numbers
+            .iter()
+            .map(|n| match n {
+                Numbered::Live(p) => Some(BackendId(*p)),
+                Numbered::Left { .. } => None,
+            })
+            .collect();
+        self.numbers.clear();
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            b.id = BackendId(i as u16);
+            self.numbers.push(Numbered::Live(i as u16));
+        }
+        map
+    }
+
+    /// A reload built this service anew from `prev`: the backends that stay have kept
+    /// their numbers (they are `prev`'s, reconfigured); those that left `prev`'s pool
+    /// keep theirs, left; new ones take the next. False when the numbers ran out and the
+    /// pool was numbered afresh instead ([`ServiceState::renumber`]): then `prev`'s
+    /// numbers mean nothing here.
+    pub(crate) fn number_after(&mut self, prev: &ServiceState) -> bool {
+        let mut numbers = prev.numbers.clone();
+        for b in &prev.backends {
+            if self.backend_index(b.address).is_none()
+                && let Some(n) = numbers.get_mut(usize::from(b.id.0))
+            {
+                *n = Numbered::Left {
+                    address: b.address,
+                    mac: b.mac,
+                };
+            }
+        }
+        let fresh = self
+            .backends
+            .iter()
+            .filter(|b| prev.backend_index(b.address).is_none())
+            .count();
+        if numbers.len() + fresh > BACKEND_IDS {
+            self.renumber();
+            return false;
+        }
+        for b in &mut self.backends {
+            if prev.backend_index(b.address).is_none() {
+                b.id = BackendId(numbers.len() as u16);
+                numbers.push(Numbered::Live(0));
+            }
+        }
+        self.numbers = numbers;
+        self.place_numbers();
+        true
+    }
+
+    /// Point each pool backend's number at its position (after the pool shifted).
+    fn place_numbers(&mut self) {
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Some(n) = self.numbers.get_mut(usize::from(b.id.0)) {
+                *n = Numbered::Live(i as u16);
+            }
+        }
     }
 
     /// Record a decision made by [`crate::Controller`].
@@ -273,7 +440,12 @@ impl ServiceState {
         }
     }
 
-    pub fn record_end(&mut self, backend: usize) {
+    /// A connection to backend `id` ended (nothing to count if the backend has left the
+    /// pool: its count went with it).
+    pub fn record_end(&mut self, id: BackendId) {
+        let Some(backend) = self.position(id) else {
+            return;
+        };
         if let Some(b) = self.backends.get_mut(backend) {
             b.active_connections = b.active_connections.saturating_sub(1);
         }
@@ -335,12 +507,19 @@ impl ServiceState {
     /// Backend `i` left the pool. Every per-backend state of the later backends (the
     /// balancer's, the outlier detector's, the `none` algorithm's target) shifts down
     /// with them, so that none inherits its neighbour's: an ejection, a learned weight, a
-    /// role. False if there is no backend `i`.
+    /// role. Its number stays its own: its open connections keep going to it and end
+    /// uncounted. False if there is no backend `i`.
     pub fn remove_backend(&mut self, now: Instant, i: usize) -> bool {
         if i >= self.backends.len() {
             return false;
         }
-        self.backends.remove(i);
+        let gone = self.backends.remove(i);
+        if let Some(n) = self.numbers.get_mut(usize::from(gone.id.0)) {
+            *n = Numbered::Left {
+                address: gone.address,
+                mac: gone.mac,
+            };
+        }
         self.cfg.backends.remove(i);
         self.cfg.params.backend_removed(i);
         self.balancer.remove_backend(i);
@@ -385,6 +564,7 @@ impl ServiceState {
 
     /// The balancer's view must track pool changes (add/remove backend).
     pub fn pool_changed(&mut self, now: Instant) {
+        self.place_numbers();
         self.balancer.resize(self.backends.len());
         self.outliers.resize(self.backends.len());
         self.rebuild_loads(Some((now, Duration::from_secs(3600))));

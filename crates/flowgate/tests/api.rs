@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use flowgate::runtime::Handle;
+use flowgate_core::service::BackendId;
 use flowgate_core::{Config, Controller};
 use flowgate_testbed::ScratchDir;
 use serde_json::{Value, json};
@@ -280,8 +281,15 @@ fn connections_page_and_counts() {
 }
 
 /// A controller holding `n` connections of clients 10.128.x.y, spread round-robin over
-/// backends 10.0.0.2 and 10.0.0.3, and its configuration.
-fn controller_with_connections(n: u32) -> (flowgate_core::testkit::sim::Sim, &'static str) {
+/// backends 10.0.0.2 and 10.0.0.3, its configuration, and the rule whose end ends each
+/// connection.
+fn controller_with_connections(
+    n: u32,
+) -> (
+    flowgate_core::testkit::sim::Sim,
+    &'static str,
+    Vec<ofp::FlowMod>,
+) {
     use flowgate_core::testkit::sim::{Sim, arp_request, ip};
 
     let text = "[api]\nlisten = \"127.0.0.1:0\"\n\n[controller]\nreconnect_grace_ms = 0\n\n\
@@ -293,17 +301,24 @@ fn controller_with_connections(n: u32) -> (flowgate_core::testkit::sim::Sim, &'s
     for i in 1..=3u8 {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
     }
-    open_connections(&mut sim.c, sim.now, 0..n);
-    (sim, text)
+    let rules = open_connections(&mut sim.c, sim.now, 0..n);
+    (sim, text, rules)
 }
 
-/// Connections from clients `10.128.0.0 + k / 256`, port `1024 + k % 256`, for each `k`.
-fn open_connections(c: &mut Controller, now: Instant, ks: std::ops::Range<u32>) {
+/// Connections from clients `10.128.0.0 + k / 256`, port `1024 + k % 256`, for each `k`;
+/// the rule of each whose FLOW_REMOVED ends it (the forward rule at the client's edge).
+fn open_connections(
+    c: &mut Controller,
+    now: Instant,
+    ks: std::ops::Range<u32>,
+) -> Vec<ofp::FlowMod> {
     use flowgate_core::Outbox;
+    use flowgate_core::cookie::{self, RuleKind};
     use flowgate_core::testkit::sim::{SYN, VIP, VMAC, mac, tcp};
     use std::net::Ipv4Addr;
 
     let mut out = Outbox::new();
+    let mut ending = Vec::new();
     for k in ks {
         let client = (
             Ipv4Addr::from(0x0a80_0000 + (k >> 8)),
@@ -311,8 +326,36 @@ fn open_connections(c: &mut Controller, now: Instant, ks: std::ops::Range<u32>) 
         );
         let pi = ofp::PacketIn::table_miss(1, tcp(mac(1), VMAC, client, (VIP, 80), SYN));
         c.handle_message(now, 1, &ofp::Message::PacketIn(pi), &mut out);
-        out.drain().for_each(drop);
+        ending.extend(out.drain().filter_map(|(_, m)| match m {
+            ofp::Message::FlowMod(fm)
+                if cookie::kind_of(fm.cookie) == Some(RuleKind::Conn)
+                    && fm.cookie & cookie::conn::ACCOUNTING != 0 =>
+            {
+                Some(fm)
+            }
+            _ => None,
+        }));
     }
+    ending
+}
+
+/// The switch reports `rule` gone, idle: its connection ends.
+fn rule_ended(c: &mut Controller, now: Instant, rule: &ofp::FlowMod) {
+    let fr = ofp::FlowRemoved {
+        cookie: rule.cookie,
+        priority: rule.priority,
+        reason: ofp::FlowRemovedReason::IdleTimeout,
+        table_id: rule.table_id,
+        duration_sec: 31,
+        duration_nsec: 0,
+        idle_timeout: rule.idle_timeout,
+        hard_timeout: 0,
+        packet_count: 10,
+        byte_count: 1000,
+        match_: rule.match_.clone(),
+    };
+    let mut out = flowgate_core::Outbox::new();
+    c.handle_message(now, 1, &ofp::Message::FlowRemoved(fr), &mut out);
 }
 
 /// One page of the listing at `cursor`: its keys with their backends, and its `next`.
@@ -345,7 +388,7 @@ fn connections_page(
 #[test]
 fn ten_thousand_connections_are_paged_through_each_once() {
     const N: u32 = 10_000;
-    let (sim, text) = controller_with_connections(N);
+    let (sim, text, _) = controller_with_connections(N);
     assert_eq!(sim.c.connections().len(), N as usize);
     let s = server_with_controller("conns-paged", text, sim.c);
 
@@ -386,19 +429,19 @@ fn ten_thousand_connections_are_paged_through_each_once() {
     assert_eq!(seen.len(), N as usize, "every connection listed");
 }
 
-/// While a listing pages through, half the table ends (a backend removed: every other
-/// connection, so the rest move about in the store) and new connections open: every
-/// connection open from its first page to its last is still listed.
+/// While a listing pages through, half the table ends (every other connection, all of
+/// backend 10.0.0.2's, so the rest move about in the store) and new connections open:
+/// every connection open from its first page to its last is still listed.
 #[test]
 fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() {
     const N: u32 = 10_000;
-    let (sim, text) = controller_with_connections(N);
+    let (sim, text, rules) = controller_with_connections(N);
     let now = sim.now;
     let throughout: BTreeSet<String> = sim
         .c
         .connections()
         .iter()
-        .filter(|(_, c)| c.backend == 1)
+        .filter(|(_, c)| c.backend == BackendId(1))
         .map(|(k, _)| {
             format!(
                 "{}:{}>{}:{}",
@@ -419,8 +462,15 @@ fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() 
         if pages == 3 {
             let mut core = s.handle.lock();
             let c = &mut core.controller;
-            c.remove_backend(now, 0, 0, &mut flowgate_core::Outbox::new())
-                .expect("backend 10.0.0.2 removed");
+            for rule in rules.iter().step_by(2) {
+                rule_ended(c, now, rule);
+            }
+            assert!(
+                c.connections()
+                    .iter()
+                    .all(|(_, x)| x.backend == BackendId(1)),
+                "10.0.0.2's connections ended, 10.0.0.3's open"
+            );
             open_connections(c, now, N..N + 2_000);
             assert_eq!(c.connections().len(), 7_000);
         }

@@ -1128,6 +1128,15 @@ fn validate_service(
             });
         }
     }
+    if backends.len() > MAX_BACKENDS {
+        errs.push(ConfigError::new(
+            s.key_path("backend"),
+            format!(
+                "{} backends; at most {MAX_BACKENDS} in a service",
+                backends.len()
+            ),
+        ));
+    }
     if let Some(t) = none_target {
         match backends.iter().position(|b| b.address == t) {
             Some(i) => params.none_target = Some(i),
@@ -1208,6 +1217,12 @@ pub fn backend_conflict(
     address: Ipv4Addr,
 ) -> Option<String> {
     let s = services.get(si)?;
+    if s.backends.len() >= MAX_BACKENDS {
+        return Some(format!(
+            "{} has {MAX_BACKENDS} backends, the most a service may have",
+            s.name
+        ));
+    }
     if s.backends.iter().any(|b| b.address == address) {
         return Some(format!("{address} is already a backend of {}", s.name));
     }
@@ -1238,6 +1253,11 @@ pub fn backend_conflict(
     }
     None
 }
+
+/// The most backends in one service: far more than a pool has, and few enough that the
+/// numbers a service gives its backends ([`crate::service::BackendId`]) outlast many
+/// pool changes before it must number them afresh.
+pub const MAX_BACKENDS: usize = 4096;
 
 /// The most services one controller runs: each has its own meter and select group on
 /// every switch, and its number ([`crate::service::ServiceState::slot`]) in its rules'

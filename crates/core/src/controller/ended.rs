@@ -12,6 +12,7 @@ use ofp::oxm::ofb;
 use super::{Controller, Outbox, rules};
 use crate::conntrack::{ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
+use crate::service::BackendId;
 use crate::topology::Dpid;
 
 /// What the controller reads of a FLOW_REMOVED: the cookie, the table, the counters, and
@@ -178,7 +179,7 @@ impl Controller {
         if let Some(conn) = self.conns.remove_if(&key, |c| c.tag == tag)
             && let Some(s) = self.services.get_mut(usize::from(conn.service))
         {
-            s.record_end(usize::from(conn.backend));
+            s.record_end(conn.backend);
         }
     }
 
@@ -195,12 +196,14 @@ impl Controller {
         let Some((src, sport, dst, dport)) = e.tuple.all() else {
             return;
         };
-        // The indexes may be stale after a reload: trust them only if the rule's source
-        // address is still that backend's.
+        // The backend's number names a backend of the pool for as long as it is in it;
+        // the service's, its position, which a reload may give another: trust them only if
+        // the rule's source address is still that backend's.
+        let bi = BackendId(bi);
         let Some(b) = self
             .services
             .get(usize::from(si))
-            .and_then(|s| s.backends.get(usize::from(bi)))
+            .and_then(|s| s.backend(bi))
         else {
             return;
         };

@@ -38,7 +38,7 @@ use crate::balance::{AlgorithmKind, AlgorithmParams};
 use crate::config::{BackendConfig, Config, ControllerConfig, ServiceConfig};
 use crate::conntrack::ConnTable;
 use crate::cookie::RuleKind;
-use crate::service::{AdminState, BackendState, ServiceState};
+use crate::service::{AdminState, BackendId, BackendState, ServiceState};
 use crate::topology::{Dpid, HostChange, PortInfo, PortRef, Topology};
 
 /// Messages for switches, produced by one or more calls into the [`Controller`].
@@ -698,15 +698,19 @@ impl Controller {
     }
 
     /// Count one connection's outcome toward its backend's outlier state.
-    pub(crate) fn count_outcome(&mut self, now: Instant, si: u16, bi: u16, answered: bool) {
+    pub(crate) fn count_outcome(&mut self, now: Instant, si: u16, id: BackendId, answered: bool) {
         let Some(s) = self.services.get_mut(usize::from(si)) else {
             return;
         };
-        let Some(address) = s.backends.get(usize::from(bi)).map(|b| b.address) else {
+        // A backend that left the pool is judged no more.
+        let Some(bi) = s.position(id) else {
+            return;
+        };
+        let Some(address) = s.backends.get(bi).map(|b| b.address) else {
             return;
         };
         let name = s.cfg.name.clone();
-        if let Some(until) = s.record_outcome(now, usize::from(bi), answered) {
+        if let Some(until) = s.record_outcome(now, bi, answered) {
             let secs = until.saturating_duration_since(now).as_secs();
             tracing::info!(service = %name, backend = %address, secs, "backend ejected: consecutive failed connections");
             self.event(now, "ejected", format!("{name}/{address} for {secs}s"));
@@ -899,13 +903,22 @@ impl Controller {
         if let Some(why) = crate::config::backend_conflict(&cfgs, service, cfg.address) {
             return Err(why);
         }
+        if self
+            .services
+            .get(service)
+            .is_some_and(|s| s.numbers_given() >= crate::service::BACKEND_IDS)
+        {
+            self.renumber_backends(service);
+        }
         let s = self.services.get_mut(service).ok_or("no such service")?;
         let mut b = BackendState::new(&cfg);
         b.since = Some(now);
-        s.backends.push(b);
-        s.cfg.backends.push(cfg);
+        // A pool holds fewer than `MAX_BACKENDS` here (`backend_conflict`): numbered
+        // afresh, it has numbers to give.
+        let idx = s
+            .join(b, cfg)
+            .ok_or("the service has no backend number left")?;
         s.pool_changed(now);
-        let idx = s.backends.len() - 1;
         self.reindex();
         self.sync_backend_locations(now);
         self.reinstall_intercepts(out);
@@ -913,8 +926,9 @@ impl Controller {
         Ok(idx)
     }
 
-    /// Remove a backend. Its existing connections keep their rules until they end; only
-    /// their accounting is dropped (no connection is broken by a pool change).
+    /// Remove a backend. Its open connections keep their rules, and their way to it,
+    /// until they end, uncounted (no connection is broken by a pool change). The table is
+    /// left as it is: they keep their backend's number ([`BackendId`]).
     pub fn remove_backend(
         &mut self,
         now: Instant,
@@ -926,23 +940,33 @@ impl Controller {
         if !s.remove_backend(now, backend) {
             return Err("no such backend".into());
         }
-        let si = service as u16;
-        let bi = backend as u16;
+        self.reindex();
+        self.reinstall_intercepts(out);
+        Ok(())
+    }
+
+    /// Number service `si`'s pool afresh ([`ServiceState::renumber`]): its connections
+    /// take their backends' new numbers, and those of backends that left the pool are
+    /// forgotten (their rules stay until idle, uncounted). A pass over the table, once
+    /// every 65,535 backends that joined the service.
+    fn renumber_backends(&mut self, si: usize) {
+        let Some(s) = self.services.get_mut(si) else {
+            return;
+        };
+        let map = s.renumber();
+        let si = si as u16;
         self.conns.retain(|_, c| {
             if c.service != si {
                 return true;
             }
-            if c.backend == bi {
-                return false;
+            match map.get(usize::from(c.backend.0)).copied().flatten() {
+                Some(id) => {
+                    c.backend = id;
+                    true
+                }
+                None => false,
             }
-            if c.backend > bi {
-                c.backend -= 1;
-            }
-            true
         });
-        self.reindex();
-        self.reinstall_intercepts(out);
-        Ok(())
     }
 
     fn reinstall_intercepts(&mut self, out: &mut Outbox) {
@@ -1000,12 +1024,14 @@ impl Controller {
             .map(|o| o.slot)
             .filter(|n| !taken.contains(n))
             .collect();
+        let mut kept_numbers = Vec::with_capacity(config.services.len());
         for ((scfg, prev), &slot) in config.services.iter().zip(&prev_index).zip(&slots) {
             let seed = self.seed.wrapping_add(u64::from(slot));
             let mut s = ServiceState::new(rate_window(scfg.clone()), slot, seed);
-            if let Some(prev) = prev.and_then(|p| old.get_mut(p)) {
-                carry_over(now, prev, &mut s);
-            }
+            kept_numbers.push(match prev.and_then(|p| old.get_mut(p)) {
+                Some(prev) => carry_over(now, prev, &mut s),
+                None => true,
+            });
             self.services.push(s);
         }
         self.slot_bound = slots
@@ -1014,49 +1040,60 @@ impl Controller {
             .fold(self.slot_bound, u32::max);
         self.proactive.reorder(&prev_index);
         self.partition_depart(now, &old, out);
-        // Connections whose service or backend is gone stop being accounted for; their
-        // rules stay until idle, so they are not broken. The others follow their service
-        // (by name) and backend (by address) to their new places: worked out once per
-        // backend, not per connection. A reload that moves none (the common one: settings
-        // changed, services or backends added at the end) leaves the table alone, where a
-        // pass over it, under the lock the PACKET_IN path waits for, took 67–89 ms with
-        // 2.8 million connections, and the pass that remains 7.3–7.5 ms
-        // (`docs/benchmarks.md`, stop 46).
-        let remap: Vec<Vec<Option<(u16, u16)>>> = old
+        // Where each old service's connections go: to the service's new place (by name),
+        // each with its backend's number, which the reload kept, unless the service had
+        // given all its numbers and numbered its pool afresh (then by address). Those of
+        // a service that went are forgotten, their rules left until idle, uncounted;
+        // those of a backend that left the pool keep its number, and their way. A reload
+        // that moves no service leaves the table alone, however its pools changed: a pass
+        // over it, under the lock the PACKET_IN path waits for, took 67–89 ms with 2.8
+        // million connections (`docs/benchmarks.md`, stop 46).
+        let fates: Vec<Fate> = old
             .iter()
             .map(|o| {
-                let si = self.services.iter().position(|s| s.cfg.name == o.cfg.name);
-                o.backends
+                let Some((ni, s)) = self
+                    .services
                     .iter()
-                    .map(|b| {
-                        let si = si?;
-                        let bi = self.services.get(si)?.backend_index(b.address)?;
-                        Some((si as u16, bi as u16))
-                    })
-                    .collect()
+                    .enumerate()
+                    .find(|(_, s)| s.cfg.name == o.cfg.name)
+                else {
+                    return Fate::Gone;
+                };
+                if kept_numbers.get(ni).copied().unwrap_or(true) {
+                    return Fate::Stays(ni as u16);
+                }
+                let mut map = vec![None; o.numbers_given()];
+                for b in &o.backends {
+                    if let Some(m) = map.get_mut(usize::from(b.id.0)) {
+                        *m = s.backend_index(b.address).and_then(|p| s.id_at(p));
+                    }
+                }
+                Fate::Renumbered(ni as u16, map)
             })
             .collect();
-        let moved = remap.iter().enumerate().any(|(si, bs)| {
-            bs.iter()
-                .enumerate()
-                .any(|(bi, to)| *to != Some((si as u16, bi as u16)))
-        });
+        let moved = fates
+            .iter()
+            .enumerate()
+            .any(|(oi, f)| !matches!(f, Fate::Stays(ni) if usize::from(*ni) == oi));
         if moved {
-            self.conns.retain(|_, c| {
-                let to = remap
-                    .get(usize::from(c.service))
-                    .and_then(|bs| bs.get(usize::from(c.backend)))
-                    .copied()
-                    .flatten();
-                match to {
-                    Some((si, bi)) => {
-                        c.service = si;
-                        c.backend = bi;
+            self.conns
+                .retain(|_, c| match fates.get(usize::from(c.service)) {
+                    Some(Fate::Stays(ni)) => {
+                        c.service = *ni;
                         true
                     }
-                    None => false,
-                }
-            });
+                    Some(Fate::Renumbered(ni, map)) => {
+                        match map.get(usize::from(c.backend.0)).copied().flatten() {
+                            Some(id) => {
+                                c.service = *ni;
+                                c.backend = id;
+                                true
+                            }
+                            None => false,
+                        }
+                    }
+                    Some(Fate::Gone) | None => false,
+                });
         }
         self.cfg = config.controller.clone();
         self.topo
@@ -1257,7 +1294,21 @@ impl Controller {
     }
 }
 
-fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
+/// Where a reload takes an old service's connections.
+enum Fate {
+    /// To the service's new place; their backends' numbers hold.
+    Stays(u16),
+    /// To the service's new place, which numbered its pool afresh: each old number's new
+    /// one (by the old number as index; `None`: its backend is gone).
+    Renumbered(u16, Vec<Option<BackendId>>),
+    /// Nowhere: the service is gone.
+    Gone,
+}
+
+/// `next` is `prev` reconfigured by a reload: it keeps what was learned of the backends
+/// that stay, and their numbers. False if it had to number its pool afresh
+/// ([`ServiceState::number_after`]).
+fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) -> bool {
     let health = &next.cfg.health;
     for (j, b) in next.backends.iter_mut().enumerate() {
         if let Some(i) = prev.backends.iter().position(|p| p.address == b.address) {
@@ -1276,6 +1327,7 @@ fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) {
     next.handshakes.catch_lost();
     next.keep_balancer(prev);
     next.sync_eligibility();
+    next.number_after(prev)
 }
 
 /// The outcome of one active health probe.

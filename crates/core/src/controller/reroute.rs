@@ -176,8 +176,8 @@ impl Controller {
         let backend = self
             .services
             .get(usize::from(conn.service))
-            .and_then(|s| s.backends.get(usize::from(conn.backend)))
-            .and_then(|b| b.mac);
+            .and_then(|s| s.destination(conn.backend))
+            .and_then(|(_, mac)| mac);
         if backend.is_some_and(|m| moved.contains(&m))
             || self
                 .topo

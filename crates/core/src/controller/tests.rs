@@ -597,6 +597,166 @@ fn an_open_connection_follows_its_backend_when_the_backend_moves() {
     assert_eq!(sim.c.counters().connections_rerouted, 1);
 }
 
+/// A backend that leaves the pool takes no open connection with it: the connection stays
+/// in the table, in no backend's count, and still goes to it, re-routed when the backend
+/// moves, until its rule ends. (Its removal once dropped it from the table, which was
+/// walked under the lock the PACKET_IN path waits for; the connection was then left on
+/// its rules' old path when the backend moved.)
+#[test]
+fn a_removed_backends_open_connection_follows_it_until_it_ends() {
+    let mut sim = linear();
+    let client = (ip(1), 45200);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let backend = got[0].0.clone();
+    let b: u8 = backend[1..].parse().unwrap();
+    let other = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45201), (VIP, 80), SYN));
+    assert_ne!(other[0].0, backend, "round-robin: one connection each");
+    let s = &sim.c.services()[0];
+    let position = s.backend_index(ip(b)).expect("in the pool");
+    let id = s.backends[position].id;
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, position, &mut sim.out)
+        .expect("removed");
+    sim.pump();
+    let s = &sim.c.services()[0];
+    assert_eq!(sim.c.connections().len(), 2, "no connection dropped");
+    assert_eq!(s.position(id), None, "out of the pool");
+    assert_eq!(s.destination(id).map(|(a, _)| a), Some(ip(b)));
+    assert_eq!(
+        s.backends
+            .iter()
+            .map(|b| (b.address, b.active_connections))
+            .collect::<Vec<_>>(),
+        [(ip(if b == 5 { 6 } else { 5 }), 1)],
+        "the backend that stays counts its own connection"
+    );
+
+    sim.net.move_host(&backend, (2, 1));
+    sim.send(&backend, &arp_request(b, ip(b)));
+    sim.tick(Duration::from_millis(10));
+    let before = sim.packet_ins;
+    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
+    assert_eq!(
+        fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [backend.as_str()],
+        "the client's segment reaches the removed backend where it is now"
+    );
+    let back = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].0, "h1");
+    assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
+    assert_eq!(sim.c.counters().connections_rerouted, 1);
+
+    // Its rule at the client's edge ends: so does the connection, and no count changes.
+    let ending: Vec<_> = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| {
+            cookie::kind_of(f.cookie) == Some(RuleKind::Conn)
+                && f.cookie & cookie::conn::ACCOUNTING != 0
+                && f.match_.tcp_src() == Some(client.1)
+        })
+        .cloned()
+        .collect();
+    assert_eq!(ending.len(), 1, "one accounting rule for the connection");
+    let now = sim.now;
+    sim.c
+        .handle_message(now, 1, &flow_removed_of(&ending[0]), &mut sim.out);
+    assert_eq!(sim.c.connections().len(), 1, "it ended");
+    assert_eq!(active(&sim), 1, "the other connection is still counted");
+}
+
+/// A service that has given all its backend numbers numbers its pool afresh when the
+/// next backend joins: its connections take their backends' new numbers, and those of
+/// backends that left are forgotten (one pass over the table, once every 65,535 joins).
+#[test]
+fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
+    let mut sim = single_switch("round-robin");
+    spread(&mut sim, 52000, 6);
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, 0, &mut sim.out)
+        .expect("h2 removed");
+    sim.pump();
+    assert_eq!(sim.c.connections().len(), 6, "h2's two stay");
+    let given = sim.c.services[0].numbers_given();
+    sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
+    let cfg = crate::config::BackendConfig {
+        address: ip(2),
+        weight: 1,
+        metrics: None,
+    };
+    let position = sim
+        .c
+        .add_backend(now, 0, cfg, &mut sim.out)
+        .expect("h2 back");
+    sim.pump();
+    let s = &sim.c.services()[0];
+    assert_eq!(s.numbers_given(), 3, "numbered afresh");
+    assert_eq!(position, 2);
+    assert_eq!(
+        sim.c.connections().len(),
+        4,
+        "h2's old connections forgotten"
+    );
+    let numbers: BTreeMap<_, _> = s.backends.iter().map(|b| (b.id, b.address)).collect();
+    assert_eq!(numbers.len(), 3, "one number each");
+    let mut counted = BTreeMap::new();
+    for (_, c) in sim.c.connections().iter() {
+        *counted.entry(numbers[&c.backend]).or_insert(0u32) += 1;
+    }
+    assert_eq!(counted, BTreeMap::from([(ip(3), 2), (ip(4), 2)]));
+    for b in &s.backends {
+        assert_eq!(
+            b.active_connections,
+            counted.get(&b.address).copied().unwrap_or(0),
+            "{}",
+            b.address
+        );
+    }
+    assert_eq!(
+        spread(&mut sim, 52100, 6),
+        BTreeMap::from([("h2".into(), 2), ("h3".into(), 2), ("h4".into(), 2)]),
+        "the pool takes connections as before"
+    );
+}
+
+/// A reload that drops a backend from the file leaves the table as it is: the dropped
+/// backend's connections keep its number (no other backend gets it, even the same
+/// address added back), the others keep theirs and their counts.
+#[test]
+fn a_reload_keeps_the_connections_and_numbers_of_the_backends() {
+    let mut sim = single_switch("round-robin");
+    spread(&mut sim, 53000, 6);
+    let h2 = sim.c.services()[0].backends[0].id;
+    reload(&mut sim, &service_config("round-robin", &[3, 4]));
+    let s = &sim.c.services()[0];
+    assert_eq!(sim.c.connections().len(), 6, "no connection dropped");
+    assert_eq!(s.position(h2), None);
+    assert_eq!(s.destination(h2).map(|(a, _)| a), Some(ip(2)));
+    assert_eq!(
+        s.backends
+            .iter()
+            .map(|b| b.active_connections)
+            .collect::<Vec<_>>(),
+        [2, 2]
+    );
+    reload(&mut sim, &service_config("round-robin", &[2, 3, 4]));
+    let s = &sim.c.services()[0];
+    assert_ne!(s.backends[0].id, h2, "h2 back with a number of its own");
+    assert_eq!(s.backends[0].active_connections, 0);
+    assert_eq!(s.position(h2), None, "its old connections still uncounted");
+    assert_eq!(sim.c.connections().len(), 6);
+    // A service that goes takes its connections out of the table.
+    let other = "[[service]]\nname = \"other\"\nvip = \"10.0.0.200\"\nport = 80\n\
+                 [service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+    reload(&mut sim, other);
+    assert_eq!(sim.c.connections().len(), 0);
+}
+
 /// The client moves to another switch: its connection's rules are written at its new
 /// edge, under a new tag, so the end of the rule it left at its old edge (no packet
 /// reaches it now) is not taken for the connection's end.

@@ -207,6 +207,9 @@ impl Controller {
             if s.cfg.port != bport {
                 continue;
             }
+            let Some(id) = s.id_at(usize::from(bi)) else {
+                continue;
+            };
             let try_addr = |service_addr: Ipv4Addr| {
                 let key = ConnKey {
                     client,
@@ -216,7 +219,7 @@ impl Controller {
                 };
                 self.conns
                     .get(&key)
-                    .filter(|c| c.service == si && c.backend == bi)
+                    .filter(|c| c.service == si && c.backend == id)
                     .map(|c| (key, *c))
             };
             match s.cfg.vip {
@@ -262,7 +265,7 @@ impl Controller {
             .map(|p| (p.client_at.dpid, p.backend_ip));
         if self.conns.remove(&key).is_some() {
             if let Some(s) = self.services.get_mut(usize::from(old.service)) {
-                s.record_end(usize::from(old.backend));
+                s.record_end(old.backend);
             }
         }
         self.handshakes.syn_acks.remove(&key);
@@ -355,7 +358,7 @@ impl Controller {
         let eligible = |b: &usize| s.loads.get(*b).is_some_and(|l| l.eligible);
         let kept = reuse
             .filter(|o| o.service == l.service)
-            .map(|o| usize::from(o.backend))
+            .and_then(|o| s.position(o.backend))
             .filter(eligible);
         let sticky = match (settling, partition_owner) {
             // The partition has just started moving: the switch may still carry this
@@ -384,10 +387,10 @@ impl Controller {
             s.counters.no_optimal_server += 1;
             tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
         }
-        let Some(b) = sel
-            .backend
-            .filter(|&b| s.backends.get(b).is_some_and(|b| b.mac.is_some()))
-        else {
+        let Some((b, id)) = sel.backend.and_then(|b| {
+            let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
+            Some((b, backend.id))
+        }) else {
             tracing::debug!(service = %s.cfg.name, client = %key.client, "no backend can take the connection");
             self.refuse_or_hold(now, si, at, out);
             return;
@@ -396,7 +399,7 @@ impl Controller {
         // is refused before it is counted: a phantom entry would never see FLOW_REMOVED.
         let conn = Conn {
             service: l.service,
-            backend: b as u16,
+            backend: id,
             created_ms,
             installed: true,
             reply: Reply::Unseen,
@@ -465,8 +468,9 @@ impl Controller {
     /// Where the client and the backend of a connection are, if both are known.
     pub(super) fn placement(&self, key: &ConnKey, conn: Conn) -> Option<Placement> {
         let s = self.services.get(usize::from(conn.service))?;
-        let b = s.backends.get(usize::from(conn.backend))?;
-        let backend_mac = b.mac?;
+        // A backend that left the pool still carries its open connections.
+        let (backend_addr, backend_mac) = s.destination(conn.backend)?;
+        let backend_mac = backend_mac?;
         let backend_at = self.topo.host(backend_mac)?.at;
         let client_mac = match self.topo.mac_by_id(conn.client_mac) {
             Some(mac) => mac,
@@ -483,7 +487,7 @@ impl Controller {
         // backend's MAC, as its partition rules do.
         let backend_ip = match (s.cfg.mode, s.cfg.vip) {
             (ServiceMode::Partitioned, Some(vip)) => vip,
-            _ => b.address,
+            _ => backend_addr,
         };
         Some(Placement {
             client_at,
@@ -584,7 +588,7 @@ impl Controller {
         };
         let catch_syn = self.is_partitioned(usize::from(conn.service));
         let low = (u64::from(conn.service) << 16)
-            | u64::from(conn.backend)
+            | u64::from(conn.backend.0)
             | rules::conn_tag_bits(conn.tag);
         let rewrite = key.service_addr != p.backend_ip;
         let fin = self.fin_timeout_body;
@@ -719,7 +723,7 @@ impl Controller {
         }
         self.handshakes.syn_acks.remove(key);
         if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
-            s.record_end(usize::from(conn.backend));
+            s.record_end(conn.backend);
             if client {
                 s.handshakes.outcome(false);
             }
@@ -829,9 +833,12 @@ impl Controller {
         let Some(b) = self.partition_backend(si, key.client_port, false) else {
             return false;
         };
+        let Some(id) = self.services.get(si).and_then(|s| s.id_at(b)) else {
+            return false;
+        };
         let conn = Conn {
             service: l.service,
-            backend: b as u16,
+            backend: id,
             created_ms: self.ms_since_start(now),
             installed: true,
             // Established: the backend answered it long ago.
@@ -923,9 +930,11 @@ impl Controller {
         let Some(bi) = s.backend_index(backend_ip) else {
             return;
         };
-        if let Some(b) = s.backends.get_mut(bi) {
-            b.active_connections += 1;
-        }
+        let Some(b) = s.backends.get_mut(bi) else {
+            return;
+        };
+        b.active_connections += 1;
+        let id = b.id;
         if let Some(load) = s.loads.get_mut(bi) {
             load.active_connections += 1;
         }
@@ -936,7 +945,7 @@ impl Controller {
             key,
             Conn {
                 service: l.service,
-                backend: bi as u16,
+                backend: id,
                 created_ms,
                 installed: true,
                 reply: Reply::Unseen,

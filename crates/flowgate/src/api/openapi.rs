@@ -290,7 +290,7 @@ fn schemas() -> Value {
                 "total": { "type": "integer" },
                 "per_backend": { "type": "array", "items": { "type": "object" } },
                 "limit": { "type": "integer", "maximum": MAX_PAGE },
-                "items": { "type": "array", "items": { "type": "object" } },
+                "items": { "type": "array", "items": { "type": "object" }, "description": "Connections: key, client, client_port, service_addr, service_port, service, backend, backend_in_pool (false once the backend has left the pool: the connection goes on to it until it ends, in no backend's count), created_ms, installed." },
                 "next": { "type": ["string", "null"], "description": "The cursor of the next page; null on the last." }
             }
         },

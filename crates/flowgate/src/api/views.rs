@@ -367,6 +367,9 @@ pub struct ConnectionView {
     pub service_port: u16,
     pub service: Option<String>,
     pub backend: Option<Ipv4Addr>,
+    /// False once the backend has left the service's pool: the connection goes on to it
+    /// until it ends, and is in no backend's count.
+    pub backend_in_pool: bool,
     pub created_ms: u64,
     pub installed: bool,
 }
@@ -441,8 +444,9 @@ pub(crate) async fn connections(
                 service_port: k.service_port,
                 service: svc.map(|s| s.cfg.name.clone()),
                 backend: svc
-                    .and_then(|s| s.backends.get(usize::from(conn.backend)))
-                    .map(|b| b.address),
+                    .and_then(|s| s.destination(conn.backend))
+                    .map(|(address, _)| address),
+                backend_in_pool: svc.is_some_and(|s| s.position(conn.backend).is_some()),
                 created_ms: conn.created_ms,
                 installed: conn.installed,
             })
