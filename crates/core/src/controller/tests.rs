@@ -576,20 +576,25 @@ fn an_open_connection_follows_its_backend_when_the_backend_moves() {
     let mut sim = linear();
     let client = (ip(1), 45100);
     let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
-    let backend = got[0].0.clone();
+    move_and_follow(&mut sim, &got[0].0, client);
+}
+
+/// On [`linear`]: `backend` moves from s3 to s2 port 1 (s2's ports 2 and 3 are its links)
+/// and announces itself there; `client`'s open connection to it follows it, both ways,
+/// carried by the switches' rules, re-routed once.
+fn move_and_follow(sim: &mut Sim, backend: &str, client: (std::net::Ipv4Addr, u16)) {
     let b: u8 = backend[1..].parse().unwrap();
-    // From s3 port 1 or 3 to s2 port 1 (s2's ports 2 and 3 are its links).
-    sim.net.move_host(&backend, (2, 1));
-    sim.send(&backend, &arp_request(b, ip(b)));
+    sim.net.move_host(backend, (2, 1));
+    sim.send(backend, &arp_request(b, ip(b)));
     sim.tick(Duration::from_millis(10));
     let before = sim.packet_ins;
     let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
     assert_eq!(
         fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
-        [backend.as_str()],
+        [backend],
         "the client's segment reaches the backend where it is now"
     );
-    let back = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
+    let back = sim.send(backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
     assert_eq!(back.len(), 1, "{back:?}");
     assert_eq!(back[0].0, "h1");
     assert_eq!(back[0].1.ipv4_src, Some(VIP));
@@ -631,22 +636,8 @@ fn a_removed_backends_open_connection_follows_it_until_it_ends() {
         [(ip(if b == 5 { 6 } else { 5 }), 1)],
         "the backend that stays counts its own connection"
     );
-
-    sim.net.move_host(&backend, (2, 1));
-    sim.send(&backend, &arp_request(b, ip(b)));
-    sim.tick(Duration::from_millis(10));
-    let before = sim.packet_ins;
-    let fwd = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), ACK));
-    assert_eq!(
-        fwd.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
-        [backend.as_str()],
-        "the client's segment reaches the removed backend where it is now"
-    );
-    let back = sim.send(&backend, &tcp(mac(b), mac(1), (ip(b), 80), client, ACK));
-    assert_eq!(back.len(), 1, "{back:?}");
-    assert_eq!(back[0].0, "h1");
-    assert_eq!(sim.packet_ins, before, "carried by rules, both ways");
-    assert_eq!(sim.c.counters().connections_rerouted, 1);
+    // It moves: the connection follows it.
+    move_and_follow(&mut sim, &backend, client);
 
     // Its rule at the client's edge ends: so does the connection, and no count changes.
     let ending: Vec<_> = sim
