@@ -285,19 +285,18 @@ fn connections_page_and_counts() {
 /// connection.
 fn controller_with_connections(
     n: u32,
-) -> (
-    flowgate_core::testkit::sim::Sim,
-    &'static str,
-    Vec<ofp::FlowMod>,
-) {
+) -> (flowgate_core::testkit::sim::Sim, String, Vec<ofp::FlowMod>) {
     use flowgate_core::testkit::sim::{Sim, arp_request, ip};
 
-    let text = "[api]\nlisten = \"127.0.0.1:0\"\n\n[controller]\nreconnect_grace_ms = 0\n\n\
+    let text = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n\
+        [controller]\nreconnect_grace_ms = 0\n\n\
         [[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nvirtual_mac = \"02:66:67:00:00:01\"\n\
         port = 80\nalgorithm = \"round-robin\"\n[service.health]\nkind = \"none\"\n\n\
-        [[service.backend]]\naddress = \"10.0.0.2\"\n\n[[service.backend]]\naddress = \"10.0.0.3\"\n";
+        [[service.backend]]\naddress = \"10.0.0.2\"\n\n[[service.backend]]\naddress = \"10.0.0.3\"\n"
+    );
     let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h3", 1, 3)];
-    let mut sim = Sim::new(text, &[(1, 3)], &[], &hosts);
+    let mut sim = Sim::new(&text, &[(1, 3)], &[], &hosts);
     for i in 1..=3u8 {
         sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
     }
@@ -390,7 +389,7 @@ fn ten_thousand_connections_are_paged_through_each_once() {
     const N: u32 = 10_000;
     let (sim, text, _) = controller_with_connections(N);
     assert_eq!(sim.c.connections().len(), N as usize);
-    let s = server_with_controller("conns-paged", text, sim.c);
+    let s = server_with_controller("conns-paged", &text, sim.c);
 
     let mut seen = BTreeSet::new();
     let mut cursor = String::new();
@@ -450,7 +449,7 @@ fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() 
         })
         .collect();
     assert_eq!(throughout.len(), 5_000);
-    let s = server_with_controller("conns-churn", text, sim.c);
+    let s = server_with_controller("conns-churn", &text, sim.c);
 
     let mut seen = BTreeSet::new();
     let mut cursor = String::new();
@@ -486,6 +485,46 @@ fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() 
         "{} of the connections open throughout were not listed, such as {:?}",
         missed.len(),
         missed.first()
+    );
+}
+
+/// A backend removed through the API takes none of its open connections with it: the
+/// answer says how many it had, and the listing still lists them, going to it, out of the
+/// pool, while the backend that stays counts its own.
+#[test]
+fn a_removed_backends_connections_are_listed_out_of_the_pool() {
+    let (sim, text, _) = controller_with_connections(10);
+    let s = server_with_controller("conns-removed", &text, sim.c);
+    let r = req(
+        s.addr,
+        "DELETE",
+        "/api/v1/services/web/backends/10.0.0.2",
+        Some(TOKEN),
+        None,
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["open_connections"], 5, "{}", r.body);
+    let (page, _, _) = connections_page(s.addr, "");
+    assert_eq!(page["total"], 10, "none dropped: {page}");
+    let mut by_backend = BTreeMap::new();
+    for item in page["items"].as_array().unwrap() {
+        let key = (
+            item["backend"].as_str().unwrap().to_string(),
+            item["backend_in_pool"].as_bool().unwrap(),
+        );
+        *by_backend.entry(key).or_insert(0) += 1;
+    }
+    assert_eq!(
+        by_backend,
+        BTreeMap::from([
+            (("10.0.0.2".to_string(), false), 5),
+            (("10.0.0.3".to_string(), true), 5)
+        ])
+    );
+    assert_eq!(
+        page["per_backend"],
+        json!([{ "service": "web", "backend": "10.0.0.3", "connections": 5 }])
     );
 }
 

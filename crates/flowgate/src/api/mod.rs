@@ -243,7 +243,8 @@ pub static ROUTES: &[RouteSpec] = &[
             "/api/v1/services/{service}/backends/{backend}",
             Op::RemoveBackend,
             "removeBackend",
-            "Remove a backend. Its connections keep their rules until they end.",
+            "Remove a backend. Its open connections go on to it until they end, in no count; \
+             the answer's `open_connections` says how many it had.",
         )
     },
     RouteSpec {

@@ -218,9 +218,22 @@ pub(crate) async fn remove_backend(
         Ok(x) => x,
         Err(r) => return r,
     };
+    // Its open connections go on to it until they end, out of every count from now: the
+    // answer says how many there were.
+    let open = core
+        .controller
+        .services()
+        .get(si)
+        .and_then(|s| s.backends.get(bi))
+        .map_or(0, |b| b.active_connections);
     let now = Instant::now();
     match core.with(|c, out| c.remove_backend(now, si, bi, out)) {
-        Ok(()) => Json(serde_json::json!({ "ok": true, "removed": backend })).into_response(),
+        Ok(()) => Json(serde_json::json!({
+            "ok": true,
+            "removed": backend,
+            "open_connections": open,
+        }))
+        .into_response(),
         Err(e) => error(StatusCode::CONFLICT, e),
     }
 }
