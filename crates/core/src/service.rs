@@ -30,7 +30,7 @@ pub use crate::health::AdminState;
 /// the pool's changes and reloads, where its position in the pool shifts. A connection
 /// names its backend by it, so that the connection table, millions of entries, is not
 /// rewritten under the lock the PACKET_IN path waits for when a backend leaves (a pass
-/// that took 25.7 ms with 2.8 million connections; `docs/benchmarks.md`, stop 47).
+/// that took 32–41 ms with 2.8 million connections; `docs/benchmarks.md`, stop 47).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct BackendId(pub u16);
 

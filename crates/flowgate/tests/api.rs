@@ -1612,8 +1612,8 @@ fn ctl_reads_and_changes() {
 // ----- end to end on real Open vSwitch -----------------------------------------------------------
 
 /// A long download through the VIP keeps going while its backend is drained, weights and the
-/// algorithm change, and the config is reloaded (a bad one refused, changing nothing); new
-/// connections follow each change.
+/// algorithm change, the config is reloaded (a bad one refused, changing nothing), and its
+/// backend leaves the pool; new connections follow each change.
 #[test]
 fn ovs_api_changes_keep_connections() {
     use flowgate_testbed::topo::{self, TopoOptions};
@@ -1811,6 +1811,25 @@ fn ovs_api_changes_keep_connections() {
     assert_eq!(r["ok"], 30, "{r}");
     // The two active backends (b4 new, the carrier still drained), alternately.
     assert_round_robin(&shares(&r), 30, 2, reopened(&ctl) - reopened_before);
+
+    // The carrier leaves the pool: the download goes on to it, listed out of the pool.
+    let (st, v) = call(
+        "DELETE",
+        &format!("/api/v1/services/web/backends/{carrier}"),
+        "",
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["open_connections"].as_u64().is_some_and(|n| n >= 1),
+        "the download's connection at least: {v}"
+    );
+    let listed = ctl.get_json("/api/v1/connections?limit=1000");
+    assert!(
+        listed["items"].as_array().unwrap().iter().any(|c| {
+            c["backend"].as_str() == Some(carrier.as_str()) && c["backend_in_pool"] == false
+        }),
+        "{listed}"
+    );
 
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
