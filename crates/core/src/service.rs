@@ -44,11 +44,21 @@ enum Numbered {
     /// A backend of the pool, at this position.
     Live(u16),
     /// A backend that left the pool: its connections stay open, by their rules, until
-    /// they end, and keep going where it was.
+    /// they end, and keep going where it was. `open`: how many are left.
     Left {
         address: Ipv4Addr,
         mac: Option<MacAddr>,
+        open: u32,
     },
+}
+
+/// A backend that left its service's pool while connections to it were open: where they
+/// go, and how many are still open (when none is, the backend can be taken down without
+/// breaking a connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LeftBackend {
+    pub address: Ipv4Addr,
+    pub open_connections: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -271,6 +281,38 @@ impl ServiceState {
         self.backends.get(self.position(id)?)
     }
 
+    /// The backends that left the pool with connections still open to them, and how many
+    /// (each address once: the sum over its numbers, had it left more than once).
+    pub fn left_backends(&self) -> Vec<LeftBackend> {
+        let mut left: Vec<LeftBackend> = Vec::new();
+        for n in &self.numbers {
+            if let Numbered::Left { address, open, .. } = *n
+                && open > 0
+            {
+                match left.iter_mut().find(|l| l.address == address) {
+                    Some(l) => l.open_connections += open,
+                    None => left.push(LeftBackend {
+                        address,
+                        open_connections: open,
+                    }),
+                }
+            }
+        }
+        left
+    }
+
+    /// Connections open to backend `id` by the service's count: a backend's in the pool
+    /// (`active_connections`), or what is left of one that left it.
+    pub fn open_connections(&self, id: BackendId) -> Option<u32> {
+        match *self.numbers.get(usize::from(id.0))? {
+            Numbered::Live(p) => self
+                .backends
+                .get(usize::from(p))
+                .map(|b| b.active_connections),
+            Numbered::Left { open, .. } => Some(open),
+        }
+    }
+
     /// How many backend numbers the service has given (see [`BACKEND_IDS`]).
     pub fn numbers_given(&self) -> usize {
         self.numbers.len()
@@ -283,6 +325,7 @@ impl ServiceState {
         let left = Numbered::Left {
             address: Ipv4Addr::UNSPECIFIED,
             mac: None,
+            open: 0,
         };
         self.numbers.extend(std::iter::repeat_n(left, n));
     }
@@ -300,7 +343,7 @@ impl ServiceState {
                 .backends
                 .get(usize::from(p))
                 .map(|b| (b.address, b.mac)),
-            Numbered::Left { address, mac } => Some((address, mac)),
+            Numbered::Left { address, mac, .. } => Some((address, mac)),
         }
     }
 
@@ -353,6 +396,7 @@ impl ServiceState {
                 *n = Numbered::Left {
                     address: b.address,
                     mac: b.mac,
+                    open: b.active_connections,
                 };
             }
         }
@@ -440,11 +484,15 @@ impl ServiceState {
         }
     }
 
-    /// A connection to backend `id` ended (nothing to count if the backend has left the
-    /// pool: its count went with it).
+    /// A connection to backend `id` ended, in the pool or out of it.
     pub fn record_end(&mut self, id: BackendId) {
-        let Some(backend) = self.position(id) else {
-            return;
+        let backend = match self.numbers.get_mut(usize::from(id.0)) {
+            Some(Numbered::Live(p)) => usize::from(*p),
+            Some(Numbered::Left { open, .. }) => {
+                *open = open.saturating_sub(1);
+                return;
+            }
+            None => return,
         };
         if let Some(b) = self.backends.get_mut(backend) {
             b.active_connections = b.active_connections.saturating_sub(1);
@@ -518,6 +566,7 @@ impl ServiceState {
             *n = Numbered::Left {
                 address: gone.address,
                 mac: gone.mac,
+                open: gone.active_connections,
             };
         }
         self.cfg.backends.remove(i);

@@ -493,7 +493,8 @@ fn a_listing_lists_every_connection_open_throughout_while_others_end_and_open() 
 /// pool, while the backend that stays counts its own.
 #[test]
 fn a_removed_backends_connections_are_listed_out_of_the_pool() {
-    let (sim, text, _) = controller_with_connections(10);
+    let (sim, text, rules) = controller_with_connections(10);
+    let now = sim.now;
     let s = server_with_controller("conns-removed", &text, sim.c);
     let r = req(
         s.addr,
@@ -526,6 +527,28 @@ fn a_removed_backends_connections_are_listed_out_of_the_pool() {
         page["per_backend"],
         json!([{ "service": "web", "backend": "10.0.0.3", "connections": 5 }])
     );
+    // How many are still open to it, to know when it can be taken down.
+    let left_metric =
+        "flowgate_left_backend_open_connections{service=\"web\",backend=\"10.0.0.2\"}";
+    let svc = get(s.addr, "/api/v1/services/web").json();
+    assert_eq!(
+        svc["left_backends"],
+        json!([{ "address": "10.0.0.2", "open_connections": 5 }])
+    );
+    let metrics = get(s.addr, "/metrics").body;
+    assert!(metrics.contains(&format!("{left_metric} 5\n")), "{metrics}");
+    // Their rules end: none is left open to it.
+    {
+        let mut core = s.handle.lock();
+        for rule in rules.iter().step_by(2) {
+            rule_ended(&mut core.controller, now, rule);
+        }
+        assert_eq!(core.controller.connections().len(), 5);
+    }
+    let svc = get(s.addr, "/api/v1/services/web").json();
+    assert_eq!(svc["left_backends"], json!([]));
+    assert_eq!(svc["active_connections"], 5, "10.0.0.3's, still open");
+    assert!(!get(s.addr, "/metrics").body.contains(left_metric));
 }
 
 // ----- changes ----------------------------------------------------------------------------------

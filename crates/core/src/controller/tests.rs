@@ -10,6 +10,7 @@ use ofp::{Message, MultipartReply, MultipartReplyBody};
 
 use super::*;
 use crate::cookie;
+use crate::service::LeftBackend;
 use crate::testkit::PacketFields;
 use crate::testkit::sim::*;
 
@@ -628,6 +629,14 @@ fn a_removed_backends_open_connection_follows_it_until_it_ends() {
     assert_eq!(sim.c.connections().len(), 2, "no connection dropped");
     assert_eq!(s.position(id), None, "out of the pool");
     assert_eq!(s.destination(id).map(|(a, _)| a), Some(ip(b)));
+    let left = |sim: &Sim| sim.c.services()[0].left_backends();
+    assert_eq!(
+        left(&sim),
+        [LeftBackend {
+            address: ip(b),
+            open_connections: 1
+        }]
+    );
     assert_eq!(
         s.backends
             .iter()
@@ -658,6 +667,7 @@ fn a_removed_backends_open_connection_follows_it_until_it_ends() {
         .handle_message(now, 1, &flow_removed_of(&ending[0]), &mut sim.out);
     assert_eq!(sim.c.connections().len(), 1, "it ended");
     assert_eq!(active(&sim), 1, "the other connection is still counted");
+    assert_eq!(left(&sim), [], "none left open to the removed backend");
 }
 
 /// A service that has given all its backend numbers numbers its pool afresh when the
@@ -725,9 +735,14 @@ fn a_reload_keeps_the_connections_and_numbers_of_the_backends() {
     let h2 = sim.c.services()[0].backends[0].id;
     reload(&mut sim, &service_config("round-robin", &[3, 4]));
     let s = &sim.c.services()[0];
+    let h2_left = [LeftBackend {
+        address: ip(2),
+        open_connections: 2,
+    }];
     assert_eq!(sim.c.connections().len(), 6, "no connection dropped");
     assert_eq!(s.position(h2), None);
     assert_eq!(s.destination(h2).map(|(a, _)| a), Some(ip(2)));
+    assert_eq!(s.left_backends(), h2_left);
     assert_eq!(
         s.backends
             .iter()
@@ -739,7 +754,12 @@ fn a_reload_keeps_the_connections_and_numbers_of_the_backends() {
     let s = &sim.c.services()[0];
     assert_ne!(s.backends[0].id, h2, "h2 back with a number of its own");
     assert_eq!(s.backends[0].active_connections, 0);
-    assert_eq!(s.position(h2), None, "its old connections still uncounted");
+    assert_eq!(
+        s.position(h2),
+        None,
+        "its old connections still out of the pool"
+    );
+    assert_eq!(s.left_backends(), h2_left);
     assert_eq!(sim.c.connections().len(), 6);
     // A service that goes takes its connections out of the table.
     let other = "[[service]]\nname = \"other\"\nvip = \"10.0.0.200\"\nport = 80\n\

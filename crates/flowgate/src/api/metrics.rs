@@ -390,6 +390,23 @@ pub(crate) fn render(handle: &Handle) -> String {
             }
         }
     }
+    family(
+        &mut o,
+        "flowgate_left_backend_open_connections",
+        "gauge",
+        "Connections still open to a backend removed from the pool (they go on to it until they end; at 0 it can be taken down).",
+    );
+    for s in c.services() {
+        for l in s.left_backends() {
+            let _ = writeln!(
+                o,
+                "flowgate_left_backend_open_connections{{service=\"{}\",backend=\"{}\"}} {}",
+                esc(&s.cfg.name),
+                l.address,
+                l.open_connections
+            );
+        }
+    }
     overload_metrics(&mut o, c);
     // The distributed mode's figures (nothing in single-controller mode).
     o.push_str(&handle.cluster.metrics_text());

@@ -223,7 +223,18 @@ fn schemas() -> Value {
                 "counters": { "type": "object" },
                 "rps": { "type": "number" },
                 "active_connections": { "type": "integer" },
-                "backends": schema_ref("BackendList")
+                "backends": schema_ref("BackendList"),
+                "left_backends": {
+                    "type": "array",
+                    "description": "Backends removed from the pool with connections still open to them, which go on to them until they end: each one's address and open_connections. One gone from here can be taken down without breaking a connection.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "address": { "type": "string" },
+                            "open_connections": { "type": "integer" }
+                        }
+                    }
+                }
             }
         },
         "ServiceList": { "type": "array", "items": schema_ref("Service") },

@@ -37,6 +37,9 @@ pub struct ServiceView {
     /// Partitioned mode: the partitions, who owns them, how many move.
     pub partitions: Option<flowgate_core::controller::PartitionView>,
     pub backends: Vec<BackendView>,
+    /// Backends removed from the pool with connections still open to them: those go on
+    /// to them until they end (a backend whose count is gone from here can be taken down).
+    pub left_backends: Vec<flowgate_core::service::LeftBackend>,
 }
 
 #[derive(Debug, Serialize)]
@@ -142,6 +145,7 @@ fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
         gap,
         partitions,
         backends,
+        left_backends: s.left_backends(),
     }
 }
 

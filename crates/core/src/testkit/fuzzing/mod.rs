@@ -118,23 +118,21 @@ fn assert_counts_are_the_tables(c: &crate::Controller) {
     for (_, conn) in c.connections().iter() {
         *counted.entry((conn.service, conn.backend)).or_default() += 1;
     }
+    // Every number a service gave: a backend of the pool (its `active_connections`), or
+    // one that left it (what is left open to it).
     for (si, s) in c.services().iter().enumerate() {
-        for b in &s.backends {
-            let n = counted.remove(&(si as u16, b.id)).unwrap_or(0);
+        for id in (0..s.numbers_given()).map(|i| BackendId(i as u16)) {
+            let n = counted.remove(&(si as u16, id)).unwrap_or(0);
+            let open = s.open_connections(id);
             assert_eq!(
-                b.active_connections, n,
-                "service {} backend {}: counted {} connections, the table holds {n}",
-                s.cfg.name, b.address, b.active_connections
+                open,
+                Some(n),
+                "service {} backend {:?}: counted {open:?} connections, the table holds {n}",
+                s.cfg.name,
+                s.destination(id)
             );
         }
     }
-    // What is left: connections of backends that left their pools, which go on to them
-    // uncounted.
-    counted.retain(|&(si, id), _| {
-        c.services()
-            .get(usize::from(si))
-            .is_none_or(|s| s.position(id).is_some() || s.destination(id).is_none())
-    });
     assert!(counted.is_empty(), "connections of no backend: {counted:?}");
 }
 
