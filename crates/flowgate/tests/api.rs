@@ -1853,6 +1853,18 @@ fn ovs_api_changes_keep_connections() {
         }),
         "{listed}"
     );
+    let svc = ctl.get_json("/api/v1/services/web");
+    assert_eq!(
+        svc["left_backends"][0]["address"].as_str(),
+        Some(carrier.as_str()),
+        "{svc}"
+    );
+    // Each ends only when its rules have been idle 30 s: the download's is still open.
+    let left_open = svc["left_backends"][0]["open_connections"].as_u64();
+    assert!(
+        left_open.is_some_and(|n| n >= 1 && Some(n) <= v["open_connections"].as_u64()),
+        "{svc}"
+    );
 
     let out = dl.wait_with_output().expect("curl finishes");
     let text = String::from_utf8_lossy(&out.stdout);
