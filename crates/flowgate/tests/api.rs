@@ -551,6 +551,38 @@ fn a_removed_backends_connections_are_listed_out_of_the_pool() {
     assert!(!get(s.addr, "/metrics").body.contains(left_metric));
 }
 
+/// `flowgate ctl` shows a removed backend's open connections: a row of its own under its
+/// service, and each connection marked as going to a removed backend.
+#[test]
+fn ctl_shows_a_removed_backends_open_connections() {
+    let (sim, text, _) = controller_with_connections(10);
+    let s = server_with_controller("ctl-removed", &text, sim.c);
+    let (ok, _, err) = ctl(s.addr, &["remove-backend", "web", "10.0.0.2"], Some(TOKEN));
+    assert!(ok, "{err}");
+    let (ok, out, err) = ctl(s.addr, &["services"], None);
+    assert!(ok, "{err}");
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("10.0.0.2 "))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    assert_eq!(row, ["10.0.0.2", "-", "-", "removed", "5"], "{out}");
+    let (ok, out, err) = ctl(s.addr, &["connections"], None);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.ends_with("-> 10.0.0.2 (removed)"))
+            .count(),
+        5,
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.ends_with("-> 10.0.0.3")).count(),
+        5,
+        "{out}"
+    );
+}
+
 // ----- changes ----------------------------------------------------------------------------------
 
 #[test]

@@ -395,6 +395,17 @@ fn print_services(v: &Value) {
                 opt(&b["response_time_ms"], 2)
             );
         }
+        // Removed from the pool, with connections still going to it until they end.
+        for b in s["left_backends"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<16} {:>6} {:<9} {:<9} {:>7}",
+                b["address"].as_str().unwrap_or("?"),
+                "-",
+                "-",
+                "removed",
+                plain(&b["open_connections"])
+            );
+        }
     }
 }
 
@@ -478,9 +489,14 @@ fn print_connections(v: &Value) {
     }
     for c in v["items"].as_array().into_iter().flatten() {
         println!(
-            "  {} -> {}",
+            "  {} -> {}{}",
             c["key"].as_str().unwrap_or("?"),
-            c["backend"].as_str().unwrap_or("-")
+            c["backend"].as_str().unwrap_or("-"),
+            if c["backend_in_pool"] == false {
+                " (removed)"
+            } else {
+                ""
+            }
         );
     }
     if let Some(n) = v["next"].as_str() {
