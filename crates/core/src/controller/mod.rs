@@ -954,19 +954,42 @@ impl Controller {
             return;
         };
         let map = s.renumber();
-        let si = si as u16;
-        self.conns.retain(|_, c| {
-            if c.service != si {
-                return true;
-            }
-            match map.get(usize::from(c.backend.0)).copied().flatten() {
-                Some(id) => {
-                    c.backend = id;
+        let mut fates: Vec<Fate> = (0..self.services.len() as u16).map(Fate::Stays).collect();
+        if let Some(f) = fates.get_mut(si) {
+            *f = Fate::Renumbered(si as u16, map);
+        }
+        self.move_connections(&fates);
+    }
+
+    /// Take each service's connections where `fates` (by the service's position) says,
+    /// in one pass over the table; none if every service stays where it is, its numbers
+    /// holding.
+    fn move_connections(&mut self, fates: &[Fate]) {
+        let moved = fates
+            .iter()
+            .enumerate()
+            .any(|(oi, f)| !matches!(f, Fate::Stays(ni) if usize::from(*ni) == oi));
+        if !moved {
+            return;
+        }
+        self.conns
+            .retain(|_, c| match fates.get(usize::from(c.service)) {
+                Some(Fate::Stays(ni)) => {
+                    c.service = *ni;
                     true
                 }
-                None => false,
-            }
-        });
+                Some(Fate::Renumbered(ni, map)) => {
+                    match map.get(usize::from(c.backend.0)).copied().flatten() {
+                        Some(id) => {
+                            c.service = *ni;
+                            c.backend = id;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                Some(Fate::Gone) | None => false,
+            });
     }
 
     fn reinstall_intercepts(&mut self, out: &mut Outbox) {
@@ -1071,30 +1094,7 @@ impl Controller {
                 Fate::Renumbered(ni as u16, map)
             })
             .collect();
-        let moved = fates
-            .iter()
-            .enumerate()
-            .any(|(oi, f)| !matches!(f, Fate::Stays(ni) if usize::from(*ni) == oi));
-        if moved {
-            self.conns
-                .retain(|_, c| match fates.get(usize::from(c.service)) {
-                    Some(Fate::Stays(ni)) => {
-                        c.service = *ni;
-                        true
-                    }
-                    Some(Fate::Renumbered(ni, map)) => {
-                        match map.get(usize::from(c.backend.0)).copied().flatten() {
-                            Some(id) => {
-                                c.service = *ni;
-                                c.backend = id;
-                                true
-                            }
-                            None => false,
-                        }
-                    }
-                    Some(Fate::Gone) | None => false,
-                });
-        }
+        self.move_connections(&fates);
         self.cfg = config.controller.clone();
         self.topo
             .set_host_bounds(self.cfg.max_hosts, self.cfg.max_hosts_per_port);

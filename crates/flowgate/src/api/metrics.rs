@@ -394,7 +394,7 @@ pub(crate) fn render(handle: &Handle) -> String {
         &mut o,
         "flowgate_left_backend_open_connections",
         "gauge",
-        "Connections still open to a backend removed from the pool (they go on to it until they end; at 0 it can be taken down).",
+        "Connections the controller tracks still open to a backend removed from the pool (they go on to it until they end; for a reactive service, at 0 it can be taken down).",
     );
     for s in c.services() {
         for l in s.left_backends() {

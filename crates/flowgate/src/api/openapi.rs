@@ -226,7 +226,7 @@ fn schemas() -> Value {
                 "backends": schema_ref("BackendList"),
                 "left_backends": {
                     "type": "array",
-                    "description": "Backends removed from the pool with connections still open to them, which go on to them until they end: each one's address and open_connections. One gone from here can be taken down without breaking a connection.",
+                    "description": "Backends removed from the pool with connections still open to them, which go on to them until they end: each one's address and open_connections. These are the connections the controller tracks: every one of a reactive service (a backend gone from here can be taken down without breaking one), not those a proactive or partitioned service's switch rules place without the controller.",
                     "items": {
                         "type": "object",
                         "properties": {

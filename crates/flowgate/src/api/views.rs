@@ -38,7 +38,9 @@ pub struct ServiceView {
     pub partitions: Option<flowgate_core::controller::PartitionView>,
     pub backends: Vec<BackendView>,
     /// Backends removed from the pool with connections still open to them: those go on
-    /// to them until they end (a backend whose count is gone from here can be taken down).
+    /// to them until they end. They are the connections the controller tracks: all of a
+    /// reactive service's (a backend gone from here can be taken down), not those a
+    /// proactive or partitioned service's switch rules place without it.
     pub left_backends: Vec<flowgate_core::service::LeftBackend>,
 }
 
