@@ -301,6 +301,21 @@ impl ServiceState {
         left
     }
 
+    /// The MACs the service's connections go to: its backends' (once found), and those of
+    /// backends that left the pool with connections still open to them, which follow them
+    /// until they end (host ageing must not forget where they are).
+    pub fn connection_macs(&self) -> impl Iterator<Item = MacAddr> + '_ {
+        let left = self.numbers.iter().filter_map(|n| match *n {
+            Numbered::Left {
+                mac: Some(mac),
+                open,
+                ..
+            } if open > 0 => Some(mac),
+            _ => None,
+        });
+        self.backends.iter().filter_map(|b| b.mac).chain(left)
+    }
+
     /// Connections open to backend `id` by the service's count: a backend's in the pool
     /// (`active_connections`), or what is left of one that left it.
     pub fn open_connections(&self, id: BackendId) -> Option<u32> {

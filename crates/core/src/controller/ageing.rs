@@ -21,7 +21,9 @@
 //!   would have its frames flooded through the controller. They stay bounded by their
 //!   port's share.
 //! - backends: located by their own probes and judged by their health checks; their
-//!   locations place every connection to them.
+//!   locations place every connection to them. So is a backend that left its pool while
+//!   connections to it are open, until the last ends: they follow it when it moves
+//!   (`ServiceState::connection_macs`), which needs its location.
 //! - hosts behind a domain's uplink: the other domain's controller owns their answers
 //!   (addressed to its own `PROBE_MAC`) and would take them.
 //!
@@ -66,7 +68,7 @@ impl Controller {
         let backends: HashSet<MacAddr, RandomState> = self
             .services
             .iter()
-            .flat_map(|s| s.backends.iter().filter_map(|b| b.mac))
+            .flat_map(|s| s.connection_macs())
             .collect();
         let mut ask: Vec<(MacAddr, Ipv4Addr, PortRef)> = Vec::new();
         let mut gone: Vec<(MacAddr, Ipv4Addr, PortRef)> = Vec::new();

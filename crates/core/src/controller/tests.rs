@@ -649,6 +649,15 @@ fn a_removed_backends_open_connection_follows_it_until_it_ends() {
     move_and_follow(&mut sim, &backend, client);
 
     // Its rule at the client's edge ends: so does the connection, and no count changes.
+    end_at_the_edge(&mut sim, client);
+    assert_eq!(sim.c.connections().len(), 1, "it ended");
+    assert_eq!(active(&sim), 1, "the other connection is still counted");
+    assert_eq!(left(&sim), [], "none left open to the removed backend");
+}
+
+/// The switch at `client`'s edge (s1) reports the end of the connection's accounting
+/// rule, as it would at its idle timeout.
+fn end_at_the_edge(sim: &mut Sim, client: (Ipv4Addr, u16)) {
     let ending: Vec<_> = sim
         .net
         .switch(1)
@@ -665,9 +674,6 @@ fn a_removed_backends_open_connection_follows_it_until_it_ends() {
     let now = sim.now;
     sim.c
         .handle_message(now, 1, &flow_removed_of(&ending[0]), &mut sim.out);
-    assert_eq!(sim.c.connections().len(), 1, "it ended");
-    assert_eq!(active(&sim), 1, "the other connection is still counted");
-    assert_eq!(left(&sim), [], "none left open to the removed backend");
 }
 
 /// A service that has given all its backend numbers numbers its pool afresh when the
@@ -2234,6 +2240,43 @@ fn hosts_without_an_address_and_backends_are_not_aged() {
     assert!(probes(&seconds(&mut sim, 400)).is_empty());
     assert_eq!(sim.c.counters().host_probes_sent, 0);
     assert!(sim.c.topology().host(mac(1)).is_some());
+}
+
+/// A backend that left the pool while a connection to it is open is not aged until that
+/// connection ends: the connection follows the backend when it moves, which needs its
+/// location. Then it is asked and forgotten as any silent host is.
+#[test]
+fn a_removed_backend_is_not_aged_while_a_connection_to_it_is_open() {
+    let mut sim = ageing_hosts();
+    let client = (ip(1), 46000);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let b: u8 = got[0].0[1..].parse().unwrap();
+    let position = sim.c.services()[0]
+        .backend_index(ip(b))
+        .expect("in the pool");
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, position, &mut sim.out)
+        .expect("removed");
+    sim.pump();
+    // Past the timeout, h1 and h5 are asked; the removed backend is not, and stays known.
+    let asked = probes(&seconds(&mut sim, 63));
+    assert!(asked.iter().any(|(h, _)| h == "h5"), "{asked:?}");
+    assert!(asked.iter().all(|(_, a)| *a != ip(b)), "{asked:?}");
+    assert!(sim.c.topology().host(mac(b)).is_some());
+    // Its last connection ends: asked three times, then forgotten.
+    end_at_the_edge(&mut sim, client);
+    let asked = probes(&seconds(&mut sim, 4));
+    assert_eq!(
+        asked.iter().filter(|(_, a)| *a == ip(b)).count(),
+        3,
+        "{asked:?}"
+    );
+    assert_eq!(sim.c.topology().host(mac(b)), None);
+    // The backends still in the pool were never asked.
+    for i in (2..=4u8).filter(|&i| i != b) {
+        assert!(sim.c.topology().host(mac(i)).is_some());
+    }
 }
 
 #[test]
