@@ -138,6 +138,8 @@ function serviceCard(name) {
   };
   const head = el("div", { class: "svc-head" });
   const tbody = el("tbody");
+  // Backends removed from the pool while connections to them are open.
+  const left = el("tbody", { class: "left" });
   const root = el("section", { class: "card service", dataset: { service: name } },
     head,
     el("div", { class: "charts" },
@@ -146,8 +148,8 @@ function serviceCard(name) {
       el("div", { class: "chart" }, el("h3", {}, "Response time (ms)"), charts.rt)),
     el("table", { class: "grid backends" },
       el("thead", {}, el("tr", {}, ...COLUMNS.map(([t, c]) => el("th", { class: c }, t)))),
-      tbody));
-  return { root, head, tbody, charts, rows: new Map() };
+      tbody, left));
+  return { root, head, tbody, left, charts, rows: new Map() };
 }
 function backendRow(service, b, color) {
   const key = `${service}/${b.address}`;
@@ -166,6 +168,19 @@ function backendRow(service, b, color) {
     cell("rps", "num"), cell("response_time_ms", "num"),
     el("td", { class: "num" }, btn));
   return { tr, btn };
+}
+// A backend removed from the pool whose open connections still go to it, until they end
+// (those the controller tracks): when it is gone from here, nothing the controller placed
+// goes to it any more.
+function leftRow(service, l) {
+  const badge = el("span", { class: "badge b-none" }, "removed");
+  const blank = () => el("td", { class: "muted" }, "–");
+  return el("tr", { dataset: { left: `${service}/${l.address}` },
+    title: "removed from the pool: its open connections go on to it until they end" },
+    el("td", { class: "mono muted" }, el("span", { class: "swatch" }), l.address),
+    blank(), blank(), el("td", {}, badge), blank(),
+    el("td", { class: "num", dataset: { field: "open_connections" } }, fmtInt(l.open_connections)),
+    blank(), blank(), blank(), el("td"));
 }
 function setBadge(td, text, cls) {
   if (td.textContent !== text) td.textContent = "";
@@ -225,6 +240,7 @@ function renderService(s, now) {
     while (h.length && h[0].t < now - HISTORY_SECS * 1000) h.shift();
   });
   for (const [key, row] of v.rows) if (!seen.has(key)) { row.tr.remove(); v.rows.delete(key); history.delete(key); }
+  v.left.replaceChildren(...(s.left_backends || []).map((l) => leftRow(s.name, l)));
   const series = [...v.rows.entries()].map(([key, row]) => ({ color: row.color, points: history.get(key) || [] }));
   drawChart(v.charts.rps, series, "rps", "", now);
   drawChart(v.charts.active, series, "active", "", now);

@@ -9,7 +9,7 @@ mod support;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flowgate_testbed::topo::{self, TopoOptions};
 use flowgate_testbed::{Prefix, cleanup_stale, require_root_ovs};
@@ -287,7 +287,11 @@ fn ovs_dashboard_in_chromium() {
     t.bridges[0]
         .wait_connected(Duration::from_secs(10))
         .expect("switch connects");
-    let _servers = [httpd(&t.hosts[1], "b2", &[]), httpd(&t.hosts[2], "b3", &[])];
+    // b3 sends at 1 MB/s, so that a download from it stays open while it is removed.
+    let _servers = [
+        httpd(&t.hosts[1], "b2", &[]),
+        httpd(&t.hosts[2], "b3", &["--rate-bytes-per-sec", "1000000"]),
+    ];
     ctl.wait_backends_ready(Duration::from_secs(15));
     let client = &t.hosts[0];
 
@@ -438,6 +442,90 @@ fn ovs_dashboard_in_chromium() {
         vec![("b3".to_string(), 20)],
         "new connections avoid the drained backend"
     );
+
+    // Remove b3, the one backend left in rotation, while a 5 MB download from it is open
+    // (five seconds at its 1 MB/s): the page lists it as removed with that connection
+    // open, as the API does, until the download ends. First the load's connections end
+    // (a second after their FINs), so that the one tracked next is the download's.
+    let tracked = || -> Vec<Value> {
+        ctl.get_json("/api/v1/connections?limit=10")["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("the load's connections end", Duration::from_secs(10), || {
+        tracked().is_empty()
+    });
+    let dl = client
+        .command(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "40",
+            "-w",
+            "%{http_code} %{size_download}",
+            &format!("http://{VIP}/bytes/5000000"),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    wait_until(
+        "the download's connection is tracked",
+        Duration::from_secs(5),
+        || tracked().iter().any(|c| c["backend"] == b3.to_string()),
+    );
+    let (st, body) = http_request(
+        ctl.api,
+        "DELETE",
+        &format!("/api/v1/services/web/backends/{b3}"),
+        &[("Authorization", &format!("Bearer {TOKEN}"))],
+        "",
+    );
+    assert_eq!(st, 200, "{body}");
+    let removed: Value = serde_json::from_str(&body).unwrap();
+    assert!(removed["open_connections"].as_u64() >= Some(1), "{removed}");
+    let left = format!("web/{b3}");
+    let shown_open = || {
+        driver.js(&format!(
+            "const r = document.querySelector('tr[data-left=\"{left}\"]'); return r ? r.querySelector('td[data-field=open_connections]').textContent : null"
+        ))
+    };
+    let api_open = || -> Option<u64> {
+        ctl.get_json("/api/v1/services/web")["left_backends"]
+            .as_array()?
+            .iter()
+            .find(|l| l["address"] == b3.to_string())?["open_connections"]
+            .as_u64()
+    };
+    wait_until(
+        "the page lists the removed backend with its open connections",
+        Duration::from_secs(5),
+        || {
+            let n = api_open();
+            n.is_some_and(|n| n >= 1) && shown_open() == json!(n.map(|n| n.to_string()))
+        },
+    );
+    assert_eq!(
+        driver.js(&format!(
+            "return document.querySelectorAll('tr[data-backend=\"{left}\"]').length"
+        )),
+        0,
+        "no longer among the pool's rows"
+    );
+    driver.screenshot(&art.join("dashboard-removed.png"));
+    let out = dl.wait_with_output().expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200 5000000",
+        "the download finished whole"
+    );
+    // The connection's rules end a second after its FIN (fin_timeout): the row goes.
+    wait_until(
+        "the removed backend's row goes when its connection ends",
+        Duration::from_secs(10),
+        || api_open().is_none() && shown_open() == Value::Null,
+    );
     ctl.assert_no_openflow_errors();
-    let _ = Instant::now();
 }
