@@ -52,6 +52,17 @@ enum Numbered {
     },
 }
 
+/// The number a backend at `address` had when it left the pool, and the connections
+/// still open to it.
+fn left_number(numbers: &[Numbered], address: Ipv4Addr) -> Option<(usize, u32)> {
+    numbers.iter().enumerate().find_map(|(i, n)| match *n {
+        Numbered::Left {
+            address: a, open, ..
+        } if a == address => Some((i, open)),
+        _ => None,
+    })
+}
+
 /// A backend that left its service's pool while connections to it were open: where they
 /// go, and how many are still open (when none is, the backend can be taken down without
 /// breaking a connection).
@@ -365,13 +376,25 @@ impl ServiceState {
     /// Add `b` (configured as `cfg`) at the end of the pool with a number of its own;
     /// its position. `None` when the service has given all its numbers: the caller
     /// numbers the pool afresh ([`ServiceState::renumber`]) and tries again.
+    ///
+    /// A backend that left the pool and comes back takes its number back, and with it
+    /// the connections still open to it from before it left: counted as its own again
+    /// (a least-connections balancer sees them), not listed as a removed backend's.
     pub fn join(&mut self, mut b: BackendState, cfg: BackendConfig) -> Option<usize> {
-        if self.numbers.len() >= BACKEND_IDS {
-            return None;
-        }
         let position = self.backends.len();
-        b.id = BackendId(self.numbers.len() as u16);
-        self.numbers.push(Numbered::Live(position as u16));
+        let id = match left_number(&self.numbers, b.address) {
+            Some((id, open)) => {
+                b.active_connections = open;
+                id
+            }
+            None if self.numbers.len() < BACKEND_IDS => {
+                self.numbers.push(Numbered::Live(0));
+                self.numbers.len() - 1
+            }
+            None => return None,
+        };
+        b.id = BackendId(id as u16);
+        self.numbers[id] = Numbered::Live(position as u16);
         self.backends.push(b);
         self.cfg.backends.push(cfg);
         Some(position)
@@ -399,9 +422,10 @@ impl ServiceState {
 
     /// A reload built this service anew from `prev`: the backends that stay have kept
     /// their numbers (they are `prev`'s, reconfigured); those that left `prev`'s pool
-    /// keep theirs, left; new ones take the next. False when the numbers ran out and the
-    /// pool was numbered afresh instead ([`ServiceState::renumber`]): then `prev`'s
-    /// numbers mean nothing here.
+    /// keep theirs, left; new ones take the number they had when they left, if they
+    /// had one (as in [`ServiceState::join`]), else the next. False when the numbers ran
+    /// out and the pool was numbered afresh instead ([`ServiceState::renumber`]): then
+    /// `prev`'s numbers mean nothing here.
     pub(crate) fn number_after(&mut self, prev: &ServiceState) -> bool {
         let mut numbers = prev.numbers.clone();
         for b in &prev.backends {
@@ -415,20 +439,34 @@ impl ServiceState {
                 };
             }
         }
+        let joins = |b: &&BackendState| prev.backend_index(b.address).is_none();
         let fresh = self
             .backends
             .iter()
-            .filter(|b| prev.backend_index(b.address).is_none())
+            .filter(joins)
+            .filter(|b| left_number(&numbers, b.address).is_none())
             .count();
         if numbers.len() + fresh > BACKEND_IDS {
             self.renumber();
             return false;
         }
         for b in &mut self.backends {
-            if prev.backend_index(b.address).is_none() {
-                b.id = BackendId(numbers.len() as u16);
-                numbers.push(Numbered::Live(0));
+            if prev.backend_index(b.address).is_some() {
+                continue;
             }
+            let id = match left_number(&numbers, b.address) {
+                Some((id, open)) => {
+                    b.active_connections = open;
+                    id
+                }
+                None => {
+                    numbers.push(Numbered::Live(0));
+                    numbers.len() - 1
+                }
+            };
+            b.id = BackendId(id as u16);
+            // Not left any more; `place_numbers` gives its position.
+            numbers[id] = Numbered::Live(0);
         }
         self.numbers = numbers;
         self.place_numbers();

@@ -453,9 +453,11 @@ fn ovs_dashboard_in_chromium() {
             .cloned()
             .unwrap_or_default()
     };
-    wait_until("the load's connections end", Duration::from_secs(10), || {
-        tracked().is_empty()
-    });
+    wait_until(
+        "the load's connections end",
+        Duration::from_secs(10),
+        || tracked().is_empty(),
+    );
     let dl = client
         .command(&[
             "curl",

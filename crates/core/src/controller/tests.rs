@@ -676,6 +676,46 @@ fn end_at_the_edge(sim: &mut Sim, client: (Ipv4Addr, u16)) {
         .handle_message(now, 1, &flow_removed_of(&ending[0]), &mut sim.out);
 }
 
+/// A backend removed while connections to it are open, then added back (a removal
+/// undone): it takes its number back, and counts those connections as its own again
+/// until they end, instead of listing them under a removed backend beside itself.
+#[test]
+fn a_backend_added_back_takes_its_open_connections_back() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 47000);
+    let got = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let b: u8 = got[0].0[1..].parse().unwrap();
+    let s = &sim.c.services()[0];
+    let position = s.backend_index(ip(b)).expect("in the pool");
+    let id = s.backends[position].id;
+    let given = s.numbers_given();
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, position, &mut sim.out)
+        .expect("removed");
+    sim.pump();
+    assert_eq!(sim.c.services()[0].left_backends().len(), 1);
+    let cfg = crate::config::BackendConfig {
+        address: ip(b),
+        weight: 1,
+        metrics: None,
+    };
+    let back = sim
+        .c
+        .add_backend(now, 0, cfg, &mut sim.out)
+        .expect("added back");
+    sim.pump();
+    let s = &sim.c.services()[0];
+    assert_eq!(s.backends[back].id, id, "its number again");
+    assert_eq!(s.numbers_given(), given, "no number spent");
+    assert_eq!(s.backends[back].active_connections, 1);
+    assert_eq!(s.left_backends(), [], "not listed as removed beside itself");
+    // Its connection's end is counted off it.
+    end_at_the_edge(&mut sim, client);
+    assert_eq!(sim.c.connections().len(), 0, "it ended");
+    assert_eq!(sim.c.services()[0].backends[back].active_connections, 0);
+}
+
 /// A service that has given all its backend numbers numbers its pool afresh when the
 /// next backend joins: its connections take their backends' new numbers, and those of
 /// backends that left are forgotten (one pass over the table, once every 65,535 joins).
@@ -756,16 +796,16 @@ fn a_reload_keeps_the_connections_and_numbers_of_the_backends() {
             .collect::<Vec<_>>(),
         [2, 2]
     );
-    reload(&mut sim, &service_config("round-robin", &[2, 3, 4]));
+    let given = s.numbers_given();
+    // h2 comes back, last in the file: it takes its number back, and its two connections
+    // are counted as its own again.
+    reload(&mut sim, &service_config("round-robin", &[3, 4, 2]));
     let s = &sim.c.services()[0];
-    assert_ne!(s.backends[0].id, h2, "h2 back with a number of its own");
-    assert_eq!(s.backends[0].active_connections, 0);
-    assert_eq!(
-        s.position(h2),
-        None,
-        "its old connections still out of the pool"
-    );
-    assert_eq!(s.left_backends(), h2_left);
+    assert_eq!(s.backends[2].id, h2, "h2 back with its number");
+    assert_eq!(s.position(h2), Some(2));
+    assert_eq!(s.backends[2].active_connections, 2);
+    assert_eq!(s.left_backends(), [], "none left out of the pool");
+    assert_eq!(s.numbers_given(), given, "no number spent");
     assert_eq!(sim.c.connections().len(), 6);
     // A service that goes takes its connections out of the table.
     let other = "[[service]]\nname = \"other\"\nvip = \"10.0.0.200\"\nport = 80\n\
