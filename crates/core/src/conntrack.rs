@@ -12,8 +12,17 @@ use std::num::NonZeroU32;
 
 use ahash::RandomState;
 
-use crate::service::BackendId;
 use crate::topology::MacId;
+
+/// A backend's number in its service, for as long as the service lives: given when the
+/// backend joins the pool and never given to another while the service keeps it, across
+/// the pool's changes and reloads, where its position in the pool shifts (the service
+/// keeps what each number stands for: `service::ServiceState`). A connection names its
+/// backend by it, so that this table, millions of entries, is not rewritten under the
+/// lock the PACKET_IN path waits for when a backend leaves (a pass that took 32–41 ms
+/// with 2.8 million connections; `docs/benchmarks.md`, stop 47).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BackendId(pub u16);
 
 /// A client connection as the client sees it: to the service address (the VIP, or the
 /// backend address the client asked for).

@@ -25,14 +25,9 @@ pub const RATE_TIME_CONSTANT: Duration = Duration::from_secs(1);
 /// backends live).
 pub use crate::health::AdminState;
 
-/// A backend's number in its service, for as long as the service lives: given when the
-/// backend joins the pool and never given to another while the service keeps it, across
-/// the pool's changes and reloads, where its position in the pool shifts. A connection
-/// names its backend by it, so that the connection table, millions of entries, is not
-/// rewritten under the lock the PACKET_IN path waits for when a backend leaves (a pass
-/// that took 32–41 ms with 2.8 million connections; `docs/benchmarks.md`, stop 47).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct BackendId(pub u16);
+/// A backend's number in its service (re-exported here, where backends live; defined
+/// with the connection table, which names backends by it).
+pub use crate::conntrack::BackendId;
 
 /// The numbers a service may give its backends (after them, it numbers them afresh:
 /// [`ServiceState::renumber`]).
