@@ -58,6 +58,26 @@ fn left_number(numbers: &[Numbered], address: Ipv4Addr) -> Option<(usize, u32)> 
     })
 }
 
+/// Number `b`, which joins the pool: the number it had when it left, if it had one, with
+/// the connections still open to it counted as its own again; else the next, if any is
+/// left. Its entry says `Live(0)` until the caller places it.
+fn take_number(numbers: &mut Vec<Numbered>, b: &mut BackendState) -> Option<BackendId> {
+    let id = match left_number(numbers, b.address) {
+        Some((id, open)) => {
+            b.active_connections = open;
+            numbers[id] = Numbered::Live(0);
+            id
+        }
+        None if numbers.len() < BACKEND_IDS => {
+            numbers.push(Numbered::Live(0));
+            numbers.len() - 1
+        }
+        None => return None,
+    };
+    b.id = BackendId(id as u16);
+    Some(b.id)
+}
+
 /// A backend that left its service's pool while connections to it were open: where they
 /// go, and how many are still open (when none is, the backend can be taken down without
 /// breaking a connection).
@@ -377,19 +397,8 @@ impl ServiceState {
     /// (a least-connections balancer sees them), not listed as a removed backend's.
     pub fn join(&mut self, mut b: BackendState, cfg: BackendConfig) -> Option<usize> {
         let position = self.backends.len();
-        let id = match left_number(&self.numbers, b.address) {
-            Some((id, open)) => {
-                b.active_connections = open;
-                id
-            }
-            None if self.numbers.len() < BACKEND_IDS => {
-                self.numbers.push(Numbered::Live(0));
-                self.numbers.len() - 1
-            }
-            None => return None,
-        };
-        b.id = BackendId(id as u16);
-        self.numbers[id] = Numbered::Live(position as u16);
+        let id = take_number(&mut self.numbers, &mut b)?;
+        self.numbers[usize::from(id.0)] = Numbered::Live(position as u16);
         self.backends.push(b);
         self.cfg.backends.push(cfg);
         Some(position)
@@ -446,22 +455,10 @@ impl ServiceState {
             return false;
         }
         for b in &mut self.backends {
-            if prev.backend_index(b.address).is_some() {
-                continue;
+            // Counted above: each has a number. `place_numbers` gives its position.
+            if prev.backend_index(b.address).is_none() {
+                take_number(&mut numbers, b);
             }
-            let id = match left_number(&numbers, b.address) {
-                Some((id, open)) => {
-                    b.active_connections = open;
-                    id
-                }
-                None => {
-                    numbers.push(Numbered::Live(0));
-                    numbers.len() - 1
-                }
-            };
-            b.id = BackendId(id as u16);
-            // Not left any more; `place_numbers` gives its position.
-            numbers[id] = Numbered::Live(0);
         }
         self.numbers = numbers;
         self.place_numbers();
