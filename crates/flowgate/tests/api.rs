@@ -1702,21 +1702,7 @@ fn ovs_api_changes_keep_connections() {
     };
 
     // An 8 MB download at 1 MB/s: eight seconds on the wire.
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "40",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/8000000"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/8000000"));
     let mut carrier = None;
     wait_until(
         "the download's connection is tracked",
@@ -1898,12 +1884,6 @@ fn ovs_api_changes_keep_connections() {
         "{svc}"
     );
 
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        text.trim(),
-        "200 8000000",
-        "the download survived every change (curl: {text})"
-    );
+    dl.finishes(8_000_000, "the download through every change");
     ctl.assert_no_openflow_errors();
 }

@@ -458,21 +458,7 @@ fn ovs_dashboard_in_chromium() {
         Duration::from_secs(10),
         || tracked().is_empty(),
     );
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "40",
-            "-w",
-            "%{http_code} %{size_download}",
-            &format!("http://{VIP}/bytes/5000000"),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let dl = Download::start(client, &format!("http://{VIP}/bytes/5000000"));
     wait_until(
         "the download's connection is tracked",
         Duration::from_secs(5),
@@ -517,12 +503,7 @@ fn ovs_dashboard_in_chromium() {
         "no longer among the pool's rows"
     );
     driver.screenshot(&art.join("dashboard-removed.png"));
-    let out = dl.wait_with_output().expect("curl");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "200 5000000",
-        "the download finished whole"
-    );
+    dl.finishes(5_000_000, "the download from the removed backend");
     // The connection's rules end a second after its FIN (fin_timeout): the row goes.
     wait_until(
         "the removed backend's row goes when its connection ends",

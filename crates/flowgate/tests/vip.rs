@@ -368,21 +368,7 @@ fn ovs_controller_restart_keeps_connections() {
     // A 6 MB download at 1 MB/s: six seconds on the wire.
     let client = &t.hosts[0];
     let url = format!("http://{VIP}/bytes/6000000");
-    let dl = client
-        .command(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "30",
-            "-w",
-            "%{http_code} %{size_download}",
-            &url,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("curl");
+    let dl = Download::start(client, &url);
     std::thread::sleep(Duration::from_millis(1500));
     ctl.restart();
     t.bridges[0]
@@ -406,13 +392,7 @@ fn ovs_controller_restart_keeps_connections() {
         || rebuilt(&ctl.get_json("/api/v1/services")) >= 1,
         || ctl.get_json("/api/v1/services").to_string(),
     );
-    let out = dl.wait_with_output().expect("curl finishes");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        text.trim(),
-        "200 6000000",
-        "the download survived the restart (curl: {text})"
-    );
+    dl.finishes(6_000_000, "the download through the restart");
 
     ctl.wait_backends_ready(Duration::from_secs(15));
     let report = load(
