@@ -197,6 +197,8 @@ function gapBadge(g) {
   if (!g.gapping) return [`${g.mode}: open`, "b-ok"];
   return [g.gap_ms === null ? `${g.mode}: gapping` : `${g.mode}: ${fmt(g.gap_ms, 1)} ms`, "b-warn"];
 }
+// Connections still open to a service's removed backends.
+function leftOpen(s) { return (s.left_backends || []).reduce((n, l) => n + l.open_connections, 0); }
 function renderService(s, now) {
   let v = serviceEls.get(s.name);
   if (!v) { v = serviceCard(s.name); serviceEls.set(s.name, v); $("#services").append(v.root); }
@@ -207,7 +209,9 @@ function renderService(s, now) {
     el("span", { class: "kv" }, "algorithm ", el("b", { dataset: { field: "algorithm" } }, s.algorithm)),
     ...(s.threshold_rps ? [el("span", { class: "kv" }, "threshold ", el("b", {}, `${fmt(s.threshold_rps, 0)}/s`))] : []),
     el("span", { class: "kv" }, "req/s ", el("b", { dataset: { field: "service_rps" } }, fmt(s.rps, 1))),
-    el("span", { class: "kv" }, "active ", el("b", {}, fmtInt(s.active_connections))),
+    el("span", { class: "kv" }, "active ", el("b", { dataset: { field: "service_active" } }, fmtInt(s.active_connections)),
+      // The pool's count; connections still open to removed backends are apart (their rows).
+      ...(leftOpen(s) ? [el("span", { class: "muted", dataset: { field: "service_left" } }, ` + ${fmtInt(leftOpen(s))} to removed`)] : [])),
     el("span", { class: "kv" }, "connections ", el("b", { dataset: { field: "service_connections_total" } }, fmtInt(s.counters.connections_total))),
     el("span", { class: "kv" }, "refused ", el("b", {}, fmtInt(s.counters.refused_no_backend))),
     // The service's overload gate, when it has one: its state, and what it has refused.

@@ -502,13 +502,25 @@ fn ovs_dashboard_in_chromium() {
         0,
         "no longer among the pool's rows"
     );
+    // The service's header counts the pool's connections, and those to removed backends
+    // apart.
+    let shown_left = || {
+        driver.js(
+            "const e = document.querySelector('[data-field=service_left]'); return e ? e.textContent : null",
+        )
+    };
+    wait_until(
+        "the service's header counts the removed backend's connections apart",
+        Duration::from_secs(5),
+        || api_open().is_some_and(|n| shown_left() == json!(format!(" + {n} to removed"))),
+    );
     driver.screenshot(&art.join("dashboard-removed.png"));
     dl.finishes(5_000_000, "the download from the removed backend");
     // The connection's rules end a second after its FIN (fin_timeout): the row goes.
     wait_until(
         "the removed backend's row goes when its connection ends",
         Duration::from_secs(10),
-        || api_open().is_none() && shown_open() == Value::Null,
+        || api_open().is_none() && shown_open() == Value::Null && shown_left() == Value::Null,
     );
     ctl.assert_no_openflow_errors();
 }
