@@ -354,6 +354,12 @@ impl ServiceState {
         }
     }
 
+    /// Whether a backend at `address` joining now needs a number the service no longer
+    /// has: none left to give, and none of its own from before it left.
+    pub fn out_of_numbers_for(&self, address: Ipv4Addr) -> bool {
+        self.numbers.len() >= BACKEND_IDS && left_number(&self.numbers, address).is_none()
+    }
+
     /// How many backend numbers the service has given (see [`BACKEND_IDS`]).
     pub fn numbers_given(&self) -> usize {
         self.numbers.len()

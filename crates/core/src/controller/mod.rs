@@ -903,10 +903,12 @@ impl Controller {
         if let Some(why) = crate::config::backend_conflict(&cfgs, service, cfg.address) {
             return Err(why);
         }
+        // Numbered afresh only when it must be: a backend added back takes its own
+        // number, and the renumbering would forget its open connections.
         if self
             .services
             .get(service)
-            .is_some_and(|s| s.numbers_given() >= crate::service::BACKEND_IDS)
+            .is_some_and(|s| s.out_of_numbers_for(cfg.address))
         {
             self.renumber_backends(service);
         }

@@ -716,19 +716,18 @@ fn a_backend_added_back_takes_its_open_connections_back() {
     assert_eq!(sim.c.services()[0].backends[back].active_connections, 0);
 }
 
-/// A service that has given all its backend numbers numbers its pool afresh when the
-/// next backend joins: its connections take their backends' new numbers, and those of
-/// backends that left are forgotten (one pass over the table, once every 65,535 joins).
+/// A service that has given all its numbers takes a backend back without numbering its
+/// pool afresh: the backend has its own number, and the renumbering would forget the
+/// connections still open to it.
 #[test]
-fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
+fn a_backend_added_back_to_a_service_out_of_numbers_keeps_its_connections() {
     let mut sim = single_switch("round-robin");
-    spread(&mut sim, 52000, 6);
+    spread(&mut sim, 48000, 6);
     let now = sim.now;
     sim.c
         .remove_backend(now, 0, 0, &mut sim.out)
         .expect("h2 removed");
     sim.pump();
-    assert_eq!(sim.c.connections().len(), 6, "h2's two stay");
     let given = sim.c.services[0].numbers_given();
     sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
     let cfg = crate::config::BackendConfig {
@@ -736,26 +735,58 @@ fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
         weight: 1,
         metrics: None,
     };
-    let position = sim
+    let back = sim
         .c
         .add_backend(now, 0, cfg, &mut sim.out)
         .expect("h2 back");
     sim.pump();
     let s = &sim.c.services()[0];
-    assert_eq!(s.numbers_given(), 3, "numbered afresh");
-    assert_eq!(position, 2);
+    assert_eq!(s.numbers_given(), crate::service::BACKEND_IDS, "not afresh");
+    assert_eq!(sim.c.connections().len(), 6, "h2's two kept");
+    assert_eq!(s.backends[back].active_connections, 2);
+}
+
+/// A service that has given all its backend numbers numbers its pool afresh when the
+/// next backend joins: its connections take their backends' new numbers, and those of
+/// backends that left are forgotten (one pass over the table, once every 65,535 joins).
+#[test]
+fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
+    // h2 and h3 in the pool; h4, on the network, joins later.
+    let mut sim = one_switch(&service_config("round-robin", &[2, 3]));
+    spread(&mut sim, 52000, 6);
+    let now = sim.now;
+    sim.c
+        .remove_backend(now, 0, 0, &mut sim.out)
+        .expect("h2 removed");
+    sim.pump();
+    assert_eq!(sim.c.connections().len(), 6, "h2's three stay");
+    let given = sim.c.services[0].numbers_given();
+    sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
+    let cfg = crate::config::BackendConfig {
+        address: ip(4),
+        weight: 1,
+        metrics: None,
+    };
+    let position = sim
+        .c
+        .add_backend(now, 0, cfg, &mut sim.out)
+        .expect("h4 joins");
+    sim.pump();
+    let s = &sim.c.services()[0];
+    assert_eq!(s.numbers_given(), 2, "numbered afresh");
+    assert_eq!(position, 1);
     assert_eq!(
         sim.c.connections().len(),
-        4,
+        3,
         "h2's old connections forgotten"
     );
     let numbers: BTreeMap<_, _> = s.backends.iter().map(|b| (b.id, b.address)).collect();
-    assert_eq!(numbers.len(), 3, "one number each");
+    assert_eq!(numbers.len(), 2, "one number each");
     let mut counted = BTreeMap::new();
     for (_, c) in sim.c.connections().iter() {
         *counted.entry(numbers[&c.backend]).or_insert(0u32) += 1;
     }
-    assert_eq!(counted, BTreeMap::from([(ip(3), 2), (ip(4), 2)]));
+    assert_eq!(counted, BTreeMap::from([(ip(3), 3)]));
     for b in &s.backends {
         assert_eq!(
             b.active_connections,
@@ -766,14 +797,14 @@ fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
     }
     assert_eq!(
         spread(&mut sim, 52100, 6),
-        BTreeMap::from([("h2".into(), 2), ("h3".into(), 2), ("h4".into(), 2)]),
+        BTreeMap::from([("h3".into(), 3), ("h4".into(), 3)]),
         "the pool takes connections as before"
     );
 }
 
 /// A reload that drops a backend from the file leaves the table as it is: the dropped
-/// backend's connections keep its number (no other backend gets it, even the same
-/// address added back), the others keep theirs and their counts.
+/// backend's connections keep its number (no other backend gets it; the same address,
+/// added back, takes it back with them), the others keep theirs and their counts.
 #[test]
 fn a_reload_keeps_the_connections_and_numbers_of_the_backends() {
     let mut sim = single_switch("round-robin");
