@@ -676,6 +676,25 @@ fn end_at_the_edge(sim: &mut Sim, client: (Ipv4Addr, u16)) {
         .handle_message(now, 1, &flow_removed_of(&ending[0]), &mut sim.out);
 }
 
+/// Add a backend at `address` to the first service, as the API does; its position.
+fn add_backend(sim: &mut Sim, address: Ipv4Addr) -> Result<usize, String> {
+    let cfg = crate::config::BackendConfig {
+        address,
+        weight: 1,
+        metrics: None,
+    };
+    let now = sim.now;
+    let position = sim.c.add_backend(now, 0, cfg, &mut sim.out);
+    sim.pump();
+    position
+}
+
+/// Have the first service give all the backend numbers it has left.
+fn spend_all_numbers(sim: &mut Sim) {
+    let given = sim.c.services[0].numbers_given();
+    sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
+}
+
 /// A backend removed while connections to it are open, then added back (a removal
 /// undone): it takes its number back, and counts those connections as its own again
 /// until they end, instead of listing them under a removed backend beside itself.
@@ -695,16 +714,7 @@ fn a_backend_added_back_takes_its_open_connections_back() {
         .expect("removed");
     sim.pump();
     assert_eq!(sim.c.services()[0].left_backends().len(), 1);
-    let cfg = crate::config::BackendConfig {
-        address: ip(b),
-        weight: 1,
-        metrics: None,
-    };
-    let back = sim
-        .c
-        .add_backend(now, 0, cfg, &mut sim.out)
-        .expect("added back");
-    sim.pump();
+    let back = add_backend(&mut sim, ip(b)).expect("added back");
     let s = &sim.c.services()[0];
     assert_eq!(s.backends[back].id, id, "its number again");
     assert_eq!(s.numbers_given(), given, "no number spent");
@@ -728,18 +738,8 @@ fn a_backend_added_back_to_a_service_out_of_numbers_keeps_its_connections() {
         .remove_backend(now, 0, 0, &mut sim.out)
         .expect("h2 removed");
     sim.pump();
-    let given = sim.c.services[0].numbers_given();
-    sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
-    let cfg = crate::config::BackendConfig {
-        address: ip(2),
-        weight: 1,
-        metrics: None,
-    };
-    let back = sim
-        .c
-        .add_backend(now, 0, cfg, &mut sim.out)
-        .expect("h2 back");
-    sim.pump();
+    spend_all_numbers(&mut sim);
+    let back = add_backend(&mut sim, ip(2)).expect("h2 back");
     let s = &sim.c.services()[0];
     assert_eq!(s.numbers_given(), crate::service::BACKEND_IDS, "not afresh");
     assert_eq!(sim.c.connections().len(), 6, "h2's two kept");
@@ -760,18 +760,8 @@ fn a_service_out_of_backend_numbers_numbers_its_pool_afresh() {
         .expect("h2 removed");
     sim.pump();
     assert_eq!(sim.c.connections().len(), 6, "h2's three stay");
-    let given = sim.c.services[0].numbers_given();
-    sim.c.services[0].spend_numbers(crate::service::BACKEND_IDS - given);
-    let cfg = crate::config::BackendConfig {
-        address: ip(4),
-        weight: 1,
-        metrics: None,
-    };
-    let position = sim
-        .c
-        .add_backend(now, 0, cfg, &mut sim.out)
-        .expect("h4 joins");
-    sim.pump();
+    spend_all_numbers(&mut sim);
+    let position = add_backend(&mut sim, ip(4)).expect("h4 joins");
     let s = &sim.c.services()[0];
     assert_eq!(s.numbers_given(), 2, "numbered afresh");
     assert_eq!(position, 1);
