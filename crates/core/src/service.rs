@@ -308,23 +308,18 @@ impl ServiceState {
     }
 
     /// The backends that left the pool with connections still open to them, and how many
-    /// (each address once: the sum over its numbers, had it left more than once).
+    /// (an address has one number at most: one that comes back takes its own again).
     pub fn left_backends(&self) -> Vec<LeftBackend> {
-        let mut left: Vec<LeftBackend> = Vec::new();
-        for n in &self.numbers {
-            if let Numbered::Left { address, open, .. } = *n
-                && open > 0
-            {
-                match left.iter_mut().find(|l| l.address == address) {
-                    Some(l) => l.open_connections += open,
-                    None => left.push(LeftBackend {
-                        address,
-                        open_connections: open,
-                    }),
-                }
-            }
-        }
-        left
+        self.numbers
+            .iter()
+            .filter_map(|n| match *n {
+                Numbered::Left { address, open, .. } if open > 0 => Some(LeftBackend {
+                    address,
+                    open_connections: open,
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The MACs the service's connections go to: its backends' (once found), and those of
