@@ -775,7 +775,11 @@ impl Controller {
             index
         };
         for st in stats {
-            let count: u64 = st.band_stats.iter().map(|b| b.packet_band_count).sum();
+            // The switch's counters: summed without overflow, whatever it sends.
+            let count = st
+                .band_stats
+                .iter()
+                .fold(0u64, |a, b| a.saturating_add(b.packet_band_count));
             let key = (dpid, st.meter_id);
             let restarted = self
                 .overload
@@ -794,7 +798,8 @@ impl Controller {
             if delta == 0 {
                 continue;
             }
-            *self.overload.meter_dropped.entry(key).or_insert(0) += delta;
+            let total = self.overload.meter_dropped.entry(key).or_insert(0);
+            *total = total.saturating_add(delta);
             let o = &mut self.overload;
             if let Some(i) = o.service_of(st.meter_id) {
                 if let Some(g) = o.services.get_mut(i) {

@@ -299,9 +299,10 @@ impl GapController {
     /// offered, so the offered rate λ the law sees includes them, though the gate never
     /// saw them.
     pub fn record_meter_drops(&mut self, n: u64) {
-        self.offered_since += n;
-        self.offered_total += n;
-        self.meter_dropped_total += n;
+        // `n` comes from a switch's counters: saturate rather than wrap.
+        self.offered_since = self.offered_since.saturating_add(n);
+        self.offered_total = self.offered_total.saturating_add(n);
+        self.meter_dropped_total = self.meter_dropped_total.saturating_add(n);
     }
 
     /// Whether a control step is due at `now`.
@@ -608,8 +609,8 @@ impl SwitchDemand {
     }
 
     pub fn dropped(&mut self, n: u64) {
-        self.dropped_since += n;
-        self.dropped_total += n;
+        self.dropped_since = self.dropped_since.saturating_add(n);
+        self.dropped_total = self.dropped_total.saturating_add(n);
     }
 
     /// (offered rate, share), for views.

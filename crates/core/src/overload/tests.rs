@@ -702,6 +702,52 @@ fn a_meter_stats_reply_in_parts_counts_as_one_reply() {
     );
 }
 
+/// A switch's band counts are its to send: ones whose sum overflows a u64 are taken at
+/// the most a u64 holds, never wrapped into a small count (or, in a debug build, a
+/// panic under the core's lock).
+#[test]
+fn meter_band_counts_that_overflow_saturate() {
+    use crate::testkit::sim::{Sim, VIP, ip};
+    use ofp::{Message, MultipartReply, MultipartReplyBody};
+
+    let config = format!(
+        "[controller.overload]\nmode = \"adaptive\"\n\
+         [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\n\
+         [service.health]\nkind = \"none\"\n\
+         [[service.backend]]\naddress = \"{}\"\n",
+        ip(2)
+    );
+    let mut sim = Sim::new(&config, &[(1, 3)], &[], &[]);
+    let band = |packet_band_count| ofp::MeterBandStats {
+        packet_band_count,
+        byte_band_count: 0,
+    };
+    let reply = |sim: &mut Sim, counts: [u64; 2]| {
+        let msg = Message::MultipartReply(MultipartReply {
+            flags: 0,
+            body: MultipartReplyBody::Meter(vec![ofp::MeterStats {
+                meter_id: SERVICE_METER_BASE,
+                flow_count: 1,
+                packet_in_count: 0,
+                byte_in_count: 0,
+                duration_sec: 1,
+                duration_nsec: 0,
+                band_stats: counts.map(band).to_vec(),
+            }]),
+        });
+        let now = sim.now;
+        sim.c.handle_message(now, 1, &msg, &mut sim.out);
+    };
+    let dropped = |sim: &Sim| sim.c.controller_gap_view().gap.meter_dropped_total;
+
+    reply(&mut sim, [10, 20]);
+    assert_eq!(dropped(&sim), 30);
+    reply(&mut sim, [u64::MAX - 5, 100]);
+    assert_eq!(dropped(&sim), u64::MAX, "saturated, not wrapped");
+    reply(&mut sim, [u64::MAX, u64::MAX]);
+    assert_eq!(dropped(&sim), u64::MAX, "the same count again adds nothing");
+}
+
 /// A meter is not modified for a jitter of one quantization step (each OFPMC_MODIFY
 /// refills its bucket), unless the step lasts; a real change is made at the next hold.
 #[test]
