@@ -695,7 +695,12 @@ fn loads_push(
             _ if counted => b.active_connections,
             _ => 0,
         },
-        rps: b.reported_rps.unwrap_or(b.rps),
+        // A stale report would freeze the backend's load at its last value: the
+        // controller's own rate replaces it where the controller sees every connection.
+        rps: match b.reported_rps {
+            Some(r) if metrics_fresh || !counted => r,
+            _ => b.rps,
+        },
         picks_since_refresh: b.picks_since_refresh,
         response_time_ms: b.response_time_ms,
         cpu: b.cpu,

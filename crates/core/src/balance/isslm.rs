@@ -36,8 +36,9 @@
 //!   flow on the requested server when it is usable (the flow is not dropped), else
 //!   `backend: None`.
 //! * *Stale metrics*: a stale backend still takes flows addressed to it (its last load
-//!   decides whether it is over), but it is never a move target: "lesser request load"
-//!   cannot be vouched for on old data.
+//!   decides whether it is over; in a reactive service, where the controller counts
+//!   every connection, that is the controller's own rate once the report is stale), but
+//!   it is never a move target: "lesser request load" cannot be vouched for on old data.
 
 use std::cmp::Ordering;
 use std::time::Duration;

@@ -856,10 +856,17 @@ pub(crate) fn service_load(s: &ServiceState, cfg: &OverloadConfig, admitted_rate
         load = load.max(admitted_rate / cap);
     }
     if let Some(max) = cfg.max_active_connections {
+        // A backend's own figure while it is fresh; once stale, the controller's count
+        // where it sees every connection (reactive), else the last report stands.
+        let counted = s.cfg.mode == crate::config::ServiceMode::Reactive;
         let active: f64 = s
             .backends
             .iter()
-            .map(|b| b.reported_active.unwrap_or(f64::from(b.active_connections)))
+            .zip(&s.loads)
+            .map(|(b, l)| match b.reported_active {
+                Some(a) if l.metrics_fresh || !counted => a,
+                _ => f64::from(b.active_connections),
+            })
             .sum();
         load = load.max(active / f64::from(max));
     }

@@ -1644,6 +1644,37 @@ fn a_reload_that_drops_a_backends_metrics_forgets_what_they_said() {
     assert_eq!((b.cpu, b.response_time_ms), (None, None));
 }
 
+/// A backend's report counts while it is fresh. Once it is stale, the controller's own
+/// counts replace it where the controller sees every connection (a reactive service):
+/// the rate the balancer reads and the connections the overload control sums no longer
+/// freeze at the last report's figures for as long as the endpoint stays silent.
+#[test]
+fn a_stale_report_gives_way_to_the_controllers_own_counts() {
+    let mut sim = one_switch(&checked_service("kind = \"none\"", true));
+    let now = sim.now;
+    let report = crate::metrics_text::LoadSample {
+        rps: Some(500.0),
+        active: Some(40.0),
+        response_time_ms: None,
+        cpu: None,
+    };
+    sim.c.handle_backend_load(now, 0, 0, report);
+    sim.tick(Duration::from_millis(100));
+    let cfg = crate::overload::OverloadConfig {
+        max_active_connections: Some(10),
+        ..Default::default()
+    };
+    let load = |sim: &Sim| super::overload::service_load(&sim.c.services()[0], &cfg, 0.0);
+    assert_eq!(sim.c.services()[0].loads[0].rps, 500.0, "the report counts");
+    assert_eq!(load(&sim), 4.0, "40 reported against 10");
+    // No report since, long past the age at which one is stale.
+    sim.tick(Duration::from_secs(60));
+    let l = &sim.c.services()[0].loads[0];
+    assert!(!l.metrics_fresh);
+    assert!(l.rps < 1.0, "the controller's own rate: {}", l.rps);
+    assert_eq!(load(&sim), 0.0, "no connection is open");
+}
+
 /// Slow start ramps a backend that comes back from a drain, not one an operator (or a
 /// script that re-asserts the state it wants) "undrains" while it is active: that once
 /// cut an active backend's weight to the ramp's floor.
