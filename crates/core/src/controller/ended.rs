@@ -53,15 +53,33 @@ impl Tuple {
     }
 
     /// From a match's TLVs on the wire: what [`Tuple::of_match`] reads of the same match,
-    /// since `OxmRef::basic` types a TLV exactly as `decode` does.
+    /// since `OxmRef::basic` types a TLV exactly as `decode` does (of the basic class
+    /// only: §7.2.3.1, a field number means a field within its class). A TLV that is not a
+    /// field's exact value is skipped, as there, and leaves an earlier exact one in place.
     fn of_fields<'a>(fields: impl Iterator<Item = ofp::OxmRef<'a>>) -> Tuple {
         let mut t = Tuple::default();
         for o in fields {
             match o.field() {
-                ofb::IPV4_SRC => t.src = exact(o.basic::<4>(ofb::IPV4_SRC)).map(Ipv4Addr::from),
-                ofb::IPV4_DST => t.dst = exact(o.basic::<4>(ofb::IPV4_DST)).map(Ipv4Addr::from),
-                ofb::TCP_SRC => t.sport = exact(o.basic::<2>(ofb::TCP_SRC)).map(u16::from_be_bytes),
-                ofb::TCP_DST => t.dport = exact(o.basic::<2>(ofb::TCP_DST)).map(u16::from_be_bytes),
+                ofb::IPV4_SRC => {
+                    t.src = exact(o.basic::<4>(ofb::IPV4_SRC))
+                        .map(Ipv4Addr::from)
+                        .or(t.src)
+                }
+                ofb::IPV4_DST => {
+                    t.dst = exact(o.basic::<4>(ofb::IPV4_DST))
+                        .map(Ipv4Addr::from)
+                        .or(t.dst)
+                }
+                ofb::TCP_SRC => {
+                    t.sport = exact(o.basic::<2>(ofb::TCP_SRC))
+                        .map(u16::from_be_bytes)
+                        .or(t.sport)
+                }
+                ofb::TCP_DST => {
+                    t.dport = exact(o.basic::<2>(ofb::TCP_DST))
+                        .map(u16::from_be_bytes)
+                        .or(t.dport)
+                }
                 _ => {}
             }
         }
@@ -276,8 +294,13 @@ mod tests {
 
     /// A basic-class TLV of `field` with this payload, as on the wire.
     fn raw(field: u8, payload: &[u8]) -> Oxm {
+        raw_of(ofp::oxm::class::OPENFLOW_BASIC, field, payload)
+    }
+
+    /// A TLV of `class` and `field` with this payload, as on the wire.
+    fn raw_of(class: u16, field: u8, payload: &[u8]) -> Oxm {
         Oxm::Raw(RawOxm {
-            class: ofp::oxm::class::OPENFLOW_BASIC,
+            class,
             field,
             hasmask: false,
             payload: Bytes::copy_from_slice(payload),
@@ -333,5 +356,34 @@ mod tests {
             assert_eq!(RuleEnded::of_message(&fr), want);
             assert_eq!(RuleEnded::of_view(&v), want);
         }
+    }
+
+    /// A TLV that is not the field's exact value leaves an earlier exact one in place on
+    /// both paths: a masked one of the same field, or one of another class (NXM) whose
+    /// field number is a basic field's (§7.2.3.1: the field is read within its class).
+    #[test]
+    fn a_later_tlv_that_is_not_exact_leaves_the_exact_value() {
+        let mask = Some(Ipv4Addr::new(255, 255, 0, 0));
+        let fields = vec![
+            Oxm::ipv4_src(ip(1)),
+            Oxm::Ipv4Src { value: ip(9), mask },
+            Oxm::ipv4_dst(ip(100)),
+            raw_of(ofp::oxm::class::NXM_1, ofb::IPV4_DST, &[10, 0, 0, 9]),
+            Oxm::TcpSrc(40000),
+            raw_of(ofp::oxm::class::NXM_0, ofb::TCP_SRC, &[0, 9]),
+            Oxm::TcpDst(80),
+            raw_of(ofp::oxm::class::NXM_0, ofb::TCP_DST, &[0, 9]),
+            raw_of(ofp::oxm::class::NXM_1, ofb::IPV4_SRC, &[10, 0, 0, 9]),
+        ];
+        let want = ended(Tuple {
+            src: Some(ip(1)),
+            dst: Some(ip(100)),
+            sport: Some(40000),
+            dport: Some(80),
+        });
+        let (fr, bytes) = frame(fields);
+        let v = FlowRemovedView::new(&bytes).expect("a valid frame");
+        assert_eq!(RuleEnded::of_message(&fr), want, "the decoded path");
+        assert_eq!(RuleEnded::of_view(&v), want, "the frame path");
     }
 }
