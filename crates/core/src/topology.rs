@@ -5,6 +5,7 @@
 //! every run derives the same paths), and flooding follows one spanning tree, so a
 //! broadcast never loops whatever the wiring.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -75,6 +76,11 @@ const MAX_MAC_IDS: usize = 1 << 20;
 
 /// Forgotten hosts remembered, for telling a host that moved from one that is new.
 const MAX_FORGOTTEN: usize = 4096;
+
+/// The most ports recorded per switch, so that a switch's PORT_STATUS and PORT_DESC
+/// messages cannot grow its table (and its LLDP, one probe per up port) without bound.
+/// Far above a real switch's few hundred; new ports beyond it are refused.
+pub const MAX_PORTS_PER_SWITCH: usize = 4096;
 
 /// What learning a host's source address changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,14 +305,27 @@ impl Topology {
     }
 
     /// Record or update one port. A port that goes down takes its link and hosts with it.
-    pub fn set_port(&mut self, dpid: Dpid, port: u32, info: PortInfo) {
+    /// Returns false, recording nothing, for a new port of a switch that has
+    /// [`MAX_PORTS_PER_SWITCH`] already.
+    pub fn set_port(&mut self, dpid: Dpid, port: u32, info: PortInfo) -> bool {
         let up = info.up;
+        let mut recorded = true;
         if let Some(sw) = self.switches.get_mut(&dpid) {
-            sw.ports.insert(port, info);
+            let full = sw.ports.len() >= MAX_PORTS_PER_SWITCH;
+            match sw.ports.entry(port) {
+                Entry::Occupied(mut e) => {
+                    e.insert(info);
+                }
+                Entry::Vacant(e) if !full => {
+                    e.insert(info);
+                }
+                Entry::Vacant(_) => recorded = false,
+            }
         }
         if !up {
             self.port_gone(PortRef::new(dpid, port));
         }
+        recorded
     }
 
     pub fn remove_port(&mut self, dpid: Dpid, port: u32) {

@@ -193,6 +193,9 @@ pub struct Counters {
     /// port up to OFPP_MAX, or OFPP_LOCAL), and LLDP probes naming such a port or one
     /// the claimed switch does not have: nothing is learned from them.
     pub packet_in_bad_port: u64,
+    /// Ports a switch reported beyond [`crate::topology::MAX_PORTS_PER_SWITCH`]: not
+    /// recorded.
+    pub ports_refused: u64,
     pub flow_removed: u64,
     pub of_errors: u64,
     pub lldp_received: u64,
@@ -683,8 +686,10 @@ impl Controller {
     }
 
     fn set_port(&mut self, dpid: Dpid, p: &PortDesc) {
-        // §7.2.1: ports are numbered from 1; a port 0 is no port a rule could output to.
-        if p.port_no == 0 {
+        // §7.2.1: ports are numbered from 1 to OFPP_MAX; a port 0 is no port a rule could
+        // output to, and numbers above are reserved (LOCAL is no data port: no LLDP, no
+        // hosts learned at it).
+        if !(1..=ofp::port::MAX).contains(&p.port_no) {
             return;
         }
         // OFPPS_LINK_DOWN = 1, OFPPC_PORT_DOWN = 1 (§7.2.1).
@@ -694,7 +699,9 @@ impl Controller {
             hw_addr: flowgate_packet::MacAddr(p.hw_addr),
             up,
         };
-        self.topo.set_port(dpid, p.port_no, info);
+        if !self.topo.set_port(dpid, p.port_no, info) {
+            self.counters.ports_refused += 1;
+        }
     }
 
     /// Count one connection's outcome toward its backend's outlier state.

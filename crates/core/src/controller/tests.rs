@@ -1675,6 +1675,37 @@ fn a_stale_report_gives_way_to_the_controllers_own_counts() {
     assert_eq!(load(&sim), 0.0, "no connection is open");
 }
 
+/// ISSLM's moves are counted by the search that found the target: here the first
+/// (least request load), away from a backend that reports itself over the threshold.
+#[test]
+fn isslm_moves_are_counted_by_the_search_that_found_the_target() {
+    let config = checked_service("kind = \"none\"", true).replace(
+        "algorithm = \"round-robin\"\n",
+        "algorithm = \"isslm\"\nthreshold_rps = 100\n",
+    );
+    let mut sim = one_switch(&config);
+    let now = sim.now;
+    let report = crate::metrics_text::LoadSample {
+        rps: Some(500.0),
+        active: None,
+        response_time_ms: None,
+        cpu: None,
+    };
+    sim.c.handle_backend_load(now, 0, 0, report);
+    sim.tick(Duration::from_millis(10));
+    // Round robin proposes h2 first: over, so the connection moves.
+    let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
+    let to: Vec<_> = got.iter().map(|(h, _)| h.as_str()).collect();
+    assert!(!to.contains(&"h2") && !to.is_empty(), "moved from h2: {to:?}");
+    let c = &sim.c.services()[0].counters;
+    let want = crate::service::IsslmMoves {
+        request_load: 1,
+        ..Default::default()
+    };
+    assert_eq!(c.isslm_moves, want);
+    assert_eq!(c.no_optimal_server, 0);
+}
+
 /// Slow start ramps a backend that comes back from a drain, not one an operator (or a
 /// script that re-asserts the state it wants) "undrains" while it is active: that once
 /// cut an active backend's weight to the ramp's floor.
@@ -2512,4 +2543,64 @@ fn a_reload_keeps_the_handshake_figures() {
         ),
         (before.deferred, before.completed, before.abandoned, true)
     );
+}
+
+/// A switch cannot grow its port table without bound: numbers above OFPP_MAX are reserved
+/// (§7.2.1; LOCAL among them, no data port) and never recorded, and a switch's new ports
+/// beyond `MAX_PORTS_PER_SWITCH` are refused and counted, whether a PORT_DESC reply or
+/// PORT_STATUS brings them. Its known ports still change, and a deleted one frees a place.
+#[test]
+fn a_switch_cannot_grow_its_port_table_without_bound() {
+    use crate::topology::MAX_PORTS_PER_SWITCH;
+    let mut sim = single_switch("round-robin");
+    let ports = |sim: &Sim| {
+        sim.c.topology().switch(1).map_or(Vec::new(), |s| {
+            s.ports.keys().copied().collect::<Vec<u32>>()
+        })
+    };
+    let status = |sim: &mut Sim, reason, desc| {
+        let m = Message::PortStatus(ofp::PortStatus { reason, desc });
+        sim.c.handle_message(sim.now, 1, &m, &mut sim.out);
+        sim.pump();
+    };
+    for p in [ofp::port::MAX + 1, ofp::port::LOCAL, u32::MAX] {
+        status(&mut sim, ofp::PortReason::Add, port_desc(1, p));
+    }
+    assert_eq!(ports(&sim), [1, 2, 3, 4], "reserved numbers");
+    assert_eq!(sim.c.counters().ports_refused, 0);
+
+    let extra = 10;
+    let descs: Vec<_> = (5..=(MAX_PORTS_PER_SWITCH + extra) as u32)
+        .map(|p| port_desc(1, p))
+        .collect();
+    let reply = Message::MultipartReply(MultipartReply {
+        flags: 0,
+        body: MultipartReplyBody::PortDesc(descs),
+    });
+    sim.c.handle_message(sim.now, 1, &reply, &mut sim.out);
+    sim.pump();
+    assert_eq!(ports(&sim).len(), MAX_PORTS_PER_SWITCH);
+    assert_eq!(sim.c.counters().ports_refused, extra as u64);
+    let next = (MAX_PORTS_PER_SWITCH + extra + 1) as u32;
+    status(&mut sim, ofp::PortReason::Add, port_desc(1, next));
+    assert_eq!(sim.c.counters().ports_refused, extra as u64 + 1);
+    assert!(!ports(&sim).contains(&next));
+
+    // A known port still changes; a deleted one makes room for a new one.
+    let mut down = port_desc(1, 3);
+    down.state |= 1;
+    status(&mut sim, ofp::PortReason::Modify, down);
+    let up = |sim: &Sim, p: u32| {
+        sim.c
+            .topology()
+            .switch(1)
+            .and_then(|s| s.ports.get(&p))
+            .map(|i| i.up)
+    };
+    assert_eq!(up(&sim, 3), Some(false));
+    status(&mut sim, ofp::PortReason::Delete, port_desc(1, 5));
+    status(&mut sim, ofp::PortReason::Add, port_desc(1, next));
+    assert_eq!(up(&sim, next), Some(true));
+    assert_eq!(ports(&sim).len(), MAX_PORTS_PER_SWITCH);
+    assert_eq!(sim.c.counters().ports_refused, extra as u64 + 1);
 }
