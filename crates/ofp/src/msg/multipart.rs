@@ -1214,9 +1214,11 @@ impl MultipartReplyBody {
                     data,
                 },
             ) if *e1 == experimenter && *t1 == exp_type => {
-                let mut v = BytesMut::with_capacity(d1.len() + data.len());
-                v.put_slice(d1);
-                v.put_slice(&data);
+                // In place when `d1` is the only handle on its buffer (as it is after the
+                // first join), so that joining n parts copies each once, not the whole
+                // body again for each.
+                let mut v = BytesMut::from(std::mem::take(d1));
+                v.extend_from_slice(&data);
                 *d1 = v.freeze();
             }
             _ => return false,
@@ -1234,52 +1236,116 @@ pub enum ReassemblyError {
     /// Too many replies are open at once.
     #[error("too many pending multipart replies")]
     TooManyPending,
+    /// One reply grew past its bound in parts or bytes; what it had is dropped.
+    #[error("multipart reply for xid {0} is too large")]
+    TooLarge(u32),
 }
+
+/// Parts one reply may have by default ([`MultipartAssembler::new`]).
+pub const DEFAULT_MAX_REPLY_PARTS: u32 = 4096;
+/// Bytes one reply may have by default, its parts' bodies as encoded: a flow-stats reply
+/// of a few hundred thousand rules.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 64 << 20;
 
 /// Reassembles multipart replies split over several messages (OFPMPF_REPLY_MORE), keyed by
 /// xid. Feed every MULTIPART_REPLY; a whole reply comes out when its last part arrives.
-#[derive(Debug, Default)]
+///
+/// Bounded: at most `max_pending` replies open at once, each of at most `max_parts` parts
+/// and `max_bytes` bytes, so a misbehaving switch (an endless REPLY_MORE) costs at most
+/// `max_pending × max_bytes`.
+#[derive(Debug)]
 pub struct MultipartAssembler {
-    pending: HashMap<u32, MultipartReply>,
+    pending: HashMap<u32, Partial>,
     max_pending: usize,
+    max_parts: u32,
+    max_bytes: usize,
+    /// Where a part is encoded to measure it (reused).
+    scratch: BytesMut,
+}
+
+/// A reply still waiting for parts, and what it holds so far.
+#[derive(Debug)]
+struct Partial {
+    reply: MultipartReply,
+    parts: u32,
+    bytes: usize,
+}
+
+impl Default for MultipartAssembler {
+    fn default() -> Self {
+        MultipartAssembler::new(1)
+    }
 }
 
 impl MultipartAssembler {
-    /// At most `max_pending` replies may be open at once (a misbehaving switch cannot make
-    /// this grow without bound).
+    /// At most `max_pending` replies open at once, each within the default bounds
+    /// ([`DEFAULT_MAX_REPLY_PARTS`], [`DEFAULT_MAX_REPLY_BYTES`]).
     pub fn new(max_pending: usize) -> Self {
+        Self::with_limits(
+            max_pending,
+            DEFAULT_MAX_REPLY_PARTS,
+            DEFAULT_MAX_REPLY_BYTES,
+        )
+    }
+    /// At most `max_pending` replies open at once, each of at most `max_parts` parts and
+    /// `max_bytes` bytes of bodies.
+    pub fn with_limits(max_pending: usize, max_parts: u32, max_bytes: usize) -> Self {
         MultipartAssembler {
             pending: HashMap::new(),
-            max_pending,
+            max_pending: max_pending.max(1),
+            max_parts: max_parts.max(1),
+            max_bytes,
+            scratch: BytesMut::new(),
         }
     }
     /// Add a part. `Ok(Some(reply))` when the reply is complete (its `flags` cleared of
-    /// REPLY_MORE), `Ok(None)` while more parts are expected.
+    /// REPLY_MORE), `Ok(None)` while more parts are expected. On an error, what the reply
+    /// held so far is dropped.
     pub fn push(
         &mut self,
         xid: u32,
         part: MultipartReply,
     ) -> Result<Option<MultipartReply>, ReassemblyError> {
         let more = part.more();
+        let bytes = self.measure(&part);
         let merged = match self.pending.remove(&xid) {
             Some(mut acc) => {
-                if !acc.body.extend(part.body) {
+                acc.parts += 1;
+                acc.bytes = acc.bytes.saturating_add(bytes);
+                if acc.parts > self.max_parts || acc.bytes > self.max_bytes {
+                    return Err(ReassemblyError::TooLarge(xid));
+                }
+                if !acc.reply.body.extend(part.body) {
                     return Err(ReassemblyError::TypeMismatch(xid));
                 }
                 acc
             }
-            None => part,
+            None if bytes > self.max_bytes => return Err(ReassemblyError::TooLarge(xid)),
+            None => Partial {
+                reply: part,
+                parts: 1,
+                bytes,
+            },
         };
         if more {
-            if self.pending.len() >= self.max_pending.max(1) {
+            if self.pending.len() >= self.max_pending {
                 return Err(ReassemblyError::TooManyPending);
             }
             self.pending.insert(xid, merged);
             Ok(None)
         } else {
-            let mut m = merged;
+            let mut m = merged.reply;
             m.flags &= !MULTIPART_MORE;
             Ok(Some(m))
+        }
+    }
+    /// A part's body as encoded: about its length on the wire (one part, at most 64 KiB).
+    fn measure(&mut self, part: &MultipartReply) -> usize {
+        self.scratch.clear();
+        match part.encode(&mut self.scratch) {
+            Ok(()) => self.scratch.len(),
+            // Not a part any switch could have sent: over every bound.
+            Err(_) => usize::MAX,
         }
     }
     /// Drop a pending reply (e.g. on timeout or error for that xid).
@@ -1289,5 +1355,76 @@ impl MultipartAssembler {
     /// Number of replies waiting for more parts.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experimenter(more: bool, data: &[u8]) -> MultipartReply {
+        MultipartReply {
+            flags: if more { MULTIPART_MORE } else { 0 },
+            body: MultipartReplyBody::Experimenter {
+                experimenter: 0x2320,
+                exp_type: 7,
+                data: Bytes::copy_from_slice(data),
+            },
+        }
+    }
+
+    /// Experimenter parts are joined in order, whatever their number.
+    #[test]
+    fn experimenter_parts_are_joined_in_order() {
+        let mut asm = MultipartAssembler::new(4);
+        let mut want = Vec::new();
+        for i in 0..200u8 {
+            assert_eq!(asm.push(3, experimenter(true, &[i; 100])), Ok(None));
+            want.extend_from_slice(&[i; 100]);
+        }
+        let done = asm
+            .push(3, experimenter(false, b"end"))
+            .expect("within the bounds")
+            .expect("complete");
+        want.extend_from_slice(b"end");
+        let MultipartReplyBody::Experimenter { data, .. } = done.body else {
+            panic!("an experimenter body: {done:?}");
+        };
+        assert_eq!(&data[..], &want[..]);
+        assert_eq!(asm.pending(), 0);
+    }
+
+    /// One reply cannot grow without bound: past its parts or its bytes it is an error,
+    /// and dropped; other replies are unaffected.
+    #[test]
+    fn one_reply_is_bounded_in_parts_and_bytes() {
+        let mut asm = MultipartAssembler::with_limits(4, 3, 1 << 20);
+        assert_eq!(asm.push(1, experimenter(true, b"a")), Ok(None));
+        assert_eq!(asm.push(2, experimenter(true, b"x")), Ok(None));
+        assert_eq!(asm.push(1, experimenter(true, b"b")), Ok(None));
+        assert_eq!(asm.push(1, experimenter(true, b"c")), Ok(None));
+        assert_eq!(
+            asm.push(1, experimenter(true, b"d")),
+            Err(ReassemblyError::TooLarge(1))
+        );
+        assert_eq!(asm.pending(), 1, "the reply that grew too long is dropped");
+        assert!(
+            asm.push(2, experimenter(false, b"y"))
+                .expect("ok")
+                .is_some()
+        );
+
+        let mut asm = MultipartAssembler::with_limits(4, 1000, 10_000);
+        let part = || experimenter(true, &[0; 3000]);
+        for _ in 0..3 {
+            assert_eq!(asm.push(5, part()), Ok(None));
+        }
+        assert_eq!(asm.push(5, part()), Err(ReassemblyError::TooLarge(5)));
+        assert_eq!(asm.pending(), 0);
+        // A single part over the bound is refused at once.
+        assert_eq!(
+            asm.push(6, experimenter(true, &[0; 20_000])),
+            Err(ReassemblyError::TooLarge(6))
+        );
     }
 }
