@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use flowgate_packet::MacAddr;
 use serde::Serialize;
 
-use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer};
+use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer, Search};
 use crate::config::{BackendConfig, HealthConfig, HealthKind, ServiceConfig};
 use crate::health::{ActiveHealth, OutlierConfig, PoolOutliers, SlowStart};
 
@@ -216,6 +216,40 @@ pub struct ServiceCounters {
     pub held_answered: u64,
     /// Non-SYN packets of connections the controller did not know.
     pub unknown_flow_packets: u64,
+    /// ISSLM's moves, by the search that found the target.
+    pub isslm_moves: IsslmMoves,
+}
+
+/// ISSLM's moves away from an over-threshold requested server, by the search of
+/// Table 2's chain that found the target. With fresh metrics and no hysteresis latch
+/// the first search decides every move it can: if the candidate with the least request
+/// load is over the threshold, so is every other, and the later searches (which accept
+/// only candidates under it) find nothing either. The later searches decide when the
+/// request-load leader's metrics are stale, or it is still latched over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IsslmMoves {
+    pub request_load: u64,
+    pub connections: u64,
+    pub response_time: u64,
+}
+
+impl IsslmMoves {
+    pub fn count(&mut self, search: Search) {
+        let n = match search {
+            Search::RequestLoad => &mut self.request_load,
+            Search::Connections => &mut self.connections,
+            Search::ResponseTime => &mut self.response_time,
+        };
+        *n += 1;
+    }
+
+    pub fn get(&self, search: Search) -> u64 {
+        match search {
+            Search::RequestLoad => self.request_load,
+            Search::Connections => self.connections,
+            Search::ResponseTime => self.response_time,
+        }
+    }
 }
 
 pub struct ServiceState {

@@ -44,8 +44,8 @@ use std::cmp::Ordering;
 use std::time::Duration;
 
 use super::{
-    AlgorithmParams, BackendLoad, Balancer, Outcome, RateCtx, SelectRequest, Selection, conns,
-    key_f, usable, valid,
+    AlgorithmParams, BackendLoad, Balancer, Outcome, RateCtx, Search, SelectRequest, Selection,
+    conns, key_f, usable, valid,
 };
 
 /// `(key, rotated position)` ordering of a ranking.
@@ -119,14 +119,17 @@ impl Balancer {
             };
         }
         match self.isslm_search(b, requested, t, rc) {
-            Some(i) => {
+            Some((i, search)) => {
                 if from_client {
                     // Rotate ties of later searches (behind a VIP the base RR does it).
                     self.cursor = i + 1;
                 }
                 Selection {
                     backend: Some(i),
-                    outcome: Outcome::Moved { from: requested },
+                    outcome: Outcome::Moved {
+                        from: requested,
+                        search: Some(search),
+                    },
                 }
             }
             None if req_usable => Selection {
@@ -156,7 +159,7 @@ impl Balancer {
         requested: usize,
         t: f64,
         rc: RateCtx,
-    ) -> Option<usize> {
+    ) -> Option<(usize, Search)> {
         let n = b.len();
         let s = self.start(n);
         // (key, rotated position, index) of the best acceptable / best overall candidate.
@@ -191,7 +194,7 @@ impl Balancer {
         // Try 1, search 1 succeeds: the RPS leader is acceptable.
         if let (Some((k, p, i)), Some(a)) = (best_ok[0], best_any[0]) {
             if (k, p) == a {
-                return Some(i);
+                return Some((i, Search::RequestLoad));
             }
         }
         let mut rank = [0usize; 3];
@@ -209,14 +212,15 @@ impl Balancer {
             }
         }
         let tries = usize::try_from(self.params.isslm_tries.max(1)).unwrap_or(usize::MAX);
-        let mut winner: Option<(usize, usize)> = None;
-        for k in 0..3 {
+        // The smallest (try, search) pair: on one try the searches go in Table 2's order.
+        let mut winner: Option<(usize, usize, Search)> = None;
+        for (k, search) in Search::ALL.into_iter().enumerate() {
             if let Some((_, _, i)) = best_ok[k] {
-                if rank[k] < tries && winner.is_none_or(|(r, _)| rank[k] < r) {
-                    winner = Some((rank[k], i));
+                if rank[k] < tries && winner.is_none_or(|(r, _, _)| rank[k] < r) {
+                    winner = Some((rank[k], i, search));
                 }
             }
         }
-        winner.map(|(_, i)| i)
+        winner.map(|(_, i, search)| (i, search))
     }
 }

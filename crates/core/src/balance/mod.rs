@@ -412,12 +412,42 @@ pub enum Outcome {
     Moved {
         /// The requested backend.
         from: usize,
+        /// For ISSLM, which of its searches found the target; `None` for the others.
+        search: Option<Search>,
     },
     /// ISSLM found no move target ("The optimal server was not found"); `backend` is the
     /// requested server if it is usable, else `None`.
     NoOptimalServer,
     /// No usable backend: the connection cannot be placed.
     NoEligible,
+}
+
+/// ISSLM's three searches, in the order of Table 2's if / else-if chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Search {
+    /// "Server search with lesser request load value".
+    RequestLoad = 0,
+    /// "Server search with the fewest connections active".
+    Connections = 1,
+    /// "Server search with slowest [sic: fastest] response time".
+    ResponseTime = 2,
+}
+
+impl Search {
+    pub const ALL: [Search; 3] = [
+        Search::RequestLoad,
+        Search::Connections,
+        Search::ResponseTime,
+    ];
+
+    /// Its name in the API and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Search::RequestLoad => "request_load",
+            Search::Connections => "connections",
+            Search::ResponseTime => "response_time",
+        }
+    }
 }
 
 /// The result of [`Balancer::select`].
@@ -866,7 +896,10 @@ fn finish(req: &SelectRequest, n: usize, choice: Option<usize>) -> Selection {
     };
     let outcome = match req.requested.filter(|&r| r < n) {
         Some(r) if r == c => Outcome::Requested,
-        Some(r) => Outcome::Moved { from: r },
+        Some(r) => Outcome::Moved {
+            from: r,
+            search: None,
+        },
         None => Outcome::Chosen,
     };
     Selection {

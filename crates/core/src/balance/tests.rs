@@ -307,7 +307,10 @@ fn requested_outcomes_for_free_choice_algorithms() {
         b.select(&to(0), &p),
         Selection {
             backend: Some(1),
-            outcome: Outcome::Moved { from: 0 }
+            outcome: Outcome::Moved {
+                from: 0,
+                search: None
+            }
         }
     );
     assert_eq!(
@@ -538,7 +541,10 @@ fn isslm_moves_to_lesser_request_load() {
         b.select(&to(0), &p),
         Selection {
             backend: Some(2),
-            outcome: Outcome::Moved { from: 0 }
+            outcome: Outcome::Moved {
+                from: 0,
+                search: Some(Search::RequestLoad)
+            }
         }
     );
     // Exactly at the threshold counts as over (">=").
@@ -567,7 +573,13 @@ fn isslm_vip_uses_round_robin_base() {
             outcome: Outcome::Requested
         }
     );
-    assert_eq!(got[2].outcome, Outcome::Moved { from: 2 });
+    assert_eq!(
+        got[2].outcome,
+        Outcome::Moved {
+            from: 2,
+            search: Some(Search::RequestLoad)
+        }
+    );
     assert_eq!(
         got[3],
         Selection {
@@ -611,7 +623,13 @@ fn isslm_every_backend_over_is_no_optimal_server() {
     // Requested server down, another one fine: moved.
     q[3].rps = 5.0;
     b.on_refresh(&q, MS10);
-    assert_eq!(b.select(&to(1), &q).outcome, Outcome::Moved { from: 1 });
+    assert_eq!(
+        b.select(&to(1), &q).outcome,
+        Outcome::Moved {
+            from: 1,
+            search: Some(Search::RequestLoad)
+        }
+    );
     // Nothing usable at all.
     for x in &mut q {
         x.eligible = false;
@@ -671,7 +689,16 @@ fn isslm_stale_target_rejected_and_second_search_used() {
     p[1].metrics_fresh = false;
     let mut b = bal(AlgorithmKind::Isslm, 4);
     b.on_refresh(&p, MS10);
-    assert_eq!(b.select(&to(0), &p).backend, Some(3));
+    assert_eq!(
+        b.select(&to(0), &p),
+        Selection {
+            backend: Some(3),
+            outcome: Outcome::Moved {
+                from: 0,
+                search: Some(Search::Connections)
+            }
+        }
+    );
     // A stale requested server still takes flows addressed to it when under threshold.
     assert_eq!(
         b.select(&to(1), &p),
@@ -687,7 +714,16 @@ fn isslm_stale_target_rejected_and_second_search_used() {
         x.response_time_ms = Some(rt);
     }
     p[1].metrics_fresh = false;
-    assert_eq!(b.select(&to(0), &p).backend, Some(3));
+    assert_eq!(
+        b.select(&to(0), &p),
+        Selection {
+            backend: Some(3),
+            outcome: Outcome::Moved {
+                from: 0,
+                search: Some(Search::ResponseTime)
+            }
+        }
+    );
 }
 
 #[test]

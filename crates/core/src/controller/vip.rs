@@ -383,9 +383,16 @@ impl Controller {
             },
             None => s.balancer.select(&req, &s.loads),
         };
-        if sel.outcome == Outcome::NoOptimalServer {
-            s.counters.no_optimal_server += 1;
-            tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
+        match sel.outcome {
+            Outcome::NoOptimalServer => {
+                s.counters.no_optimal_server += 1;
+                tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
+            }
+            Outcome::Moved {
+                search: Some(search),
+                ..
+            } => s.counters.isslm_moves.count(search),
+            _ => {}
         }
         let Some((b, id)) = sel.backend.and_then(|b| {
             let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
