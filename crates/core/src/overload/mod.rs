@@ -43,6 +43,17 @@
 //! one above the high watermark and falls by one below the low watermark, and the gap is
 //! `gaps_ms[level]` (default: the AIN ACG interval table, 0, 0.1, 0.25, 0.5, 1, 2 … 600 s).
 //!
+//! Our reading of ACCM, where it differs from the paper's words:
+//!
+//! - ACCM "adapts the duration and the number of ON and OFF periods within the gap". Here
+//!   the OFF period (the gap `g`) adapts; the ON period is fixed, `gate_burst` admissions
+//!   (default 2; 1 is Crawford's deterministic gap), and the number of periods follows
+//!   from `g` and the control interval.
+//! - The ceiling belongs to the adaptive mode only: the static mode has the AIN table's
+//!   levels and no ceiling. A comparison of the two modes with `capacity_rps` set
+//!   (`docs/results.md`, `flowgate sim`) therefore measures the adaptive law together
+//!   with its ceiling, not the law alone.
+//!
 //! # Enforcement
 //!
 //! - At the controller, a deterministic (Crawford) gate: after each admitted new
