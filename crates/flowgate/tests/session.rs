@@ -4,9 +4,9 @@
 
 mod support;
 
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::fake_switch::*;
 use support::*;
@@ -71,4 +71,101 @@ fn the_messages_of_one_write_are_handled_once_each_in_order() {
     assert_eq!(ctl.packet_ins(), before + 4, "a PACKET_IN handled twice");
     // Each decision's time reached the histogram (counted per batch, added at its end).
     assert_eq!(decided(), decided_before + 4);
+}
+
+// OpenFlow 1.3 message types (§7.1) the fake switch answers here.
+const OFPT_ROLE_REQUEST: u8 = 24;
+const OFPT_ROLE_REPLY: u8 = 25;
+
+/// Reads until a ROLE_REQUEST, answers it with the role it asks for (§6.3.6), and returns
+/// that role.
+fn answer_role_request(s: &mut TcpStream) -> u32 {
+    loop {
+        let m = read_msg(s)
+            .expect("read (5 s timeout)")
+            .expect("the session is open");
+        if m[1] == OFPT_ROLE_REQUEST {
+            let mut reply = m.clone();
+            reply[1] = OFPT_ROLE_REPLY;
+            s.write_all(&reply).expect("role reply");
+            return u32::from_be_bytes([m[8], m[9], m[10], m[11]]);
+        }
+    }
+}
+
+/// Whether the controller closes `s` (EOF or reset) within `timeout`; reads and
+/// discards what comes meanwhile.
+fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    s.set_read_timeout(Some(Duration::from_millis(100))).ok();
+    while start.elapsed() < timeout {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// A switch that connects again while its old connection still looks open (half-open:
+/// the controller has not seen it die): the new session is the switch's, the old one is
+/// closed by the controller, and the old one's end leaves the new one's state alone. In
+/// a cluster that state is the switch's role: had the old session's end wiped it, the
+/// new session's PACKET_INs would be dropped as a standby's.
+#[test]
+fn a_switch_that_connects_again_keeps_its_new_session() {
+    const DPID: u64 = 0x5e56;
+    let cluster = format!(
+        "[cluster]\nrole = \"domain\"\nname = \"session\"\ninstance = \"d1a\"\ndomain = \"d1\"\ndpids = [\"{DPID:016x}\"]\netcd = [\"memory:\"]\n"
+    );
+    let ctl = Ctl::start("session-again", &format!("{LISTEN_ANY}{SERVICE}{cluster}"));
+    wait_until("mastership", Duration::from_secs(10), || {
+        ctl.get_json("/api/v1/cluster")["mastership"] == "master"
+    });
+    let role =
+        || ctl.get_json("/api/v1/cluster")["switches"][format!("{DPID:016x}")]["role"].clone();
+    const MASTER: u32 = 2;
+
+    let mut old = handshake(ctl.openflow, DPID);
+    let old_port = old.local_addr().expect("addr").port();
+    assert_eq!(answer_role_request(&mut old), MASTER);
+    wait_until("the old session is master", Duration::from_secs(5), || {
+        role() == "master"
+    });
+
+    let mut new = handshake(ctl.openflow, DPID);
+    assert_eq!(answer_role_request(&mut new), MASTER);
+    let old_closed = closed_within(&mut old, Duration::from_secs(3));
+    // The old connection ends (if the controller has not ended it): its session's end
+    // must leave the new one's role.
+    drop(old);
+    wait_until("the old session's end", Duration::from_secs(5), || {
+        ctl.log_plain()
+            .contains(&format!("peer=127.0.0.1:{old_port}"))
+            && ctl.log_plain().matches("switch disconnected").count() == 1
+    });
+    wait_until("the new session is master", Duration::from_secs(5), || {
+        role() == "master"
+    });
+
+    let before = ctl.packet_ins();
+    new.write_all(&packet_in_syn(0x4000, 42_000))
+        .expect("a SYN");
+    new.write_all(&header(4, OFPT_ECHO_REQUEST, 8, 0x4001))
+        .expect("an echo");
+    assert_eq!(echo_replies(&mut new, 1), [0x4001]);
+    wait_until(
+        "the new session's PACKET_IN reaches the core",
+        Duration::from_secs(5),
+        || ctl.packet_ins() == before + 1,
+    );
+    assert!(old_closed, "the controller left the replaced session open");
+    assert_eq!(
+        ctl.log_plain().matches("switch disconnected").count(),
+        1,
+        "only the old session ended"
+    );
 }

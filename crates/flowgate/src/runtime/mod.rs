@@ -129,6 +129,11 @@ pub(crate) struct Outflow {
     pub(crate) head_queued_at: Mutex<Option<Instant>>,
     /// Set when the peer stopped reading; the session's read loop ends on seeing it.
     pub(crate) overflowed: AtomicBool,
+    /// Set (under the core lock) when a newer session of the same switch replaced this
+    /// one: the read loop ends on seeing it, and feeds the core nothing more.
+    pub(crate) replaced: AtomicBool,
+    /// Wakes the read loop's wait once `replaced` is set.
+    pub(crate) closing: tokio::sync::Notify,
     /// Bytes the writer has handed to the socket so far: the switch's progress, watched
     /// while the session's reader waits for the queue to drain.
     pub(crate) written: AtomicU64,
@@ -247,18 +252,22 @@ impl CoreCell {
         }
     }
 
+    /// Make a session the switch's current one; returns its id and whether it replaced
+    /// an older one.
     fn register(
         &mut self,
         dpid: Dpid,
         tx: mpsc::UnboundedSender<Chunk>,
         out: Arc<Outflow>,
         writable: bool,
-    ) -> u64 {
+    ) -> (u64, bool) {
         let id = self.next_session_id;
         self.next_session_id += 1;
         // A second session for the same datapath replaces the first (the switch
-        // reconnected before we noticed the old one was dead).
-        self.sessions.insert(
+        // reconnected before we noticed the old one was dead). The old one is told to
+        // close: its connection may be half-open, and what it still read would reach the
+        // core as this switch's, answered on the new connection.
+        let old = self.sessions.insert(
             dpid,
             SessionTx {
                 id,
@@ -270,7 +279,11 @@ impl CoreCell {
                 writable,
             },
         );
-        id
+        if let Some(old) = &old {
+            old.out.replaced.store(true, Ordering::Relaxed);
+            old.out.closing.notify_one();
+        }
+        (id, old.is_some())
     }
 
     /// Where the session writers give their written buffers back.

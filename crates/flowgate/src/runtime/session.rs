@@ -125,6 +125,8 @@ pub(crate) enum SessionError {
     Protocol(&'static str),
     #[error("the switch stopped reading its messages: {queued} bytes wait for it")]
     StoppedReading { queued: usize },
+    #[error("a newer session of the same switch replaced this one")]
+    Replaced,
 }
 
 /// Reads whole messages off a stream.
@@ -309,13 +311,21 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<super::Chunk>();
     let outflow = Arc::new(Outflow::default());
-    let (session_id, pool) = {
+    let (session_id, replaced, pool) = {
         let mut core = handle.lock();
-        let id = core.register(dpid, tx.clone(), outflow.clone(), opening.is_empty());
+        let (id, replaced) = core.register(dpid, tx.clone(), outflow.clone(), opening.is_empty());
+        if replaced {
+            // §6.3.6: a role is the connection's. The old one's is void, and the new one
+            // is not ours as MASTER until the switch confirms it.
+            handle.cluster.switch_gone(dpid);
+        }
         let now = Instant::now();
         core.with(|c, out| c.handle_switch_up(now, features, out));
-        (id, core.buffer_pool())
+        (id, replaced, core.buffer_pool())
     };
+    if replaced {
+        tracing::warn!(%peer, dpid = format_args!("{dpid:016x}"), "the switch connected again: its older session is closed");
+    }
 
     // The writer: everything for this switch, in order.
     let drained = outflow.clone();
@@ -341,12 +351,14 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         &mut rd, &features, &handle, &tx, &outflow, limits, &mut stop,
     )
     .await;
-    handle.cluster.switch_gone(dpid);
 
     let now = Instant::now();
     {
         let mut core = handle.lock();
+        // Only the switch's current session takes it down: a replaced one's end must not
+        // undo its successor's state (its role in a cluster above all).
         if core.unregister(dpid, session_id) {
+            handle.cluster.switch_gone(dpid);
             core.with(|c, out| c.handle_switch_down(now, dpid, out));
         }
     }
@@ -395,6 +407,9 @@ async fn wait_for_switch_to_read(
         }
         if outflow.overflowed.load(Ordering::Relaxed) {
             break Err(stopped_reading(outflow));
+        }
+        if outflow.replaced.load(Ordering::Relaxed) {
+            break Err(SessionError::Replaced);
         }
         let written = outflow.written.load(Ordering::Relaxed);
         if written != progress.0 {
@@ -467,6 +482,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         if outflow.overflowed.load(Ordering::Relaxed) {
             return Err(stopped_reading(outflow));
+        }
+        if outflow.replaced.load(Ordering::Relaxed) {
+            return Err(SessionError::Replaced);
         }
         if outflow.queued.load(Ordering::Relaxed) > PAUSE_READING_BYTES {
             read_pauses += 1;
@@ -588,6 +606,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
         } else {
             let now = Instant::now();
             let mut core = handle.lock();
+            // Set under this lock: nothing of a replaced session's reaches the core.
+            if outflow.replaced.load(Ordering::Relaxed) {
+                return Err(SessionError::Replaced);
+            }
             let locked = Instant::now();
             let (mut shed_work, mut shed_n) = (Duration::ZERO, 0u32);
             let mut undecodable = None;
@@ -724,6 +746,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 last_heard = Instant::now();
             }
             () = reloaded => {}
+            () = outflow.closing.notified() => {}
             _ = stop.changed() => return Ok(()),
         }
     }
