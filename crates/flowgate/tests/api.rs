@@ -1477,6 +1477,7 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_backend_healthy", "gauge"),
         ("flowgate_switch_packet_in_total", "counter"),
         ("flowgate_packet_in_dropped_total", "counter"),
+        ("flowgate_service_isslm_moves_total", "counter"),
     ] {
         assert_eq!(types.get(f).map(String::as_str), Some(k), "{f}");
     }
@@ -1498,6 +1499,12 @@ fn metrics_are_valid_prometheus_text() {
         r.body
             .contains("flowgate_backend_healthy{service=\"web\",backend=\"10.0.0.2\"} 1\n")
     );
+    for search in ["request_load", "connections", "response_time"] {
+        let line = format!(
+            "flowgate_service_isslm_moves_total{{service=\"web\",search=\"{search}\"}} 0\n"
+        );
+        assert!(r.body.contains(&line), "{line}");
+    }
 }
 
 #[test]

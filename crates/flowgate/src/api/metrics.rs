@@ -325,6 +325,24 @@ pub(crate) fn render(handle: &Handle) -> String {
         }
     }
 
+    family(
+        &mut o,
+        "flowgate_service_isslm_moves_total",
+        "counter",
+        "ISSLM's moves away from an over-threshold requested server, by the search of its chain that found the target (request_load, connections, response_time).",
+    );
+    for s in c.services() {
+        for search in flowgate_core::balance::Search::ALL {
+            let _ = writeln!(
+                o,
+                "flowgate_service_isslm_moves_total{{service=\"{}\",search=\"{}\"}} {}",
+                esc(&s.cfg.name),
+                search.name(),
+                s.counters.isslm_moves.get(search)
+            );
+        }
+    }
+
     let per_backend: [(&str, &str, &str); 7] = [
         (
             "flowgate_backend_active_connections",
