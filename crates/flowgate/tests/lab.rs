@@ -210,10 +210,19 @@ fn check_measured(rows: &[Row]) {
             );
         }
         assert!(
-            r.iperf_bytes > 0 && r.iperf_max_bps > 0.0,
+            r.iperf_bytes.is_some_and(|b| b > 0) && r.iperf_max_bps.is_some_and(|b| b > 0.0),
             "iperf3 ran: {r:?}"
         );
-        assert!(r.ping_rtt_avg_ms > 0.0, "ping ran: {r:?}");
+        assert!(
+            r.ping_rtt_avg_ms.is_some_and(|t| t > 0.0),
+            "ping ran: {r:?}"
+        );
+        assert_eq!(r.clients_failed, 0, "every load client reported: {r:?}");
+        // Percentiles over all the phase's ok requests: ordered, and present when any
+        // request was answered.
+        let (p50, p95, p99) = (r.lat_p50_ms, r.lat_p95_ms, r.lat_p99_ms);
+        assert_eq!(p50.is_some(), r.ok > 0, "{r:?}");
+        assert!(p50 <= p95 && p95 <= p99, "{r:?}");
         assert!(r.wall_s >= r.duration_s * 0.9, "the phase lasted: {r:?}");
     }
     for arm in ["none", "isslm"] {
@@ -272,32 +281,40 @@ fn check_measured(rows: &[Row]) {
 }
 
 fn check_consistent(rows: &[Row]) {
+    let val = |v: Option<f64>, what: &str, r: &Row| {
+        v.unwrap_or_else(|| panic!("{what} missing in {} {}: {r:?}", r.arm, r.phase))
+    };
     for r in rows {
         let sh = r.shares().map(|v| v as f64);
         close(r.jain, jain(&sh), "Jain", r);
         close(r.ok_rps, r.ok as f64 / r.wall_s, "ok/s", r);
-        let b = r.iperf_max_bps / 1e9;
-        let d = r.iperf_bytes as f64 / 1e9;
-        close(r.bdmax_gbps, b, "B_d(max)", r);
-        close(r.dtransfer_gb, d, "D_Transfer", r);
-        close(r.th_gbps, 8.0 * d / r.iperf_secs, "Eq. 1 T_h", r);
-        close(r.de2e_ms, r.ping_rtt_avg_ms / 2.0, "Eq. 4 D_E-E", r);
+        let b = val(r.iperf_max_bps, "iperf_max_bps", r) / 1e9;
+        let d = r.iperf_bytes.unwrap_or_default() as f64 / 1e9;
+        let secs = val(r.iperf_secs, "iperf_secs", r);
+        close(val(r.bdmax_gbps, "B_d(max)", r), b, "B_d(max)", r);
+        close(val(r.dtransfer_gb, "D_Transfer", r), d, "D_Transfer", r);
+        let th = val(r.th_gbps, "T_h", r);
+        close(th, 8.0 * d / secs, "Eq. 1 T_h", r);
+        let rtt = val(r.ping_rtt_avg_ms, "RTT", r);
+        close(val(r.de2e_ms, "D_E-E", r), rtt / 2.0, "Eq. 4 D_E-E", r);
         close(
-            r.tx_delay_ms,
+            val(r.tx_delay_ms, "Delay_Transmission", r),
             d * 8.0 / b * 1000.0,
             "Eq. 5 Delay_Transmission",
             r,
         );
         assert!(
-            r.th_gbps <= r.bdmax_gbps * 1.1,
+            th <= b * 1.1,
             "the mean rate is not above the best interval's: {r:?}"
         );
     }
     for arm in ["none", "isslm"] {
         let (n, h) = (row(rows, arm, "normal"), row(rows, arm, "heavy"));
         assert!(n.isl_pct.is_none() && n.dtransfer_pct.is_none() && n.diff_delay_ms.is_none());
-        let isl = 100.0 - 100.0 * h.bdmax_gbps / n.bdmax_gbps;
-        let dtr = 100.0 - 100.0 * h.dtransfer_gb / n.dtransfer_gb;
+        let (hb, nb) = (val(h.bdmax_gbps, "B", h), val(n.bdmax_gbps, "B", n));
+        let (hd, nd) = (val(h.dtransfer_gb, "D", h), val(n.dtransfer_gb, "D", n));
+        let isl = 100.0 - 100.0 * hb / nb;
+        let dtr = 100.0 - 100.0 * hd / nd;
         close(h.isl_pct.expect("%I_SL"), isl, "Eq. 2 %I_SL", h);
         close(
             h.dtransfer_pct.expect("%D_Transfer"),
@@ -307,7 +324,7 @@ fn check_consistent(rows: &[Row]) {
         );
         close(
             h.diff_delay_ms.expect("Δ delay"),
-            h.tx_delay_ms - n.tx_delay_ms,
+            val(h.tx_delay_ms, "Delay_Tx", h) - val(n.tx_delay_ms, "Delay_Tx", n),
             "Eq. 6 differential delay",
             h,
         );

@@ -398,15 +398,15 @@ pub fn run(
                 r.no_optimal_server = a.no_optimal_server.saturating_sub(b.no_optimal_server);
                 r.derive(normal.get(d));
                 say(format!(
-                    "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
+                    "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
                     r.arm,
                     phase,
                     r.ok,
                     r.offered,
                     r.ok_rps,
                     r.shares(),
-                    r.bdmax_gbps,
-                    r.ping_rtt_avg_ms
+                    crate::report::fmt(r.bdmax_gbps, 3),
+                    crate::report::fmt(r.ping_rtt_avg_ms, 3)
                 ));
                 out.iperf
                     .push((format!("{} {phase}", r.arm), extra[d].clone()));
@@ -534,10 +534,10 @@ impl Drop for Monitor {
 
 /// The row `all`: the four domains together. HTTP counts, per-server responses and
 /// controller picks are sums (so shares and Jain are over the whole network, as in Case
-/// B); latency percentiles are the ok-weighted mean of the domains'; the iperf3 and ping
-/// figures are the mean of the four domains' (one sub-network on average).
+/// B); latency percentiles are over all the domains' ok requests together; the iperf3 and
+/// ping figures are the mean of the domains' that were measured (one sub-network on
+/// average), missing when none was.
 pub fn aggregate(rows: &[Row]) -> Row {
-    let n = rows.len().max(1) as f64;
     let mut a = Row {
         scenario: rows.first().map(|r| r.scenario.clone()).unwrap_or_default(),
         arm: "all".to_owned(),
@@ -547,20 +547,17 @@ pub fn aggregate(rows: &[Row]) -> Row {
         duration_s: rows.first().map_or(0.0, |r| r.duration_s),
         ..Row::default()
     };
-    let mut bytes = 0.0;
     for r in rows {
         a.offered += r.offered;
         a.clients_used += r.clients_used;
+        a.clients_failed += r.clients_failed;
         a.wall_s = a.wall_s.max(r.wall_s);
         a.sent += r.sent;
         a.ok += r.ok;
         a.failed += r.failed;
         a.http_503 += r.http_503;
         a.timeouts += r.timeouts;
-        let w = r.ok as f64;
-        a.lat_p50_ms += w * r.lat_p50_ms;
-        a.lat_p95_ms += w * r.lat_p95_ms;
-        a.lat_p99_ms += w * r.lat_p99_ms;
+        a.ok_latencies_ms.extend_from_slice(&r.ok_latencies_ms);
         a.srv1 += r.srv1;
         a.srv2 += r.srv2;
         a.srv3 += r.srv3;
@@ -570,20 +567,24 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.ctl_srv3 += r.ctl_srv3;
         a.ctl_srv4 += r.ctl_srv4;
         a.no_optimal_server += r.no_optimal_server;
-        bytes += r.iperf_bytes as f64;
-        a.iperf_secs += r.iperf_secs / n;
-        a.iperf_max_bps += r.iperf_max_bps / n;
-        a.ping_rtt_avg_ms += r.ping_rtt_avg_ms / n;
-        a.ping_loss_pct += r.ping_loss_pct / n;
         a.qos_pass_ok += r.qos_pass_ok;
     }
-    if a.ok > 0 {
-        let w = a.ok as f64;
-        a.lat_p50_ms /= w;
-        a.lat_p95_ms /= w;
-        a.lat_p99_ms /= w;
-    }
-    a.iperf_bytes = (bytes / n).round() as u64;
+    measure::set_percentiles(&mut a);
+    // Only the domains where iperf3 gave a result: its three figures come together.
+    let iperf: Vec<&Row> = rows.iter().filter(|r| r.iperf_max_bps.is_some()).collect();
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    a.iperf_max_bps = mean(iperf.iter().filter_map(|r| r.iperf_max_bps).collect());
+    a.iperf_secs = mean(iperf.iter().filter_map(|r| r.iperf_secs).collect());
+    a.iperf_bytes = mean(
+        iperf
+            .iter()
+            .filter_map(|r| r.iperf_bytes.map(|b| b as f64))
+            .collect(),
+    )
+    .map(|b| b.round() as u64);
+    // RTT and loss each over the domains that have it (no reply: a loss, but no RTT).
+    a.ping_rtt_avg_ms = mean(rows.iter().filter_map(|r| r.ping_rtt_avg_ms).collect());
+    a.ping_loss_pct = mean(rows.iter().filter_map(|r| r.ping_loss_pct).collect());
     a
 }
 
@@ -641,7 +642,7 @@ fn run_pass(
     }
     let url = format!("http://{VIP}/");
     let started = Instant::now();
-    let mut loads: Vec<Vec<ProcGuard>> = Vec::new();
+    let mut loads: Vec<Vec<measure::LoadClient>> = Vec::new();
     let mut counts_all = Vec::new();
     for d in 0..4 {
         let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(d as u64));
@@ -683,15 +684,18 @@ fn run_pass(
         match probe {
             Probe::Iperf => match measure::parse_iperf(&g.output()) {
                 Ok((bytes, s, intervals)) => {
-                    rows[d].iperf_bytes = bytes;
-                    rows[d].iperf_secs = s;
-                    rows[d].iperf_max_bps = intervals.iter().map(|i| i.1).fold(0.0, f64::max);
+                    rows[d].iperf_bytes = Some(bytes);
+                    rows[d].iperf_secs = Some(s);
+                    rows[d].iperf_max_bps = Some(measure::max_rate(&intervals));
                     iv = intervals;
                 }
                 Err(e) => eprintln!("flowgate lab: iperf3 in d{} gave no result: {e:#}", d + 1),
             },
             Probe::Ping => {
                 let (rtt, loss) = measure::parse_ping(&g.output());
+                if rtt.is_none() {
+                    eprintln!("flowgate lab: ping in d{} gave no round-trip time", d + 1);
+                }
                 rows[d].ping_rtt_avg_ms = rtt;
                 rows[d].ping_loss_pct = loss;
             }
@@ -735,8 +739,10 @@ mod tests {
             srv2: srv[1],
             srv3: srv[2],
             srv4: srv[3],
-            iperf_max_bps: bps,
-            iperf_bytes: 100,
+            iperf_max_bps: Some(bps),
+            iperf_bytes: Some(100),
+            iperf_secs: Some(10.0),
+            ping_rtt_avg_ms: Some(1.0),
             ..Row::default()
         };
         let a = aggregate(&[
@@ -746,6 +752,35 @@ mod tests {
             r(4, [0, 0, 0, 4], 3e9),
         ]);
         assert_eq!((a.ok, a.shares()), (20, [6, 4, 6, 4]));
-        assert_eq!((a.iperf_max_bps, a.iperf_bytes), (2e9, 100));
+        assert_eq!((a.iperf_max_bps, a.iperf_bytes), (Some(2e9), Some(100)));
+    }
+
+    /// A domain whose iperf3 or ping failed is left out of the `all` row's means (it used
+    /// to count as a zero); its latencies are all the domains' ok requests together.
+    #[test]
+    fn all_row_leaves_out_failed_measurements() {
+        let r = |bps: Option<f64>, rtt: Option<f64>, lat: Vec<f64>| Row {
+            ok: lat.len() as u64,
+            iperf_max_bps: bps,
+            iperf_bytes: bps.map(|b| (b / 8.0) as u64),
+            iperf_secs: bps.map(|_| 1.0),
+            ping_rtt_avg_ms: rtt,
+            ping_loss_pct: rtt.map(|_| 0.0),
+            ok_latencies_ms: lat,
+            ..Row::default()
+        };
+        let mut a = aggregate(&[
+            r(Some(4e9), Some(1.0), vec![1.0; 90]),
+            r(None, Some(3.0), vec![50.0; 10]),
+            r(Some(2e9), None, vec![]),
+            r(None, None, vec![]),
+        ]);
+        a.derive(None);
+        assert_eq!(a.iperf_max_bps, Some(3e9));
+        assert_eq!(a.iperf_bytes, Some(375_000_000));
+        assert_eq!(a.ping_rtt_avg_ms, Some(2.0));
+        assert_eq!((a.lat_p50_ms, a.lat_p95_ms), (Some(1.0), Some(50.0)));
+        let none = aggregate(&[r(None, None, vec![]), r(None, None, vec![])]);
+        assert_eq!((none.iperf_max_bps, none.ping_rtt_avg_ms), (None, None));
     }
 }

@@ -269,7 +269,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         md.replacen(
             "\n\n#### ",
             &format!(
-                "\n\nCase C: four domains, clients per domain {:?}, one server each (server d = 100.0.0.d), all clients to the VIP {}; four domain controllers (ISSLM, role domain), two global controllers (role global), one-node etcd. Requests per domain C_d1..C_d4: normal {:?}, heavy {:?} (the paper's 6000/4000/6000/4000 proportions). Each row is one domain: iperf3 from its server to its first client, ping from its second client to its server, the HTTP load of its own clients; %I_SL and %D_Transfer are against the same domain's normal phase. Row `all` is the four domains together: HTTP counts, server shares, Jain and controller picks summed over the network (comparable with Case B's ISSLM arm), latency percentiles the ok-weighted mean of the domains', iperf3 and ping figures the mean of the four domains'.\n\nWhat the domain controllers reported during each phase (sampled every 250 ms over both passes):\n\n{}\n\n#### ",
+                "\n\nCase C: four domains, clients per domain {:?}, one server each (server d = 100.0.0.d), all clients to the VIP {}; four domain controllers (ISSLM, role domain), two global controllers (role global), one-node etcd. Requests per domain C_d1..C_d4: normal {:?}, heavy {:?} (the paper's 6000/4000/6000/4000 proportions). Each row is one domain: iperf3 from its server to its first client, ping from its second client to its server, the HTTP load of its own clients; %I_SL and %D_Transfer are against the same domain's normal phase. Row `all` is the four domains together: HTTP counts, server shares, Jain and controller picks summed over the network (comparable with Case B's ISSLM arm), latency percentiles over all the domains' ok requests together, iperf3 and ping figures the mean of the domains' measured ones.\n\nWhat the domain controllers reported during each phase (sampled every 250 ms over both passes):\n\n{}\n\n#### ",
                 casec::clients_per_domain(p.clients),
                 casec::VIP,
                 n,
@@ -501,15 +501,15 @@ fn run_arms(
                 .saturating_sub(before.no_optimal_server);
             row.derive(normal.as_ref());
             let line = format!(
-                "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {:.3} Gb/s  RTT {:.3} ms",
+                "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
                 arm.label,
                 phase,
                 row.ok,
                 row.offered,
                 row.ok_rps,
                 row.shares(),
-                row.bdmax_gbps,
-                row.ping_rtt_avg_ms
+                report::fmt(row.bdmax_gbps, 3),
+                report::fmt(row.ping_rtt_avg_ms, 3)
             );
             if pb.is_hidden() {
                 eprintln!("{line}");
@@ -688,11 +688,14 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
         if f.len() != 4 {
             continue;
         }
-        let (t, bps, b): (f64, f64, f64) = (
-            f[1].parse().unwrap_or(0.0),
-            f[2].parse().unwrap_or(0.0),
-            f[3].parse().unwrap_or(0.0),
-        );
+        // An unreadable line is no point (a zero would look measured).
+        let (Ok(t), Ok(bps), Ok(b)) = (
+            f[1].parse::<f64>(),
+            f[2].parse::<f64>(),
+            f[3].parse::<f64>(),
+        ) else {
+            continue;
+        };
         if bw.last().map(|s| s.0.as_str()) != Some(f[0]) {
             bw.push((f[0].to_owned(), Vec::new()));
             tr.push((f[0].to_owned(), Vec::new()));
@@ -737,16 +740,17 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
         }
         v
     };
-    let pick = |phase: &str, f: &dyn Fn(&Row) -> f64| -> Vec<f64> {
+    // A missing row or a failed measurement is no bar, not a zero one.
+    let pick = |phase: &str, f: &dyn Fn(&Row) -> Option<f64>| -> Vec<Option<f64>> {
         arms.iter()
             .map(|a| {
                 rows.iter()
                     .find(|r| &r.arm == a && r.phase == phase)
-                    .map_or(0.0, f)
+                    .and_then(f)
             })
             .collect()
     };
-    type Chart<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Row) -> f64);
+    type Chart<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Row) -> Option<f64>);
     let charts: [Chart<'_>; 4] = [
         ("bdmax", "B_d(max), normal vs heavy", "Gb/s", &|r: &Row| {
             r.bdmax_gbps
@@ -761,7 +765,7 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
             "ok-rate",
             "HTTP requests answered 2xx per second",
             "req/s",
-            &|r: &Row| r.ok_rps,
+            &|r: &Row| Some(r.ok_rps),
         ),
         ("p99", "HTTP p99 latency", "ms", &|r: &Row| r.lat_p99_ms),
     ];
@@ -787,16 +791,16 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
         &arms,
         &[(
             "heavy − normal".to_owned(),
-            pick("heavy", &|r: &Row| r.diff_delay_ms.unwrap_or(0.0)),
+            pick("heavy", &|r: &Row| r.diff_delay_ms),
         )],
     )?;
     files.push(path);
     let path = out.join(format!("{name}-shares.svg"));
-    let share = |i: usize| -> Vec<f64> {
+    let share = |i: usize| -> Vec<Option<f64>> {
         pick("heavy", &|r: &Row| {
             let s = r.shares();
             let t: u64 = s.iter().sum();
-            if t == 0 { 0.0 } else { s[i] as f64 / t as f64 }
+            Some(if t == 0 { 0.0 } else { s[i] as f64 / t as f64 })
         })
     };
     plot::bars(

@@ -13,7 +13,8 @@
 //! The QoS figures follow the paper's equations on those raw values, see [`Row::derive`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -25,8 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::net::{IPERF_PORT, LabNet, REQUESTED};
 
 /// One row of a scenario's results: an arm in one phase. The first block is raw
-/// measurements, the second is derived from them by the paper's equations.
+/// measurements, the second is derived from them by the paper's equations. `None` is a
+/// measurement that failed (or a figure derived from one): it is never a zero.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Row {
     pub scenario: String,
     pub arm: String,
@@ -37,15 +40,17 @@ pub struct Row {
     pub offered: u64,
     pub duration_s: f64,
     pub clients_used: u64,
+    /// Load clients that gave no report (their requests count as failed).
+    pub clients_failed: u64,
     pub wall_s: f64,
     pub sent: u64,
     pub ok: u64,
     pub failed: u64,
     pub http_503: u64,
     pub timeouts: u64,
-    pub lat_p50_ms: f64,
-    pub lat_p95_ms: f64,
-    pub lat_p99_ms: f64,
+    pub lat_p50_ms: Option<f64>,
+    pub lat_p95_ms: Option<f64>,
+    pub lat_p99_ms: Option<f64>,
     pub srv1: u64,
     pub srv2: u64,
     pub srv3: u64,
@@ -55,23 +60,27 @@ pub struct Row {
     pub ctl_srv3: u64,
     pub ctl_srv4: u64,
     pub no_optimal_server: u64,
-    pub iperf_bytes: u64,
-    pub iperf_secs: f64,
-    pub iperf_max_bps: f64,
-    pub ping_rtt_avg_ms: f64,
-    pub ping_loss_pct: f64,
+    pub iperf_bytes: Option<u64>,
+    pub iperf_secs: Option<f64>,
+    pub iperf_max_bps: Option<f64>,
+    pub ping_rtt_avg_ms: Option<f64>,
+    pub ping_loss_pct: Option<f64>,
     pub qos_pass_ok: u64,
     // --- derived ---
     pub ok_rps: f64,
     pub jain: f64,
-    pub bdmax_gbps: f64,
-    pub dtransfer_gb: f64,
-    pub th_gbps: f64,
-    pub de2e_ms: f64,
-    pub tx_delay_ms: f64,
+    pub bdmax_gbps: Option<f64>,
+    pub dtransfer_gb: Option<f64>,
+    pub th_gbps: Option<f64>,
+    pub de2e_ms: Option<f64>,
+    pub tx_delay_ms: Option<f64>,
     pub isl_pct: Option<f64>,
     pub dtransfer_pct: Option<f64>,
     pub diff_delay_ms: Option<f64>,
+    /// Latency of every ok request of the phase (ms), kept so rows can be merged into
+    /// true percentiles (Case C's `all`); not written out.
+    #[serde(skip)]
+    pub ok_latencies_ms: Vec<f64>,
 }
 
 /// Jain's fairness index of `x`: (Σx)² / (n Σx²); 1 when all equal, 1/n when one has all.
@@ -91,8 +100,9 @@ impl Row {
         [self.srv1, self.srv2, self.srv3, self.srv4]
     }
 
-    /// Fills the derived columns from the raw ones; `normal` is the same arm's normal
-    /// phase (the baseline of Eqs. 2, 3 and 6), `None` for the normal phase itself.
+    /// Fills the derived columns from the raw ones; `normal` is the normal-load baseline
+    /// of Eqs. 2, 3 and 6 (see `Params::shared_normal_qos`), `None` for a normal phase.
+    /// A figure whose inputs are missing is missing too.
     ///
     /// * Eq. 1: T_h = D_Transfer / time, in Gb/s: 8 · D_Transfer\[GB\] / iperf seconds.
     /// * Eq. 2: %I_SL = 100 − 100 · B_d(max)(heavy) / B_d(max)(normal).
@@ -108,26 +118,26 @@ impl Row {
         };
         let sh = self.shares().map(|v| v as f64);
         self.jain = jain(&sh);
-        self.bdmax_gbps = self.iperf_max_bps / 1e9;
-        self.dtransfer_gb = self.iperf_bytes as f64 / 1e9;
-        self.th_gbps = if self.iperf_secs > 0.0 {
-            8.0 * self.dtransfer_gb / self.iperf_secs
-        } else {
-            0.0
+        self.bdmax_gbps = self.iperf_max_bps.map(|b| b / 1e9);
+        self.dtransfer_gb = self.iperf_bytes.map(|b| b as f64 / 1e9);
+        self.th_gbps = match (self.dtransfer_gb, self.iperf_secs) {
+            (Some(d), Some(s)) if s > 0.0 => Some(8.0 * d / s),
+            _ => None,
         };
-        self.de2e_ms = self.ping_rtt_avg_ms / 2.0;
-        self.tx_delay_ms = if self.bdmax_gbps > 0.0 {
-            self.dtransfer_gb * 8.0 / self.bdmax_gbps * 1000.0
-        } else {
-            0.0
+        self.de2e_ms = self.ping_rtt_avg_ms.map(|r| r / 2.0);
+        self.tx_delay_ms = match (self.dtransfer_gb, self.bdmax_gbps) {
+            (Some(d), Some(b)) if b > 0.0 => Some(d * 8.0 / b * 1000.0),
+            _ => None,
+        };
+        let pct = |heavy: Option<f64>, normal: Option<f64>| match (heavy, normal) {
+            (Some(h), Some(n)) if n > 0.0 => Some(100.0 - 100.0 * h / n),
+            _ => None,
         };
         match normal {
             Some(n) => {
-                self.isl_pct =
-                    (n.bdmax_gbps > 0.0).then(|| 100.0 - 100.0 * self.bdmax_gbps / n.bdmax_gbps);
-                self.dtransfer_pct = (n.dtransfer_gb > 0.0)
-                    .then(|| 100.0 - 100.0 * self.dtransfer_gb / n.dtransfer_gb);
-                self.diff_delay_ms = Some(self.tx_delay_ms - n.tx_delay_ms);
+                self.isl_pct = pct(self.bdmax_gbps, n.bdmax_gbps);
+                self.dtransfer_pct = pct(self.dtransfer_gb, n.dtransfer_gb);
+                self.diff_delay_ms = self.tx_delay_ms.zip(n.tx_delay_ms).map(|(h, n)| h - n);
             }
             None => {
                 self.isl_pct = None;
@@ -135,6 +145,16 @@ impl Row {
                 self.diff_delay_ms = None;
             }
         }
+    }
+
+    /// Measurements of this row that failed: (iperf3 gave no result, ping gave no RTT,
+    /// load clients of the HTTP pass that gave no report).
+    pub fn failures(&self) -> (u64, u64, u64) {
+        (
+            u64::from(self.iperf_max_bps.is_none()),
+            u64::from(self.ping_rtt_avg_ms.is_none()),
+            self.clients_failed,
+        )
     }
 }
 
@@ -145,8 +165,11 @@ pub(crate) struct LoadJson {
     ok: u64,
     failed: u64,
     errors: LoadErrors,
-    latency_ms: LoadLatency,
     per_backend: BTreeMap<String, u64>,
+    /// Latency (ms) of each ok request, from the client's `--conn-log`; `None` when that
+    /// file could not be read.
+    #[serde(skip)]
+    ok_ms: Option<Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -154,13 +177,6 @@ struct LoadErrors {
     connect_timeout: u64,
     timeout: u64,
     http_status: BTreeMap<String, u64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-struct LoadLatency {
-    p50: f64,
-    p95: f64,
-    p99: f64,
 }
 
 /// One iperf3 interval: end time (s), rate (bit/s), bytes.
@@ -265,9 +281,9 @@ pub fn run_phase(
         }
     }) {
         Ok((bytes, secs, intervals)) => {
-            row.iperf_bytes = bytes;
-            row.iperf_secs = secs;
-            row.iperf_max_bps = intervals.iter().map(|i| i.1).fold(0.0, f64::max);
+            row.iperf_bytes = Some(bytes);
+            row.iperf_secs = Some(secs);
+            row.iperf_max_bps = Some(max_rate(&intervals));
             extra.intervals = intervals;
         }
         Err(e) if iperf_on => eprintln!("flowgate lab: iperf3 gave no result: {e:#}"),
@@ -275,18 +291,47 @@ pub fn run_phase(
     }
     if !iperf_on {
         let (rtt, loss) = parse_ping(&ping.output());
+        if rtt.is_none() {
+            eprintln!("flowgate lab: ping gave no round-trip time (loss {loss:?} %)");
+        }
         row.ping_rtt_avg_ms = rtt;
         row.ping_loss_pct = loss;
     }
     Ok(extra)
 }
 
+/// B_d(max): the largest interval rate; an iperf3 test without intervals has none.
+pub fn max_rate(intervals: &[Interval]) -> f64 {
+    intervals.iter().map(|i| i.1).fold(0.0, f64::max)
+}
+
+/// The `q` quantile (0..=1) of `sorted` by nearest rank, as hdrhistogram's
+/// `value_at_quantile`: the smallest value with at least q of the samples at or below it.
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+    Some(sorted[rank - 1])
+}
+
+/// Sets the row's p50/p95/p99 from `ok_latencies_ms`; missing when it has no samples, or
+/// fewer than the row's ok count (a client's samples were lost: percentiles of the rest
+/// would be biased).
+pub fn set_percentiles(row: &mut Row) {
+    row.ok_latencies_ms.sort_by(f64::total_cmp);
+    let s = &row.ok_latencies_ms;
+    let complete = s.len() as u64 == row.ok;
+    let q = |q| quantile(s, q).filter(|_| complete);
+    (row.lat_p50_ms, row.lat_p95_ms, row.lat_p99_ms) = (q(0.50), q(0.95), q(0.99));
+}
+
 /// Folds the clients' `flowgate load` reports into `row`: sums, per-server responses, and
-/// latency percentiles as the ok-weighted mean of each client's percentile (each client
-/// reports only its own). `counts` are the requests each client was given (clients with
-/// none have no report).
+/// latency percentiles over all the clients' ok requests together (each client's own
+/// percentiles cannot be combined into the phase's). `counts` are the requests each client
+/// was given (clients with none have no report).
 pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &mut Row) {
-    let (mut w, mut p50, mut p95, mut p99) = (0.0, 0.0, 0.0, 0.0);
     let mut per: BTreeMap<String, u64> = BTreeMap::new();
     let mut missing = 0;
     for r in reports {
@@ -299,16 +344,15 @@ pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &m
         row.failed += r.failed;
         row.http_503 += r.errors.http_status.get("503").copied().unwrap_or(0);
         row.timeouts += r.errors.timeout + r.errors.connect_timeout;
-        let wt = r.ok as f64;
-        w += wt;
-        p50 += wt * r.latency_ms.p50;
-        p95 += wt * r.latency_ms.p95;
-        p99 += wt * r.latency_ms.p99;
+        row.ok_latencies_ms
+            .extend(r.ok_ms.iter().flatten().copied());
         for (k, v) in &r.per_backend {
             *per.entry(k.clone()).or_default() += v;
         }
     }
+    row.clients_failed += missing;
     if missing > 0 {
+        eprintln!("flowgate lab: {missing} load client(s) gave no report");
         // A client that produced no report counts all its requests as failed.
         let lost: u64 = counts
             .iter()
@@ -320,15 +364,34 @@ pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &m
         row.failed += lost;
         row.sent += lost;
     }
-    if w > 0.0 {
-        row.lat_p50_ms = p50 / w;
-        row.lat_p95_ms = p95 / w;
-        row.lat_p99_ms = p99 / w;
-    }
+    set_percentiles(row);
     row.srv1 = per.get("srv1").copied().unwrap_or(0);
     row.srv2 = per.get("srv2").copied().unwrap_or(0);
     row.srv3 = per.get("srv3").copied().unwrap_or(0);
     row.srv4 = per.get("srv4").copied().unwrap_or(0);
+}
+
+/// Latencies (ms) of the ok (2xx) requests in a `--conn-log` file
+/// (`PORT BACKEND STATUS|ERROR MS` per request).
+pub(crate) fn parse_conn_log(text: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let status: u16 = f.get(2)?.parse().ok()?;
+            (200..300)
+                .contains(&status)
+                .then(|| f.get(3)?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// A client's report: its `--json` output, with its ok requests' latencies from its
+/// `--conn-log` text (`None` when that file was unreadable).
+pub(crate) fn parse_client(out: &str, conn_log: Option<&str>) -> Option<LoadJson> {
+    let mut r = parse_load(out)?;
+    r.ok_ms = conn_log.map(parse_conn_log);
+    Some(r)
 }
 
 pub(crate) fn parse_load(out: &str) -> Option<LoadJson> {
@@ -357,9 +420,26 @@ pub fn iperf_client_argv<'a>(dst: &'a str, port: &'a str, secs: &'a str) -> [&'a
     ]
 }
 
+/// A running `flowgate load` client and the file of its per-request log (removed when
+/// dropped).
+#[derive(Debug)]
+pub struct LoadClient {
+    guard: ProcGuard,
+    conn_log: PathBuf,
+}
+
+impl Drop for LoadClient {
+    fn drop(&mut self) {
+        // Stopped first, so it cannot write the file after it is removed.
+        self.guard.kill();
+        let _ = std::fs::remove_file(&self.conn_log);
+    }
+}
+
 /// Starts one `flowgate load` client on `host`: `requests` requests to `url` at an even
 /// rate over `secs`, stopping `secs` + 2 s after the start whatever is left, each request
-/// given up after `timeout_ms`.
+/// given up after `timeout_ms`. Each request's latency goes to a `--conn-log` file, so
+/// the phase's percentiles can be taken over all clients' requests together.
 pub fn spawn_paced_load(
     flowgate: &Path,
     host: &Host,
@@ -367,30 +447,41 @@ pub fn spawn_paced_load(
     requests: u64,
     secs: f64,
     timeout_ms: u64,
-) -> Result<ProcGuard> {
+) -> Result<LoadClient> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let conn_log = std::env::temp_dir().join(format!(
+        "flowgate-lab-conns-{}-{}.txt",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let fg = flowgate.to_string_lossy();
     let rate = format!("{:.3}", requests as f64 / secs);
     let requests = requests.to_string();
     let dur = format!("{:.1}", secs + 2.0);
     let to = timeout_ms.to_string();
-    host.spawn(&[
-        &*fg,
-        "--log",
-        "error",
-        "load",
-        "--url",
-        url,
-        "--requests",
-        &requests,
-        "--rate",
-        &rate,
-        "--duration-secs",
-        &dur,
-        "--timeout-ms",
-        &to,
-        "--json",
-    ])
-    .context("spawn load")
+    let log = conn_log.to_string_lossy();
+    let guard = host
+        .spawn(&[
+            &*fg,
+            "--log",
+            "error",
+            "load",
+            "--url",
+            url,
+            "--requests",
+            &requests,
+            "--rate",
+            &rate,
+            "--duration-secs",
+            &dur,
+            "--timeout-ms",
+            &to,
+            "--json",
+            "--conn-log",
+            &log,
+        ])
+        .context("spawn load")?;
+    Ok(LoadClient { guard, conn_log })
 }
 
 /// When to stop waiting for load clients started at `started`: the phase, the client
@@ -402,11 +493,12 @@ pub fn load_deadline(started: Instant, secs: f64, timeout_ms: u64) -> Instant {
 /// Waits for each load client (killing any still running at `deadline`) and parses what
 /// each reported.
 pub(crate) fn wait_loads<'a>(
-    loads: impl IntoIterator<Item = &'a mut ProcGuard>,
+    loads: impl IntoIterator<Item = &'a mut LoadClient>,
     deadline: Instant,
 ) -> Result<Vec<Option<LoadJson>>> {
     let mut reports = Vec::new();
-    for g in loads {
+    for c in loads {
+        let g = &mut c.guard;
         while g.try_wait()?.is_none() {
             if Instant::now() > deadline {
                 g.kill();
@@ -414,7 +506,8 @@ pub(crate) fn wait_loads<'a>(
             }
             crate::signal::sleep(Duration::from_millis(20))?;
         }
-        reports.push(parse_load(&g.output()));
+        let log = std::fs::read_to_string(&c.conn_log).ok();
+        reports.push(parse_client(&g.output(), log.as_deref()));
     }
     Ok(reports)
 }
@@ -442,24 +535,20 @@ pub fn parse_iperf(out: &str) -> Result<(u64, f64, Vec<Interval>)> {
     Ok((bytes, secs, intervals))
 }
 
-/// Parses ping's summary: (mean RTT ms, loss %). Zeros when absent.
-pub fn parse_ping(out: &str) -> (f64, f64) {
-    let mut rtt = 0.0;
-    let mut loss = 0.0;
+/// Parses ping's summary: (mean RTT ms, loss %), each `None` when ping did not print it
+/// (no summary at all, or no reply, hence no RTT line).
+pub fn parse_ping(out: &str) -> (Option<f64>, Option<f64>) {
+    let mut rtt = None;
+    let mut loss = None;
     for l in out.lines() {
         if let Some(rest) = l.split(" = ").nth(1).filter(|_| l.starts_with("rtt")) {
-            rtt = rest
-                .split('/')
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
+            rtt = rest.split('/').nth(1).and_then(|v| v.parse().ok());
         }
         if let Some(i) = l.find("% packet loss") {
             loss = l[..i]
                 .rsplit([' ', ','])
                 .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
+                .and_then(|v| v.parse().ok());
         }
     }
     (rtt, loss)
@@ -475,35 +564,154 @@ mod tests {
         assert!((jain(&[0.0, 5.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
     }
 
+    fn iperf(max_bps: f64, bytes: u64, secs: f64) -> Row {
+        Row {
+            iperf_max_bps: Some(max_bps),
+            iperf_bytes: Some(bytes),
+            iperf_secs: Some(secs),
+            ping_rtt_avg_ms: Some(0.5),
+            ping_loss_pct: Some(0.0),
+            ..Row::default()
+        }
+    }
+
+    fn close(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| (a - b).abs() < 0.01)
+    }
+
     #[test]
     fn paper_case_a_numbers_satisfy_the_equations() {
-        let n = Row {
-            iperf_max_bps: 6.5e9,
-            iperf_bytes: 7_019_000_000,
-            iperf_secs: 10.0,
-            ..Row::default()
-        };
-        let mut n2 = n.clone();
-        n2.derive(None);
-        assert!((n2.th_gbps - 5.6152).abs() < 1e-9);
-        let mut h = Row {
-            iperf_max_bps: 1.449e9,
-            iperf_bytes: 1_652_000_000,
-            iperf_secs: 10.0,
-            ..Row::default()
-        };
-        h.derive(Some(&n2));
-        assert!((h.th_gbps - 1.3216).abs() < 1e-9);
-        assert!((h.isl_pct.unwrap_or(0.0) - 77.71).abs() < 0.01);
-        assert!((h.dtransfer_pct.unwrap_or(0.0) - 76.46).abs() < 0.01);
+        let mut n = iperf(6.5e9, 7_019_000_000, 10.0);
+        n.derive(None);
+        assert!(close(n.th_gbps, 5.6152));
+        let mut h = iperf(1.449e9, 1_652_000_000, 10.0);
+        h.derive(Some(&n));
+        assert!(close(h.th_gbps, 1.3216));
+        assert!(close(h.isl_pct, 77.71));
+        assert!(close(h.dtransfer_pct, 76.46));
+    }
+
+    /// A failed iperf3 or ping leaves its figures and everything derived from them
+    /// missing: no B_d(max) of 0 giving %I_SL 100 and a negative ΔDelay, no D_E-E of 0.
+    #[test]
+    fn failed_measurements_stay_missing_in_the_equations() {
+        let mut n = iperf(6.5e9, 7_019_000_000, 10.0);
+        n.derive(None);
+        let mut h = Row::default();
+        h.derive(Some(&n));
+        assert_eq!(
+            (
+                h.bdmax_gbps,
+                h.dtransfer_gb,
+                h.th_gbps,
+                h.tx_delay_ms,
+                h.de2e_ms
+            ),
+            (None, None, None, None, None)
+        );
+        assert_eq!(
+            (h.isl_pct, h.dtransfer_pct, h.diff_delay_ms),
+            (None, None, None)
+        );
+        assert_eq!(h.failures(), (1, 1, 0));
+        assert_eq!(n.failures(), (0, 0, 0));
+        // A failed baseline: the heavy row's own figures stand, the comparisons cannot.
+        let mut h = iperf(1.449e9, 1_652_000_000, 10.0);
+        h.derive(Some(&Row::default()));
+        assert!(close(h.bdmax_gbps, 1.449) && h.de2e_ms == Some(0.25));
+        assert_eq!(
+            (h.isl_pct, h.dtransfer_pct, h.diff_delay_ms),
+            (None, None, None)
+        );
     }
 
     #[test]
     fn ping_summary_parses() {
         let out = "5 packets transmitted, 5 received, 0% packet loss, time 801ms\nrtt min/avg/max/mdev = 0.045/0.080/0.200/0.020 ms\n";
-        assert_eq!(parse_ping(out), (0.080, 0.0));
+        assert_eq!(parse_ping(out), (Some(0.080), Some(0.0)));
         let out = "10 packets transmitted, 9 received, 10% packet loss, time 1801ms\n";
-        assert_eq!(parse_ping(out).1, 10.0);
+        assert_eq!(parse_ping(out).1, Some(10.0));
+        // No reply: a loss, but no round-trip time; no summary: nothing.
+        let out = "5 packets transmitted, 0 received, 100% packet loss, time 4000ms\n";
+        assert_eq!(parse_ping(out), (None, Some(100.0)));
+        assert_eq!(
+            parse_ping("ping: connect: Network is unreachable\n"),
+            (None, None)
+        );
+    }
+
+    /// One client's `--json` report and `--conn-log` text: `ok` requests at the given
+    /// latencies, one 503 and one timeout; its own percentiles as the client reports them.
+    fn client(lat: &[f64]) -> (String, String) {
+        let mut sorted = lat.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let p = |q| quantile(&sorted, q).unwrap_or(0.0);
+        let json = format!(
+            r#"{{"url":"http://100.0.0.2/","sent":{},"ok":{},"failed":2,"errors":{{"connect_refused":0,"connect_timeout":0,"unreachable":0,"reset":0,"timeout":1,"http_status":{{"503":1}},"other":0}},"latency_ms":{{"min":0,"p50":{},"p95":{},"p99":{},"max":0,"mean":0}},"per_backend":{{"srv2":{}}},"bytes":0,"elapsed_secs":1,"achieved_rate":1}}"#,
+            lat.len() + 2,
+            lat.len(),
+            p(0.50),
+            p(0.95),
+            p(0.99),
+            lat.len() + 1
+        );
+        let mut log: String = lat
+            .iter()
+            .enumerate()
+            .map(|(i, ms)| format!("{} srv2 200 {ms:.3}\n", 40000 + i))
+            .collect();
+        log += "39999 srv2 503 3000.000\n- - Timeout 2000.000\n";
+        (json, log)
+    }
+
+    /// Two clients of different sizes: the phase's percentiles are those of all 110 ok
+    /// requests, not the ok-weighted mean of each client's (p95 105.5, p50 64.1 here).
+    #[test]
+    fn percentiles_are_over_all_clients_requests() {
+        let a: Vec<f64> = (1..=100).map(f64::from).collect();
+        let b: Vec<f64> = (201..=210).map(f64::from).collect();
+        let (ja, la) = (client(&a), client(&b));
+        let reports = [
+            parse_client(&ja.0, Some(&ja.1)),
+            parse_client(&la.0, Some(&la.1)),
+        ];
+        let mut row = Row::default();
+        fold_reports(&reports, &[102, 12], &mut row);
+        assert_eq!(
+            (row.ok, row.failed, row.http_503, row.timeouts),
+            (110, 4, 2, 2)
+        );
+        // Merged: p50 is the 55th of 110 (55 ms), p95 the 105th (205), p99 the 109th (209).
+        assert_eq!(
+            (row.lat_p50_ms, row.lat_p95_ms, row.lat_p99_ms),
+            (Some(55.0), Some(205.0), Some(209.0))
+        );
+        let weighted_p95 = (100.0 * 95.0 + 10.0 * 210.0) / 110.0;
+        assert!((row.lat_p95_ms.unwrap_or(0.0) - weighted_p95).abs() > 50.0);
+    }
+
+    /// A client without a report counts as a failed measurement and its requests as
+    /// failed; a client whose samples were lost leaves the percentiles missing rather than
+    /// taken over the others' requests only.
+    #[test]
+    fn lost_clients_and_samples_are_counted_not_hidden() {
+        let (j, l) = client(&[5.0, 6.0]);
+        let mut row = Row::default();
+        fold_reports(&[parse_client(&j, Some(&l)), None], &[4, 7], &mut row);
+        assert_eq!((row.clients_failed, row.sent, row.failed), (1, 11, 9));
+        assert_eq!(row.failures().2, 1);
+        assert_eq!(row.lat_p50_ms, Some(5.0));
+        let mut row = Row::default();
+        fold_reports(
+            &[parse_client(&j, Some(&l)), parse_client(&j, None)],
+            &[4, 4],
+            &mut row,
+        );
+        assert_eq!((row.ok, row.lat_p50_ms, row.lat_p99_ms), (4, None, None));
+        // No ok request at all: no latency, not a latency of 0.
+        let mut row = Row::default();
+        fold_reports(&[parse_client(&client(&[]).0, Some(""))], &[2], &mut row);
+        assert_eq!((row.ok, row.lat_p50_ms), (0, None));
     }
 
     #[test]

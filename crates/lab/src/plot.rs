@@ -98,13 +98,14 @@ fn draw_lines(
     Ok(())
 }
 
-/// Grouped bar chart: one group per category, one bar per series.
+/// Grouped bar chart: one group per category, one bar per series; a `None` value (a
+/// failed measurement) leaves its bar out rather than drawing a zero.
 pub fn bars(
     path: &Path,
     title: &str,
     y: &str,
     categories: &[String],
-    series: &[(String, Vec<f64>)],
+    series: &[(String, Vec<Option<f64>>)],
 ) -> Result<()> {
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -112,12 +113,12 @@ pub fn bars(
     let k = series.len().max(1);
     let ymin = series
         .iter()
-        .flat_map(|s| s.1.iter().copied())
+        .flat_map(|s| s.1.iter().flatten().copied())
         .fold(0.0, f64::min)
         * 1.1;
     let ymax = series
         .iter()
-        .flat_map(|s| s.1.iter().copied())
+        .flat_map(|s| s.1.iter().flatten().copied())
         .fold(0.0, f64::max)
         .max(1e-9)
         * 1.15;
@@ -148,9 +149,9 @@ pub fn bars(
     for (si, (name, vals)) in series.iter().enumerate() {
         let c = COLORS[si % COLORS.len()];
         chart
-            .draw_series(vals.iter().enumerate().map(|(ci, v)| {
+            .draw_series(vals.iter().enumerate().filter_map(|(ci, v)| {
                 let x0 = ci as f64 + 0.1 + si as f64 * w;
-                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, *v)], c.filled())
+                v.map(|v| Rectangle::new([(x0, 0.0), (x0 + w * 0.9, v)], c.filled()))
             }))
             .map_err(err)?
             .label(name.as_str())
@@ -165,4 +166,28 @@ pub fn bars(
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed measurement (`None`) is no bar; a measured zero is still drawn.
+    #[test]
+    fn missing_values_draw_no_bar() {
+        let rects = |vals: Vec<Option<f64>>| {
+            let path = std::env::temp_dir().join(format!(
+                "flowgate-lab-bars-{}-{}.svg",
+                std::process::id(),
+                vals.iter().flatten().count()
+            ));
+            let cats = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+            bars(&path, "t", "y", &cats, &[("s".to_owned(), vals)]).expect("plot");
+            let svg = std::fs::read_to_string(&path).expect("svg");
+            let _ = std::fs::remove_file(&path);
+            svg.matches("<rect").count()
+        };
+        let all = rects(vec![Some(1.0), Some(0.0), Some(2.0)]);
+        assert_eq!(rects(vec![Some(1.0), None, Some(2.0)]), all - 1);
+    }
 }

@@ -126,6 +126,7 @@ pub const COLUMNS: &[&str] = &[
     "offered",
     "duration_s",
     "clients_used",
+    "clients_failed",
     "wall_s",
     "sent",
     "ok",
@@ -170,9 +171,11 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
     for l in lines.filter(|l| !l.is_empty()) {
         let mut m = serde_json::Map::new();
         for (k, v) in header.iter().zip(l.split(',')) {
-            let val = if v.is_empty() {
-                serde_json::Value::Null
-            } else if let Ok(n) = v.parse::<u64>() {
+            // An empty cell is a missing value: the field's default (`None`, "").
+            if v.is_empty() {
+                continue;
+            }
+            let val = if let Ok(n) = v.parse::<u64>() {
                 serde_json::Value::from(n)
             } else if let Ok(f) = v.parse::<f64>() {
                 serde_json::Value::from(f)
@@ -186,13 +189,46 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// What a table shows for a missing value: a measurement that failed, or a figure that
+/// does not apply (the normal phase's %I_SL).
+pub const MISSING: &str = "—";
+
+/// `v` with `digits` decimals, or [`MISSING`].
+pub fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.digits$}"))
+}
+
 fn opt(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into())
+    fmt(v, 2)
+}
+
+/// The sentence that counts the failed measurements of `rows` (Case C's `all` row, made
+/// from the others, is not counted), or `None` when none failed.
+pub fn failures(rows: &[Row]) -> Option<String> {
+    let measured: Vec<&Row> = rows.iter().filter(|r| r.arm != "all").collect();
+    let (mut iperf, mut ping, mut clients) = (0, 0, 0);
+    for r in &measured {
+        let (i, p, c) = r.failures();
+        iperf += i;
+        ping += p;
+        clients += c;
+    }
+    let used: u64 = measured.iter().map(|r| r.clients_used).sum();
+    (iperf + ping + clients > 0).then(|| {
+        format!(
+            "**Failed measurements: {}** — iperf3 gave no result in {iperf} of {n} rows, ping no round-trip time in {ping} of {n}, {clients} of {used} load clients no report (their requests count as failed). Missing figures are shown as {MISSING} (empty in the CSV) and left out of averages and plots; never as zeros.",
+            iperf + ping + clients,
+            n = measured.len(),
+        )
+    })
 }
 
 /// The QoS table (the paper's columns) and the HTTP table, as Markdown.
 pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let mut s = String::new();
+    if let Some(f) = failures(rows) {
+        let _ = writeln!(s, "{f}\n");
+    }
     let _ = writeln!(s, "#### {scenario}: QoS (the paper's measures)\n");
     let _ = writeln!(
         s,
@@ -202,16 +238,16 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.3} | {:.3} | {:.3} | {} | {} | {:.3} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.arm,
             r.phase,
-            r.bdmax_gbps,
-            r.th_gbps,
-            r.dtransfer_gb,
+            fmt(r.bdmax_gbps, 3),
+            fmt(r.th_gbps, 3),
+            fmt(r.dtransfer_gb, 3),
             opt(r.isl_pct),
             opt(r.dtransfer_pct),
-            r.de2e_ms,
-            r.tx_delay_ms,
+            fmt(r.de2e_ms, 3),
+            fmt(r.tx_delay_ms, 1),
             opt(r.diff_delay_ms),
         );
     }
@@ -245,7 +281,7 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} |",
             r.arm,
             r.phase,
             r.offered,
@@ -254,9 +290,9 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             r.http_503,
             r.timeouts,
             r.ok_rps,
-            r.lat_p50_ms,
-            r.lat_p95_ms,
-            r.lat_p99_ms,
+            fmt(r.lat_p50_ms, 1),
+            fmt(r.lat_p95_ms, 1),
+            fmt(r.lat_p99_ms, 1),
             r.srv1,
             r.srv2,
             r.srv3,
@@ -270,4 +306,76 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(arm: &str, phase: &str) -> Row {
+        Row {
+            arm: arm.to_owned(),
+            phase: phase.to_owned(),
+            clients_used: 3,
+            iperf_max_bps: Some(2e9),
+            iperf_bytes: Some(1_000_000_000),
+            iperf_secs: Some(4.0),
+            ping_rtt_avg_ms: Some(0.4),
+            ping_loss_pct: Some(0.0),
+            ..Row::default()
+        }
+    }
+
+    /// A failed iperf3 is "—" in the Markdown and empty in the CSV (read back as missing),
+    /// never 0, and the report counts it.
+    #[test]
+    fn failed_measurements_show_as_missing_and_are_counted() {
+        let mut n = measured("none", "normal");
+        n.derive(None);
+        let mut h = Row {
+            iperf_max_bps: None,
+            iperf_bytes: None,
+            iperf_secs: None,
+            clients_failed: 1,
+            ..measured("none", "heavy")
+        };
+        h.derive(Some(&n));
+        let rows = [n, h];
+        let md = markdown("case-a", &rows);
+        let line = md
+            .lines()
+            .find(|l| l.starts_with("| none | heavy | "))
+            .unwrap_or_default();
+        assert_eq!(
+            line, "| none | heavy | — | — | — | — | — | 0.200 | — | — |",
+            "{md}"
+        );
+        assert!(
+            md.contains("**Failed measurements: 2** — iperf3 gave no result in 1 of 2 rows, ping no round-trip time in 0 of 2, 1 of 6 load clients no report"),
+            "{md}"
+        );
+        let text = csv(&rows);
+        let back = parse_csv(&text).expect("CSV parses");
+        assert_eq!(back[1].iperf_max_bps, None);
+        assert_eq!(back[1].isl_pct, None);
+        assert_eq!(back[0].bdmax_gbps, Some(2.0));
+        let col = COLUMNS.iter().position(|c| *c == "bdmax_gbps").unwrap_or(0);
+        let heavy: Vec<&str> = text.lines().nth(2).unwrap_or_default().split(',').collect();
+        assert_eq!(heavy[col], "");
+        assert!(failures(&rows[..1]).is_none());
+    }
+
+    #[test]
+    fn columns_follow_the_row() {
+        let v = serde_json::to_value(Row::default()).unwrap_or_default();
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let mut cols = COLUMNS.to_vec();
+        cols.sort_unstable();
+        let mut keys = keys;
+        keys.sort_unstable();
+        assert_eq!(cols, keys);
+    }
 }
