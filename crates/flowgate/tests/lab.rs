@@ -308,11 +308,23 @@ fn check_consistent(rows: &[Row]) {
             "the mean rate is not above the best interval's: {r:?}"
         );
     }
+    // One normal-load baseline for Eqs. 2, 3 and 6, as in the paper: the first arm's
+    // (`none`, Case A's) normal QoS pass, repeated in the other arm's normal row.
+    let base = row(rows, "none", "normal");
+    let again = row(rows, "isslm", "normal");
+    assert_eq!(
+        (again.iperf_bytes, again.iperf_max_bps, again.iperf_secs),
+        (base.iperf_bytes, base.iperf_max_bps, base.iperf_secs),
+        "the normal QoS pass is shared"
+    );
     for arm in ["none", "isslm"] {
         let (n, h) = (row(rows, arm, "normal"), row(rows, arm, "heavy"));
         assert!(n.isl_pct.is_none() && n.dtransfer_pct.is_none() && n.diff_delay_ms.is_none());
-        let (hb, nb) = (val(h.bdmax_gbps, "B", h), val(n.bdmax_gbps, "B", n));
-        let (hd, nd) = (val(h.dtransfer_gb, "D", h), val(n.dtransfer_gb, "D", n));
+        let (hb, nb) = (val(h.bdmax_gbps, "B", h), val(base.bdmax_gbps, "B", base));
+        let (hd, nd) = (
+            val(h.dtransfer_gb, "D", h),
+            val(base.dtransfer_gb, "D", base),
+        );
         let isl = 100.0 - 100.0 * hb / nb;
         let dtr = 100.0 - 100.0 * hd / nd;
         close(h.isl_pct.expect("%I_SL"), isl, "Eq. 2 %I_SL", h);
@@ -324,7 +336,7 @@ fn check_consistent(rows: &[Row]) {
         );
         close(
             h.diff_delay_ms.expect("Δ delay"),
-            val(h.tx_delay_ms, "Delay_Tx", h) - val(n.tx_delay_ms, "Delay_Tx", n),
+            val(h.tx_delay_ms, "Delay_Tx", h) - val(base.tx_delay_ms, "Delay_Tx", base),
             "Eq. 6 differential delay",
             h,
         );

@@ -396,7 +396,7 @@ pub fn run(
                 r.ctl_srv3 = a.conns[2] - b.conns[2].min(a.conns[2]);
                 r.ctl_srv4 = a.conns[3] - b.conns[3].min(a.conns[3]);
                 r.no_optimal_server = a.no_optimal_server.saturating_sub(b.no_optimal_server);
-                r.derive(normal.get(d));
+                r.derive(baseline(&normal, d, p.shared_normal_qos));
                 say(format!(
                     "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
                     r.arm,
@@ -530,6 +530,13 @@ impl Drop for Monitor {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// The normal-load baseline of domain `d`'s heavy row (Eqs. 2, 3, 6): with `shared`, the
+/// normal `all` row (index 4), one baseline for every domain as the paper's Table 7 has
+/// (its single "normal conditions" figures); else the domain's own normal row.
+pub fn baseline(normal: &[Row], d: usize, shared: bool) -> Option<&Row> {
+    normal.get(if shared { 4 } else { d })
 }
 
 /// The row `all`: the four domains together. HTTP counts, per-server responses and
@@ -782,5 +789,28 @@ mod tests {
         assert_eq!((a.lat_p50_ms, a.lat_p95_ms), (Some(1.0), Some(50.0)));
         let none = aggregate(&[r(None, None, vec![]), r(None, None, vec![])]);
         assert_eq!((none.iperf_max_bps, none.ping_rtt_avg_ms), (None, None));
+    }
+
+    /// With one shared baseline (the default) every domain's heavy row is compared with
+    /// the normal `all` row, as the paper's Table 7 (5.901 against 6.5 Gb/s: 9.22 %).
+    #[test]
+    fn domains_share_one_normal_baseline() {
+        let q = |bps: f64| Row {
+            iperf_max_bps: Some(bps),
+            iperf_bytes: Some(7_019_000_000),
+            iperf_secs: Some(10.0),
+            ..Row::default()
+        };
+        let mut normal: Vec<Row> = [6.0e9, 7.0e9, 6.2e9, 6.8e9].map(q).to_vec();
+        let mut all = aggregate(&normal);
+        all.derive(None);
+        normal.iter_mut().for_each(|r| r.derive(None));
+        normal.push(all);
+        assert!(Params::for_scenario("case-c", false).shared_normal_qos);
+        let mut h = q(5.901e9);
+        h.derive(baseline(&normal, 0, true));
+        assert!((h.isl_pct.unwrap_or(0.0) - 9.22).abs() < 0.01, "{h:?}");
+        h.derive(baseline(&normal, 0, false));
+        assert!((h.isl_pct.unwrap_or(0.0) - 1.65).abs() < 0.01, "{h:?}");
     }
 }
