@@ -169,3 +169,43 @@ fn a_switch_that_connects_again_keeps_its_new_session() {
         "only the old session ended"
     );
 }
+
+/// A peer that sends HELLO, then large ECHO_REQUESTs, and never reads: the controller's
+/// replies fill the connection and its writes wait. The handshake's deadline (10 s)
+/// covers those writes as well as the reads, and ends the session.
+#[test]
+fn a_peer_that_never_reads_is_closed_at_the_handshake_deadline() {
+    let ctl = Ctl::start(
+        "session-unread-handshake",
+        &format!("{LISTEN_ANY}{SERVICE}"),
+    );
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    // Small before the connection, so that the window it offers stays small.
+    sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    sock.connect(&ctl.openflow.into()).expect("connect");
+    let mut s: TcpStream = sock.into();
+    let port = s.local_addr().expect("addr").port();
+    let start = Instant::now();
+    s.set_write_timeout(Some(Duration::from_millis(500))).ok();
+    s.write_all(&header(4, OFPT_HELLO, 8, 1)).expect("hello");
+    let mut echo = header(4, OFPT_ECHO_REQUEST, 60_008, 2);
+    echo.resize(60_008, 0);
+    // Until the controller stops reading (our write times out): it waits on its own.
+    for _ in 0..400 {
+        if s.write_all(&echo).is_err() {
+            break;
+        }
+    }
+    ctl.wait_log(
+        &format!(
+            "switch session ended peer=127.0.0.1:{port} error=timed out waiting for the handshake"
+        ),
+        Duration::from_secs(20),
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(9),
+        "ended after {:?}, before its deadline",
+        start.elapsed()
+    );
+}

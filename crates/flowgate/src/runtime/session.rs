@@ -240,13 +240,96 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = Reader::new(rd);
 
-    // §6.3.1: each side sends HELLO at once; the version is the lower of the two, and a
-    // bitmap lets each side say exactly which it supports.
+    // The handshake and the session's opening, reads and writes, under one deadline: a
+    // peer that sends but never reads (our HELLO, its echoes' replies) cannot hold the
+    // task either.
+    let opened = tokio::time::timeout(limits.handshake_timeout, async {
+        let features = handshake(&mut rd, &mut wr, peer).await?;
+        // In a cluster, claim our role before anything else (the switch starts every
+        // connection as EQUAL, which we never use): MASTER with our election's revision
+        // as generation_id, or SLAVE. Until the switch confirms MASTER, the core only
+        // reads.
+        let opening = handle.cluster.session_opening();
+        for m in &opening {
+            wr.write_all(&encode_one(3, m)).await?;
+        }
+        Ok::<_, SessionError>((features, opening.is_empty()))
+    })
+    .await;
+    let (features, writable) = match opened {
+        Ok(r) => r?,
+        Err(_) => return Err(SessionError::Timeout("the handshake")),
+    };
+    let dpid = features.datapath_id;
+    let n_tables = features.n_tables;
+    tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), n_tables, "switch connected");
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<super::Chunk>();
+    let outflow = Arc::new(Outflow::default());
+    // Made before the core's lock is taken, so that on a panic under the lock, the lock
+    // is released before the registration's end takes it again.
+    let mut registration = Registration {
+        handle: handle.clone(),
+        peer,
+        dpid,
+        id: None,
+        writer: None,
+    };
+    let (replaced, pool) = {
+        let mut core = handle.lock();
+        let (id, replaced) = core.register(dpid, tx.clone(), outflow.clone(), writable);
+        registration.id = Some(id);
+        if replaced {
+            // §6.3.6: a role is the connection's. The old one's is void, and the new one
+            // is not ours as MASTER until the switch confirms it.
+            handle.cluster.switch_gone(dpid);
+        }
+        let now = Instant::now();
+        core.with(|c, out| c.handle_switch_up(now, features, out));
+        (replaced, core.buffer_pool())
+    };
+    if replaced {
+        tracing::warn!(%peer, dpid = format_args!("{dpid:016x}"), "the switch connected again: its older session is closed");
+    }
+
+    // The writer: everything for this switch, in order.
+    let drained = outflow.clone();
+    registration.writer = Some(tokio::spawn(async move {
+        while let Some((queued_at, buf)) = rx.recv().await {
+            drained.writing(queued_at);
+            if wr.write_all(&buf).await.is_err() {
+                break;
+            }
+            let len = buf.len();
+            pool.give_back(buf);
+            // The next chunk, if one waits, is the head now; until it is received, its
+            // predecessor's time stands in (an overestimate of microseconds).
+            let left = drained.written(len);
+            if left <= RESUME_READING_BYTES && drained.reader_waiting.load(Ordering::Relaxed) {
+                drained.drained.notify_one();
+            }
+        }
+        let _ = wr.shutdown().await;
+    }));
+
+    read_loop(
+        &mut rd, &features, &handle, &tx, &outflow, limits, &mut stop,
+    )
+    .await
+}
+
+/// §6.3.1: each side sends HELLO at once; the version is the lower of the two, and a
+/// bitmap lets each side say exactly which it supports. Then FEATURES_REQUEST, answered
+/// with the switch's features.
+async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut Reader<R>,
+    wr: &mut W,
+    peer: SocketAddr,
+) -> Result<ofp::SwitchFeatures, SessionError> {
     wr.write_all(&encode_one(1, &Message::Hello(ofp::Hello::ours())))
         .await?;
-    let deadline = Instant::now() + limits.handshake_timeout;
     let mut got_hello = false;
-    let features = loop {
+    loop {
         let frame = loop {
             if let Some(f) = rd.next()? {
                 break f;
@@ -256,14 +339,8 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             if !got_hello && rd.buf.len() >= 8 && rd.buf.get(1).is_some_and(|&t| t != 0) {
                 return Err(SessionError::Protocol("the first message was not HELLO"));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, rd.fill()).await {
-                Ok(Ok(Filled::Bytes { .. })) => {}
-                Ok(Ok(Filled::Eof)) => {
-                    return Err(SessionError::Protocol("closed during the handshake"));
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(SessionError::Timeout("the handshake")),
+            if rd.fill().await? == Filled::Eof {
+                return Err(SessionError::Protocol("closed during the handshake"));
             }
         };
         let peer_version = frame.first().copied().unwrap_or(0);
@@ -287,7 +364,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
         }
         match msg {
-            Message::FeaturesReply(f) => break f,
+            Message::FeaturesReply(f) => return Ok(f),
             Message::EchoRequest(data) => {
                 wr.write_all(&encode_one(xid, &Message::EchoReply(data)))
                     .await?
@@ -297,75 +374,46 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
             _ => {}
         }
-    };
-    let dpid = features.datapath_id;
-    let n_tables = features.n_tables;
-    tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), n_tables, "switch connected");
-
-    // In a cluster, claim our role before anything else (the switch starts every
-    // connection as EQUAL, which we never use): MASTER with our election's revision as
-    // generation_id, or SLAVE. Until the switch confirms MASTER, the core only reads.
-    let opening = handle.cluster.session_opening();
-    for m in &opening {
-        wr.write_all(&encode_one(3, m)).await?;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<super::Chunk>();
-    let outflow = Arc::new(Outflow::default());
-    let (session_id, replaced, pool) = {
-        let mut core = handle.lock();
-        let (id, replaced) = core.register(dpid, tx.clone(), outflow.clone(), opening.is_empty());
-        if replaced {
-            // §6.3.6: a role is the connection's. The old one's is void, and the new one
-            // is not ours as MASTER until the switch confirms it.
-            handle.cluster.switch_gone(dpid);
+}
+
+/// A registered session's end, on every way out of [`run_session`], a panic included
+/// (else the switch would stay registered to a dead session): the writer is stopped, and
+/// the switch unregistered and taken down if this is still its current session.
+struct Registration {
+    handle: Handle,
+    peer: SocketAddr,
+    dpid: flowgate_core::topology::Dpid,
+    /// The session's id once registered.
+    id: Option<u64>,
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(w) = &self.writer {
+            w.abort();
         }
+        let Some(id) = self.id else { return };
+        let (dpid, peer) = (self.dpid, self.peer);
         let now = Instant::now();
-        core.with(|c, out| c.handle_switch_up(now, features, out));
-        (id, replaced, core.buffer_pool())
-    };
-    if replaced {
-        tracing::warn!(%peer, dpid = format_args!("{dpid:016x}"), "the switch connected again: its older session is closed");
-    }
-
-    // The writer: everything for this switch, in order.
-    let drained = outflow.clone();
-    let writer = tokio::spawn(async move {
-        while let Some((queued_at, buf)) = rx.recv().await {
-            drained.writing(queued_at);
-            if wr.write_all(&buf).await.is_err() {
-                break;
-            }
-            let len = buf.len();
-            pool.give_back(buf);
-            // The next chunk, if one waits, is the head now; until it is received, its
-            // predecessor's time stands in (an overestimate of microseconds).
-            let left = drained.written(len);
-            if left <= RESUME_READING_BYTES && drained.reader_waiting.load(Ordering::Relaxed) {
-                drained.drained.notify_one();
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
-
-    let result = read_loop(
-        &mut rd, &features, &handle, &tx, &outflow, limits, &mut stop,
-    )
-    .await;
-
-    let now = Instant::now();
-    {
-        let mut core = handle.lock();
+        let mut core = self.handle.lock();
         // Only the switch's current session takes it down: a replaced one's end must not
         // undo its successor's state (its role in a cluster above all).
-        if core.unregister(dpid, session_id) {
-            handle.cluster.switch_gone(dpid);
-            core.with(|c, out| c.handle_switch_down(now, dpid, out));
+        if core.unregister(dpid, id) {
+            self.handle.cluster.switch_gone(dpid);
+            let mut down = || core.with(|c, out| c.handle_switch_down(now, dpid, out));
+            if std::thread::panicking() {
+                // A second panic while unwinding would abort the process: caught, it
+                // leaves the switch as the core has it (its return resyncs it).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(down));
+            } else {
+                down();
+            }
         }
+        drop(core);
+        tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), "switch disconnected");
     }
-    drop(tx);
-    writer.abort();
-    tracing::info!(%peer, dpid = format_args!("{dpid:016x}"), "switch disconnected");
-    result
 }
 
 /// `SO_SNDBUF` of a switch connection: a few milliseconds of answers at full rate
@@ -813,6 +861,38 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime")
+    }
+
+    /// A session's end runs however its task ends, a panic included: the switch is
+    /// unregistered (not left to a dead session) and the writer stopped.
+    #[test]
+    fn a_session_that_panics_is_unregistered() {
+        runtime().block_on(async {
+            let config = Config::from_toml("", &|_| None).expect("the default config");
+            let handle = Handle::new(flowgate_core::Controller::new(&config), config, None);
+            let (writer_gone_tx, writer_gone) = tokio::sync::oneshot::channel::<()>();
+            let h = handle.clone();
+            let task = tokio::spawn(async move {
+                let mut reg = Registration {
+                    handle: h.clone(),
+                    peer: SocketAddr::from(([127, 0, 0, 1], 6653)),
+                    dpid: 7,
+                    id: None,
+                    writer: Some(tokio::spawn(async move {
+                        let _gone = writer_gone_tx;
+                        std::future::pending::<()>().await
+                    })),
+                };
+                let (tx, _rx) = mpsc::unbounded_channel();
+                reg.id = Some(h.lock().register(7, tx, Arc::default(), true).0);
+                // Across an await, as the session holds it.
+                tokio::task::yield_now().await;
+                panic!("a bug in the session");
+            });
+            assert!(task.await.is_err_and(|e| e.is_panic()));
+            assert!(handle.lock().sessions.is_empty(), "still registered");
+            assert!(writer_gone.await.is_err(), "the writer was stopped");
+        });
     }
 
     /// A read of bytes already there did not wait; one that found none waited for the
