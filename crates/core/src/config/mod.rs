@@ -6,7 +6,7 @@
 
 pub(crate) mod reader;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -478,25 +478,27 @@ fn validate(
         .table("openflow", errs)
         .unwrap_or_else(|| Obj::new("openflow", &empty));
     let of_listen = socket_addr(&mut of, "listen", DEFAULT_OPENFLOW_LISTEN, errs);
-    let echo_interval = of.millis(
+    let echo_interval = of.millis_checked(
         "echo_interval_ms",
         DEFAULT_ECHO_INTERVAL_MS,
         100,
         600_000,
         errs,
     );
-    let echo_timeout = of.millis(
+    let echo_timeout = of.millis_checked(
         "echo_timeout_ms",
         DEFAULT_ECHO_TIMEOUT_MS,
         200,
         3_600_000,
         errs,
     );
-    if echo_timeout <= echo_interval {
-        errs.push(ConfigError::new(
-            of.key_path("echo_timeout_ms"),
-            "must be longer than echo_interval_ms",
-        ));
+    if let (Some(interval), Some(timeout)) = (echo_interval, echo_timeout) {
+        if timeout <= interval {
+            errs.push(ConfigError::new(
+                of.key_path("echo_timeout_ms"),
+                "must be longer than echo_interval_ms",
+            ));
+        }
     }
     let packet_in_rate = of
         .int_in("packet_in_rate", 1, 100_000_000, errs)
@@ -537,17 +539,23 @@ fn validate(
         .string("token_env", errs)
         .unwrap_or(DEFAULT_TOKEN_ENV)
         .to_string();
-    let token = file_token
-        .or_else(|| env(&token_env))
-        .filter(|t| !t.is_empty());
-    if let Some(t) = &token {
-        if t.len() < 16 {
-            errs.push(ConfigError::new(
-                api.key_path("token"),
-                "a token must have at least 16 characters",
-            ));
+    let token = match file_token {
+        Some(t) => {
+            if let Some(why) = token_error(&t) {
+                errs.push(ConfigError::new(api.key_path("token"), why));
+            }
+            Some(t)
         }
-    }
+        // An empty variable is an unset one, as `VAR=` in a shell means.
+        None => env(&token_env).filter(|t| !t.is_empty()).inspect(|t| {
+            if let Some(why) = token_error(t) {
+                errs.push(ConfigError::new(
+                    api.key_path("token_env"),
+                    format!("${token_env}: {why}"),
+                ));
+            }
+        }),
+    };
     api.finish(errs);
 
     // [controller]
@@ -617,12 +625,11 @@ fn validate(
     ctl.finish(errs);
 
     // [[service]]
-    let mut services = Vec::new();
-    for (i, s) in root.tables("service", errs).into_iter().enumerate() {
-        if let Some(svc) = validate_service(s, i, idle_timeout_secs, errs) {
-            services.push(svc);
-        }
-    }
+    let read: Vec<ReadService> = root
+        .tables("service", errs)
+        .into_iter()
+        .map(|(i, s)| validate_service(s, i, idle_timeout_secs, errs))
+        .collect();
     let cluster = root
         .table("cluster", errs)
         .map(|t| validate_cluster(t, errs))
@@ -644,14 +651,16 @@ fn validate(
         })
         .unwrap_or_default();
     root.finish(errs);
-    check_services(&services, errs);
+    check_services(&read, errs);
+    let services = read.into_iter().filter_map(|r| r.cfg).collect();
 
     Some(Config {
         runtime,
         openflow: OpenflowConfig {
             listen: of_listen?,
-            echo_interval,
-            echo_timeout,
+            // An invalid one was reported: the config is refused.
+            echo_interval: echo_interval.unwrap_or_default(),
+            echo_timeout: echo_timeout.unwrap_or_default(),
             tls,
             packet_in_rate,
         },
@@ -676,6 +685,22 @@ fn validate(
         services,
         cluster,
     })
+}
+
+/// Why `token` can never authorise a call, if so: the API reads the `Authorization`
+/// header as printable ASCII and trims what follows `Bearer`.
+fn token_error(token: &str) -> Option<&'static str> {
+    if token.is_empty() {
+        Some("must not be empty (leave it out to take the token from api.token_env)")
+    } else if token.trim() != token {
+        Some("must not begin or end with whitespace: the API trims the token it is sent")
+    } else if !token.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        Some("printable ASCII only: an HTTP header carries nothing else")
+    } else if token.chars().count() < 16 {
+        Some("a token must have at least 16 characters")
+    } else {
+        None
+    }
 }
 
 fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfig {
@@ -707,8 +732,21 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     cfg.instance = c.string("instance", errs).unwrap_or_default().to_string();
     cfg.domain = c.string("domain", errs).map(str::to_string);
     if let Some(list) = c.strings("etcd", errs) {
+        for (i, e) in list.iter().enumerate() {
+            // `memory:` is the in-process store the tests use.
+            let url = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"));
+            if e != "memory:" && url.is_none_or(|rest| rest.is_empty() || rest.starts_with('/')) {
+                errs.push(ConfigError::new(
+                    format!("{}[{i}]", c.key_path("etcd")),
+                    format!("{e:?} is not an http:// or https:// URL"),
+                ));
+            }
+        }
         cfg.etcd = list;
     }
+    let mut dpids_read = true;
     for (i, d) in c
         .strings("dpids", errs)
         .unwrap_or_default()
@@ -717,11 +755,18 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
     {
         let t = d.trim_start_matches("0x").replace(':', "");
         match u64::from_str_radix(&t, 16) {
-            Ok(v) => cfg.dpids.push(v),
-            Err(_) => errs.push(ConfigError::new(
+            Ok(v) if cfg.dpids.contains(&v) => errs.push(ConfigError::new(
                 format!("{}[{i}]", c.key_path("dpids")),
-                format!("{d:?} is not a datapath id (hex, e.g. \"0000000000000001\")"),
+                format!("{d:?} is listed twice"),
             )),
+            Ok(v) => cfg.dpids.push(v),
+            Err(_) => {
+                dpids_read = false;
+                errs.push(ConfigError::new(
+                    format!("{}[{i}]", c.key_path("dpids")),
+                    format!("{d:?} is not a datapath id (hex, e.g. \"0000000000000001\")"),
+                ));
+            }
         }
     }
     if let Some(u) = c.string("uplink", errs) {
@@ -732,6 +777,18 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
             ))
         });
         match parsed {
+            // OpenFlow's physical ports are 1..=0xffffff00 (OFPP_MAX).
+            Some((_, port)) if !(1..=0xffff_ff00).contains(&port) => errs.push(ConfigError::new(
+                c.key_path("uplink"),
+                format!("{u:?}: port {port} is not a switch port (1 to 4294967040)"),
+            )),
+            // A dpid that did not parse may be the one.
+            Some((dpid, _)) if dpids_read && !cfg.dpids.contains(&dpid) => {
+                errs.push(ConfigError::new(
+                    c.key_path("uplink"),
+                    format!("{u:?}: switch {dpid:016x} is not one of dpids"),
+                ))
+            }
             Some(x) => cfg.uplink = Some(x),
             None => errs.push(ConfigError::new(
                 c.key_path("uplink"),
@@ -739,20 +796,32 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
             )),
         }
     }
-    cfg.lease_ttl = c.millis(
+    let lease_ttl = c.millis_checked(
         "lease_ttl_ms",
         DEFAULT_CLUSTER_LEASE_TTL_MS,
         1_000,
         600_000,
         errs,
     );
-    cfg.store_timeout = c.millis(
+    let store_timeout = c.millis_checked(
         "store_timeout_ms",
         DEFAULT_CLUSTER_STORE_TIMEOUT_MS,
         50,
         60_000,
         errs,
     );
+    if let (Some(ttl), Some(timeout)) = (lease_ttl, store_timeout) {
+        // A store call may take that long: the lease must outlast one to be renewed.
+        if timeout >= ttl {
+            errs.push(ConfigError::new(
+                c.key_path("store_timeout_ms"),
+                "must be shorter than lease_ttl_ms",
+            ));
+        }
+    }
+    // An invalid one was reported: the config is refused.
+    cfg.lease_ttl = lease_ttl.unwrap_or_default();
+    cfg.store_timeout = store_timeout.unwrap_or_default();
     cfg.summary_interval = c.millis(
         "summary_interval_ms",
         DEFAULT_CLUSTER_SUMMARY_INTERVAL_MS,
@@ -760,22 +829,21 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
         60_000,
         errs,
     );
-    if let Some(t) = c.float_where(
-        "spill_threshold",
-        |t| t > 0.0 && t <= 10.0,
-        "must be in (0, 10]",
-        errs,
-    ) {
+    let entry_ok = |t: f64| t > 0.0 && t <= 10.0;
+    if let Some(t) = c.float_where("spill_threshold", entry_ok, "must be in (0, 10]", errs) {
         cfg.spill_threshold = t;
     }
     cfg.spill_exit_threshold = cfg.spill_threshold * DEFAULT_CLUSTER_SPILL_EXIT_RATIO;
+    // Held against the entry threshold only when that one is valid.
     let entry = cfg.spill_threshold;
-    if let Some(t) = c.float_where(
-        "spill_exit_threshold",
-        |t| t > 0.0 && t <= entry,
-        "must be in (0, spill_threshold]",
-        errs,
-    ) {
+    let (why, exit_ok): (&str, &dyn Fn(f64) -> bool) = if entry_ok(entry) {
+        ("must be in (0, spill_threshold]", &|t| {
+            t > 0.0 && t <= entry
+        })
+    } else {
+        ("must be positive", &|t| t > 0.0)
+    };
+    if let Some(t) = c.float_where("spill_exit_threshold", exit_ok, why, errs) {
         cfg.spill_exit_threshold = t;
     }
     cfg.spill_hold = c.millis(
@@ -819,7 +887,7 @@ fn validate_cluster(mut c: Obj<'_>, errs: &mut Vec<ConfigError>) -> ClusterConfi
                 "required when role = \"domain\"",
             )),
         }
-        if cfg.dpids.is_empty() {
+        if cfg.dpids.is_empty() && dpids_read {
             errs.push(ConfigError::new(
                 c.key_path("dpids"),
                 "a domain needs at least one switch",
@@ -881,13 +949,52 @@ fn ipv4(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<Ipv4A
     }
 }
 
+/// A `[[service]]` table as read: what the checks across services need, kept with its
+/// place in the file even when the service has errors of its own (the config is refused
+/// then anyway), so that each problem across services is told, and at its own path.
+struct ReadService {
+    index: usize,
+    name: Option<String>,
+    vip: Option<Ipv4Addr>,
+    port: Option<u16>,
+    /// The virtual MAC and whether the file wrote it (not the automatic one).
+    virtual_mac: Option<(MacAddr, bool)>,
+    /// Each backend address (first listing only, not the VIP) with its index in the file.
+    backends: Vec<(usize, Ipv4Addr)>,
+    /// The service, when it has no error of its own.
+    cfg: Option<ServiceConfig>,
+}
+
 fn validate_service(
-    mut s: Obj<'_>,
+    s: Obj<'_>,
     index: usize,
     idle_default: u16,
     errs: &mut Vec<ConfigError>,
-) -> Option<ServiceConfig> {
+) -> ReadService {
     let before = errs.len();
+    let mut read = ReadService {
+        index,
+        name: None,
+        vip: None,
+        port: None,
+        virtual_mac: None,
+        backends: Vec::new(),
+        cfg: None,
+    };
+    let cfg = read_service(s, &mut read, idle_default, errs);
+    if errs.len() == before {
+        read.cfg = cfg;
+    }
+    read
+}
+
+fn read_service(
+    mut s: Obj<'_>,
+    read: &mut ReadService,
+    idle_default: u16,
+    errs: &mut Vec<ConfigError>,
+) -> Option<ServiceConfig> {
+    let index = read.index;
     let name = s.string("name", errs).map(str::to_string);
     if name.is_none() {
         errs.push(ConfigError::new(s.key_path("name"), "required"));
@@ -904,23 +1011,26 @@ fn validate_service(
             ));
         }
     }
+    read.name.clone_from(&name);
     let vip = ipv4(&mut s, "vip", errs);
+    read.vip = vip;
     let virtual_mac = match s.string("virtual_mac", errs) {
         None => {
             // 02:66:67 and the service's number from 1, in 24 bits: unique per service
             // (the fuzzer's 256th service overflowed a `u8` here).
             let n = (index + 1) as u32;
-            MacAddr([0x02, 0x66, 0x67, (n >> 16) as u8, (n >> 8) as u8, n as u8])
+            let mac = MacAddr([0x02, 0x66, 0x67, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            read.virtual_mac = Some((mac, false));
+            mac
         }
         Some(m) => match m.parse::<MacAddr>() {
-            Ok(mac) if mac.is_multicast() => {
-                errs.push(ConfigError::new(
-                    s.key_path("virtual_mac"),
-                    "must be a unicast MAC",
-                ));
+            Ok(mac) => {
+                match virtual_mac_error(mac) {
+                    Some(why) => errs.push(ConfigError::new(s.key_path("virtual_mac"), why)),
+                    None => read.virtual_mac = Some((mac, true)),
+                }
                 mac
             }
-            Ok(mac) => mac,
             Err(_) => {
                 errs.push(ConfigError::new(
                     s.key_path("virtual_mac"),
@@ -934,6 +1044,7 @@ fn validate_service(
     if port.is_none() && !s.has("port") {
         errs.push(ConfigError::new(s.key_path("port"), "required"));
     }
+    read.port = port;
     let algorithm = match s.string("algorithm", errs) {
         None => AlgorithmKind::RoundRobin,
         Some(a) => match a.parse::<AlgorithmKind>() {
@@ -967,6 +1078,7 @@ fn validate_service(
         params.hysteresis = h;
     }
     let none_target = ipv4(&mut s, "none_target", errs);
+    let mode_before = errs.len();
     let mode = choice(
         &mut s,
         "mode",
@@ -977,6 +1089,8 @@ fn validate_service(
         ],
         errs,
     );
+    // A mode not understood is no mode to hold the other keys against.
+    let mode_read = errs.len() == mode_before;
     let mut partitions = PartitionConfig::default();
     if let Some(b) = s.int_in("partition_bits", 1, 8, errs) {
         partitions.bits = b as u8;
@@ -984,7 +1098,7 @@ fn validate_service(
     if let Some(t) = s.int_in("transition_secs", 1, 3_600, errs) {
         partitions.transition = Duration::from_secs(t as u64);
     }
-    if mode != ServiceMode::Partitioned {
+    if mode_read && mode != ServiceMode::Partitioned {
         for key in ["partition_bits", "transition_secs"] {
             if s.has(key) {
                 errs.push(ConfigError::new(
@@ -999,7 +1113,8 @@ fn validate_service(
     }
     if mode != ServiceMode::Reactive {
         let name = mode.as_str();
-        if vip.is_none() {
+        // One written but invalid was reported already.
+        if vip.is_none() && !s.has("vip") {
             errs.push(ConfigError::new(
                 s.key_path("mode"),
                 format!("\"{name}\" needs a vip (the switch answers for one address)"),
@@ -1028,8 +1143,8 @@ fn validate_service(
         errs,
     );
     let path = h.string("path", errs).unwrap_or("/").to_string();
-    if !path.starts_with('/') {
-        errs.push(ConfigError::new(h.key_path("path"), "must start with '/'"));
+    if let Some(why) = request_target_error(&path) {
+        errs.push(ConfigError::new(h.key_path("path"), why));
     }
     let interval = h.millis(
         "interval_ms",
@@ -1087,7 +1202,7 @@ fn validate_service(
 
     let mut backends = Vec::new();
     let mut seen = HashSet::new();
-    for mut b in s.tables("backend", errs) {
+    for (bi, mut b) in s.tables("backend", errs) {
         let address = ipv4(&mut b, "address", errs);
         if address.is_none() && !b.has("address") {
             errs.push(ConfigError::new(b.key_path("address"), "required"));
@@ -1097,13 +1212,8 @@ fn validate_service(
             .map(|w| w as u32)
             .unwrap_or(1);
         let metrics = b.string("metrics", errs).map(str::to_string);
-        if let Some(m) = &metrics {
-            if !m.starts_with("http://") {
-                errs.push(ConfigError::new(
-                    b.key_path("metrics"),
-                    "must be an http:// URL",
-                ));
-            }
+        if let Some(Err(why)) = metrics.as_deref().map(parse_metrics_url) {
+            errs.push(ConfigError::new(b.key_path("metrics"), why));
         }
         if let Some(a) = address {
             if !seen.insert(a) {
@@ -1111,12 +1221,13 @@ fn validate_service(
                     b.key_path("address"),
                     format!("{a} is listed twice"),
                 ));
-            }
-            if Some(a) == vip {
+            } else if Some(a) == vip {
                 errs.push(ConfigError::new(
                     b.key_path("address"),
                     "a backend cannot have the service's VIP",
                 ));
+            } else {
+                read.backends.push((bi, a));
             }
         }
         b.finish(errs);
@@ -1157,9 +1268,6 @@ fn validate_service(
         ));
     }
     s.finish(errs);
-    if errs.len() > before {
-        return None;
-    }
     Some(ServiceConfig {
         name: name?,
         mode,
@@ -1264,7 +1372,7 @@ pub const MAX_BACKENDS: usize = 4096;
 /// cookies.
 pub const MAX_SERVICES: usize = 4096;
 
-fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
+fn check_services(services: &[ReadService], errs: &mut Vec<ConfigError>) {
     if services.len() > MAX_SERVICES {
         errs.push(ConfigError::new(
             "service",
@@ -1274,41 +1382,155 @@ fn check_services(services: &[ServiceConfig], errs: &mut Vec<ConfigError>) {
             ),
         ));
     }
-    let mut names = HashSet::new();
-    let mut listeners = HashSet::new();
-    for (i, s) in services.iter().enumerate() {
-        if !names.insert(s.name.as_str()) {
-            errs.push(ConfigError::new(
-                format!("service[{i}].name"),
-                format!("{:?} is used by another service", s.name),
-            ));
-        }
-        if let Some(vip) = s.vip {
-            if !listeners.insert((vip, s.port)) {
+    let mut names = HashMap::new();
+    // Who answers for each address and port: the service with it as VIP, or the one that
+    // intercepts it as a backend.
+    let mut listeners: HashMap<(Ipv4Addr, u16), &ReadService> = HashMap::new();
+    let mut macs: HashMap<MacAddr, (&ReadService, bool)> = HashMap::new();
+    for s in services {
+        let i = s.index;
+        if let Some(name) = &s.name {
+            if let Some(o) = names.insert(name.as_str(), s) {
                 errs.push(ConfigError::new(
-                    format!("service[{i}].vip"),
-                    format!("{vip}:{} is used by another service", s.port),
+                    format!("service[{i}].name"),
+                    format!("{name:?} is used by service[{}]", o.index),
                 ));
             }
-            for (j, other) in services.iter().enumerate() {
-                if other.backends.iter().any(|b| b.address == vip) {
+        }
+        if let Some(vip) = s.vip {
+            if let Some(port) = s.port {
+                if let Some(o) = listeners.insert((vip, port), s) {
                     errs.push(ConfigError::new(
                         format!("service[{i}].vip"),
-                        format!("{vip} is a backend of service[{j}]; a VIP must be an address of its own"),
+                        format!("{vip}:{port} is used by {}", described(o)),
                     ));
                 }
             }
-        } else {
-            for b in &s.backends {
-                if !listeners.insert((b.address, s.port)) {
+            for other in services {
+                if other.backends.iter().any(|&(_, a)| a == vip) {
                     errs.push(ConfigError::new(
-                        format!("service[{i}]"),
-                        format!("{}:{} is intercepted by another service", b.address, s.port),
+                        format!("service[{i}].vip"),
+                        format!(
+                            "{vip} is a backend of service[{}]; a VIP must be an address of its own",
+                            other.index
+                        ),
+                    ));
+                }
+            }
+            // Only a service with a VIP answers ARP with its virtual MAC.
+            if let Some((mac, explicit)) = s.virtual_mac {
+                if let Some((o, o_explicit)) = macs.insert(mac, (s, explicit)) {
+                    // Told where the file wrote it: an automatic MAC has no key to change.
+                    let (at, other, other_explicit) = if explicit {
+                        (s, o, o_explicit)
+                    } else {
+                        (o, s, explicit)
+                    };
+                    let whose = if other_explicit { "" } else { "automatic " };
+                    errs.push(ConfigError::new(
+                        format!("service[{}].virtual_mac", at.index),
+                        format!("{mac} is the {whose}virtual MAC of {}", described(other)),
+                    ));
+                }
+            }
+        } else if let Some(port) = s.port {
+            for &(bi, a) in &s.backends {
+                if let Some(o) = listeners.insert((a, port), s) {
+                    errs.push(ConfigError::new(
+                        format!("service[{i}].backend[{bi}].address"),
+                        format!("{a}:{port} is intercepted by {}", described(o)),
                     ));
                 }
             }
         }
     }
+}
+
+/// `service[1] ("api")`, for an error that names another service.
+fn described(s: &ReadService) -> String {
+    match &s.name {
+        Some(name) => format!("service[{}] ({name:?})", s.index),
+        None => format!("service[{}]", s.index),
+    }
+}
+
+/// Why `mac` cannot be a service's virtual MAC, if it cannot: the switches' hosts must be
+/// able to send to it, and it must not be the controller's own.
+fn virtual_mac_error(mac: MacAddr) -> Option<&'static str> {
+    if mac.is_multicast() {
+        Some("must be a unicast MAC (this one is multicast or broadcast)")
+    } else if mac == MacAddr([0; 6]) {
+        Some("00:00:00:00:00:00 is no host's MAC")
+    } else if mac == crate::controller::ageing::PROBE_MAC {
+        Some("is the MAC the controller's ARP probes come from")
+    } else {
+        None
+    }
+}
+
+/// Why `target` cannot follow the method in an HTTP request line (the origin form,
+/// RFC 9112 §3.2.1: an absolute path and perhaps a query), if it cannot: health checks and
+/// scrapes paste it there.
+pub fn request_target_error(target: &str) -> Option<String> {
+    if !target.starts_with('/') {
+        return Some(format!("{target:?} must start with '/'"));
+    }
+    let bytes = target.as_bytes();
+    for (i, c) in target.char_indices() {
+        let ok = match c {
+            '%' => {
+                bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+            }
+            // RFC 3986's pchar, '/' and '?'.
+            c if c.is_ascii_alphanumeric() => true,
+            c => "-._~!$&'()*+,;=:@/?".contains(c),
+        };
+        if !ok {
+            return Some(if c == '%' {
+                format!("{target:?}: '%' must begin an escape (%XX)")
+            } else {
+                format!("{target:?}: {c:?} cannot be in a request path (escape it as %XX)")
+            });
+        }
+    }
+    None
+}
+
+/// A backend's metrics endpoint as the scraper fetches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsUrl {
+    pub addr: SocketAddr,
+    /// The `Host` header: the URL's authority as written.
+    pub host: String,
+    /// The request target (`/` when the URL has no path).
+    pub path: String,
+}
+
+/// `http://IPV4[:PORT][/PATH]`, the one form the scraper fetches (backends are addressed
+/// by IP, and it speaks plain HTTP/1.1): for the config, the API and the scraper alike.
+pub fn parse_metrics_url(url: &str) -> Result<MetricsUrl, String> {
+    let bad = || format!("{url:?} is not http://IPV4[:PORT]/PATH");
+    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, "/"),
+    };
+    let (ip, port) = match authority.split_once(':') {
+        Some((ip, port)) => (ip, port.parse::<u16>().ok().filter(|&p| p > 0)),
+        None => (authority, Some(80)),
+    };
+    let (Ok(ip), Some(port)) = (ip.parse::<Ipv4Addr>(), port) else {
+        return Err(bad());
+    };
+    if let Some(why) = request_target_error(path) {
+        return Err(format!("{url:?}: {why}"));
+    }
+    Ok(MetricsUrl {
+        addr: SocketAddr::from((ip, port)),
+        host: authority.to_string(),
+        path: path.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -143,6 +143,21 @@ impl<'a> Obj<'a> {
         std::time::Duration::from_millis(v)
     }
 
+    /// [`Obj::millis`], but `None` when the key is there and invalid: a check against
+    /// another key must not compare with the default standing in for it.
+    pub(crate) fn millis_checked(
+        &mut self,
+        key: &str,
+        default: u64,
+        lo: u64,
+        hi: u64,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<std::time::Duration> {
+        let before = errs.len();
+        let d = self.millis(key, default, lo, hi, errs);
+        (errs.len() == before).then_some(d)
+    }
+
     /// A number that must satisfy `ok`; otherwise `why` is reported against its path
     /// (the value is still returned, so later checks see what was written).
     pub(crate) fn float_where(
@@ -194,8 +209,13 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// An array of tables (`[[key]]`), each with its indexed path (`service[1]`).
-    pub(crate) fn tables(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Vec<Obj<'a>> {
+    /// An array of tables (`[[key]]`), each with its index in the array and its indexed
+    /// path (`service[1]`).
+    pub(crate) fn tables(
+        &mut self,
+        key: &str,
+        errs: &mut Vec<ConfigError>,
+    ) -> Vec<(usize, Obj<'a>)> {
         let path = self.key_path(key);
         match self.get(key) {
             None => Vec::new(),
@@ -203,7 +223,7 @@ impl<'a> Obj<'a> {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
                     match item {
-                        Value::Table(t) => out.push(Obj::new(format!("{path}[{i}]"), t)),
+                        Value::Table(t) => out.push((i, Obj::new(format!("{path}[{i}]"), t))),
                         other => errs.push(ConfigError::new(
                             format!("{path}[{i}]"),
                             format!("expected a table, found {}", other.type_str()),

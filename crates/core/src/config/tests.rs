@@ -414,3 +414,300 @@ fn a_backend_the_api_may_add_is_one_a_configuration_may_list() {
         "the sets exercise both answers: {valid_sets} sets, {accepted} accepted, {refused} refused"
     );
 }
+
+/// The paths of every error `text` makes, with their messages.
+fn errors_of(text: &str) -> Vec<ConfigError> {
+    Config::from_toml(text, &no_env).expect_err("invalid").0
+}
+
+fn has(errs: &[ConfigError], path: &str, message: &str) -> bool {
+    errs.iter()
+        .any(|e| e.path == path && e.message.contains(message))
+}
+
+#[test]
+fn checks_across_services_keep_each_services_index_and_see_services_with_errors() {
+    // service[0] and service[1] have errors of their own; service[2] clashes with
+    // service[0], which is still held against it.
+    let errs = errors_of(
+        r#"
+[[service]]
+name = "a"
+vip = "10.0.0.100"
+port = 80
+algorithm = "fastest"
+[[service]]
+name = "b"
+port = 0
+[[service]]
+name = "a"
+vip = "10.0.0.100"
+port = 80
+"#,
+    );
+    assert!(has(&errs, "service[2].name", "service[0]"), "{errs:?}");
+    assert!(
+        has(
+            &errs,
+            "service[2].vip",
+            "10.0.0.100:80 is used by service[0]"
+        ),
+        "{errs:?}"
+    );
+    assert_eq!(errs.len(), 4, "{errs:?}");
+}
+
+#[test]
+fn an_intercepted_backend_is_told_at_its_address_with_the_other_service() {
+    let errs = errors_of(
+        r#"
+[[service]]
+name = "a"
+port = 80
+[[service.backend]]
+address = "10.0.0.2"
+[[service]]
+name = "b"
+port = 80
+[[service.backend]]
+address = "10.0.0.3"
+[[service.backend]]
+address = "10.0.0.2"
+"#,
+    );
+    assert_eq!(
+        errs,
+        vec![ConfigError::new(
+            "service[1].backend[1].address",
+            "10.0.0.2:80 is intercepted by service[0] (\"a\")"
+        )]
+    );
+}
+
+#[test]
+fn a_token_the_api_could_never_match_is_refused() {
+    for (token, why) in [
+        ("", "must not be empty"),
+        (" 0123456789abcdef", "whitespace"),
+        ("0123456789abcdef\t", "whitespace"),
+        // 18 bytes, 9 characters.
+        ("ééééééééé", "printable ASCII"),
+    ] {
+        let errs = errors_of(&format!("[api]\ntoken = {token:?}\n"));
+        assert_eq!(errs.len(), 1, "{token:?}: {errs:?}");
+        assert!(has(&errs, "api.token", why), "{token:?}: {errs:?}");
+    }
+    let env = |k: &str| (k == "AUDIT_TOK").then(|| "short".to_string());
+    let errs = Config::from_toml("[api]\ntoken_env = \"AUDIT_TOK\"\n", &env)
+        .expect_err("too short")
+        .0;
+    assert_eq!(
+        errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["api.token_env: $AUDIT_TOK: a token must have at least 16 characters"]
+    );
+    // An empty variable is an unset one.
+    let env = |_: &str| Some(String::new());
+    let cfg = Config::from_toml("", &env).expect("valid");
+    assert_eq!(cfg.api.token, None);
+}
+
+#[test]
+fn a_key_checked_against_another_is_not_when_either_is_invalid() {
+    assert_eq!(
+        the_error("[openflow]\necho_interval_ms = 700000\necho_timeout_ms = 4000\n"),
+        "openflow.echo_interval_ms"
+    );
+    assert_eq!(
+        the_error("[openflow]\necho_timeout_ms = 100\n"),
+        "openflow.echo_timeout_ms"
+    );
+    assert_eq!(
+        the_error("[cluster]\nspill_threshold = -1.0\nspill_exit_threshold = 0.5\n"),
+        "cluster.spill_threshold"
+    );
+    assert_eq!(
+        the_error("[cluster]\nlease_ttl_ms = 10\nstore_timeout_ms = 5000\n"),
+        "cluster.lease_ttl_ms"
+    );
+    let service = |keys: &str| {
+        let errs = errors_of(&format!(
+            "[[service]]\nname = \"a\"\nport = 80\n{keys}[[service.backend]]\naddress = \"10.0.0.3\"\n"
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        errs[0].path.clone()
+    };
+    assert_eq!(
+        service("mode = \"partitionned\"\nvip = \"10.0.0.9\"\npartition_bits = 4\n"),
+        "service[0].mode"
+    );
+    assert_eq!(
+        service("mode = \"proactive\"\nvip = \"10.0.0.300\"\n"),
+        "service[0].vip"
+    );
+}
+
+#[test]
+fn a_health_path_must_be_a_request_target() {
+    let path = |p: &str| {
+        let base = ONE_SERVICE.replacen(
+            "port = 80\n",
+            &format!("port = 80\n[service.health]\nkind = \"http\"\npath = {p:?}\n"),
+            1,
+        );
+        Config::from_toml(&base, &no_env).map(|c| c.services[0].health.path.clone())
+    };
+    for good in ["/", "/health", "/a/b-c_d.e~f?x=1&y=%2F", "/@:!$'()*+,;="] {
+        assert_eq!(path(good).as_deref(), Ok(good));
+    }
+    for bad in [
+        "health",
+        "/a b",
+        "/x\r\nHost: evil",
+        "/%zz",
+        "/%4",
+        "/é",
+        "/a#frag",
+        "/\"q\"",
+    ] {
+        let errs = path(bad).expect_err(bad).0;
+        assert_eq!(errs.len(), 1, "{bad:?}: {errs:?}");
+        assert_eq!(errs[0].path, "service[0].health.path", "{bad:?}");
+    }
+}
+
+#[test]
+fn a_metrics_url_must_be_one_the_scraper_fetches() {
+    let url = |u: &str| {
+        let text = format!("{ONE_SERVICE}metrics = {u:?}\n");
+        Config::from_toml(&text, &no_env).map(|c| c.services[0].backends[0].metrics.clone())
+    };
+    for good in [
+        "http://10.0.0.3:9100/metrics",
+        "http://10.0.0.3",
+        "http://10.0.0.3/m?x=1",
+    ] {
+        assert_eq!(url(good), Ok(Some(good.to_string())));
+    }
+    for bad in [
+        "https://10.0.0.3/metrics",
+        "http://backend.example/metrics",
+        "http://10.0.0.3:0/metrics",
+        "http://10.0.0.3:99999/",
+        "http://10.0.0.3:/",
+        "http://[::1]:9100/metrics",
+        "http://10.0.0.3:9100/me trics",
+        "http://10.0.0.3:9100/m\r\nX: y",
+    ] {
+        let errs = url(bad).expect_err(bad).0;
+        assert_eq!(errs.len(), 1, "{bad:?}: {errs:?}");
+        assert_eq!(errs[0].path, "service[0].backend[0].metrics", "{bad:?}");
+    }
+    let u = parse_metrics_url("http://10.0.0.3:9100/metrics").expect("valid");
+    assert_eq!(u.addr, "10.0.0.3:9100".parse().unwrap());
+    assert_eq!(
+        (u.host.as_str(), u.path.as_str()),
+        ("10.0.0.3:9100", "/metrics")
+    );
+    assert_eq!(
+        parse_metrics_url("http://10.0.0.3")
+            .map(|u| u.path)
+            .as_deref(),
+        Ok("/")
+    );
+}
+
+#[test]
+fn virtual_macs_are_hosts_and_each_vip_services_own() {
+    let two = |a: &str, b: &str, vip_b: bool| {
+        let mut t = format!("[[service]]\nname = \"a\"\nvip = \"10.0.0.100\"\nport = 80\n{a}");
+        t += &format!("[[service]]\nname = \"b\"\nport = 80\n{b}");
+        if vip_b {
+            t += "vip = \"10.0.0.101\"\n";
+        }
+        Config::from_toml(&t, &no_env)
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default()
+    };
+    let mac = |m: &str| format!("virtual_mac = \"{m}\"\n");
+    let same = mac("02:00:00:00:00:07");
+    let errs = two(&same, &same, true);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        has(
+            &errs,
+            "service[1].virtual_mac",
+            "02:00:00:00:00:07 is the virtual MAC of service[0] (\"a\")"
+        ),
+        "{errs:?}"
+    );
+    // service[0]'s automatic MAC, written for service[1]; and the other way round.
+    let errs = two("", &mac("02:66:67:00:00:01"), true);
+    assert!(
+        has(&errs, "service[1].virtual_mac", "automatic"),
+        "{errs:?}"
+    );
+    let errs = two(&mac("02:66:67:00:00:02"), "", true);
+    assert!(
+        has(&errs, "service[0].virtual_mac", "automatic"),
+        "{errs:?}"
+    );
+    // A service without a VIP answers for no address: its MAC is never used.
+    assert_eq!(two(&same, &same, false), vec![]);
+    for bad in [
+        "00:00:00:00:00:00",
+        "ff:ff:ff:ff:ff:ff",
+        "01:00:5e:00:00:01",
+        "02:66:67:ff:00:01",
+    ] {
+        let errs = two(&mac(bad), "", true);
+        assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+        assert_eq!(errs[0].path, "service[0].virtual_mac", "{bad}");
+    }
+}
+
+#[test]
+fn a_clusters_keys_agree_with_each_other() {
+    let domain = |keys: &str| {
+        Config::from_toml(
+            &format!("[cluster]\nrole = \"domain\"\ndomain = \"d1\"\ninstance = \"d1a\"\n{keys}"),
+            &no_env,
+        )
+        .err()
+        .map(|e| e.0)
+        .unwrap_or_default()
+    };
+    let ok = "dpids = [\"1\", \"2\"]\nuplink = \"2:3\"\netcd = [\"http://127.0.0.1:2379\", \"https://10.0.0.1:2379\"]\n";
+    assert_eq!(domain(ok), vec![]);
+    assert_eq!(domain("dpids = [\"1\"]\netcd = \"memory:\"\n"), vec![]);
+    for (keys, path) in [
+        (
+            "dpids = [\"1\"]\nuplink = \"2:3\"\netcd = \"memory:\"\n",
+            "cluster.uplink",
+        ),
+        (
+            "dpids = [\"1\"]\nuplink = \"1:0\"\netcd = \"memory:\"\n",
+            "cluster.uplink",
+        ),
+        (
+            "dpids = [\"1\", \"0x01\"]\netcd = \"memory:\"\n",
+            "cluster.dpids[1]",
+        ),
+        (
+            "dpids = [\"1\"]\netcd = [\"http://a:1\", \"127.0.0.1:2379\"]\n",
+            "cluster.etcd[1]",
+        ),
+        ("dpids = [\"1\"]\netcd = \"http://\"\n", "cluster.etcd[0]"),
+        (
+            "dpids = [\"1\"]\netcd = \"memory:\"\nlease_ttl_ms = 2000\nstore_timeout_ms = 2000\n",
+            "cluster.store_timeout_ms",
+        ),
+    ] {
+        let errs = domain(keys);
+        assert_eq!(errs.len(), 1, "{keys}: {errs:?}");
+        assert_eq!(errs[0].path, path, "{keys}: {errs:?}");
+    }
+    // A dpid that did not parse may be the uplink's: only its own error.
+    let errs = domain("dpids = [\"zz\"]\nuplink = \"2:3\"\netcd = \"memory:\"\n");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+}
