@@ -320,7 +320,12 @@ fn schemas() -> Value {
                 "ok": { "type": "boolean" },
                 "file": { "type": "string" },
                 "services": { "type": "integer" },
-                "restart_needed": { "type": "array", "items": { "type": "string" } }
+                "restart_needed": { "type": "array", "items": { "type": "string" } },
+                "discarded": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "Changes made through the API that the file put back (drains stay)."
+                }
             }
         },
         "ConfigErrors": {

@@ -1,13 +1,19 @@
 //! Reloading the config file (SIGHUP and `POST /api/v1/reload`): validated first, so a
 //! file with any error changes nothing.
 
+use std::sync::Mutex;
 use std::time::Instant;
 
 use flowgate_core::Config;
-use flowgate_core::config::ConfigErrors;
+use flowgate_core::config::{ConfigErrors, ServiceConfig};
 use serde::Serialize;
 
 use super::Handle;
+
+/// Held by a reload from before it reads the file until it has applied it, so that two
+/// (SIGHUP and the API) cannot apply an older file last. A reload never awaits: a plain
+/// mutex, and one per process since one controller runs in it.
+pub(crate) static RELOADS: Mutex<()> = Mutex::new(());
 
 /// What a successful reload did.
 #[derive(Debug, Clone, Serialize)]
@@ -17,6 +23,9 @@ pub struct ReloadReport {
     pub services: usize,
     /// Keys that changed but only take effect on a restart (listen addresses, TLS, ...).
     pub restart_needed: Vec<&'static str>,
+    /// Changes made through the API since the last config applied that this reload put
+    /// back to the file's (the file is the truth; drains, which no file holds, stay).
+    pub discarded: Vec<String>,
 }
 
 /// Why a reload changed nothing.
@@ -39,9 +48,19 @@ impl std::fmt::Display for ReloadError {
 
 impl std::error::Error for ReloadError {}
 
+/// Load what a start loads beyond the file itself (`[openflow.tls]`'s certificate, key
+/// and CA), so that `flowgate controller --check` passes only a config that starts.
+pub fn check_start(config: &Config) -> anyhow::Result<()> {
+    if let Some(tls) = &config.openflow.tls {
+        super::tls::acceptor(tls)?;
+    }
+    Ok(())
+}
+
 /// Re-read the config file, validate it, and apply it (SIGHUP and `POST /api/v1/reload`).
 /// A file with any error changes nothing.
 pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
+    let _one_at_a_time = RELOADS.lock().unwrap_or_else(|e| e.into_inner());
     let path = handle.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path.as_path())
@@ -97,9 +116,16 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         config.controller.preallocate_connections = old.controller.preallocate_connections;
     }
     let services = config.services.len();
+    let discarded;
     {
         let now = Instant::now();
         let mut core = handle.lock();
+        discarded = {
+            let running: Vec<&ServiceConfig> =
+                core.controller.services().iter().map(|s| &s.cfg).collect();
+            let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
+            api_changes_discarded(&running, &old.services, &config.services)
+        };
         core.with(|c, out| c.reload(now, &config, out));
         // Swapped under the core lock, so no reader sees the new services with the old
         // config (or the other way round).
@@ -117,5 +143,80 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         file,
         services,
         restart_needed,
+        discarded,
     })
+}
+
+/// The changes made through the API (what `running` holds that `old`, the config applied
+/// last, does not) that `new` does not keep, one line each.
+fn api_changes_discarded(
+    running: &[&ServiceConfig],
+    old: &[ServiceConfig],
+    new: &[ServiceConfig],
+) -> Vec<String> {
+    // What the API sets of an algorithm (the rest is the file's, or derived).
+    let algorithm = |s: &ServiceConfig| (s.algorithm, s.params.threshold_rps, s.params.hysteresis);
+    let mut out = Vec::new();
+    for r in running {
+        let name = &r.name;
+        // A service the new file drops is the file's change, not a discarded one.
+        let (Some(o), Some(n)) = (
+            old.iter().find(|s| &s.name == name),
+            new.iter().find(|s| &s.name == name),
+        ) else {
+            continue;
+        };
+        if algorithm(r) != algorithm(o) && algorithm(r) != algorithm(n) {
+            out.push(format!(
+                "{name}: algorithm {} (set through the API) is {} again",
+                r.algorithm, n.algorithm
+            ));
+        }
+        for b in &r.backends {
+            let was = o.backends.iter().find(|x| x.address == b.address);
+            match n.backends.iter().find(|x| x.address == b.address) {
+                None if was.is_none() => out.push(format!(
+                    "{name}: backend {} (added through the API) is removed",
+                    b.address
+                )),
+                Some(nb) if nb.weight != b.weight && was.is_none_or(|w| w.weight != b.weight) => {
+                    out.push(format!(
+                        "{name}: backend {} weight {} (set through the API) is {} again",
+                        b.address, b.weight, nb.weight
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for ob in &o.backends {
+            let removed = !r.backends.iter().any(|b| b.address == ob.address);
+            if removed && n.backends.iter().any(|b| b.address == ob.address) {
+                out.push(format!(
+                    "{name}: backend {} (removed through the API) is back",
+                    ob.address
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_loads_the_tls_files_a_start_loads() {
+        let config = |tls: &str| {
+            Config::from_toml(&format!("[openflow.tls]\n{tls}"), &|_| None)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let missing = config("cert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\n");
+        let err = check_start(&missing).map_err(|e| e.to_string());
+        assert_eq!(
+            err,
+            Err("openflow.tls.cert: cannot open /nonexistent/c.pem".to_string())
+        );
+        assert!(check_start(&Config::empty()).is_ok());
+    }
 }
