@@ -10,6 +10,8 @@
 //!   `api.token` or the environment variable named by `api.token_env`
 //!   (`FLOWGATE_API_TOKEN` by default). It is compared in constant time. With no token
 //!   configured, mutations are refused with 403.
+//! * A call with a query or a body its route does not take is refused with 400, as a
+//!   query parameter or body field the route does not know is.
 //! * Every error is JSON, `{"error": "..."}`, axum's own rejections included (bad JSON,
 //!   wrong content type, unknown path or method), and bodies above [`BODY_LIMIT`] get 413.
 
@@ -18,6 +20,8 @@ pub mod metrics;
 mod openapi;
 mod ops;
 mod stream;
+#[cfg(test)]
+mod tests;
 mod views;
 
 use axum::Router;
@@ -439,7 +443,9 @@ pub fn router_with_stop(handle: Handle, stop: watch::Receiver<bool>) -> Router {
     let mut by_path: std::collections::BTreeMap<&str, MethodRouter<ApiState>> =
         std::collections::BTreeMap::new();
     for spec in ROUTES {
-        let mut mr = method_router(spec);
+        let mut mr = method_router(spec).route_layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| declared_only(spec, req, next),
+        ));
         if spec.mutating {
             mr = mr.route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -529,6 +535,40 @@ async fn guard(req: Request, next: Next) -> Response {
     Response::from_parts(parts, Body::from(body))
 }
 
+/// A call carries only what its route declares: a query only where the route names its
+/// parameters (their handlers refuse unknown ones), a body only where it takes one (its
+/// handler refuses unknown fields; elsewhere only an empty one, `null` or `{}`, passes).
+/// A call with more is refused, not done in part.
+async fn declared_only(spec: &'static RouteSpec, req: Request, next: Next) -> Response {
+    let call = format!("{} {}", spec.verb.as_str(), spec.path);
+    if spec.query.is_empty() && req.uri().query().is_some_and(|q| !q.is_empty()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{call} takes no query parameters"),
+        );
+    }
+    if spec.body.is_some() {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let nothing = |bytes: &[u8]| {
+        bytes.trim_ascii().is_empty()
+            || serde_json::from_slice::<serde_json::Value>(bytes)
+                .is_ok_and(|v| v.is_null() || v.as_object().is_some_and(|o| o.is_empty()))
+    };
+    match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(bytes) if nothing(&bytes) => next.run(Request::from_parts(parts, Body::empty())).await,
+        Ok(_) => error(
+            StatusCode::BAD_REQUEST,
+            format!("{call} takes no request body"),
+        ),
+        Err(_) => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {BODY_LIMIT} bytes"),
+        ),
+    }
+}
+
 /// Mutations need `Authorization: Bearer TOKEN` matching the configured token.
 async fn require_token(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let token = st
@@ -550,11 +590,10 @@ async fn require_token(State(st): State<ApiState>, req: Request, next: Next) -> 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        // The scheme is case-insensitive (RFC 7235 §2.1).
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+        .map(|(_, t)| t.trim());
     let unauthorized = |msg: &str| {
         let mut resp = error(StatusCode::UNAUTHORIZED, msg);
         resp.headers_mut().insert(

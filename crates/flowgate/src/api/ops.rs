@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flowgate_core::balance::AlgorithmKind;
-use flowgate_core::config::BackendConfig;
+use flowgate_core::config::{BackendConfig, parse_metrics_url};
 use flowgate_core::service::AdminState;
 use serde::Deserialize;
 
@@ -183,10 +183,8 @@ pub(crate) async fn add_backend(
             format!("weight must be between 0 and {MAX_WEIGHT}"),
         );
     }
-    if let Some(m) = &nb.metrics {
-        if !m.starts_with("http://") {
-            return error(StatusCode::BAD_REQUEST, "metrics must be an http:// URL");
-        }
+    if let Some(Err(why)) = nb.metrics.as_deref().map(parse_metrics_url) {
+        return error(StatusCode::BAD_REQUEST, format!("metrics: {why}"));
     }
     let mut core = st.handle.lock();
     let si = match find_service(&core.controller, &service) {

@@ -8,7 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
-use flowgate_core::config::MetricsConfig;
+use flowgate_core::config::{MetricsConfig, parse_metrics_url};
 use flowgate_core::metrics_text::{self, Totals};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -49,10 +49,15 @@ pub(super) async fn scrape_loop(handle: Handle, stop: watch::Receiver<bool>) {
 }
 
 async fn scrape_backend(handle: Handle, target: Target, cfg: MetricsConfig) {
-    let Some((addr, host, path)) = parse_url(&target.url) else {
-        tracing::warn!(url = %target.url, "cannot scrape: not an http://HOST:PORT/PATH URL");
-        return;
+    // The config and the API checked it with the same parser.
+    let url = match parse_metrics_url(&target.url) {
+        Ok(u) => u,
+        Err(why) => {
+            tracing::warn!(url = %target.url, "cannot scrape: {why}");
+            return;
+        }
     };
+    let (addr, host, path) = (url.addr, url.host, url.path);
     let mut interval = tokio::time::interval(cfg.interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut prev: Option<(Instant, Totals)> = None;
@@ -87,21 +92,6 @@ async fn scrape_backend(handle: Handle, target: Target, cfg: MetricsConfig) {
         }
         prev = Some((now, totals));
     }
-}
-
-/// `http://HOST:PORT/PATH` with a literal IPv4 host (backends are addressed by IP).
-fn parse_url(url: &str) -> Option<(SocketAddr, String, String)> {
-    let rest = url.strip_prefix("http://")?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let addr: SocketAddr = if authority.contains(':') {
-        authority.parse().ok()?
-    } else {
-        SocketAddr::new(authority.parse().ok()?, 80)
-    };
-    Some((addr, authority.to_string(), path.to_string()))
 }
 
 async fn fetch(addr: SocketAddr, host: &str, path: &str) -> std::io::Result<String> {
@@ -179,13 +169,16 @@ mod tests {
 
     #[test]
     fn urls_and_chunks() {
-        let (a, h, p) = parse_url("http://10.0.0.2:9100/metrics").unwrap();
-        assert_eq!(a, "10.0.0.2:9100".parse().unwrap());
-        assert_eq!(h, "10.0.0.2:9100");
-        assert_eq!(p, "/metrics");
-        assert_eq!(parse_url("http://10.0.0.2").unwrap().0.port(), 80);
-        assert!(parse_url("https://x/").is_none());
-        assert!(parse_url("http://name.example/").is_none());
+        let u = parse_metrics_url("http://10.0.0.2:9100/metrics").unwrap();
+        assert_eq!(u.addr, "10.0.0.2:9100".parse().unwrap());
+        assert_eq!(u.host, "10.0.0.2:9100");
+        assert_eq!(u.path, "/metrics");
+        assert_eq!(
+            parse_metrics_url("http://10.0.0.2").unwrap().addr.port(),
+            80
+        );
+        assert!(parse_metrics_url("https://x/").is_err());
+        assert!(parse_metrics_url("http://name.example/").is_err());
         assert_eq!(
             dechunk(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
             b"hello world"
