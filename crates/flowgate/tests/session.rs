@@ -209,3 +209,40 @@ fn a_peer_that_never_reads_is_closed_at_the_handshake_deadline() {
         start.elapsed()
     );
 }
+
+/// Connections that never finish a handshake hold at most `MAX_HANDSHAKES` places: one
+/// more is closed at once, and once they are gone a switch connects as ever.
+#[test]
+fn connections_beyond_the_handshake_cap_are_closed_at_once() {
+    use flowgate::runtime::MAX_HANDSHAKES;
+    let ctl = Ctl::start("session-handshake-cap", &format!("{LISTEN_ANY}{SERVICE}"));
+    // Silent: each waits in its handshake (for the controller's 10 s deadline).
+    let mut silent: Vec<TcpStream> = (0..MAX_HANDSHAKES)
+        .map(|_| TcpStream::connect(ctl.openflow).expect("connect"))
+        .collect();
+    let mut over = TcpStream::connect(ctl.openflow).expect("connect");
+    let start = Instant::now();
+    assert!(
+        closed_within(&mut over, Duration::from_secs(3)),
+        "the connection over the cap is still open"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+    ctl.wait_log(
+        &format!("{MAX_HANDSHAKES} connections in their handshake: closing new ones"),
+        Duration::from_secs(2),
+    );
+    // Each silent one is still in its handshake: it is given the controller's HELLO.
+    for s in silent.iter_mut().take(3) {
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        let hello = read_msg(s).expect("read").expect("open");
+        assert_eq!(hello[1], OFPT_HELLO);
+    }
+    drop(silent);
+    wait_until("the silent ones' ends", Duration::from_secs(5), || {
+        ctl.log_plain().matches("switch session ended").count() == MAX_HANDSHAKES
+    });
+    let mut s = handshake(ctl.openflow, 0x5e57);
+    s.write_all(&header(4, OFPT_ECHO_REQUEST, 8, 0x7000))
+        .expect("an echo");
+    assert_eq!(echo_replies(&mut s, 1), [0x7000]);
+}

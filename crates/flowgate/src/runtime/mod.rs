@@ -31,7 +31,7 @@ use flowgate_core::{Config, Controller, Outbox};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-pub use session::SessionLimits;
+pub use session::{MAX_HANDSHAKES, SessionLimits};
 
 /// Everything the core lock protects.
 pub struct CoreCell {
@@ -311,6 +311,9 @@ pub struct Handle {
     pub config_path: Option<Arc<PathBuf>>,
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
+    /// Connections closed on arrival because [`session::MAX_HANDSHAKES`] others were in
+    /// their handshake.
+    pub handshakes_refused: Arc<AtomicU64>,
     /// How often each session probes its channel's round trip, in µs (0: never), as the
     /// running config says ([`channel_rtt::probe_interval_us`]): set at start and on reload,
     /// read by the sessions at each turn of their loops.
@@ -357,6 +360,7 @@ impl Handle {
             config: Arc::new(Mutex::new(config)),
             config_path: config_path.map(Arc::new),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
+            handshakes_refused: Arc::new(AtomicU64::new(0)),
             rtt_probe_us,
             rtt_probe_changed: Arc::default(),
             decision_latency: Arc::new(latency::LatencyHistogram::new()),

@@ -45,6 +45,13 @@ impl SessionLimits {
     }
 }
 
+/// Connections in their handshake at once, at most: beyond it a new connection is closed
+/// at once and counted (`Handle::handshakes_refused`). Peers that open connections and
+/// never finish a handshake then hold at most this many tasks and read buffers, each for
+/// the handshake's timeout, not as many as they open. A real switch's handshake takes a
+/// few round trips; one refused retries (Open vSwitch after 1 s, backing off to 8 s).
+pub const MAX_HANDSHAKES: usize = 256;
+
 pub(super) async fn accept_loop(
     listener: TcpListener,
     handle: Handle,
@@ -52,6 +59,7 @@ pub(super) async fn accept_loop(
     limits: SessionLimits,
     mut stop: watch::Receiver<bool>,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -64,6 +72,13 @@ pub(super) async fn accept_loop(
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        let Ok(handshaking) = handshakes.clone().try_acquire_owned() else {
+            let refused = handle.handshakes_refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, "{MAX_HANDSHAKES} connections in their handshake: closing new ones");
+            }
+            continue;
         };
         let _ = stream.set_nodelay(true);
         // A bounded kernel send buffer: what the switch has not read then waits in our own
@@ -92,12 +107,12 @@ pub(super) async fn accept_loop(
                     match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream))
                         .await
                     {
-                        Ok(Ok(s)) => run_session(s, peer, handle, limits, stop).await,
+                        Ok(Ok(s)) => run_session(s, peer, handle, limits, stop, handshaking).await,
                         Ok(Err(e)) => Err(SessionError::Tls(e.to_string())),
                         Err(_) => Err(SessionError::Timeout("TLS handshake")),
                     }
                 }
-                None => run_session(stream, peer, handle, limits, stop).await,
+                None => run_session(stream, peer, handle, limits, stop, handshaking).await,
             };
             match result {
                 Ok(()) => tracing::info!(%peer, "switch session closed"),
@@ -236,6 +251,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     handle: Handle,
     limits: SessionLimits,
     mut stop: watch::Receiver<bool>,
+    handshaking: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), SessionError> {
     let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = Reader::new(rd);
@@ -256,6 +272,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         Ok::<_, SessionError>((features, opening.is_empty()))
     })
     .await;
+    drop(handshaking);
     let (features, writable) = match opened {
         Ok(r) => r?,
         Err(_) => return Err(SessionError::Timeout("the handshake")),
