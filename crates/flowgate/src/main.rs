@@ -180,6 +180,9 @@ fn load_config(path: &PathBuf) -> anyhow::Result<Config> {
 fn controller(path: PathBuf, check: bool, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load_config(&path)?;
     if check {
+        // What a start would load besides the file (the TLS certificate and key).
+        flowgate::runtime::reload::check_start(&config)
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
         println!(
             "{}: OK ({} service(s))",
             path.display(),

@@ -61,6 +61,27 @@ fn a_bad_config_reports_every_error_and_starts_nothing() {
     }
 }
 
+/// `--check` loads what a start would load besides the file: a TLS certificate that
+/// cannot be read fails the check, as it would fail the start.
+#[test]
+fn check_reads_the_tls_files_a_start_reads() {
+    let dir = ScratchDir::new("cli-tls").expect("temp dir");
+    let path = dir.join("tls.toml");
+    let cert = dir.join("missing-cert.pem");
+    std::fs::write(
+        &path,
+        format!(
+            "[openflow.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            dir.join("missing-key.pem").display()
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = run(&["controller", "--config", path.to_str().unwrap(), "--check"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("openflow.tls.cert: cannot open"), "{err}");
+}
+
 #[test]
 fn ofp_roundtrip_accepts_every_conformance_message() {
     let dir = conformance_dir();
