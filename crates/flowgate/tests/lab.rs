@@ -278,6 +278,12 @@ fn check_measured(rows: &[Row]) {
         );
     }
     assert!(b.jain > 0.7, "ISSLM spreads the heavy load: {b:?}");
+    // Every connection placed off server 2 was an ISSLM move, and the moves are counted
+    // by the search that found the target; without management nothing moves.
+    let moves = |r: &Row| r.moved_by_load + r.moved_by_conns + r.moved_by_rt;
+    let elsewhere = b.ctl_srv1 + b.ctl_srv3 + b.ctl_srv4;
+    assert!(moves(b) >= elsewhere && elsewhere > 0, "moves: {b:?}");
+    assert_eq!(moves(a), 0, "{a:?}");
 }
 
 fn check_consistent(rows: &[Row]) {

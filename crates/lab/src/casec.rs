@@ -396,6 +396,7 @@ pub fn run(
                 r.ctl_srv3 = a.conns[2] - b.conns[2].min(a.conns[2]);
                 r.ctl_srv4 = a.conns[3] - b.conns[3].min(a.conns[3]);
                 r.no_optimal_server = a.no_optimal_server.saturating_sub(b.no_optimal_server);
+                r.set_moves(b, a);
                 r.derive(baseline(&normal, d, p.shared_normal_qos));
                 say(format!(
                     "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
@@ -574,6 +575,9 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.ctl_srv3 += r.ctl_srv3;
         a.ctl_srv4 += r.ctl_srv4;
         a.no_optimal_server += r.no_optimal_server;
+        a.moved_by_load += r.moved_by_load;
+        a.moved_by_conns += r.moved_by_conns;
+        a.moved_by_rt += r.moved_by_rt;
         a.qos_pass_ok += r.qos_pass_ok;
     }
     measure::set_percentiles(&mut a);

@@ -167,6 +167,8 @@ impl Controller {
             conns,
             response_time_ms: rt,
             no_optimal_server: s["counters"]["no_optimal_server"].as_u64().unwrap_or(0),
+            isslm_moves: ["request_load", "connections", "response_time"]
+                .map(|k| s["counters"]["isslm_moves"][k].as_u64().unwrap_or(0)),
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
         })
     }
@@ -181,6 +183,9 @@ pub struct Snapshot {
     pub response_time_ms: [Option<f64>; 4],
     /// ISSLM searches that found no optimal server.
     pub no_optimal_server: u64,
+    /// ISSLM's moves, by the search that found the target: request load, connections,
+    /// response time.
+    pub isslm_moves: [u64; 3],
     /// Connections refused for want of a backend.
     pub refused: u64,
 }

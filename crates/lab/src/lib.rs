@@ -504,6 +504,7 @@ fn run_arms(
             row.no_optimal_server = after
                 .no_optimal_server
                 .saturating_sub(before.no_optimal_server);
+            row.set_moves(&before, &after);
             row.derive(normal.as_ref());
             let line = format!(
                 "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",

@@ -60,6 +60,10 @@ pub struct Row {
     pub ctl_srv3: u64,
     pub ctl_srv4: u64,
     pub no_optimal_server: u64,
+    /// ISSLM's moves off the requested server, by the search that found the target.
+    pub moved_by_load: u64,
+    pub moved_by_conns: u64,
+    pub moved_by_rt: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,
     pub iperf_max_bps: Option<f64>,
@@ -95,6 +99,12 @@ pub fn jain(x: &[f64]) -> f64 {
 }
 
 impl Row {
+    /// ISSLM's moves between two snapshots of the controller's counters.
+    pub fn set_moves(&mut self, before: &crate::ctl::Snapshot, after: &crate::ctl::Snapshot) {
+        let d = |k: usize| after.isslm_moves[k].saturating_sub(before.isslm_moves[k]);
+        (self.moved_by_load, self.moved_by_conns, self.moved_by_rt) = (d(0), d(1), d(2));
+    }
+
     /// Per-server responses, in server order.
     pub fn shares(&self) -> [u64; 4] {
         [self.srv1, self.srv2, self.srv3, self.srv4]

@@ -145,6 +145,9 @@ pub const COLUMNS: &[&str] = &[
     "ctl_srv3",
     "ctl_srv4",
     "no_optimal_server",
+    "moved_by_load",
+    "moved_by_conns",
+    "moved_by_rt",
     "iperf_bytes",
     "iperf_secs",
     "iperf_max_bps",
@@ -272,16 +275,16 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n#### {scenario}: HTTP load and servers\n");
     let _ = writeln!(
         s,
-        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal |"
+        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} |",
             r.arm,
             r.phase,
             r.offered,
@@ -303,6 +306,9 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             r.ctl_srv3,
             r.ctl_srv4,
             r.no_optimal_server,
+            r.moved_by_load,
+            r.moved_by_conns,
+            r.moved_by_rt,
         );
     }
     s
@@ -363,6 +369,22 @@ mod tests {
         let heavy: Vec<&str> = text.lines().nth(2).unwrap_or_default().split(',').collect();
         assert_eq!(heavy[col], "");
         assert!(failures(&rows[..1]).is_none());
+    }
+
+    #[test]
+    fn isslm_moves_are_in_the_table_and_the_csv() {
+        let mut r = measured("isslm", "heavy");
+        (r.moved_by_load, r.moved_by_conns, r.moved_by_rt) = (3, 1, 0);
+        let rows = [r];
+        let md = markdown("case-b", &rows);
+        assert!(md.contains("| 3/1/0 |"), "{md}");
+        let back = parse_csv(&csv(&rows)).expect("CSV parses");
+        let got = (
+            back[0].moved_by_load,
+            back[0].moved_by_conns,
+            back[0].moved_by_rt,
+        );
+        assert_eq!(got, (3, 1, 0));
     }
 
     #[test]
