@@ -234,10 +234,10 @@ impl MemState {
     }
 
     fn put(&mut self, key: String, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
-        if let Some(l) = lease {
-            if !self.leases.contains_key(&l.0) {
-                return Err(CoordError::LeaseExpired(l.0));
-            }
+        if let Some(l) = lease
+            && !self.leases.contains_key(&l.0)
+        {
+            return Err(CoordError::LeaseExpired(l.0));
         }
         self.revision += 1;
         let rev = self.revision;

@@ -386,16 +386,17 @@ impl SpillPolicy {
             .map(|d| (d.clone(), SpillDecision::default()))
             .collect();
         for ((d, svc), st) in &self.state {
-            if st.fraction > 0.0 && !st.targets.is_empty() {
-                if let Some(dec) = out.get_mut(d) {
-                    dec.services.insert(
-                        svc.clone(),
-                        ServiceSpill {
-                            fraction: st.fraction,
-                            targets: st.targets.clone(),
-                        },
-                    );
-                }
+            if st.fraction > 0.0
+                && !st.targets.is_empty()
+                && let Some(dec) = out.get_mut(d)
+            {
+                dec.services.insert(
+                    svc.clone(),
+                    ServiceSpill {
+                        fraction: st.fraction,
+                        targets: st.targets.clone(),
+                    },
+                );
             }
         }
         out

@@ -638,7 +638,7 @@ mod tests {
             service: 0,
             backend: BackendId((i % 7) as u16),
             created_ms: u64::from(i),
-            installed: i % 2 == 0,
+            installed: i.is_multiple_of(2),
             reply: Reply::Unseen,
             isn: Conn::isn_of(i),
             tag: i as u16,

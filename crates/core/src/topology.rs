@@ -375,10 +375,10 @@ impl Topology {
             // Keep the map symmetric: drop half-links whose other half expired.
             let ends: Vec<PortRef> = self.links.keys().copied().collect();
             for a in ends {
-                if let Some((b, _)) = self.links.get(&a).copied() {
-                    if !self.links.contains_key(&b) {
-                        self.links.remove(&a);
-                    }
+                if let Some((b, _)) = self.links.get(&a).copied()
+                    && !self.links.contains_key(&b)
+                {
+                    self.links.remove(&a);
                 }
             }
             self.recompute();

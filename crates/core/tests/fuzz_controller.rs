@@ -92,7 +92,7 @@ fn no_program_of_a_hostile_switch_panics_the_controller() {
     let (mut reported, mut opaque_ended) = (0u32, 0u32);
     while ran < 20_000 && Instant::now() < deadline {
         // A third uniform bytes, two thirds the seeds mutated.
-        let data = if ran % 3 == 0 {
+        let data = if ran.is_multiple_of(3) {
             let len = 1 + (rng.next_u64() % 1500) as usize;
             (0..len).map(|_| rng.next_u64() as u8).collect()
         } else {

@@ -1309,10 +1309,10 @@ fn check_prometheus(text: &str) -> BTreeMap<String, String> {
                         it.next().is_some_and(|h| !h.is_empty()),
                         "help text: {line}"
                     );
-                    if current.as_deref() != Some(&name) {
-                        if let Some(c) = current.take() {
-                            finished.insert(c);
-                        }
+                    if current.as_deref() != Some(&name)
+                        && let Some(c) = current.take()
+                    {
+                        finished.insert(c);
                     }
                     assert!(!finished.contains(&name), "{name} declared again");
                     current = Some(name);

@@ -85,10 +85,10 @@ fn wd_http(
         if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 || line.trim().is_empty() {
             break;
         }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse::<usize>().ok();
-            }
+        if let Some((k, v)) = line.split_once(':')
+            && k.trim().eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse::<usize>().ok();
         }
     }
     let mut buf = Vec::new();

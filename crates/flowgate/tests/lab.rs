@@ -430,14 +430,12 @@ fn controller_pids(dir: &Path) -> Vec<u64> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
-        if p.to_string_lossy().ends_with(".ready.json") {
-            if let Ok(t) = std::fs::read_to_string(&p) {
-                if let Ok(j) = serde_json::from_str::<serde_json::Value>(&t) {
-                    if let Some(pid) = j["pid"].as_u64() {
-                        v.push(pid);
-                    }
-                }
-            }
+        if p.to_string_lossy().ends_with(".ready.json")
+            && let Ok(t) = std::fs::read_to_string(&p)
+            && let Ok(j) = serde_json::from_str::<serde_json::Value>(&t)
+            && let Some(pid) = j["pid"].as_u64()
+        {
+            v.push(pid);
         }
     }
     v

@@ -141,10 +141,10 @@ fn untraced_responses(
     for line in text.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
         // `-`: no response (the failures are the load report's to show).
-        if let (Some(Ok(port)), Some(backend)) = (w.first().map(|p| p.parse::<u16>()), w.get(1)) {
-            if *backend != "-" {
-                *answered.entry((port, backend.to_string())).or_default() += 1;
-            }
+        if let (Some(Ok(port)), Some(backend)) = (w.first().map(|p| p.parse::<u16>()), w.get(1))
+            && *backend != "-"
+        {
+            *answered.entry((port, backend.to_string())).or_default() += 1;
         }
     }
     answered

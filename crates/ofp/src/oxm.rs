@@ -1046,10 +1046,10 @@ impl Match {
                     need(eth == Some(0x0806), name, "eth_type=0x0806")?
                 }
                 Oxm::Ipv6Src { value, mask } | Oxm::Ipv6Dst { value, mask } => {
-                    if let Some(m) = mask {
-                        if u128::from(*value) & !u128::from(*m) != 0 {
-                            return Err(MatchError::BadWildcards(name));
-                        }
+                    if let Some(m) = mask
+                        && u128::from(*value) & !u128::from(*m) != 0
+                    {
+                        return Err(MatchError::BadWildcards(name));
                     }
                     need(eth == Some(0x86dd), name, "eth_type=0x86dd")?
                 }
@@ -1106,10 +1106,10 @@ impl Match {
                     check_mask(name, *value, *mask)?
                 }
                 Oxm::EthDst { value, mask } | Oxm::EthSrc { value, mask } => {
-                    if let Some(m) = mask {
-                        if value.iter().zip(m.iter()).any(|(v, m)| v & !m != 0) {
-                            return Err(MatchError::BadWildcards(name));
-                        }
+                    if let Some(m) = mask
+                        && value.iter().zip(m.iter()).any(|(v, m)| v & !m != 0)
+                    {
+                        return Err(MatchError::BadWildcards(name));
                     }
                 }
                 _ => {}

@@ -192,10 +192,10 @@ impl Balancer {
             }
         }
         // Try 1, search 1 succeeds: the RPS leader is acceptable.
-        if let (Some((k, p, i)), Some(a)) = (best_ok[0], best_any[0]) {
-            if (k, p) == a {
-                return Some((i, Search::RequestLoad));
-            }
+        if let (Some((k, p, i)), Some(a)) = (best_ok[0], best_any[0])
+            && (k, p) == a
+        {
+            return Some((i, Search::RequestLoad));
         }
         let mut rank = [0usize; 3];
         for (i, sc) in self.scratch[..n].iter().enumerate() {
@@ -204,10 +204,11 @@ impl Balancer {
             }
             let pos = (i + n - s) % n;
             for k in 0..3 {
-                if let Some((bk, bp, _)) = best_ok[k] {
-                    if !sc[k].is_nan() && rank_less((sc[k], pos), (bk, bp)) {
-                        rank[k] += 1;
-                    }
+                if let Some((bk, bp, _)) = best_ok[k]
+                    && !sc[k].is_nan()
+                    && rank_less((sc[k], pos), (bk, bp))
+                {
+                    rank[k] += 1;
                 }
             }
         }
@@ -215,10 +216,11 @@ impl Balancer {
         // The smallest (try, search) pair: on one try the searches go in Table 2's order.
         let mut winner: Option<(usize, usize, Search)> = None;
         for (k, search) in Search::ALL.into_iter().enumerate() {
-            if let Some((_, _, i)) = best_ok[k] {
-                if rank[k] < tries && winner.is_none_or(|(r, _, _)| rank[k] < r) {
-                    winner = Some((rank[k], i, search));
-                }
+            if let Some((_, _, i)) = best_ok[k]
+                && rank[k] < tries
+                && winner.is_none_or(|(r, _, _)| rank[k] < r)
+            {
+                winner = Some((rank[k], i, search));
             }
         }
         winner.map(|(_, i, search)| (i, search))

@@ -492,13 +492,13 @@ fn validate(
         3_600_000,
         errs,
     );
-    if let (Some(interval), Some(timeout)) = (echo_interval, echo_timeout) {
-        if timeout <= interval {
-            errs.push(ConfigError::new(
-                of.key_path("echo_timeout_ms"),
-                "must be longer than echo_interval_ms",
-            ));
-        }
+    if let (Some(interval), Some(timeout)) = (echo_interval, echo_timeout)
+        && timeout <= interval
+    {
+        errs.push(ConfigError::new(
+            of.key_path("echo_timeout_ms"),
+            "must be longer than echo_interval_ms",
+        ));
     }
     let packet_in_rate = of
         .int_in("packet_in_rate", 1, 100_000_000, errs)
@@ -999,17 +999,16 @@ fn read_service(
     if name.is_none() {
         errs.push(ConfigError::new(s.key_path("name"), "required"));
     }
-    if let Some(n) = &name {
-        if n.is_empty()
+    if let Some(n) = &name
+        && (n.is_empty()
             || !n
                 .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            errs.push(ConfigError::new(
-                s.key_path("name"),
-                format!("{n:?}: use letters, digits, '-' and '_'"),
-            ));
-        }
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    {
+        errs.push(ConfigError::new(
+            s.key_path("name"),
+            format!("{n:?}: use letters, digits, '-' and '_'"),
+        ));
     }
     read.name.clone_from(&name);
     let vip = ipv4(&mut s, "vip", errs);
@@ -1389,22 +1388,22 @@ fn check_services(services: &[ReadService], errs: &mut Vec<ConfigError>) {
     let mut macs: HashMap<MacAddr, (&ReadService, bool)> = HashMap::new();
     for s in services {
         let i = s.index;
-        if let Some(name) = &s.name {
-            if let Some(o) = names.insert(name.as_str(), s) {
-                errs.push(ConfigError::new(
-                    format!("service[{i}].name"),
-                    format!("{name:?} is used by service[{}]", o.index),
-                ));
-            }
+        if let Some(name) = &s.name
+            && let Some(o) = names.insert(name.as_str(), s)
+        {
+            errs.push(ConfigError::new(
+                format!("service[{i}].name"),
+                format!("{name:?} is used by service[{}]", o.index),
+            ));
         }
         if let Some(vip) = s.vip {
-            if let Some(port) = s.port {
-                if let Some(o) = listeners.insert((vip, port), s) {
-                    errs.push(ConfigError::new(
-                        format!("service[{i}].vip"),
-                        format!("{vip}:{port} is used by {}", described(o)),
-                    ));
-                }
+            if let Some(port) = s.port
+                && let Some(o) = listeners.insert((vip, port), s)
+            {
+                errs.push(ConfigError::new(
+                    format!("service[{i}].vip"),
+                    format!("{vip}:{port} is used by {}", described(o)),
+                ));
             }
             for other in services {
                 if other.backends.iter().any(|&(_, a)| a == vip) {
@@ -1418,20 +1417,20 @@ fn check_services(services: &[ReadService], errs: &mut Vec<ConfigError>) {
                 }
             }
             // Only a service with a VIP answers ARP with its virtual MAC.
-            if let Some((mac, explicit)) = s.virtual_mac {
-                if let Some((o, o_explicit)) = macs.insert(mac, (s, explicit)) {
-                    // Told where the file wrote it: an automatic MAC has no key to change.
-                    let (at, other, other_explicit) = if explicit {
-                        (s, o, o_explicit)
-                    } else {
-                        (o, s, explicit)
-                    };
-                    let whose = if other_explicit { "" } else { "automatic " };
-                    errs.push(ConfigError::new(
-                        format!("service[{}].virtual_mac", at.index),
-                        format!("{mac} is the {whose}virtual MAC of {}", described(other)),
-                    ));
-                }
+            if let Some((mac, explicit)) = s.virtual_mac
+                && let Some((o, o_explicit)) = macs.insert(mac, (s, explicit))
+            {
+                // Told where the file wrote it: an automatic MAC has no key to change.
+                let (at, other, other_explicit) = if explicit {
+                    (s, o, o_explicit)
+                } else {
+                    (o, s, explicit)
+                };
+                let whose = if other_explicit { "" } else { "automatic " };
+                errs.push(ConfigError::new(
+                    format!("service[{}].virtual_mac", at.index),
+                    format!("{mac} is the {whose}virtual MAC of {}", described(other)),
+                ));
             }
         } else if let Some(port) = s.port {
             for &(bi, a) in &s.backends {

@@ -183,17 +183,17 @@ impl Controller {
         arp: &packet::Arp,
         out: &mut Outbox,
     ) -> bool {
-        if arp.op == ARP_OP_REQUEST {
-            if let Some(mac) = self.vip_mac(arp.tpa) {
-                // The VIP is an address of its own: the controller answers for it.
-                let reply = packet::arp_reply(arp, mac);
-                out.push(
-                    dpid,
-                    rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), reply),
-                );
-                self.counters.arp_replies_sent += 1;
-                return true;
-            }
+        if arp.op == ARP_OP_REQUEST
+            && let Some(mac) = self.vip_mac(arp.tpa)
+        {
+            // The VIP is an address of its own: the controller answers for it.
+            let reply = packet::arp_reply(arp, mac);
+            out.push(
+                dpid,
+                rules::packet_out(ofp::port::CONTROLLER, rules::output(in_port), reply),
+            );
+            self.counters.arp_replies_sent += 1;
+            return true;
         }
         if arp.op == ARP_OP_REPLY && self.is_virtual_mac(frame.eth_dst) {
             // An answer to our own probe for a backend or a silent host: learning (hearing)

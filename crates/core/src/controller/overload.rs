@@ -468,18 +468,16 @@ impl Controller {
                 .admit_with_depth(now, gap, batch_depth(g.cfg.gate_burst, gap)),
         };
         g.law.record(ok);
-        if ok {
-            if let Some(gap) = gap.filter(|gap| *gap >= g.cfg.off_rule_min_gap) {
-                // An OFF period of seconds: the switch drops new connections itself until
-                // the rule's hard timeout ends it (whole seconds, OpenFlow's granularity).
-                let secs = gap.as_secs().clamp(1, u64::from(u16::MAX)) as u16;
-                g.off_rules_out = true;
-                let msgs = self.gap_rules(si, Some(secs));
-                let dpids: Vec<Dpid> = self.switch_ids().collect();
-                for d in dpids {
-                    for m in &msgs {
-                        out.push(d, m.clone());
-                    }
+        if ok && let Some(gap) = gap.filter(|gap| *gap >= g.cfg.off_rule_min_gap) {
+            // An OFF period of seconds: the switch drops new connections itself until
+            // the rule's hard timeout ends it (whole seconds, OpenFlow's granularity).
+            let secs = gap.as_secs().clamp(1, u64::from(u16::MAX)) as u16;
+            g.off_rules_out = true;
+            let msgs = self.gap_rules(si, Some(secs));
+            let dpids: Vec<Dpid> = self.switch_ids().collect();
+            for d in dpids {
+                for m in &msgs {
+                    out.push(d, m.clone());
                 }
             }
         }
@@ -801,12 +799,12 @@ impl Controller {
             let total = self.overload.meter_dropped.entry(key).or_insert(0);
             *total = total.saturating_add(delta);
             let o = &mut self.overload;
-            if let Some(i) = o.service_of(st.meter_id) {
-                if let Some(g) = o.services.get_mut(i) {
-                    g.law.record_meter_drops(delta);
-                    if let Some(d) = g.per_switch.get_mut(&dpid) {
-                        d.dropped(delta);
-                    }
+            if let Some(i) = o.service_of(st.meter_id)
+                && let Some(g) = o.services.get_mut(i)
+            {
+                g.law.record_meter_drops(delta);
+                if let Some(d) = g.per_switch.get_mut(&dpid) {
+                    d.dropped(delta);
                 }
             }
             // Every meter here guards a rule that sends to the controller (or is the

@@ -657,10 +657,10 @@ impl Controller {
             if self.partitions.services[si].is_none() {
                 let c = &self.services[si].cfg;
                 self.partitions.services[si] = Some(Partitions::new(&c.name, c.partitions.bits));
-                if let Some(shape) = c.vip.map(|v| (v, c.port, c.partitions.bits)) {
-                    if !self.partitions.shapes.contains(&shape) {
-                        self.partitions.shapes.push(shape);
-                    }
+                if let Some(shape) = c.vip.map(|v| (v, c.port, c.partitions.bits))
+                    && !self.partitions.shapes.contains(&shape)
+                {
+                    self.partitions.shapes.push(shape);
                 }
             }
             let sig: Vec<(Ipv4Addr, Option<MacAddr>, Option<PortRef>)> = self.services[si]

@@ -263,10 +263,10 @@ impl Controller {
         let old_reverse = self
             .placement(&key, old)
             .map(|p| (p.client_at.dpid, p.backend_ip));
-        if self.conns.remove(&key).is_some() {
-            if let Some(s) = self.services.get_mut(usize::from(old.service)) {
-                s.record_end(old.backend);
-            }
+        if self.conns.remove(&key).is_some()
+            && let Some(s) = self.services.get_mut(usize::from(old.service))
+        {
+            s.record_end(old.backend);
         }
         self.handshakes.syn_acks.remove(&key);
         self.new_connection(now, at, key, l, Some(old), out);

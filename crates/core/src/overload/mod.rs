@@ -382,19 +382,19 @@ impl GapController {
                         self.rate = Some((base * factor).max(p.min_rate));
                         self.last_decrease = Some(now);
                     }
-                } else if load < p.low_watermark {
-                    if let Some(a) = self.rate {
-                        let offered = self.offered.rate;
-                        if offered < 0.5 * a || p.ceiling.is_some_and(|c| a >= c) {
-                            // Demand is well under the limit (or the limit reached the
-                            // ceiling): lift the gap.
-                            self.rate = None;
-                        } else if offered >= a * 0.95 || measured >= a * 0.8 {
-                            let reference = p
-                                .reference_rate
-                                .unwrap_or(self.max_admitted_seen.max(p.min_rate * 10.0));
-                            self.rate = Some(a + p.increase_fraction * reference);
-                        }
+                } else if load < p.low_watermark
+                    && let Some(a) = self.rate
+                {
+                    let offered = self.offered.rate;
+                    if offered < 0.5 * a || p.ceiling.is_some_and(|c| a >= c) {
+                        // Demand is well under the limit (or the limit reached the
+                        // ceiling): lift the gap.
+                        self.rate = None;
+                    } else if offered >= a * 0.95 || measured >= a * 0.8 {
+                        let reference = p
+                            .reference_rate
+                            .unwrap_or(self.max_admitted_seen.max(p.min_rate * 10.0));
+                        self.rate = Some(a + p.increase_fraction * reference);
                     }
                 }
             }

@@ -125,10 +125,10 @@ fn flowgate_exe() -> anyhow::Result<PathBuf> {
     let mut exe = std::env::current_exe()?;
     // Rebuilt while the bench runs (a shared tree): Linux names the old file
     // "flowgate (deleted)"; the new one is at the same path.
-    if let Some(name) = exe.file_name().and_then(|n| n.to_str()) {
-        if let Some(live) = name.strip_suffix(" (deleted)") {
-            exe = exe.with_file_name(live);
-        }
+    if let Some(name) = exe.file_name().and_then(|n| n.to_str())
+        && let Some(live) = name.strip_suffix(" (deleted)")
+    {
+        exe = exe.with_file_name(live);
     }
     if exe.file_stem().is_some_and(|s| s == "flowgate") {
         return Ok(exe);
@@ -181,22 +181,22 @@ impl Proc {
             .with_context(|| format!("start {}", exe.display()))?;
         let t0 = Instant::now();
         loop {
-            if let Ok(s) = std::fs::read_to_string(&ready) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&s) {
-                    let addr = |k: &str| -> anyhow::Result<SocketAddr> {
-                        Ok(v[k]
-                            .as_str()
-                            .with_context(|| format!("ready file without {k}"))?
-                            .parse()?)
-                    };
-                    return Ok(Proc {
-                        name: name.to_string(),
-                        openflow: addr("openflow")?,
-                        api: addr("api")?,
-                        child,
-                        dir,
-                    });
-                }
+            if let Ok(s) = std::fs::read_to_string(&ready)
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&s)
+            {
+                let addr = |k: &str| -> anyhow::Result<SocketAddr> {
+                    Ok(v[k]
+                        .as_str()
+                        .with_context(|| format!("ready file without {k}"))?
+                        .parse()?)
+                };
+                return Ok(Proc {
+                    name: name.to_string(),
+                    openflow: addr("openflow")?,
+                    api: addr("api")?,
+                    child,
+                    dir,
+                });
             }
             if let Some(st) = child.try_wait()? {
                 bail!(
@@ -239,10 +239,10 @@ impl Proc {
     fn wait_master(&self, timeout: Duration) -> anyhow::Result<()> {
         let t0 = Instant::now();
         loop {
-            if let Ok(v) = self.get_json("/api/v1/cluster") {
-                if v["mastership"] == "master" {
-                    return Ok(());
-                }
+            if let Ok(v) = self.get_json("/api/v1/cluster")
+                && v["mastership"] == "master"
+            {
+                return Ok(());
             }
             if t0.elapsed() > timeout {
                 bail!(
@@ -539,8 +539,8 @@ fn spill_trial(
         let spill_key = keys::spill(&cluster, "d1");
         loop {
             let now = Instant::now();
-            if overloaded_at.is_none() {
-                if let Some(s) = summary("d1").await {
+            if overloaded_at.is_none()
+                && let Some(s) = summary("d1").await {
                     let cap = s.capacity_rps.unwrap_or(f64::INFINITY);
                     if s.load_rps >= threshold * cap {
                         overloaded_at = Some(now);
@@ -549,7 +549,6 @@ fn spill_trial(
                         }
                     }
                 }
-            }
             let decision = store
                 .get(spill_key.clone())
                 .await
@@ -734,26 +733,28 @@ pub fn setup_table(r: &Report) -> Table {
     }
     let (mut rs, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new());
     for (run, (s, d)) in &ratios {
-        if let (Some(s), Some(d)) = (s, d) {
-            if s.avg > 0.0 && s.p50_us > 0 && s.p99_us > 0 {
-                let (a, b, c) = (
-                    d.avg / s.avg,
-                    d.p50_us as f64 / s.p50_us as f64,
-                    d.p99_us as f64 / s.p99_us as f64,
-                );
-                rs.push(a);
-                p50s.push(b);
-                p99s.push(c);
-                t.row(vec![
-                    "domain ÷ single".into(),
-                    run.to_string(),
-                    String::new(),
-                    format!("{a:.2}×"),
-                    format!("{b:.2}×"),
-                    format!("{c:.2}×"),
-                    String::new(),
-                ]);
-            }
+        if let (Some(s), Some(d)) = (s, d)
+            && s.avg > 0.0
+            && s.p50_us > 0
+            && s.p99_us > 0
+        {
+            let (a, b, c) = (
+                d.avg / s.avg,
+                d.p50_us as f64 / s.p50_us as f64,
+                d.p99_us as f64 / s.p99_us as f64,
+            );
+            rs.push(a);
+            p50s.push(b);
+            p99s.push(c);
+            t.row(vec![
+                "domain ÷ single".into(),
+                run.to_string(),
+                String::new(),
+                format!("{a:.2}×"),
+                format!("{b:.2}×"),
+                format!("{c:.2}×"),
+                String::new(),
+            ]);
         }
     }
     if rs.len() > 1 {

@@ -294,10 +294,9 @@ fn wait_http(client: &Host, url: &str, timeout: Duration) -> anyhow::Result<()> 
             "-w",
             "%{http_code}",
             url,
-        ]) {
-            if String::from_utf8_lossy(&o.stdout).trim() == "200" {
-                return Ok(());
-            }
+        ]) && String::from_utf8_lossy(&o.stdout).trim() == "200"
+        {
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
     }

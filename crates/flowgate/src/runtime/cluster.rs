@@ -502,10 +502,10 @@ fn request_role_all(handle: &Handle, role: ControllerRole, generation_id: u64) {
     let mut core = handle.lock();
     let dpids: Vec<Dpid> = core.sessions.keys().copied().collect();
     for dpid in dpids {
-        if role != ControllerRole::Master {
-            if let Some(s) = core.sessions.get_mut(&dpid) {
-                s.writable = false;
-            }
+        if role != ControllerRole::Master
+            && let Some(s) = core.sessions.get_mut(&dpid)
+        {
+            s.writable = false;
         }
         core.outbox.push(
             dpid,
@@ -1145,10 +1145,9 @@ async fn refresh_cluster_view(handle: &Handle, store: &dyn Store) {
                 if let Some(arr) = e
                     .as_object_mut()
                     .map(|o| o.entry("instances").or_insert_with(|| json!([])))
+                    && let Some(a) = arr.as_array_mut()
                 {
-                    if let Some(a) = arr.as_array_mut() {
-                        a.push(json!(inst));
-                    }
+                    a.push(json!(inst));
                 }
             }
             ["domain", d, "leader", _] => {

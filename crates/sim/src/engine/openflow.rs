@@ -133,10 +133,10 @@ impl Engine<'_> {
         if let L3::Lldp(_) = &frame.l3 {
             // LLDP arrives at the far end of the link and goes up from there.
             for a in po.actions.iter() {
-                if let Action::Output { port, .. } = a {
-                    if let Some(peer) = self.sc.shape.peer(Attach { dpid, port: *port }) {
-                        self.send_up(t, peer, po.data.clone());
-                    }
+                if let Action::Output { port, .. } = a
+                    && let Some(peer) = self.sc.shape.peer(Attach { dpid, port: *port })
+                {
+                    self.send_up(t, peer, po.data.clone());
                 }
             }
             return;
@@ -166,13 +166,14 @@ impl Engine<'_> {
             let Some(&id) = self.by_key.get(&(ip.dst, tcp.dst_port)) else {
                 return;
             };
-            if let Some(conn) = self.conns.get(&id) {
-                if conn.state == State::Connecting && conn.backend.is_none() {
-                    let phase = conn.phase;
-                    self.phases[phase].reset += 1;
-                    self.series_counts.2 += 1;
-                    self.end_conn(id);
-                }
+            if let Some(conn) = self.conns.get(&id)
+                && conn.state == State::Connecting
+                && conn.backend.is_none()
+            {
+                let phase = conn.phase;
+                self.phases[phase].reset += 1;
+                self.series_counts.2 += 1;
+                self.end_conn(id);
             }
         } else if flags.syn() && flags.ack() {
             // A deferred connection's SYN-ACK, rewritten to the VIP, reaches the client,
