@@ -272,6 +272,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         Ok::<_, SessionError>((features, opening.is_empty()))
     })
     .await;
+    // Out of its handshake, however it went: its place is the next connection's.
     drop(handshaking);
     let (features, writable) = match opened {
         Ok(r) => r?,
