@@ -41,7 +41,10 @@ pub async fn run_with_path(
     // With `preallocate_connections`, this maps the connection table's memory (0.3 s for
     // 8 million here) before any switch is served: their connections wait in the
     // listener's backlog.
-    let controller = Controller::new(&config);
+    let mut controller = Controller::new(&config);
+    // The core's LLDP key comes from the config's seed, which anyone who reads the config
+    // knows: a secret one, so that no host can tag a forged probe.
+    controller.set_lldp_key(flowgate_packet::LldpKey(rand::random()));
     if config.controller.preallocate_connections > 0 {
         tracing::info!(
             connections = config.controller.preallocate_connections,

@@ -13,8 +13,9 @@ use etherparse::{IpNumber, Ipv4Header, Ipv6Header, TcpHeader, UdpHeader};
 use crate::checksum::{internet_checksum, ones_complement_sum};
 use crate::frame::{Arp, Frame, L3, L4, Tcp, TcpFlags};
 use crate::lldp::{
-    CHASSIS_SUBTYPE_LOCAL, DPID_PREFIX, PORT_SUBTYPE_COMPONENT, TLV_CHASSIS_ID, TLV_END,
-    TLV_PORT_ID, TLV_TTL, push_tlv,
+    CHASSIS_SUBTYPE_LOCAL, DPID_PREFIX, FLOWGATE_OUI, LldpKey, ORG_SUBTYPE_TAG,
+    PORT_SUBTYPE_COMPONENT, TLV_CHASSIS_ID, TLV_END, TLV_ORG, TLV_PORT_ID, TLV_TTL, lldp_tag,
+    push_tlv,
 };
 use crate::mac::MacAddr;
 use crate::{
@@ -463,9 +464,9 @@ pub fn tcp_rst_v4(frame: &Frame<'_>) -> Option<[u8; TCP_RST_V4_LEN]> {
 ///
 /// Carries the three mandatory TLVs of 802.1AB §8.2 and End: Chassis ID subtype 7
 /// (locally assigned) `dpid:%016x`, Port ID subtype 2 (port component) holding the port
-/// number as 4 big-endian bytes, and TTL. [`crate::parse`] reads both back into
-/// [`crate::Lldp`].
-pub fn lldp_probe(src_mac: MacAddr, dpid: u64, port_no: u32, ttl: u16) -> Bytes {
+/// number as 4 big-endian bytes, and TTL; then our tag under `key` ([`lldp_tag`]) in an
+/// organizationally specific TLV. [`crate::parse`] reads them back into [`crate::Lldp`].
+pub fn lldp_probe(src_mac: MacAddr, dpid: u64, port_no: u32, ttl: u16, key: &LldpKey) -> Bytes {
     let mut out = Vec::with_capacity(ETH_MIN_FRAME_LEN);
     eth_header(&mut out, LLDP_MULTICAST, src_mac, None, ETH_TYPE_LLDP);
     let mut chassis = [0u8; 1 + 5 + 16];
@@ -481,6 +482,11 @@ pub fn lldp_probe(src_mac: MacAddr, dpid: u64, port_no: u32, ttl: u16) -> Bytes 
     port[1..].copy_from_slice(&port_no.to_be_bytes());
     push_tlv(&mut out, TLV_PORT_ID, &port);
     push_tlv(&mut out, TLV_TTL, &ttl.to_be_bytes());
+    let mut org = [0u8; 3 + 1 + 8];
+    org[..3].copy_from_slice(&FLOWGATE_OUI);
+    org[3] = ORG_SUBTYPE_TAG;
+    org[4..].copy_from_slice(&lldp_tag(key, dpid, port_no).to_be_bytes());
+    push_tlv(&mut out, TLV_ORG, &org);
     push_tlv(&mut out, TLV_END, &[]);
     finish(out)
 }

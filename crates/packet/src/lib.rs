@@ -39,7 +39,7 @@ pub use checksum::{internet_checksum, ones_complement_sum};
 pub use frame::{
     Arp, Frame, Ipv4, Ipv6, L3, L4, Layer, ParseError, Tcp, TcpFlags, ipv4_tcp_tuple, parse,
 };
-pub use lldp::Lldp;
+pub use lldp::{Lldp, LldpKey, lldp_tag};
 pub use mac::{MacAddr, MacParseError};
 
 /// EtherType of IPv4.

@@ -105,6 +105,18 @@ fn arp_request_round_trip() {
     assert_eq!((g.vlan, g.arp()), (Some(42), f.arp()));
 }
 
+const KEY: LldpKey = LldpKey([0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210]);
+
+/// A tag names its switch, port and key: change any and it changes.
+#[test]
+fn lldp_tags_differ_by_switch_port_and_key() {
+    let t = lldp_tag(&KEY, 1, 2);
+    assert_ne!(t, lldp_tag(&KEY, 1, 3));
+    assert_ne!(t, lldp_tag(&KEY, 2, 2));
+    assert_ne!(t, lldp_tag(&LldpKey([1, 2]), 1, 2));
+    assert_eq!(t, lldp_tag(&KEY, 1, 2));
+}
+
 #[test]
 fn lldp_probe_round_trip() {
     for (dpid, port) in [
@@ -113,7 +125,7 @@ fn lldp_probe_round_trip() {
         (u64::MAX, u32::MAX - 1),
         (0, 0),
     ] {
-        let data = lldp_probe(MacAddr([0x0e, 0, 0, 0, 0, 9]), dpid, port, 120);
+        let data = lldp_probe(MacAddr([0x0e, 0, 0, 0, 0, 9]), dpid, port, 120, &KEY);
         let f = parse(&data).expect("parses");
         assert_eq!(f.eth_dst, LLDP_MULTICAST);
         assert_eq!(f.ethertype, ETH_TYPE_LLDP);
@@ -122,12 +134,13 @@ fn lldp_probe_round_trip() {
             Some(&Lldp {
                 chassis_dpid: Some(dpid),
                 port_no: Some(port),
-                ttl: 120
+                ttl: 120,
+                tag: Some(lldp_tag(&KEY, dpid, port)),
             })
         );
     }
     // The chassis id is the Ryu/Faucet text form.
-    let data = lldp_probe(VIP_MAC, 0xab, 3, 5);
+    let data = lldp_probe(VIP_MAC, 0xab, 3, 5, &KEY);
     let text = b"dpid:00000000000000ab";
     assert!(data.windows(text.len()).any(|w| w == text));
 }

@@ -22,7 +22,7 @@ fn valid_frames() -> Vec<Vec<u8>> {
         arp_request(a, ip1, ip2).to_vec(),
         arp_reply(&req, b).to_vec(),
         arp_frame(a, b, Some(3), &req).to_vec(),
-        lldp_probe(a, 0x1234, 7, 120).to_vec(),
+        lldp_probe(a, 0x1234, 7, 120, &LldpKey([1, 2])).to_vec(),
         tcp_syn(
             a,
             b,

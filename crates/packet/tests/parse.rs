@@ -230,7 +230,8 @@ fn foreign_lldp_is_tolerated() {
         Some(&Lldp {
             chassis_dpid: None,
             port_no: None,
-            ttl: 120
+            ttl: 120,
+            tag: None
         })
     );
     // Garbage after the EtherType still parses as an (empty) LLDP.

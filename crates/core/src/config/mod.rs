@@ -58,6 +58,8 @@ pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
 /// Backends' own metrics are scraped once a second: a Prometheus endpoint is not built to
 /// be polled at the 10 ms load refresh, and request-rate counters need a window anyway.
 pub const DEFAULT_METRICS_INTERVAL_MS: u64 = 1_000;
+/// `[controller] seed` when unset: "flowgate" in ASCII.
+pub const DEFAULT_SEED: u64 = 0x666c_6f77_6761_7465;
 /// HAProxy's defaults: two successes to rise, three failures to fall.
 pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 3;
@@ -617,7 +619,7 @@ fn validate(
     let seed = ctl
         .integer("seed", errs)
         .map(|v| v as u64)
-        .unwrap_or(0x666c_6f77_6761_7465);
+        .unwrap_or(DEFAULT_SEED);
     let ctl_overload = ctl
         .table("overload", errs)
         .map(|t| crate::overload::ControllerOverloadConfig::read(t, errs))

@@ -66,6 +66,13 @@ impl Controller {
                     self.counters.packet_in_bad_port += 1;
                     return;
                 }
+                // A probe that names one of our switches must carry our tag: the names
+                // are plain text that any host learns from the probes it receives.
+                if ours.is_some() && l.tag != Some(packet::lldp_tag(&self.lldp_key, chassis, port))
+                {
+                    self.counters.lldp_forged += 1;
+                    return;
+                }
                 if self.topo.link_seen(
                     now,
                     PortRef::new(chassis, port),
@@ -377,7 +384,7 @@ impl Controller {
             .collect();
         let ttl = (self.config().lldp_interval.as_secs() * 4).clamp(1, 65_535) as u16;
         for (port, mac) in ports {
-            let frame = packet::lldp_probe(mac, dpid, port, ttl);
+            let frame = self.lldp_probe(mac, dpid, port, ttl);
             out.push(
                 dpid,
                 rules::packet_out(ofp::port::CONTROLLER, rules::output(port), frame),

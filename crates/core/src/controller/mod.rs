@@ -199,6 +199,9 @@ pub struct Counters {
     pub flow_removed: u64,
     pub of_errors: u64,
     pub lldp_received: u64,
+    /// LLDP probes naming one of our switches whose tag is not ours: forged (or from
+    /// another controller of the same switch), no link made.
+    pub lldp_forged: u64,
     pub arp_replies_sent: u64,
     pub resets_sent: u64,
     pub connections_rebuilt: u64,
@@ -288,6 +291,9 @@ pub struct Controller {
     pub(crate) counters: Counters,
     events: VecDeque<Event>,
     seed: u64,
+    /// The key of our LLDP probes' tags ([`flowgate_packet::lldp_tag`]): a probe whose tag does
+    /// not match was not sent by this controller, and makes no link.
+    lldp_key: flowgate_packet::LldpKey,
     last_refresh: Option<Instant>,
     last_lldp: Option<Instant>,
     last_arp_probe: Option<Instant>,
@@ -343,6 +349,16 @@ fn rate_window(mut cfg: crate::config::ServiceConfig) -> crate::config::ServiceC
     cfg
 }
 
+/// The LLDP key a controller starts with, from its config's seed: the core stays
+/// deterministic, and the runtime replaces it with a secret one
+/// ([`Controller::set_lldp_key`]), as the seed is in the config.
+pub fn lldp_key_of_seed(seed: u64) -> flowgate_packet::LldpKey {
+    flowgate_packet::LldpKey([
+        seed ^ 0x6c6c_6470_6b65_7930,
+        seed.rotate_left(32) ^ 0x6c6c_6470_6b65_7931,
+    ])
+}
+
 impl Controller {
     pub fn new(config: &Config) -> Self {
         let seed = config.controller.seed;
@@ -365,6 +381,7 @@ impl Controller {
             counters: Counters::default(),
             events: VecDeque::with_capacity(EVENT_RING),
             seed,
+            lldp_key: lldp_key_of_seed(seed),
             last_refresh: None,
             last_lldp: None,
             last_arp_probe: None,
@@ -407,6 +424,24 @@ impl Controller {
 
     pub fn config(&self) -> &ControllerConfig {
         &self.cfg
+    }
+
+    /// Sets the key of the LLDP probes' tags: a secret (random) one, so that a host
+    /// cannot forge a probe (the default comes from the config's seed).
+    pub fn set_lldp_key(&mut self, key: flowgate_packet::LldpKey) {
+        self.lldp_key = key;
+    }
+
+    /// An LLDP probe out of port `port` of switch `dpid`, tagged as this controller
+    /// tags its own.
+    pub fn lldp_probe(
+        &self,
+        src_mac: flowgate_packet::MacAddr,
+        dpid: Dpid,
+        port: u32,
+        ttl: u16,
+    ) -> ofp::Bytes {
+        flowgate_packet::lldp_probe(src_mac, dpid, port, ttl, &self.lldp_key)
     }
 
     pub fn counters(&self) -> &Counters {

@@ -1696,7 +1696,10 @@ fn isslm_moves_are_counted_by_the_search_that_found_the_target() {
     // Round robin proposes h2 first: over, so the connection moves.
     let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 40000), (VIP, 80), SYN));
     let to: Vec<_> = got.iter().map(|(h, _)| h.as_str()).collect();
-    assert!(!to.contains(&"h2") && !to.is_empty(), "moved from h2: {to:?}");
+    assert!(
+        !to.contains(&"h2") && !to.is_empty(),
+        "moved from h2: {to:?}"
+    );
     let c = &sim.c.services()[0].counters;
     let want = crate::service::IsslmMoves {
         request_load: 1,
@@ -2428,16 +2431,37 @@ fn lldp_naming_a_port_its_switch_does_not_have_makes_no_link() {
     let from = packet::MacAddr([0x0a, 0, 0, 0, 1, 3]);
     // Ports the switch does not have, or that no probe of ours leaves by.
     for port in [0, 9, ofp::port::LOCAL] {
-        sim.packet_in(1, 2, packet::lldp_probe(from, 1, port, 120));
+        sim.packet_in(1, 2, sim.c.lldp_probe(from, 1, port, 120));
     }
     // A switch that is not ours (another domain's, over an uplink): no link, not bad.
-    sim.packet_in(1, 2, packet::lldp_probe(from, 77, 3, 120));
+    sim.packet_in(1, 2, sim.c.lldp_probe(from, 77, 3, 120));
     assert_eq!(sim.c.topology().links().count(), 0);
     assert_eq!(sim.c.counters().packet_in_bad_port, 3);
     // A probe of ours, out of port 3 and back in by port 2 (a looped cable), is a link.
-    sim.packet_in(1, 2, packet::lldp_probe(from, 1, 3, 120));
+    sim.packet_in(1, 2, sim.c.lldp_probe(from, 1, 3, 120));
     let links: Vec<_> = sim.c.topology().links().collect();
     assert_eq!(links, [(PortRef::new(1, 2), PortRef::new(1, 3))]);
+}
+
+/// A host learns its switch's id and port numbers from the probes it receives, and could
+/// write its own naming any of them: a probe without this controller's tag makes no link
+/// (a forged one once made the port it named a link port, whose hosts were forgotten and
+/// never learned again), whatever its names.
+#[test]
+fn a_forged_lldp_probe_makes_no_link() {
+    let mut sim = single_switch("round-robin");
+    let from = packet::MacAddr([0x0a, 0, 0, 0, 1, 3]);
+    let other = packet::LldpKey([1, 2]);
+    // From h1's port 1, naming s1's port 3, where h3 is.
+    sim.packet_in(1, 1, packet::lldp_probe(from, 1, 3, 120, &other));
+    assert_eq!(sim.c.topology().links().count(), 0);
+    assert_eq!(sim.c.counters().lldp_forged, 1);
+    assert!(sim.c.topology().host(mac(3)).is_some(), "h3 is still known");
+    // Under another key (a controller restarted with a new one), ours is a link again.
+    sim.c.set_lldp_key(other);
+    sim.packet_in(1, 1, packet::lldp_probe(from, 1, 3, 120, &other));
+    assert_eq!(sim.c.topology().links().count(), 1);
+    assert_eq!(sim.c.counters().lldp_forged, 1);
 }
 
 #[test]

@@ -180,11 +180,17 @@ impl HostFrame {
                 };
                 packet::arp_reply(&req, from)
             }
+            // Tagged with the key of the configs' seed, or (flag 2) forged.
             4 => packet::lldp_probe(
                 MacAddr([0x0a, 0, 0, 0, 0, 1]),
                 u64::from(self.from % 5),
                 u32::from(self.to % 9),
                 self.sport,
+                &if self.flags & 2 == 0 {
+                    crate::controller::lldp_key_of_seed(crate::config::DEFAULT_SEED)
+                } else {
+                    packet::LldpKey([1, 2])
+                },
             ),
             _ => {
                 let src = std::net::SocketAddrV4::new(src, self.sport);
