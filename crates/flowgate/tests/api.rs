@@ -1478,6 +1478,9 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_switch_packet_in_total", "counter"),
         ("flowgate_packet_in_dropped_total", "counter"),
         ("flowgate_service_isslm_moves_total", "counter"),
+        ("flowgate_lldp_forged_total", "counter"),
+        ("flowgate_ports_refused_total", "counter"),
+        ("flowgate_openflow_handshakes_refused_total", "counter"),
     ] {
         assert_eq!(types.get(f).map(String::as_str), Some(k), "{f}");
     }

@@ -86,6 +86,23 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.packet_in_bad_port,
         ),
         (
+            "flowgate_lldp_forged_total",
+            "LLDP probes naming one of this controller's switches without its tag: forged (or another controller's), no link made.",
+            counters.lldp_forged,
+        ),
+        (
+            "flowgate_ports_refused_total",
+            "Ports a switch reported beyond the 4096 a switch may have: not recorded.",
+            counters.ports_refused,
+        ),
+        (
+            "flowgate_openflow_handshakes_refused_total",
+            "Connections to the OpenFlow listener closed at once because 256 were already in their handshake.",
+            handle
+                .handshakes_refused
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ),
+        (
             "flowgate_connections_rerouted_total",
             "Open connections given rules along new paths because their backend or client moved, or a link of their path changed.",
             counters.connections_rerouted,
