@@ -28,7 +28,9 @@ pub fn config(algorithm: &str, p: &Params, seed: u64) -> String {
 [[service]]\nname = \"web\"\nport = 80\nalgorithm = \"{algorithm}\"\n"
     );
     if algorithm == "isslm" {
-        c += &format!("threshold_rps = {:.1}\n", p.threshold_rps());
+        // The paper's test as it is written, "request load >= S_Load", with no latch
+        // (the controller's default hysteresis keeps a server over down to 0.9 S_Load).
+        c += &format!("threshold_rps = {:.1}\nhysteresis = 0\n", p.threshold_rps());
     }
     // Probes through the controller's root leg: an ordinary GET / that waits for a
     // concurrency slot like any request, so its time is the server's response time under
