@@ -391,12 +391,7 @@ pub fn run(
                 r.iperf_max_bps = qos[d].iperf_max_bps;
                 r.qos_pass_ok = qos[d].ok;
                 let (a, b) = (&after[d], &before[d]);
-                r.ctl_srv1 = a.conns[0] - b.conns[0].min(a.conns[0]);
-                r.ctl_srv2 = a.conns[1] - b.conns[1].min(a.conns[1]);
-                r.ctl_srv3 = a.conns[2] - b.conns[2].min(a.conns[2]);
-                r.ctl_srv4 = a.conns[3] - b.conns[3].min(a.conns[3]);
-                r.no_optimal_server = a.no_optimal_server.saturating_sub(b.no_optimal_server);
-                r.set_moves(b, a);
+                r.set_controller_counts(b, a);
                 r.derive(baseline(&normal, d, p.shared_normal_qos));
                 say(format!(
                     "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",

@@ -497,14 +497,7 @@ fn run_arms(
             row.iperf_secs = qos.iperf_secs;
             row.iperf_max_bps = qos.iperf_max_bps;
             row.qos_pass_ok = qos.ok;
-            row.ctl_srv1 = after.conns[0] - before.conns[0].min(after.conns[0]);
-            row.ctl_srv2 = after.conns[1] - before.conns[1].min(after.conns[1]);
-            row.ctl_srv3 = after.conns[2] - before.conns[2].min(after.conns[2]);
-            row.ctl_srv4 = after.conns[3] - before.conns[3].min(after.conns[3]);
-            row.no_optimal_server = after
-                .no_optimal_server
-                .saturating_sub(before.no_optimal_server);
-            row.set_moves(&before, &after);
+            row.set_controller_counts(&before, &after);
             row.derive(normal.as_ref());
             let line = format!(
                 "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",

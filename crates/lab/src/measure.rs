@@ -99,10 +99,22 @@ pub fn jain(x: &[f64]) -> f64 {
 }
 
 impl Row {
-    /// ISSLM's moves between two snapshots of the controller's counters.
-    pub fn set_moves(&mut self, before: &crate::ctl::Snapshot, after: &crate::ctl::Snapshot) {
-        let d = |k: usize| after.isslm_moves[k].saturating_sub(before.isslm_moves[k]);
-        (self.moved_by_load, self.moved_by_conns, self.moved_by_rt) = (d(0), d(1), d(2));
+    /// What the controller counted between two snapshots: its picks of each server, the
+    /// ISSLM searches that found no optimal server, and ISSLM's moves by search.
+    pub fn set_controller_counts(
+        &mut self,
+        before: &crate::ctl::Snapshot,
+        after: &crate::ctl::Snapshot,
+    ) {
+        let picks = |k: usize| after.conns[k].saturating_sub(before.conns[k]);
+        [self.ctl_srv1, self.ctl_srv2, self.ctl_srv3, self.ctl_srv4] =
+            [picks(0), picks(1), picks(2), picks(3)];
+        self.no_optimal_server = after
+            .no_optimal_server
+            .saturating_sub(before.no_optimal_server);
+        let moves = |k: usize| after.isslm_moves[k].saturating_sub(before.isslm_moves[k]);
+        (self.moved_by_load, self.moved_by_conns, self.moved_by_rt) =
+            (moves(0), moves(1), moves(2));
     }
 
     /// Per-server responses, in server order.

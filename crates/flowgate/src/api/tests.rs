@@ -10,7 +10,6 @@ use flowgate_core::{Config, Controller};
 use flowgate_testbed::ScratchDir;
 
 use crate::runtime::Handle;
-use crate::runtime::reload::RELOADS;
 
 const TOKEN: &str = "api-unit-token-0123";
 
@@ -234,7 +233,7 @@ fn a_reload_says_which_api_changes_the_file_put_back() {
 fn a_reload_reads_the_file_in_its_turn() {
     let (_dir, path) = config_file("turns");
     let a = api(Some(path.clone()));
-    let running = RELOADS.lock().unwrap_or_else(|e| e.into_inner());
+    let running = a.handle.reloads.lock().unwrap_or_else(|e| e.into_inner());
     let handle = a.handle.clone();
     let waiting = std::thread::spawn(move || crate::runtime::reload::reload_from_file(&handle));
     std::thread::sleep(std::time::Duration::from_millis(100));

@@ -309,6 +309,10 @@ pub struct Handle {
     pub config: Arc<Mutex<Config>>,
     /// The file the config came from, re-read on reload (SIGHUP or the API).
     pub config_path: Option<Arc<PathBuf>>,
+    /// Held by a reload from before it reads the file until it has applied it, so that
+    /// two (SIGHUP and the API) cannot apply an older file last. A reload never awaits: a
+    /// plain mutex.
+    pub(crate) reloads: Arc<Mutex<()>>,
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
     /// Connections closed on arrival because [`session::MAX_HANDSHAKES`] others were in
@@ -359,6 +363,7 @@ impl Handle {
             started: Instant::now(),
             config: Arc::new(Mutex::new(config)),
             config_path: config_path.map(Arc::new),
+            reloads: Arc::default(),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
             handshakes_refused: Arc::new(AtomicU64::new(0)),
             rtt_probe_us,

@@ -1,7 +1,6 @@
 //! Reloading the config file (SIGHUP and `POST /api/v1/reload`): validated first, so a
 //! file with any error changes nothing.
 
-use std::sync::Mutex;
 use std::time::Instant;
 
 use flowgate_core::Config;
@@ -9,11 +8,6 @@ use flowgate_core::config::{ConfigErrors, ServiceConfig};
 use serde::Serialize;
 
 use super::Handle;
-
-/// Held by a reload from before it reads the file until it has applied it, so that two
-/// (SIGHUP and the API) cannot apply an older file last. A reload never awaits: a plain
-/// mutex, and one per process since one controller runs in it.
-pub(crate) static RELOADS: Mutex<()> = Mutex::new(());
 
 /// What a successful reload did.
 #[derive(Debug, Clone, Serialize)]
@@ -60,7 +54,7 @@ pub fn check_start(config: &Config) -> anyhow::Result<()> {
 /// Re-read the config file, validate it, and apply it (SIGHUP and `POST /api/v1/reload`).
 /// A file with any error changes nothing.
 pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
-    let _one_at_a_time = RELOADS.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = handle.reloads.lock().unwrap_or_else(|e| e.into_inner());
     let path = handle.config_path.as_ref().ok_or(ReloadError::NoFile)?;
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path.as_path())
