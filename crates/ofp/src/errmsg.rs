@@ -236,6 +236,60 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    /// The error that answers a message that does not decode (§7.4.4), by why it does not:
+    ///
+    /// - a version other than 0x04: OFPBRC_BAD_VERSION, "ofp_header.version not
+    ///   supported";
+    /// - a type OpenFlow 1.3 does not define: OFPBRC_BAD_TYPE, "ofp_header.type not
+    ///   supported";
+    /// - a length that does not fit the type (too short for its fixed part or a field,
+    ///   not a multiple of 8 where it must be, bytes left over): OFPBRC_BAD_LEN, "Wrong
+    ///   request length for type";
+    /// - a match whose type is not OXM: OFPET_BAD_MATCH / OFPBMC_BAD_TYPE, "Unsupported
+    ///   match type specified by the match";
+    /// - a SET_FIELD's OXM that cannot be represented: OFPET_BAD_ACTION /
+    ///   OFPBAC_BAD_SET_ARGUMENT, "Bad argument in SET_FIELD action";
+    /// - a frame read as another type than its header's (a view given the wrong frame, not
+    ///   the peer's fault, but the type is what does not fit): OFPBRC_BAD_TYPE;
+    /// - any other bad value (none today; a fallback for one added later): OFPBRC_BAD_LEN,
+    ///   since OFPET_BAD_REQUEST has no code for a bad value and "wrong length for type"
+    ///   is the nearest to "does not parse as its type".
+    ///
+    /// No decode error means OFPBRC_BAD_MULTIPART or OFPBRC_BAD_EXPERIMENTER /
+    /// BAD_EXP_TYPE: the codec keeps unknown multipart types and experimenter messages
+    /// whole and opaque ([`crate::MultipartReplyBody::Unknown`], [`crate::Experimenter`]),
+    /// so they decode; whether to refuse them is the reader's choice, not a decode error.
+    pub fn of_decode_error(e: DecodeError) -> ErrorKind {
+        match e {
+            DecodeError::BadVersion(_) => ErrorKind::BadRequest(BadRequestCode::BadVersion),
+            DecodeError::UnknownType(_) => ErrorKind::BadRequest(BadRequestCode::BadType),
+            DecodeError::Truncated | DecodeError::BadLength | DecodeError::TrailingBytes => {
+                ErrorKind::BadRequest(BadRequestCode::BadLen)
+            }
+            DecodeError::BadValue { what } => match what {
+                MATCH_TYPE => ErrorKind::BadMatch(BadMatchCode::BadType),
+                SET_FIELD_OXM => ErrorKind::BadAction(BadActionCode::BadSetArgument),
+                MESSAGE_TYPE => ErrorKind::BadRequest(BadRequestCode::BadType),
+                _ => ErrorKind::BadRequest(BadRequestCode::BadLen),
+            },
+        }
+    }
+}
+
+// The `what`s of the codec's `DecodeError::BadValue`s (oxm.rs and view.rs, action.rs, view.rs),
+// tied to them by the tests below, which decode real frames.
+/// The `what` of [`DecodeError::BadValue`] for a match whose type is not OFPMT_OXM.
+const MATCH_TYPE: &str = "match type";
+/// The `what` of [`DecodeError::BadValue`] for a SET_FIELD OXM that does not re-encode.
+const SET_FIELD_OXM: &str = "set_field oxm";
+/// The `what` of [`DecodeError::BadValue`] for a view given a frame of another type.
+const MESSAGE_TYPE: &str = "message type";
+
+/// How much of a failed request an OFPT_ERROR carries (§7.4.4: "at least 64 bytes of the
+/// failed request"): the least, so that an answer never grows with what it answers.
+pub const FAILED_REQUEST_BYTES: usize = 64;
+
 /// OFPT_ERROR (§7.4.4). `data` is at least 64 bytes of the failed request, or ASCII text
 /// for HELLO_FAILED.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -254,6 +308,34 @@ impl ErrorMsg {
             kind: ErrorKind::HelloFailed(HelloFailedCode::Incompatible),
             data: Bytes::copy_from_slice(text.as_bytes()),
         }
+    }
+
+    /// The answer to a message that was framed whole (§7.1: its header's length arrived)
+    /// but does not decode: the xid to send it with (the offending message's, §7.4.4:
+    /// "the xid field of the header must match that of the offending message") and the
+    /// error, whose data is the message's first [`FAILED_REQUEST_BYTES`] bytes, or all of
+    /// it if shorter ("at least 64 bytes of the failed request ... if the failed request
+    /// is shorter than 64 bytes it should be the full request without any padding").
+    ///
+    /// `None` for an OFPT_ERROR (type 1 in every version): an error is never answered with
+    /// an error, as ICMP is never answered with ICMP (RFC 1122 §3.2.2), else two peers that
+    /// cannot read each other's errors trade them for ever.
+    pub fn answering(frame: &[u8], e: DecodeError) -> Option<(u32, ErrorMsg)> {
+        if frame.get(1) == Some(&(crate::MsgType::Error as u8)) {
+            return None;
+        }
+        let xid = frame
+            .get(4..8)
+            .and_then(|x| x.try_into().ok())
+            .map_or(0, u32::from_be_bytes);
+        let data = frame.get(..FAILED_REQUEST_BYTES).unwrap_or(frame);
+        Some((
+            xid,
+            ErrorMsg {
+                kind: ErrorKind::of_decode_error(e),
+                data: Bytes::copy_from_slice(data),
+            },
+        ))
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -282,5 +364,175 @@ impl ErrorMsg {
         }
         out.put_slice(&self.data);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FlowRemovedView, Message, PacketInView};
+
+    fn header(version: u8, typ: u8, len: u16, xid: u32) -> Vec<u8> {
+        let mut v = vec![version, typ];
+        v.extend_from_slice(&len.to_be_bytes());
+        v.extend_from_slice(&xid.to_be_bytes());
+        v
+    }
+
+    /// A PACKET_IN (§7.4.1) with `match_type` and an empty match, and `data`.
+    fn packet_in(match_type: u16, xid: u32, data: &[u8]) -> Vec<u8> {
+        let len = 8 + 16 + 8 + 2 + data.len();
+        let mut v = header(4, 10, len as u16, xid);
+        v.extend_from_slice(&crate::NO_BUFFER.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&u64::MAX.to_be_bytes());
+        v.extend_from_slice(&match_type.to_be_bytes());
+        v.extend_from_slice(&[0, 4, 0, 0, 0, 0]);
+        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// Decodes `frame` (it must not decode) and answers it.
+    fn answer(frame: &[u8]) -> (u32, ErrorMsg) {
+        let e = crate::decode(Bytes::copy_from_slice(frame)).expect_err("must not decode");
+        ErrorMsg::answering(frame, e).expect("answered")
+    }
+
+    #[test]
+    fn an_unknown_type_is_bad_type_with_its_xid_and_the_whole_short_message() {
+        let mut frame = header(4, 200, 12, 0xabcd_0001);
+        frame.extend_from_slice(&[1, 2, 3, 4]);
+        let (xid, err) = answer(&frame);
+        assert_eq!(xid, 0xabcd_0001);
+        assert_eq!(err.kind, ErrorKind::BadRequest(BadRequestCode::BadType));
+        assert_eq!(err.kind.type_code(), (1, 1));
+        assert_eq!(
+            &err.data[..],
+            &frame[..],
+            "shorter than 64 bytes: all of it"
+        );
+    }
+
+    #[test]
+    fn another_version_is_bad_version() {
+        // An ECHO_REQUEST of OpenFlow 1.0: only HELLO may carry another version (§6.3.1).
+        let frame = header(1, 2, 8, 7);
+        let (xid, err) = answer(&frame);
+        assert_eq!(xid, 7);
+        assert_eq!(err.kind, ErrorKind::BadRequest(BadRequestCode::BadVersion));
+        assert_eq!(err.kind.type_code(), (1, 0));
+    }
+
+    #[test]
+    fn a_length_that_does_not_fit_the_type_is_bad_len() {
+        // A PACKET_IN with a 4-byte body (its fixed part is 16 before the match).
+        let mut short = header(4, 10, 12, 9);
+        short.extend_from_slice(&[0, 0, 0, 1]);
+        assert_eq!(
+            answer(&short).1.kind,
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+        // The session reads PACKET_INs and FLOW_REMOVEDs through views: the same answer.
+        let e = PacketInView::new(&short).expect_err("short");
+        assert_eq!(
+            ErrorKind::of_decode_error(e),
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+        let mut short = header(4, 11, 12, 9);
+        short.extend_from_slice(&[0, 0, 0, 1]);
+        let e = FlowRemovedView::new(&short).expect_err("short");
+        assert_eq!(
+            ErrorKind::of_decode_error(e),
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+        // A FEATURES_REQUEST has no body: bytes after the header are a wrong length.
+        let mut long = header(4, 5, 12, 9);
+        long.extend_from_slice(&[0; 4]);
+        assert_eq!(
+            answer(&long).1.kind,
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+    }
+
+    #[test]
+    fn a_match_that_is_not_oxm_is_bad_match_type() {
+        let frame = packet_in(0, 3, &[0; 14]);
+        assert!(crate::decode(Bytes::from(packet_in(1, 3, &[0; 14]))).is_ok());
+        assert_eq!(
+            answer(&frame).1.kind,
+            ErrorKind::BadMatch(BadMatchCode::BadType)
+        );
+        let e = PacketInView::new(&frame).expect_err("match type 0");
+        assert_eq!(
+            ErrorKind::of_decode_error(e),
+            ErrorKind::BadMatch(BadMatchCode::BadType)
+        );
+    }
+
+    #[test]
+    fn a_frame_read_as_another_type_is_bad_type() {
+        let frame = packet_in(1, 3, &[0; 14]);
+        let e = FlowRemovedView::new(&frame).expect_err("a PACKET_IN");
+        assert_eq!(
+            ErrorKind::of_decode_error(e),
+            ErrorKind::BadRequest(BadRequestCode::BadType)
+        );
+    }
+
+    #[test]
+    fn the_other_values_have_their_codes() {
+        let kind = |what| ErrorKind::of_decode_error(DecodeError::BadValue { what });
+        assert_eq!(
+            kind("set_field oxm"),
+            ErrorKind::BadAction(BadActionCode::BadSetArgument)
+        );
+        assert_eq!(
+            kind("something new"),
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+        assert_eq!(
+            ErrorKind::of_decode_error(DecodeError::Truncated),
+            ErrorKind::BadRequest(BadRequestCode::BadLen)
+        );
+    }
+
+    #[test]
+    fn a_long_message_gives_its_first_64_bytes() {
+        // A PACKET_IN of 200 bytes with a match of type 0.
+        let frame = packet_in(0, 0x55, &[0xee; 166]);
+        assert_eq!(frame.len(), 200);
+        let (xid, err) = answer(&frame);
+        assert_eq!(xid, 0x55);
+        assert_eq!(&err.data[..], &frame[..FAILED_REQUEST_BYTES]);
+    }
+
+    #[test]
+    fn an_error_is_never_answered_with_an_error() {
+        // An OFPT_ERROR shorter than its type and code.
+        let mut frame = header(4, 1, 10, 4);
+        frame.extend_from_slice(&[0, 1]);
+        let e = crate::decode(Bytes::copy_from_slice(&frame)).expect_err("short");
+        assert_eq!(ErrorMsg::answering(&frame, e), None);
+        // Of another version too (type 1 is OFPT_ERROR in every version).
+        let frame = header(1, 1, 8, 4);
+        let e = crate::decode(Bytes::copy_from_slice(&frame)).expect_err("1.0");
+        assert_eq!(ErrorMsg::answering(&frame, e), None);
+    }
+
+    #[test]
+    fn the_answer_encodes_as_ofpt_error() {
+        let frame = header(4, 99, 8, 0x0102_0304);
+        let (xid, err) = answer(&frame);
+        let mut out = BytesMut::new();
+        crate::encode(xid, &Message::Error(err), &mut out).expect("encodes");
+        let expected: Vec<u8> = [
+            &header(4, 1, 12 + 8, 0x0102_0304)[..],
+            &[0, 1, 0, 1],
+            &frame[..],
+        ]
+        .concat();
+        assert_eq!(&out[..], &expected[..]);
     }
 }
