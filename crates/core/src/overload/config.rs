@@ -96,6 +96,11 @@ pub struct OverloadConfig {
     pub gaps_ms: Vec<u32>,
     /// Depth of the controller-side gate's token bucket (1 = Crawford's deterministic gap).
     pub gate_burst: f64,
+    /// `adaptive` with `capacity_rps`: whether the gate also holds the admitted rate under
+    /// the ceiling, `capacity_rps × (low+high)/2`, while no gap is in force (`ceiling =
+    /// "on"`, the default). `"off"` leaves the law alone: no limit until the measured load
+    /// crosses the high watermark (the ablation of the ceiling).
+    pub ceiling: bool,
 }
 
 impl Default for OverloadConfig {
@@ -119,6 +124,7 @@ impl Default for OverloadConfig {
             refusal: Refusal::Reset,
             gaps_ms: AIN_ACG_GAPS_MS.to_vec(),
             gate_burst: DEFAULT_GATE_BURST,
+            ceiling: true,
         }
     }
 }
@@ -137,7 +143,7 @@ impl OverloadConfig {
             reference_rate: self.capacity_rps,
             gaps_ms: self.gaps_ms.clone(),
             ceiling: match self.mode {
-                Mode::Adaptive => self
+                Mode::Adaptive if self.ceiling => self
                     .capacity_rps
                     .map(|c| c * 0.5 * (self.low_watermark + self.high_watermark)),
                 _ => None,
@@ -147,6 +153,7 @@ impl OverloadConfig {
 
     /// Read `[service.overload]` from `o` (the table itself).
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> OverloadConfig {
+        let before = errs.len();
         let mode = choice(
             &mut o,
             "mode",
@@ -154,6 +161,7 @@ impl OverloadConfig {
             &[("static", Mode::Static), ("adaptive", Mode::Adaptive)],
             errs,
         );
+        let mode_ok = errs.len() == before;
         let mut c = OverloadConfig {
             mode,
             ..OverloadConfig::default()
@@ -230,6 +238,7 @@ impl OverloadConfig {
             }
             c.gaps_ms = v;
         }
+        c.ceiling = read_ceiling(&mut o, mode_ok.then_some(c.mode), errs);
         if c.mode != Mode::Off
             && c.capacity_rps.is_none()
             && c.max_active_connections.is_none()
@@ -351,6 +360,39 @@ impl ControllerOverloadConfig {
         o.finish(errs);
         c
     }
+}
+
+/// `ceiling = "on" | "off"` (a string, as `mode` and `refusal` are; default `"on"`). It
+/// means something only in `adaptive` mode with `capacity_rps` set, the only place a
+/// ceiling exists: given anywhere else it is refused, against its own path, rather than
+/// silently ignored. `mode`: the mode read, `None` when `mode` itself was invalid (then
+/// only the key's own value is checked).
+fn read_ceiling(o: &mut Obj<'_>, mode: Option<Mode>, errs: &mut Vec<ConfigError>) -> bool {
+    if !o.has("ceiling") {
+        return true;
+    }
+    let mut own = Vec::new();
+    let on = choice(o, "ceiling", ("on", true), &[("off", false)], &mut own);
+    if let Some(mut e) = own.into_iter().next() {
+        // Not a string at all (TOML's `false`, say): say what to write instead.
+        if !e.message.contains("is not one of") {
+            e.message += ": write \"on\" or \"off\"";
+        }
+        errs.push(e);
+        return true;
+    }
+    match mode {
+        Some(Mode::Adaptive) if !o.has("capacity_rps") => errs.push(ConfigError::new(
+            o.key_path("ceiling"),
+            "the ceiling is capacity_rps × (low_watermark + high_watermark) / 2: without capacity_rps there is none",
+        )),
+        Some(m) if m != Mode::Adaptive => errs.push(ConfigError::new(
+            o.key_path("ceiling"),
+            format!("only mode = \"adaptive\" has a ceiling (mode is \"{m}\")"),
+        )),
+        _ => {}
+    }
+    on
 }
 
 /// The switch meter's burst, `burst_ms`, in both gates.

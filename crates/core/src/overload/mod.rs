@@ -37,6 +37,10 @@
 //! - with `capacity_rps` configured, the gate never admits more than
 //!   `capacity_rps × (low+high)/2` even with no gap in force (the ceiling): a step from
 //!   idle to overload then meets a closed gate, not a measurement still catching up.
+//!   `ceiling = "off"` removes it and leaves the law alone: with no gap in force nothing
+//!   is limited, a step from idle is admitted in full until the measured load crosses the
+//!   high watermark, and only then does the first decrease cut (`capacity_rps` still sets
+//!   ρ and the additive step's reference).
 //!
 //! `mode = "static"` keeps the same measurement and the same settle period but takes the
 //! gap from a fixed table, as AIN Automatic Code Gapping does: an overload *level* rises by
@@ -50,9 +54,12 @@
 //!   (default 2; 1 is Crawford's deterministic gap), and the number of periods follows
 //!   from `g` and the control interval.
 //! - The ceiling belongs to the adaptive mode only: the static mode has the AIN table's
-//!   levels and no ceiling. A comparison of the two modes with `capacity_rps` set
-//!   (`docs/results.md`, `flowgate sim`) therefore measures the adaptive law together
-//!   with its ceiling, not the law alone.
+//!   levels and no ceiling (`ceiling` is refused in any other mode). A comparison of
+//!   `static` with `adaptive` at its default (`ceiling = "on"`) with `capacity_rps` set
+//!   measures the adaptive law together with its ceiling, not the law alone; the lab's
+//!   overload scenario (`flowgate lab run overload`, `docs/lab.md`) and `flowgate sim
+//!   --overload` therefore also run an `adaptive-no-ceiling` arm, the law with
+//!   `ceiling = "off"`, the ablation of the ceiling.
 //!
 //! # Enforcement
 //!
@@ -151,7 +158,8 @@ pub struct LawParams {
     pub gaps_ms: Vec<u32>,
     /// `adaptive` with a known capacity: the gate never admits more than
     /// `capacity × (low+high)/2`, the middle of the hold band, even with no gap in force.
-    /// Saves the overshoot of a step from idle to overload.
+    /// Saves the overshoot of a step from idle to overload. `None` without a capacity, in
+    /// any other mode, and with `ceiling = "off"`.
     pub ceiling: Option<f64>,
 }
 

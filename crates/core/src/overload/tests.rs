@@ -90,6 +90,8 @@ struct Run {
     sojourn: Vec<f64>,
     rejected: u64,
     limits: Vec<(f64, Option<f64>)>,
+    /// The rate the gate enforced after each step (the gap's, or the ceiling).
+    gate_limits: Vec<(f64, Option<f64>)>,
 }
 
 fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: u64) -> Run {
@@ -98,6 +100,12 @@ fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: 
         capacity_rps: Some(cap),
         ..OverloadConfig::default()
     };
+    simulate_cfg(&cfg, secs, lambda, seed)
+}
+
+/// [`simulate`] with the whole `[service.overload]` given (`capacity_rps` must be set).
+fn simulate_cfg(cfg: &OverloadConfig, secs: f64, lambda: impl Fn(f64) -> f64, seed: u64) -> Run {
+    let cap = cfg.capacity_rps.expect("a capacity");
     let mut law = GapController::new(cfg.law());
     let mut gate = Gate::default();
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -107,6 +115,7 @@ fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: 
     let mut next_arrival = exp(&mut rng, lambda(0.0));
     let mut windows = vec![0.0; secs.ceil() as usize];
     let mut limits = Vec::new();
+    let mut gate_limits = Vec::new();
     // The pool: a FIFO server of rate `cap` (deterministic service 1/cap).
     let (mut next_free, mut good, mut sojourn) = (0.0f64, 0u64, Vec::new());
     let deadline = 1.0;
@@ -138,6 +147,7 @@ fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: 
             let load = law.admitted_rate() / cap;
             law.control(now, load);
             limits.push((t, law.rate()));
+            gate_limits.push((t, law.gate_rate()));
         }
     }
     sojourn.sort_by(f64::total_cmp);
@@ -147,6 +157,7 @@ fn simulate(mode: Mode, cap: f64, secs: f64, lambda: impl Fn(f64) -> f64, seed: 
         sojourn,
         rejected: law.refused_total,
         limits,
+        gate_limits,
     }
 }
 
@@ -261,6 +272,97 @@ fn adaptive_beats_the_static_ain_table_under_the_same_overload() {
             .any(|&g| g > 0 && (1000.0 / f64::from(g) - r).abs() < 1e-9)
     }));
     let _ = a.rejected + s.rejected;
+}
+
+/// The ablation of the ceiling (`ceiling = "off"`): a step from near idle (10/s) to 3×
+/// capacity meets no limit at all, and is admitted in full, above the ceiling
+/// (`capacity × (low+high)/2` = 95/s), until the measured load crosses the high
+/// watermark; then the law cuts, and gaps from there on, holding the admitted rate within
+/// capacity as it does with the ceiling. With the ceiling (the default, same seed), the
+/// gate holds 95/s from the start, idle or not, and the step's first second is admitted
+/// at most that.
+#[test]
+fn without_the_ceiling_a_step_is_admitted_in_full_until_the_load_is_measured() {
+    let cap = 100.0;
+    let ceiling = cap * 0.5 * (config::DEFAULT_LOW_WATERMARK + config::DEFAULT_HIGH_WATERMARK);
+    let step = |t: f64| if t < 5.0 { 10.0 } else { 300.0 };
+    let with = OverloadConfig {
+        mode: Mode::Adaptive,
+        capacity_rps: Some(cap),
+        ..OverloadConfig::default()
+    };
+    let without = OverloadConfig {
+        ceiling: false,
+        ..with.clone()
+    };
+    assert_eq!(with.law().ceiling, Some(ceiling));
+    assert_eq!(without.law().ceiling, None, "no ceiling in the law");
+    assert_eq!(
+        without.law().reference_rate,
+        Some(cap),
+        "the step still scales"
+    );
+    let (on, off) = (
+        simulate_cfg(&with, 20.0, step, 21),
+        simulate_cfg(&without, 20.0, step, 21),
+    );
+
+    // Before the step: the default gate holds the ceiling, the ablation has no limit.
+    let before = |r: &Run| -> Vec<Option<f64>> {
+        r.gate_limits
+            .iter()
+            .filter(|(t, _)| *t < 5.0)
+            .map(|l| l.1)
+            .collect()
+    };
+    assert!(
+        before(&on).iter().all(|a| *a == Some(ceiling)),
+        "{:?}",
+        before(&on)
+    );
+    assert!(
+        before(&off).iter().all(Option::is_none),
+        "{:?}",
+        before(&off)
+    );
+
+    // The step's first second: above the ceiling without it, at most the ceiling (plus
+    // the gate's burst of 2) with it.
+    let (first_on, first_off) = (on.admitted_per_s[5], off.admitted_per_s[5]);
+    assert!(
+        first_off > 1.2 * ceiling,
+        "without the ceiling the step is admitted above {ceiling}/s at first: {first_off}"
+    );
+    assert!(first_on <= ceiling + 2.0, "with it: {first_on}");
+
+    // Not limited until the measured load crossed the high watermark: the first limit
+    // comes after the step, and is the law's cut (a gap), not a ceiling.
+    let first_cut = off
+        .gate_limits
+        .iter()
+        .find(|l| l.1.is_some())
+        .expect("the law gaps the overload");
+    assert!(
+        (5.0..6.0).contains(&first_cut.0),
+        "the first cut within the step's first second: {first_cut:?}"
+    );
+    assert!(
+        off.limits
+            .iter()
+            .any(|(t, a)| *t > 5.0 && *t < first_cut.0 && a.is_none()),
+        "the step's first intervals pass with no limit: {:?}",
+        &off.limits[95..105]
+    );
+    // Then the law gaps, and holds the pool within capacity, as with the ceiling.
+    let gapped: Vec<&(f64, Option<f64>)> = off.limits.iter().filter(|l| l.0 > 8.0).collect();
+    assert!(gapped.iter().all(|l| l.1.is_some()), "gapping from then on");
+    for (i, &n) in off.admitted_per_s.iter().enumerate().skip(8) {
+        assert!(
+            (0.70 * cap..=1.0 * cap).contains(&n),
+            "second {i}: admitted {n}/s, capacity {cap}/s: {:?}",
+            off.admitted_per_s
+        );
+    }
 }
 
 /// `off` never gaps.
@@ -434,6 +536,86 @@ fn config_keys_are_read_strictly_with_paths() {
     ] {
         assert!(paths.contains(&p), "{p} reported: {bad}");
     }
+}
+
+/// `ceiling = "on" | "off"`: a string (as `mode` is), default on, refused where no ceiling
+/// exists (a mode other than adaptive, no `capacity_rps`, `[controller.overload]`), each
+/// error against the key's path.
+#[test]
+fn the_ceiling_key_is_read_strictly() {
+    let svc = |body: &str| {
+        format!(
+            "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+             [service.overload]\n{body}\n"
+        )
+    };
+    let read = |body: &str| crate::Config::from_toml(&svc(body), &|_| None);
+    let on = read("mode = \"adaptive\"\ncapacity_rps = 80").expect("valid");
+    assert!(on.services[0].overload.ceiling, "on by default");
+    assert_eq!(on.services[0].overload.law().ceiling, Some(80.0 * 0.95));
+    let on = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"on\"").expect("valid");
+    assert_eq!(on.services[0].overload.law().ceiling, Some(80.0 * 0.95));
+    let off = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"off\"").expect("valid");
+    let o = &off.services[0].overload;
+    assert!(!o.ceiling);
+    assert_eq!(o.law().ceiling, None);
+    assert_eq!(
+        o.capacity_rps,
+        Some(80.0),
+        "the capacity still sets the load"
+    );
+    assert_eq!(o.law().reference_rate, Some(80.0));
+
+    let bad = |body: &str, path: &str, says: &str| {
+        let e = read(body).expect_err(body);
+        assert!(
+            e.0.iter()
+                .any(|e| e.path == path && e.message.contains(says)),
+            "{body}: want {path}: …{says}…, got {e}"
+        );
+    };
+    let at = "service[0].overload.ceiling";
+    bad(
+        "mode = \"adaptive\"\ncapacity_rps = 80\nceiling = false",
+        at,
+        "write \"on\" or \"off\"",
+    );
+    bad(
+        "mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"no\"",
+        at,
+        "is not one of \"on\", \"off\"",
+    );
+    bad(
+        "mode = \"static\"\ncapacity_rps = 80\nceiling = \"off\"",
+        at,
+        "only mode = \"adaptive\" has a ceiling (mode is \"static\")",
+    );
+    bad(
+        "mode = \"off\"\nceiling = \"on\"",
+        at,
+        "only mode = \"adaptive\" has a ceiling (mode is \"off\")",
+    );
+    bad(
+        "mode = \"adaptive\"\nmax_active_connections = 10\nceiling = \"off\"",
+        at,
+        "without capacity_rps",
+    );
+    // An invalid mode or capacity is reported once, not again through the ceiling.
+    let e = read("mode = \"fast\"\ncapacity_rps = 80\nceiling = \"off\"").expect_err("mode");
+    assert!(!e.0.iter().any(|e| e.path == at), "{e}");
+    let e = read("mode = \"adaptive\"\ncapacity_rps = -1\nceiling = \"off\"").expect_err("cap");
+    assert!(!e.0.iter().any(|e| e.path == at), "{e}");
+    // The controller's own gap has no capacity, hence no ceiling.
+    let e = crate::Config::from_toml(
+        "[controller.overload]\nmode = \"adaptive\"\nceiling = \"off\"\n",
+        &|_| None,
+    )
+    .expect_err("no ceiling for the controller");
+    assert!(
+        e.0.iter()
+            .any(|e| e.path == "controller.overload.ceiling" && e.message == "unknown key"),
+        "{e}"
+    );
 }
 
 /// Per switch: the admitted rate is split by offered demand. Two switches offered 3:1,
