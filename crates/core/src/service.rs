@@ -116,6 +116,8 @@ pub struct BackendState {
     pub reported_rps: Option<f64>,
     /// Requests in progress as the backend reports them, when configured.
     pub reported_active: Option<f64>,
+    /// The requests per second it can serve, as configured (`capacity_rps`), if known.
+    pub capacity_rps: Option<f64>,
     /// The response time comes from the backend's own metrics, not the probes.
     pub rt_from_metrics: bool,
     pub metrics_at: Option<Instant>,
@@ -148,6 +150,7 @@ impl BackendState {
             cpu: None,
             reported_rps: None,
             reported_active: None,
+            capacity_rps: None,
             rt_from_metrics: false,
             metrics_at: None,
             since: None,
@@ -158,7 +161,7 @@ impl BackendState {
 
     /// This backend as a reload configures it anew (`fresh`, under the service's new
     /// `health` settings), keeping what was learned of it where that still holds: its
-    /// connections, rates, location, admin state and health; the new weight.
+    /// connections, rates, location, admin state and health; the new weight and capacity.
     ///
     /// What no longer holds starts again: a changed or removed metrics endpoint's
     /// figures (else a removed endpoint's last report would stand for good, stale), and,
@@ -168,6 +171,7 @@ impl BackendState {
     pub fn reconfigured(&self, fresh: &BackendState, health: &HealthConfig, now: Instant) -> Self {
         let mut b = self.clone();
         b.weight = fresh.weight;
+        b.capacity_rps = fresh.capacity_rps;
         if b.metrics_url != fresh.metrics_url {
             b.metrics_url = fresh.metrics_url.clone();
             b.metrics_at = None;
@@ -285,6 +289,7 @@ impl ServiceState {
             .map(|(i, b)| {
                 let mut st = BackendState::new(b);
                 st.id = BackendId(i as u16);
+                st.capacity_rps = cfg.capacity_of(b.address);
                 st.health = ActiveHealth::new(cfg.health.rise, cfg.health.fall);
                 st
             })
@@ -432,6 +437,9 @@ impl ServiceState {
     /// (a least-connections balancer sees them), not listed as a removed backend's.
     pub fn join(&mut self, mut b: BackendState, cfg: BackendConfig) -> Option<usize> {
         let position = self.backends.len();
+        if b.capacity_rps.is_none() {
+            b.capacity_rps = self.cfg.capacity_of(b.address);
+        }
         let id = take_number(&mut self.numbers, &mut b)?;
         self.numbers[usize::from(id.0)] = Numbered::Live(position as u16);
         self.backends.push(b);
@@ -738,7 +746,7 @@ fn loads_push(
         picks_since_refresh: b.picks_since_refresh,
         response_time_ms: b.response_time_ms,
         cpu: b.cpu,
-        capacity_rps: None,
+        capacity_rps: b.capacity_rps,
         metrics_fresh,
     });
 }

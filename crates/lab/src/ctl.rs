@@ -36,10 +36,48 @@ pub fn config(algorithm: &str, p: &Params, seed: u64) -> String {
     // concurrency slot like any request, so its time is the server's response time under
     // load (SRT, MRBS, AMLOB and ISSLM's third search use it).
     c += "\n[service.health]\nkind = \"http\"\npath = \"/\"\ninterval_ms = 100\ntimeout_ms = 1000\nrise = 1\nfall = 3\n";
+    // Every arm is told each server's real capacity μ (the emulated servers' concurrency
+    // over their service time), the same information for every algorithm: DWRS's load is
+    // `rate / capacity_rps` (and MRBS's utilisation feature, the servers reporting no
+    // CPU); none, ISSLM, AMLOB, SRT and round robin do not read it.
     for s in SERVERS {
-        c += &format!("\n[[service.backend]]\naddress = \"{s}\"\n");
+        c += &format!(
+            "\n[[service.backend]]\naddress = \"{s}\"\ncapacity_rps = {:.1}\n",
+            p.capacity_rps()
+        );
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every arm's config gives each backend the servers' capacity, the same for all.
+    #[test]
+    fn every_arm_knows_the_servers_capacity() {
+        for quick in [true, false] {
+            let p = Params::new(quick);
+            let want = format!("capacity_rps = {:.1}\n", p.capacity_rps());
+            for algorithm in [
+                "none",
+                "isslm",
+                "dwrs",
+                "mrbs",
+                "amlob",
+                "srt",
+                "round-robin",
+            ] {
+                let text = config(algorithm, &p, 1);
+                assert_eq!(
+                    text.matches("capacity_rps").count(),
+                    SERVERS.len(),
+                    "{text}"
+                );
+                assert_eq!(text.matches(&want).count(), SERVERS.len(), "{text}");
+            }
+        }
+    }
 }
 
 /// A running controller. Killed (SIGTERM, then SIGKILL) on drop.

@@ -397,6 +397,13 @@ pub struct ServiceConfig {
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
     pub backends: Vec<BackendConfig>,
+    /// Each `[[service.backend]]`'s `capacity_rps`, by address, for those that set one:
+    /// the new connections (requests) per second the backend can serve. DWRS's load is
+    /// `rate / capacity_rps` and MRBS's utilisation feature is the same ratio when the
+    /// backend reports no CPU; without it DWRS falls back to the load relative to the
+    /// pool's mean. Kept beside the backends rather than in [`BackendConfig`] so that a
+    /// backend added at run time (the API) needs no capacity.
+    pub backend_capacity: Vec<(Ipv4Addr, f64)>,
     /// `[service.overload]`: gapping of new connections (see [`crate::overload`]).
     pub overload: crate::overload::OverloadConfig,
 }
@@ -1202,6 +1209,7 @@ fn read_service(
     m.finish(errs);
 
     let mut backends = Vec::new();
+    let mut backend_capacity = Vec::new();
     let mut seen = HashSet::new();
     for (bi, mut b) in s.tables("backend", errs) {
         let address = ipv4(&mut b, "address", errs);
@@ -1212,6 +1220,12 @@ fn read_service(
             .int_in("weight", 0, 1_000_000, errs)
             .map(|w| w as u32)
             .unwrap_or(1);
+        let capacity = b.float_where(
+            "capacity_rps",
+            |c| c > 0.0,
+            "must be a positive number of requests per second",
+            errs,
+        );
         let metrics = b.string("metrics", errs).map(str::to_string);
         if let Some(Err(why)) = metrics.as_deref().map(parse_metrics_url) {
             errs.push(ConfigError::new(b.key_path("metrics"), why));
@@ -1233,6 +1247,9 @@ fn read_service(
         }
         b.finish(errs);
         if let Some(address) = address {
+            if let Some(c) = capacity.filter(|c| *c > 0.0) {
+                backend_capacity.push((address, c));
+            }
             backends.push(BackendConfig {
                 address,
                 weight,
@@ -1294,8 +1311,19 @@ fn read_service(
             names,
         },
         backends,
+        backend_capacity,
         overload,
     })
+}
+
+impl ServiceConfig {
+    /// The `capacity_rps` configured for the backend at `address`, if any.
+    pub fn capacity_of(&self, address: Ipv4Addr) -> Option<f64> {
+        self.backend_capacity
+            .iter()
+            .find(|(a, _)| *a == address)
+            .map(|(_, c)| *c)
+    }
 }
 
 /// Why a service in `mode` cannot run `algorithm`, if it cannot: a file's `mode` and

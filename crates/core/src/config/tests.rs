@@ -711,3 +711,90 @@ fn a_clusters_keys_agree_with_each_other() {
     let errs = domain("dpids = [\"zz\"]\nuplink = \"2:3\"\netcd = \"memory:\"\n");
     assert_eq!(errs.len(), 1, "{errs:?}");
 }
+
+#[test]
+fn a_backend_capacity_is_read_and_checked() {
+    let text = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "dwrs"
+[[service.backend]]
+address = "10.0.0.2"
+capacity_rps = 800
+[[service.backend]]
+address = "10.0.0.3"
+capacity_rps = 400.5
+[[service.backend]]
+address = "10.0.0.4"
+"#;
+    let cfg = Config::from_toml(text, &no_env).expect("valid");
+    let s = &cfg.services[0];
+    assert_eq!(s.capacity_of("10.0.0.2".parse().unwrap()), Some(800.0));
+    assert_eq!(s.capacity_of("10.0.0.3".parse().unwrap()), Some(400.5));
+    assert_eq!(s.capacity_of("10.0.0.4".parse().unwrap()), None);
+
+    let bad = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+[[service.backend]]
+address = "10.0.0.2"
+capacity_rps = 0
+[[service.backend]]
+address = "10.0.0.3"
+capacity_rps = -5.0
+[[service.backend]]
+address = "10.0.0.4"
+capacity_rps = nan
+[[service.backend]]
+address = "10.0.0.5"
+capacity_rps = inf
+[[service.backend]]
+address = "10.0.0.6"
+capacity_rps = "fast"
+"#;
+    let errs = Config::from_toml(bad, &no_env).expect_err("invalid").0;
+    for i in 0..5 {
+        let want = format!("service[0].backend[{i}].capacity_rps");
+        assert!(
+            errs.iter().any(|e| e.path == want),
+            "missing {want} in {errs:?}"
+        );
+    }
+}
+
+/// A configured capacity reaches the balancer's view of the backend, and a reload that
+/// changes it takes effect.
+#[test]
+fn a_backend_capacity_reaches_the_balancer() {
+    let text = |cap: &str| {
+        format!(
+            r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "dwrs"
+[[service.backend]]
+address = "10.0.0.2"
+{cap}
+[[service.backend]]
+address = "10.0.0.3"
+"#
+        )
+    };
+    let cfg = Config::from_toml(&text("capacity_rps = 800"), &no_env).expect("valid");
+    let mut s = crate::service::ServiceState::new(cfg.services[0].clone(), 0, 1);
+    let now = std::time::Instant::now();
+    s.refresh(now, Duration::from_secs(1));
+    let caps: Vec<_> = s.loads.iter().map(|l| l.capacity_rps).collect();
+    assert_eq!(caps, [Some(800.0), None]);
+
+    let cfg = Config::from_toml(&text("capacity_rps = 200"), &no_env).expect("valid");
+    let fresh = crate::service::ServiceState::new(cfg.services[0].clone(), 0, 1);
+    let kept = s.backends[0].reconfigured(&fresh.backends[0], &fresh.cfg.health, now);
+    assert_eq!(kept.capacity_rps, Some(200.0));
+}
