@@ -472,9 +472,10 @@ fn amlob_metrics(st: &AmlobState, x: &BackendLoad, rc: RateCtx) -> [f64; 3] {
 
 #[derive(Debug, Clone)]
 pub(super) struct SrtState {
-    /// EWMA RT (ms) per backend, NaN = never measured.
+    /// RT (ms) per backend: the core's EWMA as last seen fresh, decaying toward the pool
+    /// mean while stale; NaN = never measured.
     rt: Vec<f64>,
-    /// Pool mean of the fresh EWMAs, NaN if none.
+    /// Pool mean of the fresh RTs, NaN if none.
     mean: f64,
 }
 
@@ -496,7 +497,7 @@ impl SrtState {
             self.rt.remove(i);
         }
     }
-    /// The EWMA RT of backend `i` (NaN when never measured).
+    /// The RT SRT uses for backend `i` (NaN when never measured).
     pub(super) fn rt(&self, i: usize) -> f64 {
         self.rt.get(i).copied().unwrap_or(f64::NAN)
     }
@@ -504,12 +505,6 @@ impl SrtState {
 
 impl Balancer {
     pub(super) fn refresh_srt(&mut self, b: &[BackendLoad], interval: Duration) {
-        let alpha = self.params.srt_alpha;
-        let alpha = if alpha.is_finite() && alpha > 0.0 {
-            alpha.min(1.0)
-        } else {
-            0.2
-        };
         let st = &mut self.srt;
         let mut mean = Stat::default();
         for (i, x) in b.iter().enumerate() {
@@ -517,12 +512,11 @@ impl Balancer {
             if !x.metrics_fresh {
                 continue;
             }
+            // The core's figure is already the source's EWMA of the measured RT (α = 0.2
+            // per measurement); smoothing it again per refresh would delay a step by
+            // another ~5 refreshes (anchors §1.4: one EWMA of the measured RT).
             if let Some(s) = valid(x.response_time_ms) {
-                *cur = if cur.is_nan() {
-                    s
-                } else {
-                    alpha * s + (1.0 - alpha) * *cur
-                };
+                *cur = s;
             }
             if usable(x) && !cur.is_nan() {
                 mean.push(*cur);

@@ -128,9 +128,13 @@ pub enum AlgorithmKind {
     /// across the pool, computed on refresh; equal thirds when all CVs are 0);
     /// argmin `Σ a_k z_k`, ties by fewer connections, then round robin.
     Amlob,
-    /// SRT, shortest response time (anchors §1.4, LBBSRT): argmin of the EWMA response
-    /// time (α = `srt_alpha` per refresh) inflated by `(1 + picks_since_refresh)`, ties by
-    /// fewer connections, then round robin. Starvation mitigation (§1.4, Traefik #12306),
+    /// SRT, shortest response time (anchors §1.4, LBBSRT): argmin of the response time
+    /// inflated by `(1 + picks_since_refresh)`, ties by fewer connections, then round
+    /// robin. The response time is [`BackendLoad::response_time_ms`] as is: the source's
+    /// "EWMA of measured RT" (α = 0.2), which the core already keeps per measurement (a
+    /// probe's round trip or a metrics report); SRT does not smooth it a second time per
+    /// refresh (our reading of "α ≈ 0.2 per 10 ms tick": one EWMA step per new sample,
+    /// a sample arriving each tick in the source's setting). Starvation mitigation (§1.4, Traefik #12306),
     /// our reading: (1) never-measured backends use the pool mean RT (they get a fair share
     /// and so get measured), (2) a backend whose metrics are stale has its RT decay toward
     /// the pool mean with half-life `srt_stale_half_life`, (3) the pick inflation sends
@@ -268,8 +272,6 @@ pub struct AlgorithmParams {
     /// MRBS SGD samples before predictions are used (default 50); least connections
     /// decides until then.
     pub mrbs_warmup: u32,
-    /// SRT EWMA smoothing per refresh (default 0.2; 1.0 uses the core's value as is).
-    pub srt_alpha: f64,
     /// SRT: half-life of the decay of a stale backend's RT toward the pool mean (5 s).
     pub srt_stale_half_life: Duration,
 }
@@ -285,7 +287,6 @@ impl Default for AlgorithmParams {
             dwrs_min_weight: 0.05,
             mrbs_learning_rate: 0.01,
             mrbs_warmup: 50,
-            srt_alpha: 0.2,
             srt_stale_half_life: Duration::from_secs(5),
         }
     }
@@ -339,11 +340,8 @@ impl AlgorithmParams {
             }
             AlgorithmKind::Dwrs => frac("dwrs_min_weight", self.dwrs_min_weight, true)?,
             AlgorithmKind::Mrbs => frac("mrbs_learning_rate", self.mrbs_learning_rate, true)?,
-            AlgorithmKind::Srt => {
-                frac("srt_alpha", self.srt_alpha, true)?;
-                if self.srt_stale_half_life.is_zero() {
-                    return Err("srt_stale_half_life must be positive".into());
-                }
+            AlgorithmKind::Srt if self.srt_stale_half_life.is_zero() => {
+                return Err("srt_stale_half_life must be positive".into());
             }
             _ => {}
         }
@@ -642,7 +640,8 @@ impl Balancer {
         self.amlob.weights()
     }
 
-    /// SRT: the EWMA response time of backend `i` in ms, `None` when never measured.
+    /// SRT: the response time of backend `i` it decides on, in ms (the core's EWMA as last
+    /// seen fresh, decaying toward the pool mean while stale), `None` when never measured.
     pub fn srt_rt_ms(&self, i: usize) -> Option<f64> {
         Some(self.srt.rt(i)).filter(|r| !r.is_nan())
     }
@@ -712,7 +711,7 @@ impl Balancer {
     /// Per metrics refresh (~10 ms): `backends` carry the new measurements (normally with
     /// `picks_since_refresh` reset), `interval` is the time since the previous refresh.
     /// Updates ISSLM latches, DWRS/AMLOB pool statistics, the MRBS model (one SGD step per
-    /// backend with a fresh RT) and the SRT EWMAs.
+    /// backend with a fresh RT) and SRT's response times.
     pub fn on_refresh(&mut self, backends: &[BackendLoad], interval: Duration) {
         if backends.len() > self.n {
             self.resize(backends.len());

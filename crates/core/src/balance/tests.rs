@@ -116,7 +116,10 @@ fn validate_params() {
     assert!(bad(|p| p.hysteresis = 1.0, AlgorithmKind::Isslm));
     assert!(bad(|p| p.isslm_tries = 0, AlgorithmKind::Isslm));
     assert!(bad(|p| p.dwrs_min_weight = 0.0, AlgorithmKind::Dwrs));
-    assert!(bad(|p| p.srt_alpha = 2.0, AlgorithmKind::Srt));
+    assert!(bad(
+        |p| p.srt_stale_half_life = Duration::ZERO,
+        AlgorithmKind::Srt
+    ));
     assert!(bad(|p| p.mrbs_learning_rate = -1.0, AlgorithmKind::Mrbs));
     assert!(bad(
         |p| p.rps_window = Some(Duration::ZERO),
@@ -1020,10 +1023,11 @@ fn srt_argmin_and_ties() {
 
 #[test]
 fn srt_ewma_and_unmeasured_prior() {
+    // The core's figure is the EWMA already: SRT takes it as is.
     let mut b = bal(AlgorithmKind::Srt, 3);
     b.on_refresh(&srt_pool(&[10.0, 4.0, 8.0]), MS10);
     b.on_refresh(&srt_pool(&[20.0, 4.0, 8.0]), MS10);
-    assert!((b.srt_rt_ms(0).unwrap_or(0.0) - 12.0).abs() < 1e-9); // .2·20 + .8·10
+    assert!((b.srt_rt_ms(0).unwrap_or(0.0) - 20.0).abs() < 1e-9);
     // A never-measured backend takes the pool mean (not 0, not ∞).
     let mut p = srt_pool(&[12.0, 4.0, 8.0]);
     p[2].response_time_ms = None;
@@ -1034,6 +1038,35 @@ fn srt_ewma_and_unmeasured_prior() {
     let mut q = p.clone();
     let got = burst(&mut b, &req(), &mut q, 3);
     assert_eq!(got, [0, 2, 1]);
+}
+
+/// A step in a backend's measured response time reaches SRT through one EWMA (the core's,
+/// α = 0.2 per sample), not two: with a probe every 100 ms and a refresh every 10 ms (the
+/// lab's), SRT's figure equals the single EWMA after every refresh, and the first sample
+/// after the step already moves the next connection away from the slowed backend.
+#[test]
+fn srt_reacts_to_a_response_time_step_as_one_ewma() {
+    let mut b = bal(AlgorithmKind::Srt, 2);
+    let mut core = None::<f64>; // the controller's `record_response_time`
+    let mut first_after_step = None;
+    for (k, sample) in [10.0; 5].into_iter().chain([50.0; 20]).enumerate() {
+        let ewma = core.map_or(sample, |prev| prev + 0.2 * (sample - prev));
+        core = Some(ewma);
+        for _ in 0..10 {
+            let p = srt_pool(&[ewma, 15.0]);
+            b.on_refresh(&p, MS10);
+            let srt = b.srt_rt_ms(0).unwrap_or(f64::NAN);
+            assert!(
+                (srt - ewma).abs() < 1e-9,
+                "sample {k}: srt {srt}, one EWMA {ewma}"
+            );
+            if k == 5 && first_after_step.is_none() {
+                first_after_step = pick(&mut b, &p);
+            }
+        }
+    }
+    // 10 + 0.2·(50 − 10) = 18 ms > 15 ms: backend 1 is now the faster.
+    assert_eq!(first_after_step, Some(1));
 }
 
 #[test]

@@ -1329,7 +1329,8 @@ impl Controller {
             .get_mut(service)
             .and_then(|s| s.backends.get_mut(backend))
         {
-            // EWMA with α = 0.2 (load-balancing-anchors §1.4).
+            // EWMA with α = 0.2 (load-balancing-anchors §1.4): the one smoothing of a
+            // response time; every balancer, SRT included, reads it as is.
             b.response_time_ms = Some(match b.response_time_ms {
                 Some(prev) => prev + 0.2 * (ms - prev),
                 None => ms,
