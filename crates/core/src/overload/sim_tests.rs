@@ -156,6 +156,53 @@ fn overload_is_refused_with_rsts_and_the_meter_follows_the_gap() {
     assert_eq!(d.hosts.len(), 1, "delivered to its backend: {:?}", d.hosts);
 }
 
+/// Through the controller: with the ceiling (the default) an idle service's gate and meter
+/// already hold `capacity × 0.95`, and a burst beyond it is refused with RSTs; with
+/// `ceiling = "off"` nothing is limited before the law has measured an overload (no limit
+/// in the API view, an open meter), and the same burst is forwarded in full.
+#[test]
+fn without_the_ceiling_an_idle_service_is_not_limited() {
+    let burst = |overload: &str| {
+        let mut sim = overload_sim(overload, "mode = \"off\"");
+        sim.tick(Duration::from_millis(200));
+        let v = sim.c.gap_view(0).expect("view");
+        let meter = meter_rate(table(&sim), SERVICE_METER_BASE).expect("meter");
+        // 40 SYNs within 40 ms: 1,000/s, far beyond 50/s, too short for the law to measure.
+        let (mut rsts, mut forwarded) = (0, 0);
+        for port in 20_000..20_040u16 {
+            sim.tick(Duration::from_millis(1));
+            let got = syn(&mut sim, port);
+            if got.iter().any(|(h, f)| h == "h1" && is_rst(f)) {
+                rsts += 1;
+            } else if got.iter().any(|(h, _)| h == "h2" || h == "h3") {
+                forwarded += 1;
+            }
+        }
+        (v, meter, rsts, forwarded)
+    };
+    let (v, meter, rsts, forwarded) = burst("mode = \"adaptive\"\ncapacity_rps = 50");
+    assert_eq!(v.admitted_rate_limit, Some(50.0 * 0.95), "{v:?}");
+    assert_eq!(
+        meter,
+        super::quantize_rate(4.0 * 50.0 * 0.95),
+        "backstop of the ceiling"
+    );
+    assert!(
+        rsts > 20 && forwarded < 20,
+        "the ceiling refuses the burst: {rsts} RSTs, {forwarded} forwarded"
+    );
+    let (v, meter, rsts, forwarded) =
+        burst("mode = \"adaptive\"\ncapacity_rps = 50\nceiling = \"off\"");
+    assert_eq!(v.admitted_rate_limit, None, "{v:?}");
+    assert!(!v.gapping, "{v:?}");
+    assert_eq!(meter, super::OPEN_METER_RATE, "an open meter");
+    assert_eq!(
+        (rsts, forwarded),
+        (0, 40),
+        "the law alone lets the burst through until it measures it"
+    );
+}
+
 /// A gap of seconds becomes OFF-period drop rules (priority 250, hard timeout), which
 /// are withdrawn once the gap relaxes; established connections stay above them.
 #[test]
