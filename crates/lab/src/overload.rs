@@ -1,14 +1,21 @@
 //! The `overload` scenario (issue 5): overload control (`[service.overload]`, ACCM) against
-//! offered load, for the three modes `off`, `static` and `adaptive`.
+//! offered load, for four arms: the three modes `off`, `static` and `adaptive`, and
+//! `adaptive-no-ceiling`, the adaptive law without its ceiling (`ceiling = "off"`: no limit
+//! while no gap is in force, where `adaptive` never admits more than `capacity_rps × (low +
+//! high)/2`). `static` against `adaptive` compares the AIN gap table with the adaptive law
+//! together with its ceiling; `adaptive-no-ceiling` tells what the law alone does, and so
+//! what the ceiling buys. The quick variant runs the first three only (its CI test,
+//! `ovs_lab_overload_quick`, counts three arms' rows).
 //!
 //! One OVS switch, one client host and two backends behind a VIP. Each backend is
 //! `flowgate httpd --delay-ms 200 --concurrency 2 --queue 200`: a fixed concurrency limit,
 //! 10 requests/s each, and up to 200 requests (20 s of work) may wait, so without control
 //! queues grow. The pool's capacity is measured first (closed loop, one worker per slot,
 //! through the controller in mode `off`), and the unloaded latency (open loop at a quarter
-//! of the nominal capacity). Then, for each mode, a new controller with
-//! `[service.overload] mode = MODE` and `capacity_rps` = the measured capacity (as the
-//! integration test `ovs_overload_three_modes` configures it) takes new connections offered
+//! of the nominal capacity). Then, for each arm, a new controller with
+//! `[service.overload] mode = MODE` (and `ceiling = "off"` for `adaptive-no-ceiling`) and
+//! `capacity_rps` = the measured capacity (as the integration test `ovs_overload_three_modes`
+//! configures it) takes new connections offered
 //! open loop (a new connection per request, at a fixed rate) at several multiples of that
 //! capacity. Between points the lab waits until the backends' queues are empty (their own
 //! `/metrics`, read through a root-namespace leg).
@@ -39,8 +46,11 @@ use crate::{plot, signal};
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
 /// The root-namespace leg (the controller scrapes the backends' metrics through it).
 const LEG_CIDR: &str = "10.0.0.250/24";
-/// The three modes, in the order they run.
-pub const MODES: [&str; 3] = ["off", "static", "adaptive"];
+/// The arms, in the order they run: the three modes, then the adaptive law without its
+/// ceiling (`mode = "adaptive"`, `ceiling = "off"`).
+pub const MODES: [&str; 4] = ["off", "static", "adaptive", NO_CEILING];
+/// The arm of the adaptive law alone, without its ceiling: the ablation.
+pub const NO_CEILING: &str = "adaptive-no-ceiling";
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05).
 const CONN_RULES: &str = "cookie=0x0500000000000000/0xff00000000000000";
 
@@ -67,6 +77,8 @@ pub struct OverloadParams {
     pub unloaded_requests: u64,
     /// Rate of the unloaded-latency measurement (req/s).
     pub unloaded_rate: f64,
+    /// The arms that run, in order (labels of [`MODES`]).
+    pub modes: Vec<&'static str>,
 }
 
 impl OverloadParams {
@@ -86,6 +98,12 @@ impl OverloadParams {
             capacity_requests: if quick { 100 } else { 300 },
             unloaded_requests: if quick { 20 } else { 40 },
             unloaded_rate: 5.0,
+            // The quick variant keeps the three modes: its CI test counts their rows.
+            modes: if quick {
+                MODES[..3].to_vec()
+            } else {
+                MODES.to_vec()
+            },
         }
     }
 
@@ -95,9 +113,10 @@ impl OverloadParams {
     }
 }
 
-/// One point: one mode at one offered load.
+/// One point: one arm at one offered load.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Point {
+    /// The arm's label (one of [`MODES`]).
     pub mode: String,
     /// Offered load as a multiple of the measured capacity.
     pub multiple: f64,
@@ -149,12 +168,23 @@ pub struct Outcome {
     pub points: Vec<Point>,
 }
 
-/// The controller config for one mode. Metrics of the backends are scraped every 50 ms
-/// (their requests in flight plus queued are ACCM's buffer occupancy, against
+/// The `[service.overload]` mode of an arm, and whether its ceiling is removed.
+pub fn arm_mode(arm: &str) -> (&str, bool) {
+    if arm == NO_CEILING {
+        ("adaptive", true)
+    } else {
+        (arm, false)
+    }
+}
+
+/// The controller config for one arm (one of [`MODES`]). Metrics of the backends are
+/// scraped every 50 ms (their requests in flight plus queued are ACCM's buffer occupancy, against
 /// `max_active_connections`: the pool's slots plus two waiting), as in the integration
 /// test. The capacity is exact here (fixed delay, fixed concurrency), so the adaptive
 /// gate holds the load between 95 % and 100 % of it rather than the default 90-100 %.
-pub fn config(backends: &[Ipv4Addr], mode: &str, capacity: f64, op: &OverloadParams) -> String {
+/// `adaptive-no-ceiling` is `adaptive` with the same keys and `ceiling = "off"`.
+pub fn config(backends: &[Ipv4Addr], arm: &str, capacity: f64, op: &OverloadParams) -> String {
+    let (mode, no_ceiling) = arm_mode(arm);
     let mut c = format!(
         "{LISTEN_ANY_PORT}\
          [controller.overload]\nmode = \"off\"\n\n\
@@ -167,6 +197,9 @@ pub fn config(backends: &[Ipv4Addr], mode: &str, capacity: f64, op: &OverloadPar
         c += &format!(
             "capacity_rps = {capacity:.1}\nlow_watermark = 0.95\nmax_active_connections = {slots}\n"
         );
+    }
+    if no_ceiling {
+        c += "ceiling = \"off\"\n";
     }
     for b in backends {
         c += &format!(
@@ -194,7 +227,7 @@ impl Net {
     }
 }
 
-/// Without a controller: each mode's controller is set on the switch when it starts.
+/// Without a controller: each arm's controller is set on the switch when it starts.
 fn build(prefix: &str, op: &OverloadParams, flowgate: &Path) -> Result<Net> {
     let topo = topo::single(&TopoOptions::new(prefix), 1 + op.backends).context("topology")?;
     signal::check()?;
@@ -352,7 +385,7 @@ pub fn run(
     pb: &ProgressBar,
 ) -> Result<Outcome> {
     let op = OverloadParams::new(quick);
-    pb.set_length(3 + (MODES.len() * op.multiples.len()) as u64);
+    pb.set_length(3 + (op.modes.len() * op.multiples.len()) as u64);
     pb.set_message("building the network (one switch, a client, two backends)");
     let net = build(prefix, &op, flowgate)?;
     let backends = net.backends();
@@ -426,7 +459,7 @@ pub fn run(
     pb.inc(1);
 
     let mut points = Vec::new();
-    for mode in MODES {
+    for mode in op.modes.clone() {
         signal::check()?;
         pb.set_message(format!("mode {mode}: controller"));
         c = start_controller(
@@ -492,7 +525,7 @@ pub fn run(
                 wall_s: wall,
             };
             say(format!(
-                "  {mode:<8} {x:>3}× offered {:>5.1}/s admitted {:>5.1}/s goodput {:>5.1}/s p99 {:>7.1} ms  refused at once {:>4}  timeouts {:>4}",
+                "  {mode:<19} {x:>3}× offered {:>5.1}/s admitted {:>5.1}/s goodput {:>5.1}/s p99 {:>7.1} ms  refused at once {:>4}  timeouts {:>4}",
                 pt.offered_rps,
                 pt.admitted_rps,
                 pt.goodput_rps,
@@ -563,12 +596,22 @@ pub fn csv(o: &Outcome) -> String {
 /// The table, and what holds at the highest offered load against issue 5's targets.
 pub fn markdown(o: &Outcome) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "#### overload: the three modes against offered load\n");
+    let _ = writeln!(
+        s,
+        "#### overload: {} against offered load\n",
+        o.params.modes.join(", ")
+    );
     let _ = writeln!(
         s,
         "Capacity {:.1} req/s (nominal {:.1}, measured closed loop {:.1}); unloaded p50 {:.1} ms, p99 {:.1} ms.\n",
         o.capacity_rps, o.nominal_rps, o.measured_rps, o.unloaded_p50_ms, o.unloaded_p99_ms
     );
+    if o.params.modes.contains(&NO_CEILING) {
+        let _ = writeln!(
+            s,
+            "`{NO_CEILING}` is `adaptive` with the same keys and `ceiling = \"off\"`: the adaptive law without the ceiling that holds `adaptive` at `capacity_rps × (low+high)/2` while no gap is in force.\n"
+        );
+    }
     let _ = writeln!(
         s,
         "| mode | × capacity | offered req/s | sent | admitted req/s (controller) | refused by the gap | meter drops | goodput req/s | goodput / capacity | p50 ms | p99 ms | p99 / unloaded | refused, told at once | left waiting (timeouts) | time to failure p50 / max ms | admitted-rate limit at end |"
@@ -653,16 +696,35 @@ pub fn markdown(o: &Outcome) -> String {
                 ad.failed_max_ms
             );
         }
+        // The ablation: figures beside adaptive's, no target (the law alone has none of
+        // its own, and what a step lets through depends on the machine).
+        if let (Some(nc), Some(ad)) = (at(NO_CEILING), at("adaptive")) {
+            let _ = writeln!(
+                s,
+                "\nAt {top}× capacity, the adaptive law without its ceiling ({NO_CEILING}, `ceiling = \"off\"`) beside adaptive: admitted {:.1} vs {:.1} req/s, goodput {:.1} vs {:.1} req/s, p99 {:.1} vs {:.1} ms, refused at once {} vs {}, timeouts {} vs {}.",
+                nc.admitted_rps,
+                ad.admitted_rps,
+                nc.goodput_rps,
+                ad.goodput_rps,
+                nc.p99_ms,
+                ad.p99_ms,
+                nc.refused_prompt,
+                ad.refused_prompt,
+                nc.timeouts,
+                ad.timeouts
+            );
+        }
     }
     s
 }
 
 /// The three plots: admitted rate, goodput and p99 latency against offered load, one line
-/// per mode, with the capacity (or 3 × the unloaded p99) as a reference line.
+/// per arm that ran, with the capacity (or 3 × the unloaded p99) as a reference line.
 pub fn plots(out: &Path, o: &Outcome) -> Result<Vec<PathBuf>> {
     let xmax = o.points.iter().map(|p| p.offered_rps).fold(0.0, f64::max);
     let by_mode = |g: &dyn Fn(&Point) -> f64| -> Vec<plot::Series> {
-        MODES
+        o.params
+            .modes
             .iter()
             .map(|m| {
                 (
@@ -737,4 +799,121 @@ pub fn plots(out: &Path, o: &Outcome) -> Result<Vec<PathBuf>> {
         files.push(path);
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backends() -> Vec<Ipv4Addr> {
+        vec![Ipv4Addr::new(10, 0, 0, 2), Ipv4Addr::new(10, 0, 0, 3)]
+    }
+
+    /// Each arm writes its mode; `adaptive-no-ceiling` is `adaptive`'s config and
+    /// `ceiling = "off"`, nothing else.
+    #[test]
+    fn each_arm_writes_its_mode_and_only_the_ablation_removes_the_ceiling() {
+        let op = OverloadParams::new(false);
+        assert_eq!(op.modes, MODES, "the full run has every arm");
+        assert_eq!(
+            OverloadParams::new(true).modes,
+            ["off", "static", "adaptive"],
+            "the quick run keeps the three modes"
+        );
+        let cfg = |arm| config(&backends(), arm, 20.0, &op);
+        for arm in MODES {
+            let (mode, _) = arm_mode(arm);
+            assert!(
+                cfg(arm).contains(&format!("[service.overload]\nmode = \"{mode}\"\n")),
+                "{arm}: {}",
+                cfg(arm)
+            );
+            assert_eq!(cfg(arm).contains("ceiling"), arm == NO_CEILING, "{arm}");
+        }
+        assert_eq!(arm_mode(NO_CEILING), ("adaptive", true));
+        assert_eq!(
+            cfg(NO_CEILING),
+            cfg("adaptive").replace(
+                "max_active_connections = 6\n",
+                "max_active_connections = 6\nceiling = \"off\"\n"
+            ),
+            "the same keys as adaptive, and no ceiling"
+        );
+    }
+
+    fn outcome() -> Outcome {
+        let mut points = Vec::new();
+        for (i, arm) in MODES.iter().enumerate() {
+            for x in [0.5, 3.0] {
+                points.push(Point {
+                    mode: (*arm).to_owned(),
+                    multiple: x,
+                    offered_rps: x * 20.0,
+                    sent: 10,
+                    ok: 8,
+                    goodput_rps: 10.0 + i as f64,
+                    admitted_rps: 12.0 + i as f64,
+                    p50_ms: 200.0,
+                    p99_ms: 300.0 + i as f64,
+                    ..Point::default()
+                });
+            }
+        }
+        Outcome {
+            params: OverloadParams::new(false),
+            nominal_rps: 20.0,
+            measured_rps: 19.5,
+            capacity_rps: 19.5,
+            unloaded_p50_ms: 200.0,
+            unloaded_p99_ms: 210.0,
+            points,
+        }
+    }
+
+    /// The fourth arm reaches the CSV, the table (with adaptive's checks unchanged, and
+    /// the ablation's figures beside adaptive's, no check of its own) and every plot.
+    #[test]
+    fn the_fourth_arm_flows_through_the_csv_the_table_and_the_plots() {
+        let o = outcome();
+        let csv = csv(&o);
+        assert_eq!(csv.lines().count(), 1 + MODES.len() * 2, "{csv}");
+        for arm in MODES {
+            assert_eq!(
+                csv.lines()
+                    .filter(|l| l.split(',').next() == Some(arm))
+                    .count(),
+                2,
+                "{arm}: {csv}"
+            );
+        }
+        let md = markdown(&o);
+        assert!(md.contains("| adaptive-no-ceiling | 3 |"), "{md}");
+        assert!(md.contains("- adaptive goodput ≥ 90 % of capacity"), "{md}");
+        assert!(
+            md.contains("without its ceiling (adaptive-no-ceiling, `ceiling = \"off\"`) beside adaptive: admitted 15.0 vs 14.0 req/s, goodput 13.0 vs 12.0"),
+            "{md}"
+        );
+        assert_eq!(
+            md.matches("**yes**").count() + md.matches("**no**").count(),
+            5,
+            "adaptive's five checks, none on the ablation: {md}"
+        );
+        let dir =
+            std::env::temp_dir().join(format!("flowgate-lab-overload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let files = plots(&dir, &o).expect("plots");
+        assert_eq!(files.len(), 3);
+        for f in &files {
+            let svg = std::fs::read_to_string(f).expect("svg");
+            // One legend entry per arm (each a line of its own colour).
+            for arm in MODES {
+                assert!(
+                    svg.contains(&format!(">\n{arm}\n</text>")),
+                    "{arm} in {}",
+                    f.display()
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

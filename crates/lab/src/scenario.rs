@@ -79,8 +79,8 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             name: "overload",
-            about: "Overload control (ACCM): no gap, the static gap table and the adaptive gap against new connections offered at multiples of a fixed-concurrency pool's capacity",
-            arms: ["off", "static", "adaptive"]
+            about: "Overload control (ACCM): no gap, the static gap table, the adaptive gap, and the adaptive gap without its ceiling (the ablation; not in --quick) against new connections offered at multiples of a fixed-concurrency pool's capacity",
+            arms: crate::overload::MODES
                 .into_iter()
                 .map(|label| Arm {
                     label,
@@ -270,5 +270,18 @@ mod tests {
         let names: Vec<_> = all().iter().map(|s| s.name).collect();
         assert_eq!(names, ["case-a", "case-b", "case-c", "case-d", "overload"]);
         assert_eq!(find("case-d").map(|s| s.arms.len()), Some(6));
+    }
+
+    /// The overload scenario lists the arms its run has: the three modes and the adaptive
+    /// law without its ceiling.
+    #[test]
+    fn the_overload_scenario_has_four_arms() {
+        let labels: Vec<_> = find("overload")
+            .expect("overload")
+            .arms
+            .iter()
+            .map(|a| a.label)
+            .collect();
+        assert_eq!(labels, ["off", "static", "adaptive", "adaptive-no-ceiling"]);
     }
 }
