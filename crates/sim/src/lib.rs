@@ -41,6 +41,12 @@ pub use fabric::Shape;
 /// against `syn/round-robin/0` (docs/simulator.md).
 pub const REFUSAL_SHARE: f64 = 0.5;
 
+/// The overload controls a scenario may name: the three modes of `[service.overload]`
+/// (and, for `adaptive`, of `[controller.overload]`), and `adaptive-no-ceiling`, `adaptive`
+/// with `ceiling = "off"`: the adaptive law without the ceiling that otherwise holds the
+/// service's gate at `capacity_rps × (low+high)/2` while no gap is in force (the ablation).
+pub const OVERLOADS: [&str; 4] = ["off", "static", "adaptive", "adaptive-no-ceiling"];
+
 /// One simulated experiment: the fabric, the servers, the load, and the controller's
 /// choices.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -62,7 +68,8 @@ pub struct Scenario {
     /// ISSLM's load threshold (`threshold_rps`), a fraction of a server's mean capacity:
     /// one number for the whole pool, as the paper has it.
     pub isslm_threshold: f64,
-    /// ACCM for the service and the controller: `off`, `static` or `adaptive`.
+    /// ACCM for the service and the controller: `off`, `static`, `adaptive` or
+    /// `adaptive-no-ceiling` ([`OVERLOADS`]).
     pub overload: String,
     /// The controller's CPU time per PACKET_IN.
     pub controller_cost: Duration,
@@ -144,9 +151,9 @@ impl Scenario {
         if !self.speeds.iter().all(|&s| positive(s)) {
             errs.push("speeds must be over 0".into());
         }
-        if !["off", "static", "adaptive"].contains(&self.overload.as_str()) {
+        if !OVERLOADS.contains(&self.overload.as_str()) {
             errs.push(format!(
-                "overload {:?}: off, static or adaptive",
+                "overload {:?}: off, static, adaptive or adaptive-no-ceiling",
                 self.overload
             ));
         }

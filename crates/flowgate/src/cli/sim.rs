@@ -45,7 +45,7 @@ pub struct SimArgs {
     )]
     pub algorithms: Vec<String>,
     /// Overload controls to compare (ACCM for the service and the controller): off,
-    /// static, adaptive.
+    /// static, adaptive, adaptive-no-ceiling (adaptive without the service's ceiling).
     #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
     pub overload: Vec<String>,
     /// The controller's CPU time per PACKET_IN, µs.

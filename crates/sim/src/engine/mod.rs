@@ -211,9 +211,14 @@ pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
 }
 
 /// The controller's configuration for a scenario: one service at [`VIP`] over every
-/// server, weighted by capacity, ACCM as the scenario says.
+/// server, weighted by capacity, ACCM as the scenario says (`adaptive-no-ceiling`:
+/// `adaptive`, the service's without its ceiling).
 pub fn controller_config(sc: &Scenario) -> String {
-    let controller_mode = if sc.overload == "adaptive" {
+    let (mode, ceiling) = match sc.overload.as_str() {
+        "adaptive-no-ceiling" => ("adaptive", "ceiling = \"off\"\n"),
+        m => (m, ""),
+    };
+    let controller_mode = if mode == "adaptive" {
         "adaptive"
     } else {
         "off"
@@ -230,10 +235,9 @@ pub fn controller_config(sc: &Scenario) -> String {
          [controller.overload]\nmode = \"{controller_mode}\"\n\
          [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = {VPORT}\nalgorithm = \"{alg}\"\n{threshold}\
          [service.health]\nkind = \"none\"\n\
-         [service.overload]\nmode = \"{mode}\"\ncapacity_rps = {cap:.0}\n",
+         [service.overload]\nmode = \"{mode}\"\ncapacity_rps = {cap:.0}\n{ceiling}",
         seed = sc.seed,
         alg = sc.algorithm,
-        mode = sc.overload,
         cap = sc.capacity(),
     );
     for i in 0..sc.shape.servers() {
