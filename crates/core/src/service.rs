@@ -617,15 +617,21 @@ impl ServiceState {
 
     fn rebuild_loads(&mut self, now: Option<(Instant, Duration)>) {
         self.loads.clear();
-        for b in &self.backends {
-            let weight = match (b.since, now) {
+        for (i, b) in self.backends.iter().enumerate() {
+            // Slow start reaches the weighted algorithms through the ramped weight and the
+            // others (which read weight only as "> 0") through the balancer's ramp
+            // fraction: a backend ramping at f takes about f of a full share under all
+            // but `none` (see `balance`'s module docs).
+            let (weight, ramp) = match (b.since, now) {
                 (Some(since), Some((now, _))) if !self.cfg.slow_start.is_zero() => {
                     let mut ramp = SlowStart::new(self.cfg.slow_start);
                     ramp.start(since);
-                    ramp.effective_weight(now, b.weight)
+                    let f = ramp.is_active(now).then(|| ramp.factor(now));
+                    (ramp.effective_weight(now, b.weight), f)
                 }
-                _ => b.weight,
+                _ => (b.weight, None),
             };
+            self.balancer.set_ramp(i, ramp);
             let metrics_fresh = match (b.metrics_at, now) {
                 (Some(at), Some((now, stale))) => now.saturating_duration_since(at) <= stale,
                 // Without a metrics endpoint our own counts are the metrics: always fresh.

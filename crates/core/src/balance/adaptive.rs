@@ -18,8 +18,8 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{
-    BackendLoad, Balancer, RateCtx, SelectRequest, clean, conns, effective_rps, lc_key, usable,
-    valid,
+    BackendLoad, Balancer, RateCtx, SelectRequest, clean, conns, effective_rps, lc_key, ramp_of,
+    usable, valid,
 };
 
 /// Smallest RT (ms) used in the `RT · (1 + picks)` product, so a zero RT still grows.
@@ -332,13 +332,16 @@ impl Balancer {
         let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let (floor, mean) = (self.mrbs.floor, self.mrbs.mean_pred);
         let pred = std::mem::take(&mut self.mrbs.pred);
+        let ramps = std::mem::take(&mut self.ramp);
         let r = self.argmin(b, |i, x| {
             let p = pred.get(i).copied().filter(|p| !p.is_nan()).unwrap_or(mean);
             let p = if p.is_nan() { floor } else { p.max(floor) };
-            let cost = p * (1.0 + f64::from(x.picks_since_refresh));
-            Some([cost, rc.eff(x)])
+            let f = ramp_of(&ramps, i);
+            let cost = p * (1.0 + f64::from(x.picks_since_refresh)) / f;
+            Some([cost, rc.eff(x) / f])
         });
         self.mrbs.pred = pred;
+        self.ramp = ramps;
         r
     }
 }
@@ -405,7 +408,7 @@ impl Balancer {
             if !usable(x) {
                 continue;
             }
-            let m = amlob_metrics(&st, x, rc);
+            let m = amlob_metrics(&st, x, rc, self.ramp(i));
             for k in 0..3 {
                 if !m[k].is_nan() {
                     lo[k] = lo[k].min(m[k]);
@@ -445,8 +448,8 @@ impl Balancer {
 }
 
 /// AMLOB metrics of one backend: effective RPS, connections, expected RT; stale or
-/// unmeasured values take the pool mean.
-fn amlob_metrics(st: &AmlobState, x: &BackendLoad, rc: RateCtx) -> [f64; 3] {
+/// unmeasured values take the pool mean; all divided by its slow-start fraction.
+fn amlob_metrics(st: &AmlobState, x: &BackendLoad, rc: RateCtx, f: f64) -> [f64; 3] {
     let eff = if x.metrics_fresh {
         rc.eff(x)
     } else {
@@ -462,9 +465,9 @@ fn amlob_metrics(st: &AmlobState, x: &BackendLoad, rc: RateCtx) -> [f64; 3] {
     };
     let rt = rt.unwrap_or(if st.mean_rt.is_nan() { 1.0 } else { st.mean_rt });
     [
-        eff,
-        conns(x),
-        rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)),
+        eff / f,
+        conns(x) / f,
+        rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)) / f,
     ]
 }
 
@@ -538,17 +541,20 @@ impl Balancer {
 
     pub(super) fn select_srt(&mut self, b: &[BackendLoad]) -> Option<usize> {
         let rts = std::mem::take(&mut self.srt.rt);
+        let ramps = std::mem::take(&mut self.ramp);
         let mean = self.srt.mean;
         let r = self.argmin(b, |i, x| {
             let rt = rts.get(i).copied().filter(|r| !r.is_nan());
             let rt = rt.or_else(|| valid(x.response_time_ms).filter(|_| x.metrics_fresh));
             let rt = rt.unwrap_or(if mean.is_nan() { 1.0 } else { mean });
+            let f = ramp_of(&ramps, i);
             Some([
-                rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)),
-                conns(x),
+                rt.max(MIN_RT_MS) * (1.0 + f64::from(x.picks_since_refresh)) / f,
+                conns(x) / f,
             ])
         });
         self.srt.rt = rts;
+        self.ramp = ramps;
         r
     }
 }

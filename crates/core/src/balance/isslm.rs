@@ -39,6 +39,9 @@
 //!   decides whether it is over; in a reactive service, where the controller counts
 //!   every connection, that is the controller's own rate once the report is stale), but
 //!   it is never a move target: "lesser request load" cannot be vouched for on old data.
+//! * *Slow start*: a backend ramping at fraction `f` shows its request load, connections
+//!   and response time divided by `f` (so it is over at `f·S_Load`); see the module docs
+//!   of [`balance`](super).
 
 use std::cmp::Ordering;
 use std::time::Duration;
@@ -95,7 +98,8 @@ impl Balancer {
         let t = threshold(&self.params);
         let rc = RateCtx::new(Duration::ZERO, self.rate_window());
         for (i, x) in b.iter().enumerate() {
-            self.latch(i, rc.eff(x), t);
+            let f = self.ramp(i);
+            self.latch(i, rc.eff(x) / f, t);
         }
     }
 
@@ -111,7 +115,8 @@ impl Balancer {
             },
         };
         let req_usable = usable(&b[requested]);
-        let over = self.latch(requested, rc.eff(&b[requested]), t);
+        let f = self.ramp(requested);
+        let over = self.latch(requested, rc.eff(&b[requested]) / f, t);
         if req_usable && !over {
             return Selection {
                 backend: Some(requested),
@@ -171,11 +176,12 @@ impl Balancer {
                 continue;
             }
             let pos = (i + n - s) % n;
-            let eff = rc.eff(x);
+            let f = self.ramp(i);
+            let eff = rc.eff(x) / f;
             let keys = [
                 key_f(eff),
-                conns(x),
-                valid(x.response_time_ms).unwrap_or(f64::NAN), // unmeasured: not ranked
+                conns(x) / f,
+                valid(x.response_time_ms).map_or(f64::NAN, |r| r / f), // unmeasured: not ranked
             ];
             let ok = x.metrics_fresh && !x.rps.is_nan() && x.rps >= 0.0 && !self.latch(i, eff, t);
             self.scratch[i] = [keys[0], keys[1], keys[2], if ok { 1.0 } else { 0.0 }];

@@ -18,6 +18,16 @@
 //! * No panics on any input: empty pools, all-ineligible pools, NaN/negative/infinite
 //!   metrics, out-of-range `requested`, zero durations, invalid parameters.
 //! * A backend is *usable* for a new connection iff `eligible && weight > 0`.
+//! * Slow start ([`Balancer::set_ramp`]): a backend ramping at fraction `f` of its share
+//!   takes about `f` times the connections of an equal peer under every algorithm but
+//!   `none`. The weighted ones (smooth WRR, least connections, random, P2C, DWRS) get it
+//!   through the ramped `weight`, as HAProxy's `slowstart` and Envoy's slow start do. The
+//!   others read weight only as "> 0", so they apply `f` themselves: round robin (and
+//!   ISSLM's base behind a VIP) takes a ramping backend in turn with probability `f`;
+//!   ISSLM, SRT, MRBS and AMLOB see each cost they minimise (request load, connections,
+//!   response time) divided by `f`, so a backend ends with `f` times an equal peer's
+//!   load, and ISSLM counts it over at `f·S_Load` (HAProxy ramps `maxconn` with the
+//!   weight). Our reading: a ramp is a capacity that grows, whatever the algorithm.
 //! * Load seen by every load-aware algorithm includes `picks_since_refresh` (connections
 //!   this balancer assigned since the metrics were taken), so a burst of SYNs between two
 //!   10 ms refreshes spreads instead of herding onto one "least loaded" backend
@@ -499,6 +509,15 @@ impl RateCtx {
     }
 }
 
+/// Smallest slow-start fraction honoured (HAProxy's ramp starts at 1 %).
+const MIN_RAMP: f64 = 0.01;
+
+/// Backend `i`'s slow-start fraction from `ramps` (1 beyond its end).
+#[inline]
+fn ramp_of(ramps: &[f64], i: usize) -> f64 {
+    ramps.get(i).copied().unwrap_or(1.0)
+}
+
 /// `eligible && weight > 0`.
 #[inline]
 fn usable(b: &BackendLoad) -> bool {
@@ -564,6 +583,9 @@ pub struct Balancer {
     wrr_current: Vec<i64>,
     /// ISSLM hysteresis latch: true while the backend is "over".
     over: Vec<bool>,
+    /// Slow-start fraction per backend in `[MIN_RAMP, 1]` (1 = full share), from
+    /// [`Balancer::set_ramp`].
+    ramp: Vec<f64>,
     /// Per-backend scratch for one selection (DWRS wheel, AMLOB metrics, ISSLM
     /// rankings), sized `n` so select never allocates.
     scratch: Vec<[f64; 4]>,
@@ -585,6 +607,7 @@ impl Balancer {
             window: DEFAULT_REFRESH_INTERVAL,
             wrr_current: Vec::new(),
             over: Vec::new(),
+            ramp: Vec::new(),
             scratch: Vec::new(),
             dwrs: adaptive::DwrsState::default(),
             mrbs: adaptive::MrbsState::default(),
@@ -646,6 +669,26 @@ impl Balancer {
         Some(self.srt.rt(i)).filter(|r| !r.is_nan())
     }
 
+    /// Slow start: backend `i` ramps up after (re)joining and may take the fraction `f`
+    /// of its full share (`None`, or `f ≥ 1`: the full share). Weighted algorithms get the
+    /// ramp through [`BackendLoad::weight`] and ignore this; see the module docs for the
+    /// others. A NaN fraction counts as 1, one below 1 % as 1 %. Kept until changed
+    /// (positional, like the other per-backend state).
+    pub fn set_ramp(&mut self, i: usize, f: Option<f64>) {
+        if i >= self.n {
+            self.resize(i + 1);
+        }
+        self.ramp[i] = match f {
+            Some(f) if !f.is_nan() => f.clamp(MIN_RAMP, 1.0),
+            _ => 1.0,
+        };
+    }
+
+    /// Backend `i`'s slow-start fraction (1 when not ramping).
+    pub fn ramp(&self, i: usize) -> f64 {
+        ramp_of(&self.ramp, i)
+    }
+
     /// The pool changed size. State of backends `0..min(old, new)` is kept (state is
     /// positional: when a backend is removed from the middle, prefer
     /// [`Balancer::remove_backend`]); new backends start with fresh state.
@@ -653,6 +696,7 @@ impl Balancer {
         self.n = n_backends;
         self.wrr_current.resize(n_backends, 0);
         self.over.resize(n_backends, false);
+        self.ramp.resize(n_backends, 1.0);
         self.scratch.resize(n_backends, [0.0; 4]);
         self.mrbs.resize(n_backends);
         self.srt.resize(n_backends);
@@ -670,6 +714,7 @@ impl Balancer {
         }
         self.wrr_current.remove(index);
         self.over.remove(index);
+        self.ramp.remove(index);
         self.scratch.remove(index);
         self.mrbs.remove(index);
         self.srt.remove(index);
@@ -737,11 +782,26 @@ impl Balancer {
         if n == 0 { 0 } else { self.cursor % n }
     }
 
-    /// Next usable backend in round-robin order; advances the cursor past it.
+    /// Next usable backend in round-robin order; advances the cursor past it. A backend
+    /// in slow start takes its turn with probability `f` (else the turn passes on), so it
+    /// gets `f` times a full backend's share; if every usable backend passes, the first
+    /// takes the turn. No random draw unless a backend ramps.
     fn next_rr(&mut self, b: &[BackendLoad]) -> Option<usize> {
         let n = b.len();
         let s = self.start(n);
-        let i = (s..n).chain(0..s).find(|&i| usable(&b[i]))?;
+        let mut first = None;
+        for i in (s..n).chain(0..s) {
+            if !usable(&b[i]) {
+                continue;
+            }
+            let f = ramp_of(&self.ramp, i);
+            if f >= 1.0 || self.rng.r#gen::<f64>() < f {
+                first = Some(i);
+                break;
+            }
+            first.get_or_insert(i);
+        }
+        let i = first?;
         self.cursor = i + 1;
         Some(i)
     }

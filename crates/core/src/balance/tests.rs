@@ -1208,3 +1208,94 @@ fn isslm_search_matches_literal_walk() {
         }
     }
 }
+
+// ---- slow start ---------------------------------------------------------------------
+
+/// The algorithms that read weight only as "> 0" give a backend ramping at f = 0.25
+/// about a quarter of an equal peer's share (before: the full share at once).
+#[test]
+fn slow_start_limits_the_share_of_weight_blind_algorithms() {
+    for k in [
+        AlgorithmKind::RoundRobin,
+        AlgorithmKind::Isslm,
+        AlgorithmKind::Srt,
+        AlgorithmKind::Mrbs,
+        AlgorithmKind::Amlob,
+    ] {
+        let params = AlgorithmParams {
+            threshold_rps: Some(1e12), // ISSLM behind a VIP: its round-robin base decides
+            mrbs_warmup: 0,
+            ..AlgorithmParams::default()
+        };
+        let mut b = Balancer::new(k, params, 4, 7);
+        let mut p = srt_pool(&[10.0; 4]);
+        b.set_ramp(0, Some(0.25));
+        b.on_refresh(&p, MS10);
+        let got = burst(&mut b, &req(), &mut p, 400);
+        let peers = got[1..].iter().sum::<usize>() as f64 / 3.0;
+        let ratio = got[0] as f64 / peers;
+        assert!((0.15..=0.4).contains(&ratio), "{k}: {got:?}");
+        // The ramp over: the full share again.
+        b.set_ramp(0, None);
+        let mut p = srt_pool(&[10.0; 4]);
+        b.on_refresh(&p, MS10);
+        let got = burst(&mut b, &req(), &mut p, 400);
+        assert!(got.iter().all(|&g| (80..=120).contains(&g)), "{k}: {got:?}");
+    }
+}
+
+/// ISSLM counts a ramping requested server over at f·S_Load and moves its flow.
+#[test]
+fn slow_start_lowers_isslms_threshold() {
+    let p = isslm_pool(&[60.0, 10.0, 10.0, 10.0]);
+    let mut b = bal(AlgorithmKind::Isslm, 4); // S_Load 100
+    b.on_refresh(&p, MS10);
+    assert_eq!(b.select(&to(0), &p).outcome, Outcome::Requested);
+    b.set_ramp(0, Some(0.5)); // over at 50
+    b.on_refresh(&p, MS10);
+    let s = b.select(&to(0), &p);
+    assert!(
+        matches!(s.outcome, Outcome::Moved { from: 0, .. }) && s.backend != Some(0),
+        "{s:?}"
+    );
+}
+
+/// The weighted algorithms get slow start through the ramped weight only: the ramp
+/// fraction is not applied a second time.
+#[test]
+fn slow_start_is_not_applied_twice_to_weighted_algorithms() {
+    for k in [
+        AlgorithmKind::WeightedRoundRobin,
+        AlgorithmKind::LeastConnections,
+        AlgorithmKind::Dwrs,
+    ] {
+        let mut b = bal(k, 2);
+        let mut p = vec![BackendLoad::new(50), BackendLoad::new(100)];
+        b.set_ramp(0, Some(0.5)); // the core has already halved its weight
+        b.on_refresh(&p, MS10);
+        let got = burst(&mut b, &req(), &mut p, 300);
+        assert!((80..=120).contains(&got[0]), "{k}: {got:?}");
+    }
+}
+
+#[test]
+fn slow_start_fractions_are_clamped() {
+    let mut b = bal(AlgorithmKind::RoundRobin, 2);
+    for (f, want) in [
+        (Some(f64::NAN), 1.0),
+        (Some(-1.0), 0.01),
+        (Some(0.0), 0.01),
+        (Some(2.0), 1.0),
+        (Some(0.3), 0.3),
+        (None, 1.0),
+    ] {
+        b.set_ramp(1, f);
+        assert_eq!(b.ramp(1), want, "{f:?}");
+    }
+    // Every usable backend ramping and passing its turn: the first still takes it.
+    let p = pool(2);
+    b.set_ramp(0, Some(0.01));
+    b.set_ramp(1, Some(0.01));
+    assert!((0..50).all(|_| pick(&mut b, &p).is_some()));
+    assert_eq!(b.ramp(5), 1.0);
+}

@@ -393,6 +393,10 @@ pub struct ServiceConfig {
     pub algorithm: AlgorithmKind,
     pub params: AlgorithmParams,
     pub idle_timeout_secs: u16,
+    /// `slow_start_secs`: how long a (re)joining backend ramps up. Every algorithm but
+    /// `none` honours it, so that a backend coming back is not flooded whichever runs: the
+    /// weighted ones through the ramped weight (HAProxy, Envoy), the ones that read
+    /// weight only as "> 0" through the ramp fraction (`Balancer::set_ramp`).
     pub slow_start: Duration,
     pub health: HealthConfig,
     pub metrics: MetricsConfig,

@@ -798,3 +798,35 @@ address = "10.0.0.3"
     let kept = s.backends[0].reconfigured(&fresh.backends[0], &fresh.cfg.health, now);
     assert_eq!(kept.capacity_rps, Some(200.0));
 }
+
+/// `slow_start_secs` reaches the balancer as a ramp fraction, for the algorithms that do
+/// not read weights (the weight of 1 cannot ramp: it stays at least 1).
+#[test]
+fn slow_start_reaches_the_balancer_as_a_fraction() {
+    let text = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "srt"
+slow_start_secs = 10
+[[service.backend]]
+address = "10.0.0.2"
+[[service.backend]]
+address = "10.0.0.3"
+"#;
+    let cfg = Config::from_toml(text, &no_env).expect("valid");
+    let mut s = crate::service::ServiceState::new(cfg.services[0].clone(), 0, 1);
+    let now = std::time::Instant::now() + Duration::from_secs(60);
+    s.backends[0].since = now.checked_sub(Duration::from_secs(5));
+    s.refresh(now, Duration::from_secs(1));
+    assert!(
+        (s.balancer.ramp(0) - 0.5).abs() < 1e-9,
+        "{}",
+        s.balancer.ramp(0)
+    );
+    assert_eq!(s.balancer.ramp(1), 1.0);
+    assert_eq!(s.loads[0].weight, 1);
+    s.refresh(now + Duration::from_secs(5), Duration::from_secs(1));
+    assert_eq!(s.balancer.ramp(0), 1.0);
+}
