@@ -56,9 +56,9 @@
 //! - The ceiling belongs to the adaptive mode only: the static mode has the AIN table's
 //!   levels and no ceiling (`ceiling` is refused in any other mode). A comparison of
 //!   `static` with `adaptive` at its default (`ceiling = "on"`) with `capacity_rps` set
-//!   measures the adaptive law together with its ceiling, not the law alone; the lab's
-//!   overload scenario (`flowgate lab run overload`, `docs/lab.md`) and `flowgate sim
-//!   --overload` therefore also run an `adaptive-no-ceiling` arm, the law with
+//!   measures the adaptive law together with its ceiling, not the law alone. The lab's
+//!   overload scenario (`flowgate lab run overload`, `docs/lab.md`; not `--quick`) runs,
+//!   and `flowgate sim --overload` takes, a fourth arm, `adaptive-no-ceiling`: the law with
 //!   `ceiling = "off"`, the ablation of the ceiling.
 //!
 //! # Enforcement
