@@ -103,6 +103,13 @@ pub(crate) fn render(handle: &Handle) -> String {
                 .load(std::sync::atomic::Ordering::Relaxed),
         ),
         (
+            "flowgate_openflow_undecodable_total",
+            "Messages from switches that did not decode, each answered with an OFPT_ERROR unless it was one; the session goes on, unless in its handshake or past 64 at once or one a second on average.",
+            handle
+                .openflow_undecodable
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ),
+        (
             "flowgate_connections_rerouted_total",
             "Open connections given rules along new paths because their backend or client moved, or a link of their path changed.",
             counters.connections_rerouted,

@@ -318,6 +318,9 @@ pub struct Handle {
     /// Connections closed on arrival because [`session::MAX_HANDSHAKES`] others were in
     /// their handshake.
     pub handshakes_refused: Arc<AtomicU64>,
+    /// Messages from switches that were framed whole but did not decode, each answered
+    /// with an OFPT_ERROR (§7.4.4) unless it was one, all sessions and handshakes.
+    pub openflow_undecodable: Arc<AtomicU64>,
     /// How often each session probes its channel's round trip, in µs (0: never), as the
     /// running config says ([`channel_rtt::probe_interval_us`]): set at start and on reload,
     /// read by the sessions at each turn of their loops.
@@ -366,6 +369,7 @@ impl Handle {
             reloads: Arc::default(),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
             handshakes_refused: Arc::new(AtomicU64::new(0)),
+            openflow_undecodable: Arc::new(AtomicU64::new(0)),
             rtt_probe_us,
             rtt_probe_changed: Arc::default(),
             decision_latency: Arc::new(latency::LatencyHistogram::new()),

@@ -1,10 +1,13 @@
 //! One OpenFlow session per switch: the handshake (§6.3.1: HELLO, version negotiation,
 //! FEATURES), keep-alive with ECHO, and the read loop that feeds the core.
 //!
-//! Whatever a switch sends, the worst it can do is end its own session: a malformed
-//! message, a wrong version, or a length that never arrives closes that session with a log
-//! line; a flood of PACKET_INs beyond the session's budget is dropped and counted. Other
-//! switches, and the services, keep working.
+//! Whatever a switch sends, the worst it can do is end its own session. A whole message
+//! that does not decode (an unknown type, a wrong version, a bad length or value inside) is
+//! answered with an OFPT_ERROR (§7.4.4) and counted, and the session goes on, up to
+//! [`UNDECODABLE_BURST`] of them at once; a header whose length cannot be, a length that
+//! never arrives, or a malformed message before the handshake is done closes that session
+//! with a log line; a flood of PACKET_INs beyond the session's budget is dropped and
+//! counted. Other switches, and the services, keep working.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -130,6 +133,10 @@ pub(crate) enum SessionError {
     Frame(String),
     #[error("undecodable message from the switch: {0}")]
     Decode(String),
+    #[error(
+        "{count} undecodable messages from the switch, more than {UNDECODABLE_BURST} at once or {UNDECODABLE_PER_SEC} a second; the last: {last}"
+    )]
+    TooManyUndecodable { count: u64, last: ofp::DecodeError },
     #[error("version negotiation failed: the switch offers no OpenFlow 1.3")]
     Version,
     #[error("timed out waiting for {0}")]
@@ -260,7 +267,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // peer that sends but never reads (our HELLO, its echoes' replies) cannot hold the
     // task either.
     let opened = tokio::time::timeout(limits.handshake_timeout, async {
-        let features = handshake(&mut rd, &mut wr, peer).await?;
+        let features = handshake(&mut rd, &mut wr, peer, &handle.openflow_undecodable).await?;
         // In a cluster, claim our role before anything else (the switch starts every
         // connection as EQUAL, which we never use): MASTER with our election's revision
         // as generation_id, or SLAVE. Until the switch confirms MASTER, the core only
@@ -343,6 +350,7 @@ async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     rd: &mut Reader<R>,
     wr: &mut W,
     peer: SocketAddr,
+    undecodable: &std::sync::atomic::AtomicU64,
 ) -> Result<ofp::SwitchFeatures, SessionError> {
     wr.write_all(&encode_one(1, &Message::Hello(ofp::Hello::ours())))
         .await?;
@@ -362,7 +370,18 @@ async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             }
         };
         let peer_version = frame.first().copied().unwrap_or(0);
-        let (xid, msg) = ofp::decode(frame).map_err(|e| SessionError::Decode(e.to_string()))?;
+        let (xid, msg) = match ofp::decode(frame.clone()) {
+            Ok(m) => m,
+            Err(e) => {
+                // Answered as in the session (§7.4.4), but a peer that cannot send a whole
+                // HELLO and FEATURES_REPLY is no switch of ours yet: closed.
+                undecodable.fetch_add(1, Ordering::Relaxed);
+                if let Some((xid, err)) = ofp::ErrorMsg::answering(&frame, e) {
+                    let _ = wr.write_all(&encode_one(xid, &Message::Error(err))).await;
+                }
+                return Err(SessionError::Decode(e.to_string()));
+            }
+        };
         if !got_hello {
             let Message::Hello(hello) = &msg else {
                 return Err(SessionError::Protocol("the first message was not HELLO"));
@@ -516,6 +535,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut dropped_packet_ins: u64 = 0;
     let mut unreported_drops: u64 = 0;
     let mut batch: Vec<Pending> = Vec::with_capacity(256);
+    let mut undecodable = Undecodable::new(Instant::now());
+    // The batch's PACKET_INs the core found malformed, answered once it is done: where
+    // they lie and why. Empty, and so never allocated, unless a switch sends one.
+    let mut bad_packet_ins: Vec<(usize, usize, ofp::DecodeError)> = Vec::new();
     let mut latencies = super::latency::BatchHistogram::default();
     let dpid = features.datapath_id;
     let mut read_pauses: u64 = 0;
@@ -605,14 +628,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             scanned += len;
             if msg_type == ofp::MsgType::FlowRemoved as u8 {
                 // Read in place, outside the lock, and never decoded (see `RuleEnded`). A
-                // bad one ends the batch, as any message that does not decode does.
+                // bad one is answered, as any message that does not decode is.
                 let read = ofp::FlowRemovedView::new(peeked).map(|v| RuleEnded::of_view(&v));
                 match read {
                     Ok(e) => batch.push(Pending::Ended(e)),
-                    Err(e) => {
-                        batch.push(Pending::Undecodable(e));
-                        break;
-                    }
+                    Err(e) => undecodable.answer(peeked, e, dpid, handle, outflow, tx)?,
                 }
             } else if msg_type == ofp::MsgType::PacketIn as u8 {
                 if super::cluster::standby_drops_packet_in(handle, features, peeked) {
@@ -638,8 +658,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 let (xid, msg) = match ofp::decode(Bytes::copy_from_slice(peeked)) {
                     Ok(m) => m,
                     Err(e) => {
-                        batch.push(Pending::Undecodable(e));
-                        break;
+                        undecodable.answer(peeked, e, dpid, handle, outflow, tx)?;
+                        continue;
                     }
                 };
                 match msg {
@@ -678,7 +698,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             let locked = Instant::now();
             let (mut shed_work, mut shed_n) = (Duration::ZERO, 0u32);
-            let mut undecodable = None;
+            bad_packet_ins.clear();
             let n = batch.len();
             let buf: &[u8] = &rd.buf;
             // A frame of the batch, where it lies (always there: `scanned` covers it).
@@ -707,8 +727,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             let start = t.unwrap_or_else(|| clock.raw());
                             let f = frame(at, len);
                             if let Err(e) = c.handle_packet_in_frame(now, dpid, f, out) {
-                                undecodable = Some(e);
-                                break;
+                                // The rest of the batch is handled as ever; this one is
+                                // answered after it, outside this closure.
+                                bad_packet_ins.push((at, len, e));
+                                t = None;
+                                continue;
                             }
                             let end = clock.raw();
                             t = Some(end);
@@ -730,16 +753,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             c.handle_rule_ended(now, dpid, &e, out);
                             t = None;
                         }
-                        Pending::Undecodable(e) => {
-                            undecodable = Some(e);
-                            break;
-                        }
                     }
                 }
             });
             handle.decision_latency.add(&mut latencies);
-            if let Some(e) = undecodable {
-                return Err(SessionError::Decode(e.to_string()));
+            // Still in the buffer until `consume` (rare: an answer each, not the core's work).
+            for &(at, len, e) in &bad_packet_ins {
+                let f = rd.buf.get(at..at + len).unwrap_or_default();
+                undecodable.answer(f, e, dpid, handle, outflow, tx)?;
             }
             rd.consume(scanned);
             let done = Instant::now();
@@ -819,7 +840,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
 }
 
 /// A message of a batch for the core: a PACKET_IN as where its bytes lie, which the core
-/// reads in place (checked as it is handled: a bad one ends the batch there); a
+/// reads in place (checked as it is handled: a bad one is answered after the batch); a
 /// FLOW_REMOVED as the core reads it; the rest decoded already (boxed: they are rare, and a
 /// `Message` is 792 bytes).
 enum Pending {
@@ -830,10 +851,93 @@ enum Pending {
     },
     /// A FLOW_REMOVED, as the core reads it.
     Ended(RuleEnded),
-    /// A message that does not decode: the batch's end, and the session's, once what came
-    /// before it in the batch is handled.
-    Undecodable(ofp::DecodeError),
     Decoded(Box<Message>),
+}
+
+/// Undecodable messages a session answers at once before it is closed. A switch that
+/// speaks OpenFlow 1.3 sends none; one whose codec disagrees with ours on some message
+/// (a type or a field it sends that we do not read) sends one per such event, a few at a
+/// time, and is answered so that its log shows why. A peer past this many in a row, or
+/// past [`UNDECODABLE_PER_SEC`] on average, is sending garbage: each costs a decode, a
+/// 76-byte answer and a warning, which it could otherwise keep up as long as it likes.
+pub(crate) const UNDECODABLE_BURST: u32 = 64;
+/// The rate at which a session's allowance of undecodable messages comes back.
+pub(crate) const UNDECODABLE_PER_SEC: u32 = 1;
+
+/// A session's messages that were framed whole (§7.1) but do not decode: each is answered
+/// with an OFPT_ERROR (`ofp::ErrorMsg::answering`, §7.4.4: OFPET_BAD_REQUEST with the
+/// offending xid and its first 64 bytes), counted, and the session goes on (Open vSwitch
+/// does the same for the controller's), within a token bucket of [`UNDECODABLE_BURST`]
+/// refilled at [`UNDECODABLE_PER_SEC`]. A wrong version on any message but HELLO is one of
+/// them (OFPBRC_BAD_VERSION): the spec asks for the error, not for closing the connection.
+struct Undecodable {
+    /// In this session, for the log.
+    count: u64,
+    allowance: f64,
+    last: Instant,
+}
+
+impl Undecodable {
+    fn new(now: Instant) -> Self {
+        Undecodable {
+            count: 0,
+            allowance: f64::from(UNDECODABLE_BURST),
+            last: now,
+        }
+    }
+
+    /// Answer `frame`, which does not decode for `e`. `Err` once the session is past its
+    /// bound: it is then closed.
+    fn answer(
+        &mut self,
+        frame: &[u8],
+        e: ofp::DecodeError,
+        dpid: flowgate_core::topology::Dpid,
+        handle: &Handle,
+        outflow: &Outflow,
+        tx: &mpsc::UnboundedSender<super::Chunk>,
+    ) -> Result<(), SessionError> {
+        let now = Instant::now();
+        self.count += 1;
+        handle.openflow_undecodable.fetch_add(1, Ordering::Relaxed);
+        let answer = ofp::ErrorMsg::answering(frame, e);
+        if self.count.is_power_of_two() {
+            let code = answer.as_ref().and_then(|(_, m)| m.kind.code_name());
+            tracing::warn!(
+                dpid = format_args!("{dpid:016x}"),
+                version = frame.first().copied().unwrap_or_default(),
+                msg_type = frame.get(1).copied().unwrap_or_default(),
+                len = frame.len(),
+                error = %e,
+                answer = code.unwrap_or("none (an OFPT_ERROR is not answered)"),
+                undecodable = self.count,
+                "a message from the switch does not decode: skipped, and answered with OFPT_ERROR unless it is one"
+            );
+        }
+        if let Some((xid, err)) = answer {
+            queue_for_switch(outflow, tx, xid, &Message::Error(err), now);
+        }
+        if !self.allow(now) {
+            return Err(SessionError::TooManyUndecodable {
+                count: self.count,
+                last: e,
+            });
+        }
+        Ok(())
+    }
+
+    /// One more within the bound? Takes one of the allowance, refilled since the last.
+    fn allow(&mut self, now: Instant) -> bool {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.allowance = (self.allowance + dt * f64::from(UNDECODABLE_PER_SEC))
+            .min(f64::from(UNDECODABLE_BURST));
+        if self.allowance < 1.0 {
+            return false;
+        }
+        self.allowance -= 1.0;
+        true
+    }
 }
 
 /// A plain token bucket: `rate` per second, bursts of one second's worth.
@@ -958,6 +1062,27 @@ mod tests {
         assert_eq!(takes(&mut b), 10, "never more than a second's worth");
         b.refill(t0 + Duration::from_secs(60));
         assert_eq!(takes(&mut b), 0, "nothing accrues in no time");
+    }
+
+    /// Undecodable messages: 64 at once, the 65th closes the session; then one a second
+    /// comes back, never more than 64.
+    #[test]
+    fn undecodable_messages_are_allowed_64_at_once_then_one_a_second() {
+        let t0 = Instant::now();
+        let mut u = Undecodable::new(t0);
+        let allowed =
+            |u: &mut Undecodable, at: Instant| (0..1000).take_while(|_| u.allow(at)).count();
+        assert_eq!(allowed(&mut u, t0), 64, "64 at once");
+        assert_eq!(
+            allowed(&mut u, t0 + Duration::from_secs(10)),
+            10,
+            "one a second"
+        );
+        assert_eq!(
+            allowed(&mut u, t0 + Duration::from_secs(3600)),
+            64,
+            "never more than 64"
+        );
     }
 
     /// Whether a whole message waits in the buffer: not for part of one, yes for one,
