@@ -1,6 +1,7 @@
-//! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version, a
-//! malformed PACKET_IN, a PACKET_IN flood and a switch that never reads. Each may end only its own session; the real
-//! switch stays connected and the VIP keeps serving.
+//! Hostile peers on the OpenFlow port: garbage, a stalled message, a wrong version,
+//! malformed messages (answered with OFPT_ERROR), a PACKET_IN flood and a switch that never
+//! reads. Each may end only its own session; the real switch stays connected and the VIP
+//! keeps serving.
 
 mod support;
 
@@ -36,8 +37,10 @@ fn wait_closed(s: &mut TcpStream, timeout: Duration) -> Option<Duration> {
 }
 
 /// A fake switch `dpid` sends a real SYN PACKET_IN and then a message of type `ty` whose
-/// body is 4 bytes: its session ends with "undecodable message" (the caller then checks
-/// that the controller is healthy).
+/// body is 4 bytes. §7.4.4: the controller answers it with OFPT_ERROR (OFPET_BAD_REQUEST /
+/// OFPBRC_BAD_LEN, the message's xid, its bytes as data) and its session goes on: an
+/// ECHO_REQUEST sent after it is answered. The fake switch then hangs up, and only then is
+/// it gone (the caller checks that the controller is healthy).
 fn malformed_after_a_syn(ctl: &mut Ctl, dpid: u64, ty: u8, what: &str) {
     let mut bad = handshake(ctl.openflow, dpid);
     let bad_port = bad.local_addr().expect("addr").port();
@@ -46,21 +49,68 @@ fn malformed_after_a_syn(ctl: &mut Ctl, dpid: u64, ty: u8, what: &str) {
         Duration::from_secs(5),
         || switch_count(ctl) == 2,
     );
+    let before = undecodable_count(ctl);
     let mut chunk = packet_in_syn(7, 40_000 + (dpid & 0xff) as u16);
     chunk.extend_from_slice(&header(4, ty, 12, 8));
     chunk.extend_from_slice(&[0, 0, 0, 1]);
+    chunk.extend_from_slice(&header(4, OFPT_ECHO_REQUEST, 8, 9));
     bad.write_all(&chunk).expect("send the malformed message");
-    assert!(
-        wait_closed(&mut bad, Duration::from_secs(5)).is_some(),
-        "{what}: the session is still open after 5 s"
+    bad.set_read_timeout(Some(Duration::from_millis(200))).ok();
+    let (mut error, mut echoed) = (None, false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(error.is_some() && echoed) && Instant::now() < deadline {
+        match read_msg(&mut bad) {
+            Ok(Some(m)) if m[1] == OFPT_ERROR && xid_of(&m) == 8 => error = Some(m),
+            Ok(Some(m)) if m[1] == OFPT_ECHO_REPLY && xid_of(&m) == 9 => echoed = true,
+            Ok(Some(m)) if m[1] == OFPT_ECHO_REQUEST => {
+                let mut reply = m.clone();
+                reply[1] = OFPT_ECHO_REPLY;
+                bad.write_all(&reply).expect("answer the controller's echo");
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!(
+                "{what}: the controller closed the session:\n{}",
+                ctl.log_plain()
+            ),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{what}: reading the session: {e}"),
+        }
+    }
+    let error = error.unwrap_or_else(|| panic!("{what}: no OFPT_ERROR for the message in 5 s"));
+    // ofp_error_msg: type OFPET_BAD_REQUEST (1), code OFPBRC_BAD_LEN (6), then the
+    // offending message, all 12 bytes of it (fewer than 64).
+    assert_eq!(
+        &error[8..12],
+        &[0, 1, 0, 6],
+        "{what}: BAD_REQUEST / BAD_LEN: {error:02x?}"
     );
+    assert_eq!(
+        &error[12..],
+        &chunk[chunk.len() - 20..chunk.len() - 8],
+        "{what}: the data"
+    );
+    assert!(
+        echoed,
+        "{what}: the echo sent after the bad message was not answered"
+    );
+    assert_eq!(undecodable_count(ctl), before + 1, "{what}: counted once");
+    assert_eq!(switch_count(ctl), 2, "{what}: the session was dropped");
+    drop(bad);
     ctl.wait_log(
-        &format!("switch session ended peer=127.0.0.1:{bad_port} error=undecodable message"),
+        &format!("switch disconnected peer=127.0.0.1:{bad_port}"),
         Duration::from_secs(3),
     );
     wait_until(&format!("{dpid:#x} gone"), Duration::from_secs(5), || {
         switch_count(ctl) == 1
     });
+}
+
+fn undecodable_count(ctl: &Ctl) -> u64 {
+    metric(
+        &ctl.get("/metrics").1,
+        "flowgate_openflow_undecodable_total",
+    )
+    .unwrap_or(0.0) as u64
 }
 
 fn switch_count(ctl: &Ctl) -> u64 {
@@ -198,12 +248,11 @@ fn ovs_hostile_switch_peers() {
 
     // (c2) A good handshake, then a whole PACKET_IN that is malformed: after a real one,
     // one whose body is 4 bytes (§7.4.1 needs 32 before the match). The session decodes
-    // PACKET_INs while the core handles its batch; this one must end the session there.
+    // PACKET_INs while the core handles its batch; this one is answered from there.
     malformed_after_a_syn(&mut ctl, 0xbad, OFPT_PACKET_IN, "(c2) malformed PACKET_IN");
     healthy(&mut ctl, "(c2) malformed PACKET_IN");
     // (c3) The same with a FLOW_REMOVED, which the session reads from the frame before
-    // the batch reaches the core (§7.4.2 needs 40 bytes before the match): it ends the
-    // batch and the session, never the controller.
+    // the batch reaches the core (§7.4.2 needs 40 bytes before the match).
     malformed_after_a_syn(
         &mut ctl,
         0xbad2,
@@ -212,7 +261,7 @@ fn ovs_hostile_switch_peers() {
     );
     healthy(&mut ctl, "(c3) malformed FLOW_REMOVED");
     // (c4) The same with a rarer message, decoded whole as it is read (§7.4.3: a
-    // PORT_STATUS needs 56 bytes): it too ends the batch and the session.
+    // PORT_STATUS needs 56 bytes).
     malformed_after_a_syn(
         &mut ctl,
         0xbad3,
