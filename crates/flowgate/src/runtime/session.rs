@@ -873,16 +873,14 @@ pub(crate) const UNDECODABLE_PER_SEC: u32 = 1;
 struct Undecodable {
     /// In this session, for the log.
     count: u64,
-    allowance: f64,
-    last: Instant,
+    allowance: TokenBucket,
 }
 
 impl Undecodable {
     fn new(now: Instant) -> Self {
         Undecodable {
             count: 0,
-            allowance: f64::from(UNDECODABLE_BURST),
-            last: now,
+            allowance: TokenBucket::with_burst(UNDECODABLE_PER_SEC, UNDECODABLE_BURST, now),
         }
     }
 
@@ -928,39 +926,39 @@ impl Undecodable {
 
     /// One more within the bound? Takes one of the allowance, refilled since the last.
     fn allow(&mut self, now: Instant) -> bool {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.allowance = (self.allowance + dt * f64::from(UNDECODABLE_PER_SEC))
-            .min(f64::from(UNDECODABLE_BURST));
-        if self.allowance < 1.0 {
-            return false;
-        }
-        self.allowance -= 1.0;
-        true
+        self.allowance.refill(now);
+        self.allowance.take()
     }
 }
 
-/// A plain token bucket: `rate` per second, bursts of one second's worth.
+/// A plain token bucket: `rate` per second, bursts of `burst`, full at the start.
 struct TokenBucket {
     rate: f64,
+    burst: f64,
     tokens: f64,
     last: Instant,
 }
 
 impl TokenBucket {
+    /// Bursts of one second's worth.
     fn new(rate: u32) -> Self {
+        Self::with_burst(rate, rate, Instant::now())
+    }
+
+    fn with_burst(rate: u32, burst: u32, now: Instant) -> Self {
         TokenBucket {
             rate: f64::from(rate),
-            tokens: f64::from(rate),
-            last: Instant::now(),
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            last: now,
         }
     }
 
-    /// Add what has accrued since the last refill, up to a second's worth.
+    /// Add what has accrued since the last refill, up to `burst`.
     fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
-        self.tokens = (self.tokens + dt * self.rate).min(self.rate);
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
     }
 
     /// Take one token, if there is one.
