@@ -17,8 +17,9 @@ use crate::{Action, FlowMod, FlowRemoved, Instruction, MsgType, Oxm};
 /// that a peer left non-zero (conformance tests check byte identity on real messages).
 pub fn decode_target(data: &[u8]) {
     view_target(data);
-    let Ok((xid, msg)) = decode(Bytes::copy_from_slice(data)) else {
-        return;
+    let (xid, msg) = match decode(Bytes::copy_from_slice(data)) {
+        Ok(m) => m,
+        Err(e) => return answer_agrees(data, e),
     };
     let mut out = BytesMut::new();
     if let Err(e) = encode(xid, &msg, &mut out) {
@@ -32,6 +33,38 @@ pub fn decode_target(data: &[u8]) {
     }
     assert_eq!(out, out2, "encoding is not a fixpoint");
     assert_eq!(out.len(), data.len(), "decode→encode changed the length");
+}
+
+/// The answer to bytes that do not decode (§7.4.4): none for an OFPT_ERROR, else the
+/// message's own xid and its first 64 bytes at most, in an OFPT_ERROR that itself encodes
+/// and decodes back to the same.
+fn answer_agrees(data: &[u8], e: crate::DecodeError) {
+    let Some((xid, err)) = crate::ErrorMsg::answering(data, e) else {
+        assert_eq!(
+            data.get(1).copied(),
+            Some(MsgType::Error as u8),
+            "unanswered: {e:?}"
+        );
+        return;
+    };
+    if let Some(x) = data.get(4..8) {
+        assert_eq!(xid.to_be_bytes(), x, "the answer's xid is the message's");
+    }
+    assert!(err.data.len() <= crate::errmsg::FAILED_REQUEST_BYTES);
+    assert!(
+        data.starts_with(&err.data),
+        "the answer's data is the message's start"
+    );
+    let mut out = BytesMut::new();
+    let answer = Message::Error(err);
+    if let Err(e) = encode(xid, &answer, &mut out) {
+        panic!("the answer does not encode: {e:?}");
+    }
+    assert_eq!(
+        decode(out.freeze()),
+        Ok((xid, answer)),
+        "the answer re-decodes"
+    );
 }
 
 /// A FLOW_MOD, PACKET_OUT, FLOW_REMOVED or PACKET_IN view of `data` fails exactly when
