@@ -618,20 +618,20 @@ impl ServiceState {
     fn rebuild_loads(&mut self, now: Option<(Instant, Duration)>) {
         self.loads.clear();
         for (i, b) in self.backends.iter().enumerate() {
-            // Slow start reaches the weighted algorithms through the ramped weight and the
-            // others (which read weight only as "> 0") through the balancer's ramp
-            // fraction: a backend ramping at f takes about f of a full share under all
-            // but `none` (see `balance`'s module docs).
-            let (weight, ramp) = match (b.since, now) {
+            // Slow start reaches every algorithm through the balancer's ramp fraction, once:
+            // the weighted ones use `weight × f` exactly, the others their own way, so a
+            // backend ramping at f takes about f of a full share under all but `none`
+            // (see `balance`'s module docs). The load keeps the configured weight.
+            let ramp = match (b.since, now) {
                 (Some(since), Some((now, _))) if !self.cfg.slow_start.is_zero() => {
                     let mut ramp = SlowStart::new(self.cfg.slow_start);
                     ramp.start(since);
-                    let f = ramp.is_active(now).then(|| ramp.factor(now));
-                    (ramp.effective_weight(now, b.weight), f)
+                    ramp.is_active(now).then(|| ramp.factor(now))
                 }
-                _ => (b.weight, None),
+                _ => None,
             };
             self.balancer.set_ramp(i, ramp);
+            let weight = b.weight;
             let metrics_fresh = match (b.metrics_at, now) {
                 (Some(at), Some((now, stale))) => now.saturating_duration_since(at) <= stale,
                 // Without a metrics endpoint our own counts are the metrics: always fresh.
@@ -720,6 +720,18 @@ impl ServiceState {
             l.eligible = b.eligible();
         }
     }
+
+    /// The weight backend `i` takes connections with now: the weight the balancer sees
+    /// ([`BackendLoad::weight`], the configured one) times its slow-start fraction, as a
+    /// float (`weight × f`: a weight of 1 ramping at a quarter is 0.25). What an operator
+    /// reads as the "effective weight"; `None` if there is no backend `i`.
+    pub fn effective_weight(&self, i: usize) -> Option<f64> {
+        let weight = match self.loads.get(i) {
+            Some(l) => l.weight,
+            None => self.backends.get(i)?.weight,
+        };
+        Some(f64::from(weight) * self.balancer.ramp(i))
+    }
 }
 
 fn loads_push(
@@ -755,4 +767,74 @@ fn loads_push(
         capacity_rps: b.capacity_rps,
         metrics_fresh,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::ServiceState;
+    use crate::balance::SelectRequest;
+    use crate::config::Config;
+
+    /// A weighted-round-robin service with slow start; backend weights as given.
+    fn service(weights: &[u32]) -> ServiceState {
+        let mut text = String::from(
+            "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+             algorithm = \"weighted-round-robin\"\nslow_start_secs = 10\n",
+        );
+        for (i, w) in weights.iter().enumerate() {
+            text.push_str(&format!(
+                "[[service.backend]]\naddress = \"10.0.0.{}\"\nweight = {w}\n",
+                i + 2
+            ));
+        }
+        let cfg = Config::from_toml(&text, &|_| None).expect("valid config");
+        ServiceState::new(cfg.services[0].clone(), 0, 1)
+    }
+
+    /// Backend 0 came back 2.5 s into a 10 s ramp (f = 0.25); `n` picks over the loads.
+    fn ramping(weights: &[u32], n: usize) -> (ServiceState, Vec<usize>) {
+        let mut s = service(weights);
+        for (i, b) in s.backends.iter_mut().enumerate() {
+            b.mac = Some(flowgate_packet::MacAddr([2, 0, 0, 0, 0, i as u8 + 2])); // located
+        }
+        let now = Instant::now() + Duration::from_secs(60);
+        s.backends[0].since = now.checked_sub(Duration::from_millis(2500));
+        s.refresh(now, Duration::from_secs(1));
+        let mut got = vec![0; weights.len()];
+        for _ in 0..n {
+            if let Some(i) = s
+                .balancer
+                .select(&SelectRequest::default(), &s.loads)
+                .backend
+            {
+                got[i] += 1;
+            }
+        }
+        (s, got)
+    }
+
+    /// Slow start reaches the weighted algorithms once, as the exact fraction: the loads
+    /// keep the configured weight, the balancer ramps it. With the default weight of 1
+    /// the returning backend takes a quarter of a peer's turns (before: the ramped
+    /// integer weight stayed 1, the full share); with weights of 100 a quarter too (not
+    /// a sixteenth, as a ramped weight ramped again would give).
+    #[test]
+    fn slow_start_ramps_a_weight_of_one_exactly_once() {
+        for w in [1, 100] {
+            let (s, got) = ramping(&[w; 4], 1300);
+            assert!(
+                (s.balancer.ramp(0) - 0.25).abs() < 1e-9,
+                "{}",
+                s.balancer.ramp(0)
+            );
+            assert_eq!(s.loads[0].weight, w, "the configured weight");
+            assert_eq!(got, [100, 400, 400, 400], "weight {w}");
+            let ew = s.effective_weight(0).expect("backend 0");
+            assert!((ew - 0.25 * f64::from(w)).abs() < 1e-9, "{ew}");
+            assert_eq!(s.effective_weight(1), Some(f64::from(w)));
+            assert_eq!(s.effective_weight(4), None);
+        }
+    }
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{
-    BackendLoad, Balancer, RateCtx, SelectRequest, clean, conns, effective_rps, lc_key, ramp_of,
-    usable, valid,
+    BackendLoad, Balancer, RateCtx, SelectRequest, clean, conns, effective_rps, ramp_of,
+    ramped_weight, usable, valid,
 };
 
 /// Smallest RT (ms) used in the `RT · (1 + picks)` product, so a zero RT still grows.
@@ -127,7 +127,7 @@ impl Balancer {
                 } else {
                     head.max(w_min)
                 };
-                w = f64::from(x.weight) * head;
+                w = ramped_weight(x, ramp_of(&self.ramp, i)) * head;
             }
             self.scratch[i][0] = w;
             sum += w;
@@ -327,7 +327,7 @@ impl Balancer {
 
     pub(super) fn select_mrbs(&mut self, req: &SelectRequest, b: &[BackendLoad]) -> Option<usize> {
         if self.mrbs.samples < u64::from(self.params.mrbs_warmup) {
-            return self.argmin(b, |_, x| Some([lc_key(x)]));
+            return self.select_lc(b);
         }
         let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let (floor, mean) = (self.mrbs.floor, self.mrbs.mean_pred);

@@ -20,14 +20,23 @@
 //! * A backend is *usable* for a new connection iff `eligible && weight > 0`.
 //! * Slow start ([`Balancer::set_ramp`]): a backend ramping at fraction `f` of its share
 //!   takes about `f` times the connections of an equal peer under every algorithm but
-//!   `none`. The weighted ones (smooth WRR, least connections, random, P2C, DWRS) get it
-//!   through the ramped `weight`, as HAProxy's `slowstart` and Envoy's slow start do. The
-//!   others read weight only as "> 0", so they apply `f` themselves: round robin (and
-//!   ISSLM's base behind a VIP) takes a ramping backend in turn with probability `f`;
-//!   ISSLM, SRT, MRBS and AMLOB see each cost they minimise (request load, connections,
-//!   response time) divided by `f`, so a backend ends with `f` times an equal peer's
-//!   load, and ISSLM counts it over at `f·S_Load` (HAProxy ramps `maxconn` with the
-//!   weight). Our reading: a ramp is a capacity that grows, whatever the algorithm.
+//!   `none`, whatever its weight (a weight of 1 ramps as smoothly as one of 100). The
+//!   caller passes the configured weight in [`BackendLoad::weight`] and the fraction
+//!   through `set_ramp`, once; the balancer applies it exactly (`f64`, not a rounded
+//!   weight). The weighted ones (smooth WRR, least connections, random, P2C, DWRS) use
+//!   `weight·f` as the backend's weight in their own arithmetic, as HAProxy's
+//!   `slowstart` and Envoy's slow start scale the weight: WRR's current values grow by
+//!   `weight·f` per pick, least connections and P2C compare `(conns + 1) / (weight·f)`,
+//!   random and DWRS draw with `weight·f` (DWRS: times the headroom). With `f = 1` all
+//!   of them behave exactly as without a ramp. The others read weight only as "> 0", so
+//!   they apply `f` in their own way: round robin (and ISSLM's base behind a VIP) takes
+//!   a ramping backend in turn with probability `f`; ISSLM, SRT, MRBS and AMLOB see each
+//!   cost they minimise (request load, connections, response time) divided by `f`, so a
+//!   backend ends with `f` times an equal peer's load, and ISSLM counts it over at
+//!   `f·S_Load` (HAProxy ramps `maxconn` with the weight); MRBS's warm-up is least
+//!   connections, ramped as above. Our reading: a ramp is a capacity that grows,
+//!   whatever the algorithm. Since `f ≥ 1 %` a ramping backend with a weight is always
+//!   usable, and a weight of 0 still means no new connections.
 //! * Load seen by every load-aware algorithm includes `picks_since_refresh` (connections
 //!   this balancer assigned since the metrics were taken), so a burst of SYNs between two
 //!   10 ms refreshes spreads instead of herding onto one "least loaded" backend
@@ -80,19 +89,23 @@ pub enum AlgorithmKind {
     /// nginx's smooth weighted round robin over usable backends: every pick adds each
     /// weight to its current value, takes the largest (first on ties) and subtracts the
     /// total from it. A backend that becomes unusable has its current value reset to 0.
+    /// A backend in slow start adds `weight·f` (an `f64`), so it takes the fraction `f`
+    /// of its turns, evenly spread.
     WeightedRoundRobin,
     /// Least connections: the smallest `(active_connections + picks_since_refresh + 1) /
-    /// weight`; the `+1` (as HAProxy's leastconn and Envoy's least-request) lets an idle
-    /// heavier backend win. Ties rotate round robin from the cursor, never index 0 first.
-    /// If the core's `active_connections` already counts its own assignments, recent picks
-    /// are counted twice, which only strengthens herd resistance.
+    /// weight` (`weight·f` for a backend in slow start); the `+1` (as HAProxy's leastconn
+    /// and Envoy's least-request) lets an idle heavier backend win. Ties rotate round
+    /// robin from the cursor, never index 0 first. If the core's `active_connections`
+    /// already counts its own assignments, recent picks are counted twice, which only
+    /// strengthens herd resistance.
     LeastConnections,
-    /// Weighted random over usable backends (probability `weight / Σweight`).
+    /// Weighted random over usable backends (probability `weight / Σweight`; `weight·f`
+    /// for a backend in slow start).
     Random,
     /// Power of two choices (Envoy least-request / linkerd / nginx `random two`): two
     /// distinct usable backends drawn uniformly, the one with the lower
-    /// `(active + picks + 1) / weight` wins. Ties go to the first draw, which is itself
-    /// uniformly random, so ties are random.
+    /// `(active + picks + 1) / weight` wins (`weight·f` in slow start). Ties go to the
+    /// first draw, which is itself uniformly random, so ties are random.
     P2c,
     /// ISSLM, the seed paper's algorithm; see the module `isslm` doc and
     /// [`Balancer::select`]. Summary of our reading:
@@ -118,9 +131,10 @@ pub enum AlgorithmKind {
     /// * A stale backend keeps receiving flows addressed to it, but is never a move target.
     Isslm,
     /// DWRS, dynamic weighted random selection (anchors §1.1): roulette wheel with
-    /// `w_i = weight_i · max(w_min, 1 − load_i)`. Our reading of `load_i`: the larger of
-    /// `effective_rps / capacity_rps` and `cpu` when either is known, else relative load
-    /// `effective_rps / (2 · mean rps)`; stale metrics use the pool's mean load. The
+    /// `w_i = weight_i · f_i · max(w_min, 1 − load_i)` (`f_i`: the slow-start fraction, 1
+    /// when not ramping). Our reading of `load_i`: the larger of `effective_rps /
+    /// capacity_rps` and `cpu` when either is known, else relative load `effective_rps /
+    /// (2 · mean rps)`; stale metrics use the pool's mean load. The
     /// optional "dynamic correction" of Wang et al. is not applied.
     Dwrs,
     /// MRBS, multiple-regression-based search (anchors §1.2): one shared linear model
@@ -367,7 +381,8 @@ impl AlgorithmParams {
 pub struct BackendLoad {
     /// Healthy, not draining, not ejected.
     pub eligible: bool,
-    /// Effective weight (after slow start); 0 means no new connections.
+    /// The backend's weight before slow start (the balancer applies the ramp from
+    /// [`Balancer::set_ramp`]: do not pass a ramped weight); 0 means no new connections.
     pub weight: u32,
     /// Connections from existing flows (FLOW_REMOVED / flow stats) plus assigned ones.
     pub active_connections: u32,
@@ -542,10 +557,18 @@ fn valid(x: Option<f64>) -> Option<f64> {
     x.filter(|v| v.is_finite() && *v >= 0.0)
 }
 
-/// `(conns + 1) / weight`, the least-connections key (weight > 0 by caller).
+/// Backend `b`'s weight scaled by its slow-start fraction `f` (`weight·f`, exact; `f` in
+/// `[MIN_RAMP, 1]`, so a usable backend's is > 0).
 #[inline]
-fn lc_key(b: &BackendLoad) -> f64 {
-    (conns(b) + 1.0) / f64::from(b.weight.max(1))
+fn ramped_weight(b: &BackendLoad, f: f64) -> f64 {
+    f64::from(b.weight) * f
+}
+
+/// `(conns + 1) / (weight·f)`, the least-connections key of a backend ramping at `f`
+/// (weight > 0 by caller; `f = 1` is the plain `(conns + 1) / weight`).
+#[inline]
+fn lc_key(b: &BackendLoad, f: f64) -> f64 {
+    (conns(b) + 1.0) / ramped_weight(b, f).max(f64::MIN_POSITIVE)
 }
 
 /// Lexicographic "a < b" on keys already free of NaN (see [`key_f`]).
@@ -579,8 +602,8 @@ pub struct Balancer {
     cursor: usize,
     /// Last refresh interval (window of `rps`).
     window: Duration,
-    /// Smooth WRR current weights.
-    wrr_current: Vec<i64>,
+    /// Smooth WRR current weights (`f64`: a ramping backend adds `weight·f`).
+    wrr_current: Vec<f64>,
     /// ISSLM hysteresis latch: true while the backend is "over".
     over: Vec<bool>,
     /// Slow-start fraction per backend in `[MIN_RAMP, 1]` (1 = full share), from
@@ -670,10 +693,11 @@ impl Balancer {
     }
 
     /// Slow start: backend `i` ramps up after (re)joining and may take the fraction `f`
-    /// of its full share (`None`, or `f ≥ 1`: the full share). Weighted algorithms get the
-    /// ramp through [`BackendLoad::weight`] and ignore this; see the module docs for the
-    /// others. A NaN fraction counts as 1, one below 1 % as 1 %. Kept until changed
-    /// (positional, like the other per-backend state).
+    /// of its full share (`None`, or `f ≥ 1`: the full share). Every algorithm but `none`
+    /// applies it, the weighted ones as the weight `weight·f` (so [`BackendLoad::weight`]
+    /// must be the configured weight, not one already ramped); see the module docs. A NaN
+    /// fraction counts as 1, one below 1 % as 1 %. Kept until changed (positional, like
+    /// the other per-backend state).
     pub fn set_ramp(&mut self, i: usize, f: Option<f64>) {
         if i >= self.n {
             self.resize(i + 1);
@@ -694,7 +718,7 @@ impl Balancer {
     /// [`Balancer::remove_backend`]); new backends start with fresh state.
     pub fn resize(&mut self, n_backends: usize) {
         self.n = n_backends;
-        self.wrr_current.resize(n_backends, 0);
+        self.wrr_current.resize(n_backends, 0.0);
         self.over.resize(n_backends, false);
         self.ramp.resize(n_backends, 1.0);
         self.scratch.resize(n_backends, [0.0; 4]);
@@ -742,7 +766,7 @@ impl Balancer {
             AlgorithmKind::Isslm => return self.select_isslm(req, b),
             AlgorithmKind::RoundRobin => self.next_rr(b),
             AlgorithmKind::WeightedRoundRobin => self.select_wrr(b),
-            AlgorithmKind::LeastConnections => self.argmin(b, |_, x| Some([lc_key(x)])),
+            AlgorithmKind::LeastConnections => self.select_lc(b),
             AlgorithmKind::Random => self.select_random(b),
             AlgorithmKind::P2c => self.select_p2c(b),
             AlgorithmKind::Dwrs => self.select_dwrs(req, b),
@@ -864,15 +888,18 @@ impl Balancer {
         }
     }
 
+    /// Smooth WRR on `weight·f`. Weights are whole numbers unless a backend ramps, and
+    /// `f64` adds and compares whole numbers below 2^53 exactly, so without a ramp the
+    /// sequence is nginx's, as with integers; a ramp only adds its fraction.
     fn select_wrr(&mut self, b: &[BackendLoad]) -> Option<usize> {
-        let mut total: i64 = 0;
+        let mut total = 0.0;
         let mut best: Option<usize> = None;
         for (i, x) in b.iter().enumerate() {
             if !usable(x) {
-                self.wrr_current[i] = 0;
+                self.wrr_current[i] = 0.0;
                 continue;
             }
-            let w = i64::from(x.weight);
+            let w = ramped_weight(x, ramp_of(&self.ramp, i));
             self.wrr_current[i] += w;
             total += w;
             let cur = self.wrr_current[i];
@@ -885,14 +912,46 @@ impl Balancer {
         Some(bi)
     }
 
+    /// Least connections: argmin of `(conns + 1) / (weight·f)`.
+    fn select_lc(&mut self, b: &[BackendLoad]) -> Option<usize> {
+        let ramps = std::mem::take(&mut self.ramp);
+        let r = self.argmin(b, |i, x| Some([lc_key(x, ramp_of(&ramps, i))]));
+        self.ramp = ramps;
+        r
+    }
+
+    /// Weighted random on `weight·f`. Without a usable backend ramping, the integer draw
+    /// of old (the same sequence for a seed); with one, a draw over the `f64` weights.
     fn select_random(&mut self, b: &[BackendLoad]) -> Option<usize> {
-        let total: u64 = b
-            .iter()
-            .filter(|x| usable(x))
-            .map(|x| u64::from(x.weight))
-            .sum();
+        let mut total: u64 = 0;
+        let mut total_f = 0.0;
+        let mut ramping = false;
+        for (i, x) in b.iter().enumerate() {
+            if usable(x) {
+                let f = ramp_of(&self.ramp, i);
+                ramping |= f < 1.0;
+                total += u64::from(x.weight);
+                total_f += ramped_weight(x, f);
+            }
+        }
         if total == 0 {
             return None;
+        }
+        if ramping && total_f > 0.0 && total_f.is_finite() {
+            let mut r = self.rng.gen_range(0.0..total_f);
+            let mut last = None;
+            for (i, x) in b.iter().enumerate() {
+                if !usable(x) {
+                    continue;
+                }
+                let w = ramped_weight(x, ramp_of(&self.ramp, i));
+                if r < w {
+                    return Some(i);
+                }
+                r -= w;
+                last = Some(i);
+            }
+            return last; // rounding at the end of the wheel
         }
         let mut r = self.rng.gen_range(0..total);
         for (i, x) in b.iter().enumerate() {
@@ -940,11 +999,8 @@ impl Balancer {
             return Some(a);
         };
         // `a` is a uniform draw, so preferring it on ties is a random tie break.
-        if lc_key(&b[c]) < lc_key(&b[a]) {
-            Some(c)
-        } else {
-            Some(a)
-        }
+        let key = |i: usize| lc_key(&b[i], ramp_of(&self.ramp, i));
+        if key(c) < key(a) { Some(c) } else { Some(a) }
     }
 }
 

@@ -1260,21 +1260,124 @@ fn slow_start_lowers_isslms_threshold() {
     );
 }
 
-/// The weighted algorithms get slow start through the ramped weight only: the ramp
-/// fraction is not applied a second time.
+/// The weighted algorithms, and MRBS in its least-connections warm-up.
+const WEIGHTED: [AlgorithmKind; 6] = [
+    AlgorithmKind::WeightedRoundRobin,
+    AlgorithmKind::LeastConnections,
+    AlgorithmKind::Random,
+    AlgorithmKind::P2c,
+    AlgorithmKind::Dwrs,
+    AlgorithmKind::Mrbs,
+];
+
+/// Backend 0's picks over the mean of its peers'.
+fn ratio_to_peers(got: &[usize]) -> f64 {
+    let peers = got[1..].iter().sum::<usize>() as f64 / (got.len() - 1) as f64;
+    got[0] as f64 / peers
+}
+
+/// The weighted algorithms apply the exact fraction as the weight `weight·f`: with the
+/// default weight of 1 a backend ramping at f = 0.25 takes about a quarter of an equal
+/// peer's share (before, the ramped integer weight stayed 1: the full share at once).
+/// 4,000 picks, seed 7, picks and connections counted as the core does; the ratio to a
+/// peer's share must be 0.25 ± 0.05 (smooth WRR: exactly 1 in 13 picks).
 #[test]
-fn slow_start_is_not_applied_twice_to_weighted_algorithms() {
-    for k in [
-        AlgorithmKind::WeightedRoundRobin,
-        AlgorithmKind::LeastConnections,
-        AlgorithmKind::Dwrs,
-    ] {
-        let mut b = bal(k, 2);
-        let mut p = vec![BackendLoad::new(50), BackendLoad::new(100)];
-        b.set_ramp(0, Some(0.5)); // the core has already halved its weight
+fn slow_start_limits_the_share_of_weighted_algorithms() {
+    for k in WEIGHTED {
+        let mut b = bal(k, 4);
+        let mut p = pool(4);
+        b.set_ramp(0, Some(0.25));
         b.on_refresh(&p, MS10);
-        let got = burst(&mut b, &req(), &mut p, 300);
-        assert!((80..=120).contains(&got[0]), "{k}: {got:?}");
+        let got = burst(&mut b, &req(), &mut p, 4000);
+        let ratio = ratio_to_peers(&got);
+        assert!((0.2..=0.3).contains(&ratio), "{k}: {ratio} {got:?}");
+        if k == AlgorithmKind::WeightedRoundRobin {
+            // 0.25 / (3 + 0.25) of the turns, evenly spread.
+            let mut q = pool(4);
+            let mut c = bal(k, 4);
+            c.set_ramp(0, Some(0.25));
+            assert_eq!(burst(&mut c, &req(), &mut q, 1300), [100, 400, 400, 400]);
+        }
+        // The ramp multiplies the weight: 4 at a quarter is worth a peer's 1.
+        let mut b = bal(k, 4);
+        let mut p = pool(4);
+        p[0].weight = 4;
+        b.set_ramp(0, Some(0.25));
+        b.on_refresh(&p, MS10);
+        let got = burst(&mut b, &req(), &mut p, 4000);
+        let ratio = ratio_to_peers(&got);
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "{k} weight 4: {ratio} {got:?}"
+        );
+        // The ramp over: the full share again.
+        b.set_ramp(0, None);
+        let mut p = pool(4);
+        b.on_refresh(&p, MS10);
+        let got = burst(&mut b, &req(), &mut p, 4000);
+        let ratio = ratio_to_peers(&got);
+        assert!((0.9..=1.1).contains(&ratio), "{k} after: {ratio} {got:?}");
+    }
+}
+
+/// A fraction of 1 is no ramp at all: the same picks, seed for seed, as a balancer that
+/// was never given one (mixed weights and loads, counts updated).
+#[test]
+fn slow_start_at_full_fraction_is_the_old_behaviour() {
+    for k in WEIGHTED {
+        let mut p = pool(5);
+        for (i, x) in p.iter_mut().enumerate() {
+            x.weight = [1, 2, 3, 5, 8][i];
+            x.active_connections = [4, 0, 7, 1, 2][i];
+        }
+        p[2].eligible = false;
+        let mut plain = bal(k, 5);
+        let mut full = bal(k, 5);
+        for i in 0..5 {
+            full.set_ramp(i, Some(1.0));
+        }
+        plain.on_refresh(&p, MS10);
+        full.on_refresh(&p, MS10);
+        let (mut p1, mut p2) = (p.clone(), p);
+        for n in 0..2000 {
+            let (a, c) = (plain.select(&req(), &p1), full.select(&req(), &p2));
+            assert_eq!(a, c, "{k}: pick {n}");
+            if let Some(i) = a.backend {
+                for q in [&mut p1, &mut p2] {
+                    q[i].picks_since_refresh += 1;
+                    q[i].active_connections += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A ramp gives nothing to a backend of weight 0, and leaves a ramping one usable.
+#[test]
+fn slow_start_keeps_weight_zero_at_nothing() {
+    for &k in AlgorithmKind::ALL {
+        if k == AlgorithmKind::None {
+            continue;
+        }
+        let mut p = pool(3);
+        p[1].weight = 0;
+        let mut b = bal(k, 3);
+        b.set_ramp(0, Some(0.01));
+        b.set_ramp(1, Some(0.25));
+        for _ in 0..60 {
+            b.on_refresh(&p, MS10);
+        }
+        let got = burst(&mut b, &req(), &mut p, 3000);
+        assert_eq!(got[1], 0, "{k}: {got:?}");
+        assert!(got[0] > 0 && got[2] > got[0], "{k}: {got:?}");
+        // Only ramping backends: still placed.
+        let mut q = pool(2);
+        let mut b = bal(k, 2);
+        b.set_ramp(0, Some(0.01));
+        b.set_ramp(1, Some(0.01));
+        b.on_refresh(&q, MS10);
+        let got = burst(&mut b, &req(), &mut q, 100);
+        assert_eq!(got.iter().sum::<usize>(), 100, "{k}: {got:?}");
     }
 }
 

@@ -12,7 +12,8 @@
 //! * [`AdminState`]: the operator's ready/drain switch.
 //!
 //! Together they give the balancer its `BackendLoad::eligible` (healthy, not draining,
-//! not ejected) and `BackendLoad::weight` (slow-start effective weight).
+//! not ejected) and the slow-start fraction of `Balancer::set_ramp` (the exact
+//! [`SlowStart::factor`]; `BackendLoad::weight` stays the configured weight).
 
 use std::fmt;
 use std::str::FromStr;
@@ -419,12 +420,17 @@ impl PoolOutliers {
 
 /// Envoy slow start: `weight × max(min_weight_percent, (t / window)^(1/aggression))`
 /// during `window` after [`SlowStart::start`], full weight afterwards (anchors §2.1).
-/// Our deviations: the time factor is plain `t / window` (Envoy floors `t` at 1 s), and the
-/// integer result is rounded and kept ≥ 1 for a non-zero base, so a ramping backend is
-/// never cut off. Integer weights limit resolution: base weights of 10 or more (e.g. a
-/// default of 100) are needed for a visible ramp; [`SlowStart::factor`] gives the exact
-/// multiplier. Call `start` when a backend is added or comes back up, not at controller
-/// start (HAProxy: never applied at startup; Envoy: ineffective when all are new).
+/// Our deviation: the time factor is plain `t / window` (Envoy floors `t` at 1 s).
+///
+/// The balancer takes the exact multiplier, [`SlowStart::factor`], through
+/// `Balancer::set_ramp` while [`SlowStart::is_active`], with the configured weight in
+/// `BackendLoad::weight`: every algorithm but `none` applies it as a fraction (the
+/// weighted ones as the `f64` weight `weight × f`), so a backend of weight 1, the
+/// default, ramps as smoothly as one of 100. [`SlowStart::effective_weight`] is the
+/// rounded integer `weight × f` (kept ≥ 1), for display only: the balancer does not use
+/// it, since with small weights it does not ramp at all (always 1 for a weight of 1).
+/// Call `start` when a backend is added or comes back up, not at controller start
+/// (HAProxy: never applied at startup; Envoy: ineffective when all are new).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowStart {
     /// Ramp duration.
@@ -485,7 +491,9 @@ impl SlowStart {
         f.min(1.0)
     }
 
-    /// `base` scaled by [`SlowStart::factor`], rounded, at least 1 when `base > 0`.
+    /// `base` scaled by [`SlowStart::factor`], rounded, at least 1 when `base > 0`. An
+    /// integer view of the ramp for display; the balancer applies the exact factor (see
+    /// the type's docs), `f64::from(base) * factor` being the exact ramped weight.
     pub fn effective_weight(&self, now: Instant, base: u32) -> u32 {
         if base == 0 {
             return 0;
