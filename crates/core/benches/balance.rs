@@ -3,7 +3,8 @@
 //! `cargo bench -p flowgate-core --bench balance -- --warm-up-time 1 --measurement-time 2`
 //!
 //! * `select/<n>/<algorithm>`: one `Balancer::select` over `n` backends (4, 64, 1,024)
-//!   with realistic random loads: 95 % eligible, weights 1-100 (slow start), 0-200 active
+//!   with realistic random loads: 95 % eligible, weights 1-100, one in ten backends in
+//!   slow start (a ramp fraction of 0.01-1), 0-200 active
 //!   connections, 0-2,000 rps against an ISSLM threshold of 1,500 (about a quarter of the
 //!   backends over it), a few picks since the refresh, 1-50 ms response times, CPU and
 //!   capacity on half of them, 10 % stale. Behind a VIP (no `requested`). Throughput is
@@ -51,6 +52,9 @@ fn loads(n: usize, rng: &mut SmallRng) -> Vec<BackendLoad> {
 /// A balancer that has seen `refreshes` ticks of varying load (MRBS leaves warm-up).
 fn warmed(kind: AlgorithmKind, n: usize, rng: &mut SmallRng) -> (Balancer, Vec<BackendLoad>) {
     let mut b = Balancer::new(kind, params(), n, 1);
+    for i in (0..n).step_by(10) {
+        b.set_ramp(i, Some(rng.gen_range(0.01..1.0)));
+    }
     let mut l = loads(n, rng);
     for _ in 0..100 {
         l = loads(n, rng);

@@ -226,7 +226,9 @@ function renderService(s, now) {
     let row = v.rows.get(key);
     if (!row) { row = backendRow(s.name, b, color); v.rows.set(key, row); v.tbody.append(row.tr); }
     const td = (f) => row.tr.querySelector(`td[data-field="${f}"]`);
-    td("weight").textContent = b.effective_weight !== b.weight ? `${b.weight} (${b.effective_weight})` : String(b.weight);
+    // The effective weight is a fraction while slow start ramps it (0.25 of weight 1).
+    const eff = Math.round(b.effective_weight * 100) / 100;
+    td("weight").textContent = eff !== b.weight ? `${b.weight} (${eff})` : String(b.weight);
     setBadge(td("health"), !b.located ? "unlocated" : b.healthy ? "healthy" : "down", !b.located ? "b-warn" : b.healthy ? "b-ok" : "b-bad");
     setBadge(td("state"), b.state, b.draining ? "b-warn" : "b-ok");
     setBadge(td("gap"), ...gapBadge(b.gap));

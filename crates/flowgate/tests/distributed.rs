@@ -807,7 +807,7 @@ fn located_and_weighted(ctl: &Ctl, addr: &str) -> bool {
         .any(|b| {
             b["address"] == addr
                 && b["located"] == true
-                && b["effective_weight"].as_u64().is_some_and(|w| w > 0)
+                && b["effective_weight"].as_f64().is_some_and(|w| w > 0.0)
         })
 }
 

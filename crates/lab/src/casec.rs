@@ -235,7 +235,7 @@ fn located(c: &Controller, addr: Ipv4Addr) -> bool {
         .any(|b| {
             b["address"] == addr.to_string()
                 && b["located"] == true
-                && b["effective_weight"].as_u64().is_some_and(|w| w > 0)
+                && b["effective_weight"].as_f64().is_some_and(|w| w > 0.0)
         })
 }
 

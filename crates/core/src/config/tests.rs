@@ -799,8 +799,8 @@ address = "10.0.0.3"
     assert_eq!(kept.capacity_rps, Some(200.0));
 }
 
-/// `slow_start_secs` reaches the balancer as a ramp fraction, for the algorithms that do
-/// not read weights (the weight of 1 cannot ramp: it stays at least 1).
+/// `slow_start_secs` reaches the balancer as a ramp fraction, which every algorithm but
+/// `none` applies (a weight of 1 ramps too: the fraction is not rounded into the weight).
 #[test]
 fn slow_start_reaches_the_balancer_as_a_fraction() {
     let text = r#"

@@ -682,6 +682,7 @@ fn add_backend(sim: &mut Sim, address: Ipv4Addr) -> Result<usize, String> {
         address,
         weight: 1,
         metrics: None,
+        mac: None,
     };
     let now = sim.now;
     let position = sim.c.add_backend(now, 0, cfg, &mut sim.out);
@@ -1722,17 +1723,20 @@ fn undraining_an_active_backend_does_not_restart_its_slow_start() {
         );
     let mut sim = one_switch(&cfg);
     sim.tick(Duration::from_secs(31));
-    let weight = |sim: &Sim| sim.c.services()[0].loads[0].weight;
-    assert_eq!(weight(&sim), 100, "ramped up");
+    // The weight the balancer applies: the configured one times the ramp's fraction.
+    let weight = |sim: &Sim| sim.c.services()[0].effective_weight(0);
+    assert_eq!(weight(&sim), Some(100.0), "ramped up");
     let now = sim.now;
     sim.c.set_admin(now, 0, 0, AdminState::Active);
     sim.tick(Duration::from_millis(100));
-    assert_eq!(weight(&sim), 100, "still at full weight");
+    assert_eq!(weight(&sim), Some(100.0), "still at full weight");
     // A real return from a drain ramps again.
     let now = sim.now;
     sim.c.set_admin(now, 0, 0, AdminState::Draining);
     sim.c.set_admin(now, 0, 0, AdminState::Active);
     assert_eq!(sim.c.services()[0].backends[0].since, Some(now));
+    sim.tick(Duration::from_millis(100));
+    assert!(weight(&sim).is_some_and(|w| w < 100.0), "ramping again");
 }
 
 /// The API changes a service's algorithm through `set_algorithm`, held to the file's

@@ -186,7 +186,7 @@ fn schemas() -> Value {
             "properties": {
                 "address": { "type": "string", "format": "ipv4" },
                 "weight": { "type": "integer" },
-                "effective_weight": { "type": "integer" },
+                "effective_weight": { "type": "number", "minimum": 0 },
                 "healthy": { "type": "boolean" },
                 "state": { "type": "string", "enum": ["active", "draining"] },
                 "draining": { "type": "boolean" },

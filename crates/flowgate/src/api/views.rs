@@ -49,9 +49,10 @@ pub struct BackendView {
     pub address: Ipv4Addr,
     /// The operator's weight: the file's, or the last the API set.
     pub weight: u32,
-    /// Weight the balancer uses now: slow start ramps it up after a (re)join, and a
-    /// domain controller's spill decision scales it.
-    pub effective_weight: u32,
+    /// Weight the balancer uses now: a domain controller's spill decision scales it, and
+    /// slow start ramps it up after a (re)join (a fraction: weight 1 at a quarter of its
+    /// ramp is 0.25).
+    pub effective_weight: f64,
     /// Result of the active health checks.
     pub healthy: bool,
     /// `active` or `draining`.
@@ -96,7 +97,7 @@ fn backend_view(
         address: b.address,
         // The operator's (a domain controller's spill scales it in `effective_weight`).
         weight: s.cfg.backends.get(i).map_or(b.weight, |c| c.weight),
-        effective_weight: load.map(|l| l.weight).unwrap_or(b.weight),
+        effective_weight: s.effective_weight(i).unwrap_or_else(|| f64::from(b.weight)),
         healthy: b.healthy,
         state: b.admin,
         draining: b.admin == flowgate_core::service::AdminState::Draining,
