@@ -1482,6 +1482,7 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_ports_refused_total", "counter"),
         ("flowgate_openflow_handshakes_refused_total", "counter"),
         ("flowgate_openflow_undecodable_total", "counter"),
+        ("flowgate_address_claims_refused_total", "counter"),
     ] {
         assert_eq!(types.get(f).map(String::as_str), Some(k), "{f}");
     }

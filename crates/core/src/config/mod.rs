@@ -418,6 +418,12 @@ pub struct BackendConfig {
     pub weight: u32,
     /// A Prometheus endpoint of the backend's own, scraped for load figures.
     pub metrics: Option<String>,
+    /// `mac`: the backend's MAC, pinned. The controller then binds the backend's address
+    /// only to this MAC: another host that claims the address (by ARP, or as an IPv4
+    /// source) is refused and counted, where without a pin it would take the backend's
+    /// connections as a backend that moved. The price: a backend whose NIC changes needs a
+    /// config change.
+    pub mac: Option<MacAddr>,
 }
 
 impl Config {
@@ -665,6 +671,7 @@ fn validate(
         .unwrap_or_default();
     root.finish(errs);
     check_services(&read, errs);
+    check_pinned_macs(&read, errs);
     let services = read.into_iter().filter_map(|r| r.cfg).collect();
 
     Some(Config {
@@ -972,8 +979,9 @@ struct ReadService {
     port: Option<u16>,
     /// The virtual MAC and whether the file wrote it (not the automatic one).
     virtual_mac: Option<(MacAddr, bool)>,
-    /// Each backend address (first listing only, not the VIP) with its index in the file.
-    backends: Vec<(usize, Ipv4Addr)>,
+    /// Each backend address (first listing only, not the VIP) with its index in the file
+    /// and its pinned MAC.
+    backends: Vec<(usize, Ipv4Addr, Option<MacAddr>)>,
     /// The service, when it has no error of its own.
     cfg: Option<ServiceConfig>,
 }
@@ -1234,6 +1242,13 @@ fn read_service(
         if let Some(Err(why)) = metrics.as_deref().map(parse_metrics_url) {
             errs.push(ConfigError::new(b.key_path("metrics"), why));
         }
+        let mac = b.string("mac", errs).and_then(|m| match pinned_mac(m) {
+            Ok(mac) => Some(mac),
+            Err(why) => {
+                errs.push(ConfigError::new(b.key_path("mac"), why));
+                None
+            }
+        });
         if let Some(a) = address {
             if !seen.insert(a) {
                 errs.push(ConfigError::new(
@@ -1246,7 +1261,7 @@ fn read_service(
                     "a backend cannot have the service's VIP",
                 ));
             } else {
-                read.backends.push((bi, a));
+                read.backends.push((bi, a, mac));
             }
         }
         b.finish(errs);
@@ -1258,6 +1273,7 @@ fn read_service(
                 address,
                 weight,
                 metrics,
+                mac,
             });
         }
     }
@@ -1440,7 +1456,7 @@ fn check_services(services: &[ReadService], errs: &mut Vec<ConfigError>) {
                 ));
             }
             for other in services {
-                if other.backends.iter().any(|&(_, a)| a == vip) {
+                if other.backends.iter().any(|&(_, a, _)| a == vip) {
                     errs.push(ConfigError::new(
                         format!("service[{i}].vip"),
                         format!(
@@ -1467,12 +1483,46 @@ fn check_services(services: &[ReadService], errs: &mut Vec<ConfigError>) {
                 ));
             }
         } else if let Some(port) = s.port {
-            for &(bi, a) in &s.backends {
+            for &(bi, a, _) in &s.backends {
                 if let Some(o) = listeners.insert((a, port), s) {
                     errs.push(ConfigError::new(
                         format!("service[{i}].backend[{bi}].address"),
                         format!("{a}:{port} is intercepted by {}", described(o)),
                     ));
+                }
+            }
+        }
+    }
+}
+
+/// A backend address listed by several services is one host: where two of its listings pin
+/// a MAC, they pin the same. A pinned MAC is a host's, so it is no service's virtual MAC.
+fn check_pinned_macs(services: &[ReadService], errs: &mut Vec<ConfigError>) {
+    let mut pinned: HashMap<Ipv4Addr, (&ReadService, usize, MacAddr)> = HashMap::new();
+    for s in services {
+        for &(bi, a, mac) in &s.backends {
+            let Some(mac) = mac else { continue };
+            let at = format!("service[{}].backend[{bi}].mac", s.index);
+            if let Some(o) = services
+                .iter()
+                .find(|o| o.vip.is_some() && o.virtual_mac.is_some_and(|(m, _)| m == mac))
+            {
+                errs.push(ConfigError::new(
+                    at.clone(),
+                    format!("{mac} is the virtual MAC of {}", described(o)),
+                ));
+            }
+            match pinned.get(&a) {
+                Some(&(o, obi, omac)) if omac != mac => errs.push(ConfigError::new(
+                    at,
+                    format!(
+                        "{a} is pinned to {omac} at service[{}].backend[{obi}].mac; one address, one host",
+                        o.index
+                    ),
+                )),
+                Some(_) => {}
+                None => {
+                    pinned.insert(a, (s, bi, mac));
                 }
             }
         }
@@ -1498,6 +1548,17 @@ fn virtual_mac_error(mac: MacAddr) -> Option<&'static str> {
         Some("is the MAC the controller's ARP probes come from")
     } else {
         None
+    }
+}
+
+/// A backend's `mac`: a host's own MAC (unicast, not zero, not the controller's probes').
+pub fn pinned_mac(text: &str) -> Result<MacAddr, String> {
+    let mac = text
+        .parse::<MacAddr>()
+        .map_err(|_| format!("{text:?} is not a MAC address"))?;
+    match virtual_mac_error(mac) {
+        Some(why) => Err(why.to_string()),
+        None => Ok(mac),
     }
 }
 

@@ -830,3 +830,76 @@ address = "10.0.0.3"
     s.refresh(now + Duration::from_secs(5), Duration::from_secs(1));
     assert_eq!(s.balancer.ramp(0), 1.0);
 }
+
+/// A backend's `mac` pins its address to one host: read as a host's MAC, refused when it
+/// is no host's, when it is a service's virtual MAC, and when two services pin one
+/// address to two MACs; every error at its own path.
+#[test]
+fn a_pinned_backend_mac_is_read_and_checked() {
+    let text = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+[[service.backend]]
+address = "10.0.0.2"
+mac = "02:00:00:00:00:02"
+[[service.backend]]
+address = "10.0.0.3"
+[[service]]
+name = "api"
+vip = "10.0.0.101"
+port = 80
+[[service.backend]]
+address = "10.0.0.2"
+mac = "02:00:00:00:00:02"
+"#;
+    let cfg = Config::from_toml(text, &no_env).expect("valid");
+    let pinned: MacAddr = "02:00:00:00:00:02".parse().unwrap();
+    assert_eq!(cfg.services[0].backends[0].mac, Some(pinned));
+    assert_eq!(cfg.services[0].backends[1].mac, None);
+    assert_eq!(cfg.services[1].backends[0].mac, Some(pinned));
+
+    let bad = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+virtual_mac = "02:66:67:00:00:09"
+[[service.backend]]
+address = "10.0.0.2"
+mac = "not a mac"
+[[service.backend]]
+address = "10.0.0.3"
+mac = "01:00:5e:00:00:01"
+[[service.backend]]
+address = "10.0.0.4"
+mac = "00:00:00:00:00:00"
+[[service.backend]]
+address = "10.0.0.5"
+mac = "02:66:67:00:00:09"
+[[service.backend]]
+address = "10.0.0.6"
+mac = "02:00:00:00:00:06"
+[[service]]
+name = "api"
+vip = "10.0.0.101"
+port = 80
+[[service.backend]]
+address = "10.0.0.6"
+mac = "02:00:00:00:00:07"
+"#;
+    let errs = Config::from_toml(bad, &no_env).expect_err("invalid").0;
+    let at = |path: &str| {
+        errs.iter()
+            .find(|e| e.path == path)
+            .map(|e| e.message.clone())
+            .unwrap_or_else(|| panic!("no error at {path} in {errs:?}"))
+    };
+    assert!(at("service[0].backend[0].mac").contains("is not a MAC address"));
+    assert!(at("service[0].backend[1].mac").contains("unicast"));
+    assert!(at("service[0].backend[2].mac").contains("no host's MAC"));
+    assert!(at("service[0].backend[3].mac").contains("virtual MAC of service[0]"));
+    assert!(at("service[1].backend[0].mac").contains("pinned to 02:00:00:00:00:06"));
+    assert_eq!(errs.len(), 5, "{errs:?}");
+}

@@ -131,7 +131,9 @@ impl Controller {
         }
         // A service address is the controller's, never a host's: a partitioned service's
         // backends answer from it (direct return), and must not become "the VIP's host".
-        .filter(|a| !self.service_addrs.contains(a));
+        .filter(|a| !self.service_addrs.contains(a))
+        // A pinned backend address is its pinned MAC's alone.
+        .filter(|&a| self.may_claim(frame.eth_src, a));
         // Frames we sent ourselves as a VIP must not teach anything.
         if self.is_virtual_mac(frame.eth_src) {
             return;
@@ -174,6 +176,22 @@ impl Controller {
             _ => {}
         }
         change
+    }
+
+    /// Whether `mac` may claim `ip`: any may, unless `ip` is a backend pinned to another
+    /// MAC; that claim is counted. One hash lookup, in a map that is empty unless the
+    /// config pins a MAC.
+    pub(crate) fn may_claim(&mut self, mac: MacAddr, ip: Ipv4Addr) -> bool {
+        if self.pinned_macs.is_empty() {
+            return true;
+        }
+        match self.pinned_macs.get(&ip) {
+            Some(&pinned) if pinned != mac => {
+                self.counters.address_claims_refused += 1;
+                false
+            }
+            _ => true,
+        }
     }
 
     pub(crate) fn is_virtual_mac(&self, mac: MacAddr) -> bool {

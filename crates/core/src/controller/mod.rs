@@ -217,6 +217,9 @@ pub struct Counters {
     pub addresses_refused: u64,
     /// Addresses not learned because their host's port had `max_hosts_per_port` of them.
     pub addresses_refused_port_full: u64,
+    /// Claims of a pinned backend address (a backend's `mac`) by another MAC, by ARP or
+    /// as an IPv4 source: refused, so the backend keeps its connections.
+    pub address_claims_refused: u64,
     /// ARP probes sent to hosts silent for `host_timeout` (see [`ageing`]).
     pub host_probes_sent: u64,
     /// Hosts forgotten because they were silent and did not answer the probes.
@@ -287,6 +290,9 @@ pub struct Controller {
     pub(crate) virtual_macs: HashSet<flowgate_packet::MacAddr, RandomState>,
     /// Backend address to every `(service, backend)` it serves.
     pub(crate) backend_index: HashMap<Ipv4Addr, SmallVec<[(u16, u16); 2]>, RandomState>,
+    /// Backend addresses pinned to a MAC (`mac` in the config): only that MAC may claim
+    /// them.
+    pub(crate) pinned_macs: HashMap<Ipv4Addr, flowgate_packet::MacAddr, RandomState>,
     pub(crate) conns: ConnTable,
     pub(crate) counters: Counters,
     events: VecDeque<Event>,
@@ -377,6 +383,7 @@ impl Controller {
             service_addrs: HashSet::default(),
             virtual_macs: HashSet::default(),
             backend_index: HashMap::default(),
+            pinned_macs: HashMap::default(),
             conns: ConnTable::with_capacity(config.controller.preallocate_connections),
             counters: Counters::default(),
             events: VecDeque::with_capacity(EVENT_RING),
@@ -540,6 +547,17 @@ impl Controller {
                     .or_default()
                     .push((si, bi as u16));
             }
+        }
+        let pins = self.services.iter().flat_map(|s| &s.cfg.backends);
+        self.pinned_macs = pins.filter_map(|b| Some((b.address, b.mac?))).collect();
+        // A pin given now takes the address back from whoever claimed it before, if the
+        // pinned host is known; else the pinned host's next frame does.
+        let taken: Vec<_> = (self.pinned_macs.iter())
+            .filter(|&(&ip, &mac)| self.topo.mac_of(ip).is_some_and(|m| m != mac))
+            .map(|(&ip, &mac)| (ip, mac))
+            .collect();
+        for (ip, mac) in taken {
+            self.learn_address(mac, ip);
         }
     }
 
@@ -1203,6 +1221,9 @@ impl Controller {
     ) -> bool {
         if !self.backend_index.contains_key(&ip) {
             return false;
+        }
+        if !self.may_claim(mac, ip) {
+            return true;
         }
         if self.topo.locate_ip(ip) != Some((mac, at)) {
             let change = self.topo.learn_host(now, mac, at);

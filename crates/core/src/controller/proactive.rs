@@ -1150,6 +1150,7 @@ mod tests {
             address: gone,
             weight: 1,
             metrics: None,
+            mac: None,
         };
         ctl.add_backend(t, 0, cfg, &mut out).expect("added");
         out.drain().for_each(drop);

@@ -2632,3 +2632,41 @@ fn a_switch_cannot_grow_its_port_table_without_bound() {
     assert_eq!(ports(&sim).len(), MAX_PORTS_PER_SWITCH);
     assert_eq!(sim.c.counters().ports_refused, extra as u64 + 1);
 }
+
+/// A host (h5) claims the only backend's address with a gratuitous ARP from its own MAC.
+/// Unpinned, the controller takes that for the backend having moved (as a migrated VM
+/// announces itself) and sends the next connection to h5. With the backend's `mac`
+/// pinned, the claim is refused and counted, and connections keep reaching h2.
+#[test]
+fn a_pinned_backend_address_cannot_be_claimed_by_another_host() {
+    let hosts = [("h1", 1, 1), ("h2", 1, 2), ("h5", 1, 5)];
+    let reached_by_new_connection = |pin: &str| {
+        let config = service_config("round-robin", &[2]).replace(
+            "address = \"10.0.0.2\"\n",
+            &format!("address = \"10.0.0.2\"\n{pin}"),
+        );
+        let mut sim = Sim::new(&config, &[(1, 5)], &[], &hosts);
+        for h in ["h1", "h2", "h5"] {
+            let i = h[1..].parse().unwrap();
+            sim.send(h, &arp_request(i, ip(9)));
+        }
+        let first = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN));
+        assert_eq!(first[0].0, "h2", "before the claim: {first:?}");
+        // "I am 10.0.0.2", from h5's MAC.
+        sim.send("h5", &packet::arp_request(mac(5), ip(2), ip(2)));
+        sim.tick(Duration::from_millis(10));
+        let next = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), 45001), (VIP, 80), SYN));
+        let refused = sim.c.counters().address_claims_refused;
+        (next.first().map(|(h, _)| h.clone()), refused)
+    };
+    assert_eq!(
+        reached_by_new_connection(""),
+        (Some("h5".to_string()), 0),
+        "unpinned: the claim moves the backend"
+    );
+    assert_eq!(
+        reached_by_new_connection("mac = \"00:00:00:00:00:02\"\n"),
+        (Some("h2".to_string()), 1),
+        "pinned: the claim is refused"
+    );
+}

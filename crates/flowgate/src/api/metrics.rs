@@ -140,6 +140,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.addresses_refused_port_full,
         ),
         (
+            "flowgate_address_claims_refused_total",
+            "Claims of a backend address pinned to another MAC (the backend's mac), by ARP or as an IPv4 source: refused. A rising count is a host spoofing the address, or a pin that names the wrong MAC.",
+            counters.address_claims_refused,
+        ),
+        (
             "flowgate_host_probes_total",
             "ARP probes sent to hosts with an address that had sent nothing up for host_timeout_secs.",
             counters.host_probes_sent,

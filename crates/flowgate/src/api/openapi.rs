@@ -259,7 +259,8 @@ fn schemas() -> Value {
             "properties": {
                 "address": { "type": "string", "format": "ipv4" },
                 "weight": { "type": "integer", "minimum": 0, "maximum": 1_000_000 },
-                "metrics": { "type": "string" }
+                "metrics": { "type": "string" },
+                "mac": { "type": "string", "description": "The backend's MAC, pinned: another host's claim of its address is refused." }
             }
         },
         "WeightChange": {

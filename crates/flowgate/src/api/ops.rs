@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flowgate_core::balance::AlgorithmKind;
-use flowgate_core::config::{BackendConfig, parse_metrics_url};
+use flowgate_core::config::{BackendConfig, parse_metrics_url, pinned_mac};
 use flowgate_core::service::AdminState;
 use serde::Deserialize;
 
@@ -150,6 +150,7 @@ pub(crate) struct NewBackend {
     address: String,
     weight: Option<u32>,
     metrics: Option<String>,
+    mac: Option<String>,
 }
 
 pub(crate) async fn add_backend(
@@ -186,6 +187,11 @@ pub(crate) async fn add_backend(
     if let Some(Err(why)) = nb.metrics.as_deref().map(parse_metrics_url) {
         return error(StatusCode::BAD_REQUEST, format!("metrics: {why}"));
     }
+    let mac = match nb.mac.as_deref().map(pinned_mac) {
+        None => None,
+        Some(Ok(mac)) => Some(mac),
+        Some(Err(why)) => return error(StatusCode::BAD_REQUEST, format!("mac: {why}")),
+    };
     let mut core = st.handle.lock();
     let si = match find_service(&core.controller, &service) {
         Ok(si) => si,
@@ -196,6 +202,7 @@ pub(crate) async fn add_backend(
         address,
         weight,
         metrics: nb.metrics,
+        mac,
     };
     match core.with(|c, out| c.add_backend(now, si, cfg, out)) {
         Ok(bi) => {

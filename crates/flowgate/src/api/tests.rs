@@ -184,6 +184,23 @@ fn a_new_backends_metrics_url_is_one_the_scraper_fetches() {
     assert_eq!(status, 201, "{text}");
 }
 
+/// A backend added through the API may pin its MAC, held to the file's rules.
+#[test]
+fn a_new_backends_mac_is_a_hosts() {
+    let a = api(None);
+    let auth = bearer();
+    let add = "/api/v1/services/web/backends";
+    for bad in ["nope", "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:00"] {
+        let body = serde_json::json!({ "address": "10.0.0.9", "mac": bad }).to_string();
+        let (status, text) = call(a.addr, "POST", add, Some(&auth), &body);
+        assert_eq!(status, 400, "{bad}: {text}");
+        assert!(text.contains("mac: "), "{text}");
+    }
+    let body = serde_json::json!({ "address": "10.0.0.9", "mac": "02:00:00:00:00:09" }).to_string();
+    let (status, text) = call(a.addr, "POST", add, Some(&auth), &body);
+    assert_eq!(status, 201, "{text}");
+}
+
 /// The config file `CONFIG` in a scratch directory.
 fn config_file(name: &str) -> (ScratchDir, PathBuf) {
     let dir = ScratchDir::new(&format!("api-unit-{name}")).expect("temp dir");

@@ -199,6 +199,9 @@ impl World {
                     address: Endpoint::addr(input.u8()),
                     weight: u32::from(input.u8()),
                     metrics: None,
+                    // Sometimes pinned, perhaps to another endpoint's MAC: its claims
+                    // must then be refused, never panic.
+                    mac: (input.pick(2) == 0).then(|| Endpoint::mac(input.u8())),
                 };
                 let _ = self.c.add_backend(now, service, cfg, &mut self.out);
             }
