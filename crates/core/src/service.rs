@@ -533,6 +533,18 @@ impl ServiceState {
         }
     }
 
+    /// A connection decided before, ended during its handshake, placed again for its
+    /// client's retransmitted SYN: open again, but no new decision (neither in
+    /// `connections_total` nor in the request rate: the client's one attempt).
+    pub fn record_resumed(&mut self, backend: usize) {
+        if let Some(b) = self.backends.get_mut(backend) {
+            b.active_connections += 1;
+        }
+        if let Some(l) = self.loads.get_mut(backend) {
+            l.active_connections += 1;
+        }
+    }
+
     /// The switch reported the end of a connection's reverse rule: `answered` is false when
     /// the backend sent nothing back, or only a RST (at most one packet), which is how a
     /// refused or timed-out connection looks from the switch.

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::conntrack::ConnKey;
+use crate::conntrack::{Conn, ConnKey};
 
 /// How long a deferred connection waits for its client's ACK: a client retransmits its
 /// SYN after 1 s and a backend its SYN-ACK after 1 s (Linux), so this outlasts one loss
@@ -155,6 +155,27 @@ pub(crate) struct Handshakes {
     /// as a SYN cookie must be echoed. Only deferred connections are here, and each
     /// leaves with its connection.
     pub(crate) syn_acks: HashMap<ConnKey, u32, ahash::RandomState>,
+    /// Connections whose rule at the client's edge ended before their client completed the
+    /// handshake through it, by 4-tuple (see [`Handshakes::remember_aborted`]).
+    aborted: HashMap<ConnKey, Aborted, ahash::RandomState>,
+    /// The same, oldest first, for their expiry (an entry whose key was remembered again
+    /// since, or taken, is skipped).
+    aborted_order: VecDeque<(u64, ConnKey)>,
+}
+
+/// How long a connection ended during its handshake is remembered: its client sends its
+/// SYN again 1, 3 and 7 s after the first (Linux), so this covers the retransmissions
+/// that follow the end of its rule.
+pub const ABORTED_KEEP_MS: u64 = 8_000;
+
+/// Such connections remembered at most: the oldest go first.
+const MAX_ABORTED: usize = 65_536;
+
+/// A connection ended during its handshake: what its client's retransmitted SYN needs.
+#[derive(Debug, Clone, Copy)]
+struct Aborted {
+    conn: Conn,
+    until_ms: u64,
 }
 
 impl Handshakes {
@@ -172,6 +193,50 @@ impl Handshakes {
             self.waiting.pop_front()
         } else {
             None
+        }
+    }
+
+    /// Connection `key` ended at `now_ms` before its client completed the handshake
+    /// through its rule (the rule carried at most the client's RST: Open vSwitch's
+    /// `fin_timeout` then ends it a second later, about when the client sends its SYN
+    /// again). Its SYN was decided and counted; a retransmission of that SYN (same ISN)
+    /// is the same connection, not a new one (see [`Handshakes::take_aborted`]).
+    pub(crate) fn remember_aborted(&mut self, now_ms: u64, key: ConnKey, conn: Conn) {
+        if conn.isn.is_none() {
+            return;
+        }
+        if self.aborted.len() >= MAX_ABORTED
+            && let Some((_, oldest)) = self.aborted_order.pop_front()
+        {
+            self.aborted.remove(&oldest);
+        }
+        let until_ms = now_ms + ABORTED_KEEP_MS;
+        self.aborted.insert(key, Aborted { conn, until_ms });
+        self.aborted_order.push_back((until_ms, key));
+    }
+
+    /// The connection ended during its handshake on `key`, if `seq` is its client's ISN
+    /// (a retransmission of its SYN). Forgotten either way: another ISN is a new
+    /// connection on the 4-tuple.
+    pub(crate) fn take_aborted(&mut self, key: &ConnKey, seq: u32) -> Option<Conn> {
+        if self.aborted.is_empty() {
+            return None;
+        }
+        let a = self.aborted.remove(key)?;
+        a.conn.is_own_syn(seq).then_some(a.conn)
+    }
+
+    /// Forget the connections ended during their handshake longer ago than
+    /// [`ABORTED_KEEP_MS`].
+    pub(crate) fn expire_aborted(&mut self, now_ms: u64) {
+        while let Some(&(until_ms, key)) = self.aborted_order.front() {
+            if until_ms > now_ms {
+                break;
+            }
+            self.aborted_order.pop_front();
+            if self.aborted.get(&key).is_some_and(|a| a.until_ms <= now_ms) {
+                self.aborted.remove(&key);
+            }
         }
     }
 }

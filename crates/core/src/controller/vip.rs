@@ -146,7 +146,10 @@ impl Controller {
                 // were decided twice, or reset).
                 self.send_known(at, &key, conn, Dir::Forward, dst, out);
             } else if tcp.flags.is_initial_syn() {
-                self.new_connection(now, at, key, l, None, out);
+                // A retransmission of a SYN decided before, whose connection ended during
+                // its handshake, is that connection again: its client's one attempt.
+                let resumed = self.handshakes.take_aborted(&key, tcp.seq);
+                self.new_connection(now, at, key, l, None, resumed, out);
             } else if self.departed_segment(now, at, &key, out) {
                 // An old partition's connection, to its owner.
             } else if !self.adopt(now, at, key, l, out) {
@@ -269,7 +272,7 @@ impl Controller {
             s.record_end(old.backend);
         }
         self.handshakes.syn_acks.remove(&key);
-        self.new_connection(now, at, key, l, Some(old), out);
+        self.new_connection(now, at, key, l, Some(old), None, out);
         // The old backend's reverse rule at the client's edge has another match than the
         // new one's, so nothing replaced it: remove it, so that a late segment of the old
         // backend (a RST for the new connection's packets that reached it before the new
@@ -295,7 +298,10 @@ impl Controller {
     }
 
     /// `at` is the client's SYN. `reuse`: the earlier connection on the same 4-tuple,
-    /// when [`Self::reopen`] calls.
+    /// when [`Self::reopen`] calls. `resumed`: the connection this SYN was decided for
+    /// before, ended during its handshake (`Handshakes::take_aborted`): placed again, on
+    /// its backend if it can still take it, admitted and counted once already.
+    #[allow(clippy::too_many_arguments)]
     fn new_connection(
         &mut self,
         now: Instant,
@@ -303,6 +309,7 @@ impl Controller {
         key: ConnKey,
         l: Listener,
         reuse: Option<Conn>,
+        resumed: Option<Conn>,
         out: &mut Outbox,
     ) {
         let dpid = at.dpid;
@@ -313,7 +320,10 @@ impl Controller {
         // Overload control: the service's gap refuses it, with a RST so the client learns
         // at once (or silently, if so configured).
         // (A held SYN tried again was admitted when it came.)
-        if self.held.retrying.is_none() && !self.overload_admit(now, dpid, si, out) {
+        if self.held.retrying.is_none()
+            && resumed.is_none()
+            && !self.overload_admit(now, dpid, si, out)
+        {
             if self.overload_refusal_resets(si) {
                 self.reset(at, out);
             }
@@ -357,6 +367,7 @@ impl Controller {
         // after a drain went to the balancer's pick, its ACK to the drained owner).
         let eligible = |b: &usize| s.loads.get(*b).is_some_and(|l| l.eligible);
         let kept = reuse
+            .or(resumed)
             .filter(|o| o.service == l.service)
             .and_then(|o| s.position(o.backend))
             .filter(eligible);
@@ -425,7 +436,11 @@ impl Controller {
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
-        s.record_pick(b);
+        if resumed.is_some() {
+            s.record_resumed(b);
+        } else {
+            s.record_pick(b);
+        }
         if self.held.retrying.is_some() {
             s.counters.held_answered += 1;
         }
@@ -740,6 +755,7 @@ impl Controller {
     /// Forget the deferred connections whose client's ACK did not come in time.
     pub(crate) fn expire_handshakes(&mut self, now: Instant) {
         let now_ms = self.ms_since_start(now);
+        self.handshakes.expire_aborted(now_ms);
         while let Some(w) = self.handshakes.next_due(now_ms) {
             // Still the same connection, still waiting (not completed, reset or reopened).
             if let Some(conn) = self
@@ -993,3 +1009,7 @@ fn flow_hash(key: &ConnKey) -> u64 {
     h.write_u16(key.service_port);
     h.finish()
 }
+
+#[cfg(test)]
+#[path = "vip_tests.rs"]
+mod tests;
