@@ -109,7 +109,12 @@ impl Balancer {
         let rc = RateCtx::new(req.since_refresh, self.rate_window());
         let (requested, from_client) = match req.requested.filter(|&r| r < n) {
             Some(r) => (r, true),
-            None => match self.next_rr(b) {
+            // Behind a VIP the "requested" server is the base policy's: smooth weighted
+            // round robin, so that weights hold under ISSLM too. A domain controller's
+            // spill is nothing but weights (a tenth of the flows to the remote backends):
+            // a plain rotation gave each remote backend an equal turn with the local
+            // ones, a third of the flows each in the lab's Case C.
+            None => match self.select_wrr(b) {
                 Some(r) => (r, false),
                 None => return Selection::NONE_ELIGIBLE,
             },

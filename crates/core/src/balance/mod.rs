@@ -29,7 +29,7 @@
 //!   `weight·f` per pick, least connections and P2C compare `(conns + 1) / (weight·f)`,
 //!   random and DWRS draw with `weight·f` (DWRS: times the headroom). With `f = 1` all
 //!   of them behave exactly as without a ramp. The others read weight only as "> 0", so
-//!   they apply `f` in their own way: round robin (and ISSLM's base behind a VIP) takes
+//!   they apply `f` in their own way: round robin takes
 //!   a ramping backend in turn with probability `f`; ISSLM, SRT, MRBS and AMLOB see each
 //!   cost they minimise (request load, connections, response time) divided by `f`, so a
 //!   backend ends with `f` times an equal peer's load, and ISSLM counts it over at
@@ -111,7 +111,8 @@ pub enum AlgorithmKind {
     /// [`Balancer::select`]. Summary of our reading:
     ///
     /// * `requested` = `SelectRequest::requested` (services without a VIP, Cases A/B), or
-    ///   behind a VIP the base policy's choice (round robin).
+    ///   behind a VIP the base policy's choice (smooth weighted round robin, as
+    ///   `weighted-round-robin`: with equal weights, a plain rotation).
     /// * Effective load = [`effective_rps`]. Hysteresis: a backend becomes *over* at
     ///   `load ≥ T` and stops being over only when `load < T·(1 − hysteresis)`; the latch
     ///   is kept per backend and updated on refresh and whenever select examines it.

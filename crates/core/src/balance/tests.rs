@@ -1402,3 +1402,32 @@ fn slow_start_fractions_are_clamped() {
     assert!((0..50).all(|_| pick(&mut b, &p).is_some()));
     assert_eq!(b.ramp(5), 1.0);
 }
+
+/// Behind a VIP, ISSLM's "requested" server is a smooth weighted round robin's pick, so a
+/// domain controller's spill (weights only: local 100, two remote backends 6 each, for a
+/// tenth of the flows) holds under ISSLM while nobody is over. A plain rotation gave the
+/// remote backends a third of the flows each (the lab's full Case C).
+#[test]
+fn isslm_behind_a_vip_takes_its_base_pick_by_weight() {
+    let mut p = pool(3);
+    p[0].weight = 100;
+    p[1].weight = 6;
+    p[2].weight = 6;
+    let mut b = Balancer::new(
+        AlgorithmKind::Isslm,
+        AlgorithmParams {
+            threshold_rps: Some(1e9),
+            ..AlgorithmParams::default()
+        },
+        3,
+        7,
+    );
+    b.on_refresh(&p, MS10);
+    let mut got = [0usize; 3];
+    for _ in 0..1120 {
+        let s = b.select(&req(), &p);
+        assert_eq!(s.outcome, Outcome::Requested, "nobody is over");
+        got[s.backend.expect("placed")] += 1;
+    }
+    assert_eq!(got, [1000, 60, 60]);
+}

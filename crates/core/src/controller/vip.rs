@@ -436,7 +436,9 @@ impl Controller {
         let Some(s) = self.services.get_mut(si) else {
             return;
         };
-        if resumed.is_some() {
+        // On its old backend, the client's one attempt, counted when it was decided; on
+        // another (the old one can take no more), a decision of its own.
+        if resumed.is_some_and(|r| s.position(r.backend) == Some(b)) {
             s.record_resumed(b);
         } else {
             s.record_pick(b);
