@@ -1834,6 +1834,11 @@ fn syn_isn(client: (std::net::Ipv4Addr, u16), isn: u32) -> ofp::Bytes {
 /// A FLOW_REMOVED for the switch's rule with this cookie bit (as the switch would send it
 /// once the rule went).
 fn flow_removed_of(f: &crate::testkit::FlowEntry) -> Message {
+    flow_removed_after(f, 5)
+}
+
+/// [`flow_removed_of`] for a rule that carried `packets` packets.
+fn flow_removed_after(f: &crate::testkit::FlowEntry, packets: u64) -> Message {
     Message::FlowRemoved(ofp::FlowRemoved {
         cookie: f.cookie,
         priority: f.priority,
@@ -1843,8 +1848,8 @@ fn flow_removed_of(f: &crate::testkit::FlowEntry) -> Message {
         duration_nsec: 0,
         idle_timeout: 1,
         hard_timeout: 0,
-        packet_count: 5,
-        byte_count: 400,
+        packet_count: packets,
+        byte_count: 80 * packets,
         match_: f.match_.clone(),
     })
 }
@@ -2669,4 +2674,96 @@ fn a_pinned_backend_address_cannot_be_claimed_by_another_host() {
         (Some("h2".to_string()), 1),
         "pinned: the claim is refused"
     );
+}
+
+/// The lab's service: no VIP, so the clients address a backend (h2) and every backend
+/// address is intercepted. One switch: h1 the client, h2..h4 the backends.
+fn no_vip() -> Sim {
+    one_switch(
+        &service_config("round-robin", &[2, 3, 4]).replace(&format!("vip = \"{VIP}\"\n"), ""),
+    )
+}
+
+/// h1's SYN from `port` with `isn`, to h2's address.
+fn syn_to_h2(port: u16, isn: u32) -> ofp::Bytes {
+    packet::ipv4_tcp(&packet::TcpSegment {
+        eth_src: mac(1),
+        eth_dst: mac(2),
+        ip_src: ip(1),
+        ip_dst: ip(2),
+        src_port: port,
+        dst_port: 80,
+        seq: isn,
+        flags: packet::TcpFlags(SYN),
+        ..packet::TcpSegment::default()
+    })
+}
+
+/// The connection's forward rule at the client's edge goes, as Open vSwitch ends it a
+/// second after the client's RST passed it (`fin_timeout`): it carried that one packet.
+fn forward_rule_ends_after_a_rst(sim: &mut Sim) {
+    let fwd = conn_flows(sim, cookie::conn::ACCOUNTING);
+    assert_eq!(fwd.len(), 1, "one forward rule at the edge");
+    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+    let now = sim.now;
+    sim.c
+        .handle_message(now, 1, &flow_removed_after(&fwd[0], 1), &mut sim.out);
+    sim.pump();
+}
+
+/// A client's SYN is decided; its connection's rule ends before the handshake completed
+/// through it (the client reset an unexpected answer, and `fin_timeout` ended the rule a
+/// second later); the client sends the same SYN again (same ISN). That is its one
+/// connection attempt: decided and counted once, and it keeps its backend. Found in the
+/// lab's full runs, where such SYNs were decided twice (more picks than requests).
+#[test]
+fn a_syn_retransmitted_after_its_rule_ended_in_the_handshake_is_counted_once() {
+    let mut sim = no_vip();
+    let first = sim.send("h1", &syn_to_h2(41000, 9001));
+    assert_eq!(first.len(), 1, "the SYN reaches a backend: {first:?}");
+    assert_eq!(sim.c.services()[0].counters.connections_total, 1);
+    forward_rule_ends_after_a_rst(&mut sim);
+    assert_eq!(
+        sim.c.connections().len(),
+        0,
+        "the connection's accounting ended"
+    );
+    assert_eq!(active(&sim), 0);
+
+    sim.tick(Duration::from_millis(100));
+    let again = sim.send("h1", &syn_to_h2(41000, 9001));
+    let s = &sim.c.services()[0];
+    assert_eq!(
+        s.counters.connections_total, 1,
+        "one client connection, one decision"
+    );
+    assert_eq!(again.len(), 1, "the retransmission goes on: {again:?}");
+    assert_eq!(again[0].0, first[0].0, "to the backend decided for it");
+    assert_eq!(
+        s.backends.iter().map(|b| b.connections_total).sum::<u64>(),
+        1,
+        "the per-backend picks too"
+    );
+    assert_eq!(active(&sim), 1, "open again");
+    assert_eq!(sim.c.connections().len(), 1);
+
+    // A SYN with another ISN on the 4-tuple is a new connection, counted.
+    forward_rule_ends_after_a_rst(&mut sim);
+    sim.tick(Duration::from_millis(100));
+    sim.send("h1", &syn_to_h2(41000, 777_777));
+    assert_eq!(sim.c.services()[0].counters.connections_total, 2);
+}
+
+/// The memory of a connection ended in its handshake is bounded in time: a SYN with its
+/// ISN long after (no client retransmits that late) is decided as a new one.
+#[test]
+fn a_connection_ended_in_its_handshake_is_forgotten_after_a_while() {
+    let mut sim = no_vip();
+    sim.send("h1", &syn_to_h2(41001, 4040));
+    forward_rule_ends_after_a_rst(&mut sim);
+    for _ in 0..9 {
+        sim.tick(Duration::from_secs(1));
+    }
+    sim.send("h1", &syn_to_h2(41001, 4040));
+    assert_eq!(sim.c.services()[0].counters.connections_total, 2);
 }

@@ -1011,7 +1011,3 @@ fn flow_hash(key: &ConnKey) -> u64 {
     h.write_u16(key.service_port);
     h.finish()
 }
-
-#[cfg(test)]
-#[path = "vip_tests.rs"]
-mod tests;
