@@ -46,11 +46,8 @@ use crate::{plot, signal};
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
 /// The root-namespace leg (the controller scrapes the backends' metrics through it).
 const LEG_CIDR: &str = "10.0.0.250/24";
-/// The arms, in the order they run: the three modes, then the adaptive law without its
-/// ceiling (`mode = "adaptive"`, `ceiling = "off"`).
-pub const MODES: [&str; 4] = ["off", "static", "adaptive", NO_CEILING];
-/// The arm of the adaptive law alone, without its ceiling: the ablation.
-pub const NO_CEILING: &str = "adaptive-no-ceiling";
+/// The arms, and the ablation's, as the scenario lists them.
+pub use crate::scenario::{NO_CEILING, OVERLOAD_ARMS as MODES};
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05).
 const CONN_RULES: &str = "cookie=0x0500000000000000/0xff00000000000000";
 

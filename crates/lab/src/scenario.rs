@@ -35,6 +35,11 @@ const ISSLM: Arm = Arm {
     case: "B",
 };
 
+/// The overload scenario's arms, in the order they run: the three modes, then the adaptive
+/// law without its ceiling (`mode = "adaptive"`, `ceiling = "off"`).
+pub const OVERLOAD_ARMS: [&str; 4] = ["off", "static", "adaptive", NO_CEILING];
+/// The arm of the adaptive law alone, without its ceiling: the ablation.
+pub const NO_CEILING: &str = "adaptive-no-ceiling";
 /// Every scenario, in the order `flowgate lab list` shows them.
 pub fn all() -> Vec<Scenario> {
     let d = |label, algorithm| Arm {
@@ -80,7 +85,7 @@ pub fn all() -> Vec<Scenario> {
         Scenario {
             name: "overload",
             about: "Overload control (ACCM): no gap, the static gap table, the adaptive gap, and the adaptive gap without its ceiling (the ablation; not in --quick) against new connections offered at multiples of a fixed-concurrency pool's capacity",
-            arms: crate::overload::MODES
+            arms: OVERLOAD_ARMS
                 .into_iter()
                 .map(|label| Arm {
                     label,
