@@ -40,6 +40,7 @@ const ISSLM: Arm = Arm {
 pub const OVERLOAD_ARMS: [&str; 4] = ["off", "static", "adaptive", NO_CEILING];
 /// The arm of the adaptive law alone, without its ceiling: the ablation.
 pub const NO_CEILING: &str = "adaptive-no-ceiling";
+
 /// Every scenario, in the order `flowgate lab list` shows them.
 pub fn all() -> Vec<Scenario> {
     let d = |label, algorithm| Arm {
