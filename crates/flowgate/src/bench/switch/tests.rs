@@ -492,7 +492,7 @@ fn ended_connections_send_the_flow_removed_of_each_rule() {
     sw.expire_after = 1;
     let removed_of = |fm: &FlowMod| {
         let reason = ofp::FlowRemovedReason::IdleTimeout;
-        ofp::FlowRemoved::of_rule(fm, reason, u32::from(fm.idle_timeout), 1, 74)
+        ofp::FlowRemoved::of_rule(fm, reason, u32::from(fm.idle_timeout), 3, 254)
     };
     let mut want = Vec::new();
     for k in 0..2u64 {
