@@ -525,12 +525,12 @@ impl ServiceState {
             b.picks_since_metrics += 1;
             b.new_since_refresh += 1;
             b.connections_total += 1;
-            b.active_connections += 1;
         }
         if let Some(l) = self.loads.get_mut(backend) {
             l.picks_since_refresh += 1;
-            l.active_connections += 1;
         }
+        // Open, as a resumed one is.
+        self.record_resumed(backend);
     }
 
     /// A connection decided before, ended during its handshake, placed again for its

@@ -149,7 +149,7 @@ impl Controller {
                 // A retransmission of a SYN decided before, whose connection ended during
                 // its handshake, is that connection again: its client's one attempt.
                 let resumed = self.handshakes.take_aborted(&key, tcp.seq);
-                self.new_connection(now, at, key, l, None, resumed, out);
+                self.new_connection(now, at, key, l, resumed.map(Earlier::Resumed), out);
             } else if self.departed_segment(now, at, &key, out) {
                 // An old partition's connection, to its owner.
             } else if !self.adopt(now, at, key, l, out) {
@@ -272,7 +272,7 @@ impl Controller {
             s.record_end(old.backend);
         }
         self.handshakes.syn_acks.remove(&key);
-        self.new_connection(now, at, key, l, Some(old), None, out);
+        self.new_connection(now, at, key, l, Some(Earlier::Reopened(old)), out);
         // The old backend's reverse rule at the client's edge has another match than the
         // new one's, so nothing replaced it: remove it, so that a late segment of the old
         // backend (a RST for the new connection's packets that reached it before the new
@@ -297,21 +297,18 @@ impl Controller {
         }
     }
 
-    /// `at` is the client's SYN. `reuse`: the earlier connection on the same 4-tuple,
-    /// when [`Self::reopen`] calls. `resumed`: the connection this SYN was decided for
-    /// before, ended during its handshake (`Handshakes::take_aborted`): placed again, on
-    /// its backend if it can still take it, admitted and counted once already.
-    #[allow(clippy::too_many_arguments)]
+    /// `at` is the client's SYN; `earlier`, the connection on the same 4-tuple it
+    /// follows, if any (see [`Earlier`]).
     fn new_connection(
         &mut self,
         now: Instant,
         at: &Arrival<'_>,
         key: ConnKey,
         l: Listener,
-        reuse: Option<Conn>,
-        resumed: Option<Conn>,
+        earlier: Option<Earlier>,
         out: &mut Outbox,
     ) {
+        let resumed = matches!(earlier, Some(Earlier::Resumed(_)));
         let dpid = at.dpid;
         let since_refresh = self.since_refresh(now);
         let created_ms = self.ms_since_start(now);
@@ -320,10 +317,7 @@ impl Controller {
         // Overload control: the service's gap refuses it, with a RST so the client learns
         // at once (or silently, if so configured).
         // (A held SYN tried again was admitted when it came.)
-        if self.held.retrying.is_none()
-            && resumed.is_none()
-            && !self.overload_admit(now, dpid, si, out)
-        {
+        if self.held.retrying.is_none() && !resumed && !self.overload_admit(now, dpid, si, out) {
             if self.overload_refusal_resets(si) {
                 self.reset(at, out);
             }
@@ -366,8 +360,8 @@ impl Controller {
         // from that rule (seen on OVS: a SYN caught by an earlier connection's rules just
         // after a drain went to the balancer's pick, its ACK to the drained owner).
         let eligible = |b: &usize| s.loads.get(*b).is_some_and(|l| l.eligible);
-        let kept = reuse
-            .or(resumed)
+        let kept = earlier
+            .map(Earlier::conn)
             .filter(|o| o.service == l.service)
             .and_then(|o| s.position(o.backend))
             .filter(eligible);
@@ -438,7 +432,9 @@ impl Controller {
         };
         // On its old backend, the client's one attempt, counted when it was decided; on
         // another (the old one can take no more), a decision of its own.
-        if resumed.is_some_and(|r| s.position(r.backend) == Some(b)) {
+        if let Some(Earlier::Resumed(r)) = earlier
+            && s.position(r.backend) == Some(b)
+        {
             s.record_resumed(b);
         } else {
             s.record_pick(b);
@@ -448,7 +444,8 @@ impl Controller {
         }
         // Not on the 4-tuple of a connection that has rules: its forward rule would carry
         // the client's ACK past the controller.
-        let defer = reuse.is_none_or(|o| !o.installed) && s.handshakes.defer(gapping);
+        let installed = matches!(earlier, Some(Earlier::Reopened(o)) if o.installed);
+        let defer = !installed && s.handshakes.defer(gapping);
         self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
         tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, outcome = ?sel.outcome, "new connection");
         // A sample of decisions for operators: at most four a second, so the event ring
@@ -477,7 +474,9 @@ impl Controller {
         }
         self.conns.insert(key, conn);
         self.emit_rules(&key, conn, &p, (true, true), false, out);
-        if reuse.is_some_and(|o| (o.service, o.backend) != (conn.service, conn.backend)) {
+        if let Some(Earlier::Reopened(o)) = earlier
+            && (o.service, o.backend) != (conn.service, conn.backend)
+        {
             // The earlier connection's backend can no longer take it (or the partition's
             // rule names another): the rules change backend, and packets that meet the
             // old rule or its megaflow before the replacement takes effect would reach the
@@ -1003,6 +1002,26 @@ fn closes(tcp: &Tcp<'_>) -> bool {
 }
 
 /// A per-process keyed hash of the connection, for algorithms that hash.
+/// The connection on a SYN's 4-tuple that the new one follows.
+#[derive(Debug, Clone, Copy)]
+enum Earlier {
+    /// A connection still in the table, which the client opened again with another ISN
+    /// ([`Controller::reopen`]): its accounting ended, the new one decided and counted.
+    Reopened(Conn),
+    /// The connection this very SYN was decided for, ended during its handshake
+    /// (`Handshakes::take_aborted`): placed again, on its backend if it can still take
+    /// it, admitted and counted once already.
+    Resumed(Conn),
+}
+
+impl Earlier {
+    fn conn(self) -> Conn {
+        match self {
+            Earlier::Reopened(c) | Earlier::Resumed(c) => c,
+        }
+    }
+}
+
 fn flow_hash(key: &ConnKey) -> u64 {
     let mut h = ahash::RandomState::with_seeds(0x666c, 0x6f77, 0x6761, 0x7465).build_hasher();
     h.write_u32(u32::from(key.client));
