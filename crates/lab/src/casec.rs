@@ -15,7 +15,7 @@
 //! ping from its second client to its server, the HTTP load of its own clients.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -357,14 +357,24 @@ pub fn run(
             let apis: Vec<_> = domains.iter().map(|c| c.api).collect();
             let mon = Monitor::start(apis);
             let pass_seed = seed.wrapping_mul(31).wrapping_add(total);
+            // Every request of each domain, one file per domain and pass (see
+            // `measure::wait_loads`).
+            let requests_logs = |pass: u8| -> [PathBuf; 4] {
+                std::array::from_fn(|d| {
+                    logs.join(format!(
+                        "requests-{}-d{}-{phase}-{pass}.txt",
+                        sc.name,
+                        d + 1
+                    ))
+                })
+            };
             let _ = run_pass(
                 &net,
                 flowgate,
                 &per,
                 secs,
                 p,
-                pass_seed,
-                Probe::Ping,
+                (pass_seed, Probe::Ping, &requests_logs(1)),
                 &mut rows,
             )?;
             let after: Vec<_> = domains
@@ -380,8 +390,7 @@ pub fn run(
                 &per,
                 secs,
                 p,
-                pass_seed,
-                Probe::Iperf,
+                (pass_seed, Probe::Iperf, &requests_logs(2)),
                 &mut qos,
             )?;
             for d in 0..4 {
@@ -619,16 +628,16 @@ fn warm_up(net: &DomainNet) -> Result<()> {
 }
 
 /// One pass of one phase in all four domains at once: each domain's HTTP load from its
-/// own clients to the VIP, and (pass 1) ping or (pass 2) iperf3 within each domain.
-#[allow(clippy::too_many_arguments)]
+/// own clients to the VIP, and (pass 1) ping or (pass 2) iperf3 within each domain. The
+/// clients are drawn by `seed`; each domain's requests are written to its file of
+/// `requests_logs`.
 fn run_pass(
     net: &DomainNet,
     flowgate: &Path,
     per: &[u64; 4],
     secs: f64,
     p: &Params,
-    seed: u64,
-    probe: Probe,
+    (seed, probe, requests_logs): (u64, Probe, &[PathBuf; 4]),
     rows: &mut [Row],
 ) -> Result<Vec<Vec<Interval>>> {
     let t_int = secs.ceil().max(1.0) as u64;
@@ -675,7 +684,7 @@ fn run_pass(
     }
     let deadline = measure::load_deadline(started, secs, p.request_timeout_ms);
     for (d, ls) in loads.iter_mut().enumerate() {
-        let reports = measure::wait_loads(ls, deadline)?;
+        let reports = measure::wait_loads(ls, deadline, Some(&requests_logs[d]))?;
         rows[d].wall_s = started.elapsed().as_secs_f64();
         measure::fold_reports(&reports, &counts_all[d], &mut rows[d]);
     }

@@ -451,16 +451,17 @@ fn run_arms(
             let before = controller.snapshot()?;
             // Same client draws for every arm: the seed depends on the phase only.
             let seed = opts.seed.wrapping_mul(31).wrapping_add(requests);
-            measure::run_phase(
-                &net,
-                &opts.flowgate,
+            let requests_log =
+                logs.join(format!("requests-{}-{}-{phase}-1.txt", sc.name, arm.label));
+            let load = measure::PassLoad {
                 requests,
                 secs,
-                p.request_timeout_ms,
+                timeout_ms: p.request_timeout_ms,
                 seed,
-                measure::Probe::Ping,
-                &mut row,
-            )?;
+                probe: measure::Probe::Ping,
+                requests_log: Some(&requests_log),
+            };
+            measure::run_phase(&net, &opts.flowgate, load, &mut row)?;
             let after = controller.snapshot()?;
             clock.lap(&format!("{}: {phase} HTTP pass", arm.label));
             // Pass 2: the same load again (same draws), with iperf3 beside it; or, when the
@@ -476,16 +477,14 @@ fn run_arms(
                         arm.label
                     ));
                     let mut qos = Row::default();
-                    let extra = measure::run_phase(
-                        &net,
-                        &opts.flowgate,
-                        requests,
-                        secs,
-                        p.request_timeout_ms,
-                        seed,
-                        measure::Probe::Iperf,
-                        &mut qos,
-                    )?;
+                    let requests_log =
+                        logs.join(format!("requests-{}-{}-{phase}-2.txt", sc.name, arm.label));
+                    let load = measure::PassLoad {
+                        probe: measure::Probe::Iperf,
+                        requests_log: Some(&requests_log),
+                        ..load
+                    };
+                    let extra = measure::run_phase(&net, &opts.flowgate, load, &mut qos)?;
                     clock.lap(&format!("{}: {phase} QoS pass (iperf3)", arm.label));
                     if shared {
                         shared_normal_qos = Some(qos.clone());

@@ -228,18 +228,34 @@ pub fn assign(requests: u64, clients: usize, rng: &mut SmallRng) -> Vec<u64> {
     counts
 }
 
+/// The HTTP load of one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct PassLoad<'a> {
+    pub requests: u64,
+    pub secs: f64,
+    pub timeout_ms: u64,
+    /// Which client sends each request: the same seed, the same draws.
+    pub seed: u64,
+    pub probe: Probe,
+    /// Where every request of the pass is written, one line each (see [`wait_loads`]).
+    pub requests_log: Option<&'a Path>,
+}
+
 /// Runs one phase. Fills the raw columns of a [`Row`].
-#[allow(clippy::too_many_arguments)]
 pub fn run_phase(
     net: &LabNet,
     flowgate: &Path,
-    requests: u64,
-    secs: f64,
-    timeout_ms: u64,
-    seed: u64,
-    probe: Probe,
+    load: PassLoad<'_>,
     row: &mut Row,
 ) -> Result<PhaseExtra> {
+    let PassLoad {
+        requests,
+        secs,
+        timeout_ms,
+        seed,
+        probe,
+        requests_log,
+    } = load;
     let mut rng = SmallRng::seed_from_u64(seed);
     let counts = assign(requests, net.clients.len(), &mut rng);
     let dst = REQUESTED.to_string();
@@ -279,7 +295,8 @@ pub fn run_phase(
         )?);
     }
     row.clients_used = loads.len() as u64;
-    let reports = wait_loads(&mut loads, load_deadline(started, secs, timeout_ms))?;
+    let deadline = load_deadline(started, secs, timeout_ms);
+    let reports = wait_loads(&mut loads, deadline, requests_log)?;
     row.wall_s = started.elapsed().as_secs_f64();
     let iperf_deadline = Instant::now() + Duration::from_secs(t_int + 10);
     while iperf.try_wait()?.is_none() && Instant::now() < iperf_deadline {
@@ -442,11 +459,12 @@ pub fn iperf_client_argv<'a>(dst: &'a str, port: &'a str, secs: &'a str) -> [&'a
     ]
 }
 
-/// A running `flowgate load` client and the file of its per-request log (removed when
-/// dropped).
+/// A running `flowgate load` client, the host it runs on and the file of its per-request
+/// log (removed when dropped).
 #[derive(Debug)]
 pub struct LoadClient {
     guard: ProcGuard,
+    client: std::net::Ipv4Addr,
     conn_log: PathBuf,
 }
 
@@ -503,7 +521,11 @@ pub fn spawn_paced_load(
             &log,
         ])
         .context("spawn load")?;
-    Ok(LoadClient { guard, conn_log })
+    Ok(LoadClient {
+        guard,
+        client: host.ip(),
+        conn_log,
+    })
 }
 
 /// When to stop waiting for load clients started at `started`: the phase, the client
@@ -513,12 +535,17 @@ pub fn load_deadline(started: Instant, secs: f64, timeout_ms: u64) -> Instant {
 }
 
 /// Waits for each load client (killing any still running at `deadline`) and parses what
-/// each reported.
+/// each reported. With `requests_log`, every client's requests are written there, one
+/// line each: `CLIENT PORT BACKEND STATUS|ERROR MS UNIX_SECS` (the client's address, then
+/// its `--conn-log` line), so a slow or failed request can be placed in the controller's
+/// log by its address, port and time.
 pub(crate) fn wait_loads<'a>(
     loads: impl IntoIterator<Item = &'a mut LoadClient>,
     deadline: Instant,
+    requests_log: Option<&Path>,
 ) -> Result<Vec<Option<LoadJson>>> {
     let mut reports = Vec::new();
+    let mut lines = String::new();
     for c in loads {
         let g = &mut c.guard;
         while g.try_wait()?.is_none() {
@@ -529,7 +556,13 @@ pub(crate) fn wait_loads<'a>(
             crate::signal::sleep(Duration::from_millis(20))?;
         }
         let log = std::fs::read_to_string(&c.conn_log).ok();
+        for l in log.iter().flat_map(|t| t.lines()) {
+            lines.push_str(&format!("{} {l}\n", c.client));
+        }
         reports.push(parse_client(&g.output(), log.as_deref()));
+    }
+    if let Some(path) = requests_log {
+        std::fs::write(path, lines).with_context(|| format!("write {}", path.display()))?;
     }
     Ok(reports)
 }

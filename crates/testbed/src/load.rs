@@ -13,7 +13,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
@@ -65,8 +65,9 @@ pub struct LoadArgs {
     #[arg(long)]
     pub json: bool,
     /// Write one line per request to this file: the local TCP port it used, the backend
-    /// that answered and the outcome (`PORT BACKEND STATUS|ERROR MS`; `-` where unknown),
-    /// so each response can be traced to the controller's decision for that port.
+    /// that answered, the outcome, its latency and when it was due (`PORT BACKEND
+    /// STATUS|ERROR MS UNIX_SECS`; `-` where unknown), so each response can be traced to
+    /// the controller's decision for that port and a slow one placed in its logs.
     #[arg(long)]
     #[serde(default)]
     pub conn_log: Option<std::path::PathBuf>,
@@ -301,6 +302,8 @@ struct Response {
 
 /// One request as `--conn-log` writes it.
 struct ConnRecord {
+    /// When it was due (open loop) or began (closed loop).
+    at: Instant,
     port: Option<u16>,
     backend: Option<String>,
     outcome: String,
@@ -330,13 +333,14 @@ impl Tally {
         }
     }
 
-    fn add(&mut self, took: Duration, port: Option<u16>, r: Result<Response, Fail>) {
+    fn add(&mut self, at: Instant, took: Duration, port: Option<u16>, r: Result<Response, Fail>) {
         if let Some(recs) = &mut self.records {
             let (backend, outcome) = match &r {
                 Ok(resp) => (resp.backend.clone(), resp.status.to_string()),
                 Err(f) => (None, format!("{f:?}")),
             };
             recs.push(ConnRecord {
+                at,
                 port,
                 backend,
                 outcome,
@@ -542,14 +546,27 @@ fn validate(args: &LoadArgs) -> Result<(), LoadError> {
     Ok(())
 }
 
-fn write_conn_log(path: &std::path::Path, recs: &[ConnRecord]) -> io::Result<()> {
+/// `anchor` is one moment read on both clocks: each request's start is written as wall
+/// time (UNIX seconds), so a slow one can be placed beside the controller's and the
+/// switch's logs.
+fn write_conn_log(
+    path: &std::path::Path,
+    recs: &[ConnRecord],
+    anchor: (Instant, SystemTime),
+) -> io::Result<()> {
     use std::io::Write;
     let mut f = io::BufWriter::new(std::fs::File::create(path)?);
     for r in recs {
         let port = r.port.map_or_else(|| "-".to_owned(), |p| p.to_string());
         let backend = r.backend.as_deref().unwrap_or("-");
         let ms = r.took.as_secs_f64() * 1000.0;
-        writeln!(f, "{port} {backend} {} {ms:.3}", r.outcome)?;
+        // No request starts before the run's anchor.
+        let wall = anchor.1 + r.at.saturating_duration_since(anchor.0);
+        let unix = wall
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        writeln!(f, "{port} {backend} {} {ms:.3} {unix:.3}", r.outcome)?;
     }
     f.flush()
 }
@@ -560,6 +577,7 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     let target = Arc::new(resolve(&args.url).await?);
     let timeout = Duration::from_millis(args.timeout_ms);
     let start = Instant::now();
+    let anchor = (start, SystemTime::now());
     let stop_sending = start + Duration::from_secs_f64(args.duration_secs);
     let record = args.conn_log.is_some();
     let mut total = Tally::new(record);
@@ -580,17 +598,17 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
             set.spawn(async move {
                 let (port, r) = one_fresh(&t, timeout).await;
                 drop(permit);
-                (due.elapsed(), port, r)
+                (due, due.elapsed(), port, r)
             });
             while let Some(done) = set.try_join_next() {
-                if let Ok((took, port, r)) = done {
-                    total.add(took, port, r);
+                if let Ok((due, took, port, r)) = done {
+                    total.add(due, took, port, r);
                 }
             }
         }
         while let Some(done) = set.join_next().await {
-            if let Ok((took, port, r)) = done {
-                total.add(took, port, r);
+            if let Ok((due, took, port, r)) = done {
+                total.add(due, took, port, r);
             }
         }
     } else {
@@ -634,7 +652,7 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
                         }
                         (port, r)
                     };
-                    tally.add(t0.elapsed(), port, r);
+                    tally.add(t0, t0.elapsed(), port, r);
                 }
                 tally
             });
@@ -648,7 +666,7 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
 
     let elapsed = start.elapsed().as_secs_f64();
     if let (Some(path), Some(recs)) = (&args.conn_log, &total.records) {
-        write_conn_log(path, recs).map_err(|e| LoadError::ConnLog(path.clone(), e))?;
+        write_conn_log(path, recs, anchor).map_err(|e| LoadError::ConnLog(path.clone(), e))?;
     }
     let mut rep = total.report;
     rep.url = args.url.clone();
@@ -682,23 +700,29 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
 mod tests {
     use super::*;
 
-    /// `--conn-log` lines: port, backend, status or failure kind, milliseconds; `-` where
-    /// a field is unknown (no connection, no backend header).
+    /// `--conn-log` lines: port, backend, status or failure kind, milliseconds, wall time
+    /// due; `-` where a field is unknown (no connection, no backend header).
     #[test]
     fn conn_log_lines_trace_each_request() {
         let mut t = Tally::new(true);
+        let start = Instant::now();
+        let anchor = (start, UNIX_EPOCH + Duration::from_secs(1_800_000_000));
         let ok = Response {
             status: 200,
             backend: Some("b2".into()),
             bytes: 3,
         };
-        t.add(Duration::from_micros(1500), Some(40000), Ok(ok));
-        t.add(Duration::from_millis(2), None, Err(Fail::Refused));
+        t.add(start, Duration::from_micros(1500), Some(40000), Ok(ok));
+        let later = start + Duration::from_millis(1250);
+        t.add(later, Duration::from_millis(2), None, Err(Fail::Refused));
         let path = std::env::temp_dir().join(format!("fg-conn-log-{}.txt", std::process::id()));
-        write_conn_log(&path, t.records.as_deref().unwrap_or_default()).expect("write");
+        write_conn_log(&path, t.records.as_deref().unwrap_or_default(), anchor).expect("write");
         let text = std::fs::read_to_string(&path).expect("read");
         let _ = std::fs::remove_file(&path);
-        assert_eq!(text, "40000 b2 200 1.500\n- - Refused 2.000\n");
+        assert_eq!(
+            text,
+            "40000 b2 200 1.500 1800000000.000\n- - Refused 2.000 1800000001.250\n"
+        );
         assert!(
             Tally::new(false).records.is_none(),
             "nothing kept without the option"
