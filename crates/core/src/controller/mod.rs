@@ -565,7 +565,8 @@ impl Controller {
     fn intercept_rules(&self) -> Vec<Message> {
         let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
         v.sort_by_key(|(k, _)| **k);
-        v.into_iter()
+        let mut msgs: Vec<Message> = v
+            .into_iter()
             // A proactive service's connections go through conntrack and its select
             // group instead (`proactive.rs`).
             .filter(|(_, l)| !self.is_proactive(usize::from(l.service)))
@@ -573,7 +574,27 @@ impl Controller {
                 let slot = self.services.get(usize::from(l.service))?.slot;
                 Some(self.overload_intercept(l.service, rules::intercept(slot, addr, port)))
             })
-            .collect()
+            .collect();
+        // The backends' SYN-ACKs that no connection rule takes (`rules::syn_ack_catch`),
+        // under the table-miss's meter: like it, they are packets no rule asked for. Not
+        // a partitioned service's (its backends answer from the VIP, and no rule rewrites
+        // their replies) nor a proactive one's (conntrack places its replies).
+        let mut caught: Vec<(Ipv4Addr, u16, u16)> = Vec::new();
+        for (si, s) in self.services.iter().enumerate() {
+            if self.is_proactive(si) || s.cfg.mode == crate::config::ServiceMode::Partitioned {
+                continue;
+            }
+            for b in &s.backends {
+                caught.push((b.address, s.cfg.port, s.slot));
+            }
+        }
+        caught.sort_unstable();
+        // One rule per address and port, whichever services share it.
+        caught.dedup_by_key(|(a, p, _)| (*a, *p));
+        msgs.extend(caught.into_iter().map(|(addr, port, slot)| {
+            self.overload_table_miss(rules::syn_ack_catch(slot, addr, port))
+        }));
+        msgs
     }
 
     // ----- switch lifecycle -------------------------------------------------------------

@@ -7,6 +7,7 @@
 //! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
 //! | 250 | overload OFF period: drop new connections to a service address | `Gap` |
 //! | 200 | new connections to a service address, to the controller | `Intercept` |
+//! | 160 | a backend's SYN-ACK that no connection rule took, to the controller | `Intercept` |
 //! | 150 | while rules wait for handshakes: a backend's replies, to the controller | `Gap` |
 //! | 100 | L2: to a learned host's MAC, toward it | `L2` |
 //! | 0 | table-miss, to the controller | `TableMiss` |
@@ -18,12 +19,14 @@ use ofp::{
     Action, Actions, Bytes, FlowMod, FlowModCommand, Instruction, Match, Message, Oxm, PacketOut,
 };
 
+use super::conn_rule::Syn;
 use crate::cookie::{self, RuleKind};
 
 pub(crate) const PRIO_LLDP: u16 = 500;
 pub(crate) const PRIO_CONN: u16 = 300;
 pub(crate) const PRIO_GAP: u16 = 250;
 pub(crate) const PRIO_INTERCEPT: u16 = 200;
+pub(crate) const PRIO_SYN_ACK_CATCH: u16 = 160;
 pub(crate) const PRIO_REPLY_CATCH: u16 = 150;
 pub(crate) const PRIO_L2: u16 = 100;
 pub(crate) const PRIO_TABLE_MISS: u16 = 0;
@@ -95,6 +98,32 @@ pub(crate) fn intercept(slot: u16, addr: Ipv4Addr, port: u16) -> Message {
         RuleKind::Intercept,
         u64::from(slot),
         PRIO_INTERCEPT,
+        m,
+        to_controller(),
+    ))
+}
+
+/// Cookie bit of a [`syn_ack_catch`] rule among the `Intercept` rules.
+const SYN_ACK_CATCH_BIT: u64 = 1 << 16;
+
+/// A backend's SYN-ACK from its service port goes up to the controller when no connection
+/// rule (priority 300) takes it. A connection's reverse rule goes out before its SYN, so
+/// the SYN-ACK normally meets it; but Open vSwitch first looks a packet up in its
+/// datapath's cache of earlier lookups (megaflows), which revalidator threads bring up to
+/// date only after a rule change, and a megaflow cached from the backend's earlier packets
+/// to the client (a ping, say) before any rule told TCP apart carries the SYN-ACK by the
+/// L2 rule, unrewritten, and the client drops it and sends its SYN again a second later
+/// (seen in the lab with packet captures: the first connection of each domain of Case C).
+/// With this rule in the table every lookup of a backend's packets tells a SYN-ACK apart,
+/// so no megaflow of other packets carries one; and one that comes up is sent on
+/// rewritten by the controller, as a segment that raced its rules is. A SYN-ACK of a
+/// connection made to the backend directly comes up too, and goes on by L2.
+pub(crate) fn syn_ack_catch(slot: u16, backend: Ipv4Addr, port: u16) -> Message {
+    let m = Syn::AndAck.on(tcp_match(Some(backend), None, Some(port), None));
+    Message::FlowMod(flow(
+        RuleKind::Intercept,
+        u64::from(slot) | SYN_ACK_CATCH_BIT,
+        PRIO_SYN_ACK_CATCH,
         m,
         to_controller(),
     ))

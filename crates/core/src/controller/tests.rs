@@ -180,6 +180,81 @@ fn packets_that_race_the_rules_get_the_same_decision() {
     );
 }
 
+/// Open vSwitch looks a packet up in its datapath's cache of earlier lookups before its
+/// tables, and brings the cache up to date with a rule change only some time after it: a
+/// backend's SYN-ACK can meet a cached lookup from before its connection's reverse rule
+/// (here: no connection rule in the table at all) and be carried by the L2 rule to the
+/// client unrewritten, which drops it (seen in the lab). The SYN-ACK catch takes every
+/// SYN-ACK from a backend's service port that no connection rule takes up to the
+/// controller, which sends it on as the VIP; the backend's other segments, and a SYN-ACK
+/// of a connection made to the backend directly, go on as they are.
+#[test]
+fn a_backends_syn_ack_that_misses_its_connection_rule_goes_back_as_the_vip() {
+    let mut sim = single_switch("round-robin");
+    let client = (ip(1), 40002);
+    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let b: u8 = first[0].0[1..].parse().unwrap();
+    // The connection's rules not in force, as in a stale datapath cache.
+    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+    let before = sim.packet_ins;
+    let reply = sim.send(
+        &format!("h{b}"),
+        &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
+    );
+    assert_eq!(sim.packet_ins, before + 1, "the SYN-ACK came up");
+    assert_eq!(reply.len(), 1, "{reply:?}");
+    assert_eq!(reply[0].0, "h1");
+    assert_eq!(reply[0].1.ipv4_src, Some(VIP), "rewritten to the VIP");
+    assert_eq!(reply[0].1.eth_src, VMAC);
+
+    // Not a SYN-ACK: carried by the L2 rule, not brought up.
+    let direct = (ip(1), 40003);
+    let before = sim.packet_ins;
+    let seg = sim.send(
+        &format!("h{b}"),
+        &tcp(mac(b), mac(1), (ip(b), 80), direct, ACK),
+    );
+    assert_eq!(sim.packet_ins, before, "no PACKET_IN for a plain segment");
+    assert_eq!(seg.len(), 1);
+    assert_eq!(seg[0].1.ipv4_src, Some(ip(b)));
+    // A SYN-ACK of no connection of ours (the client addressed the backend): it comes
+    // up and goes on unchanged.
+    let direct_reply = sim.send(
+        &format!("h{b}"),
+        &tcp(mac(b), mac(1), (ip(b), 80), direct, SYN_ACK),
+    );
+    assert_eq!(sim.packet_ins, before + 1);
+    assert_eq!(direct_reply.len(), 1, "{direct_reply:?}");
+    assert_eq!(direct_reply[0].0, "h1");
+    assert_eq!(direct_reply[0].1.ipv4_src, Some(ip(b)), "not rewritten");
+}
+
+/// The SYN-ACK catch is one rule per backend address and port, on every switch; none for
+/// a partitioned service, whose backends answer from the VIP.
+#[test]
+fn the_syn_ack_catch_covers_each_backend_once() {
+    let shared = format!(
+        "{}[[service]]\nname = \"api\"\nvip = \"{}\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"{}\"\n",
+        service_config("round-robin", &[2, 3, 4]),
+        ip(200),
+        ip(2),
+    );
+    let sim = one_switch(&shared);
+    let catches: Vec<_> = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| f.priority == rules::PRIO_SYN_ACK_CATCH)
+        .map(|f| {
+            assert!(f.outputs_to(ofp::port::CONTROLLER), "{f:?}");
+            f.cookie & cookie::KIND_MASK
+        })
+        .collect();
+    assert_eq!(catches.len(), 3, "h2 (in both services), h3, h4");
+    assert!(catches.iter().all(|&k| k == RuleKind::Intercept.base()));
+}
+
 #[test]
 fn round_robin_spreads_connections_and_counts_them() {
     let mut sim = single_switch("round-robin");
