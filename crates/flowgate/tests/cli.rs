@@ -39,6 +39,46 @@ fn the_examples_are_valid_configs() {
     }
 }
 
+/// The controller configs the lab writes are ones the controller takes: every arm of the
+/// paper's cases (quick and full sizes) and of the overload scenario, its ablation
+/// (`ceiling = false`) among them.
+#[test]
+fn the_labs_controller_configs_are_valid() {
+    use flowgate_lab::{ctl, overload, scenario};
+    let dir = ScratchDir::new("cli-lab").expect("temp dir");
+    let mut configs = Vec::new();
+    for quick in [true, false] {
+        let p = scenario::Params::new(quick);
+        let algorithms: std::collections::BTreeSet<&str> = scenario::all()
+            .into_iter()
+            .filter(|s| s.name != "overload")
+            .flat_map(|s| s.arms)
+            .map(|a| a.algorithm)
+            .collect();
+        for algorithm in algorithms {
+            configs.push((
+                format!("{algorithm}-{quick}"),
+                ctl::config(algorithm, &p, 1),
+            ));
+        }
+    }
+    let op = overload::OverloadParams::new(false);
+    let backends = ["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()];
+    for arm in scenario::OVERLOAD_ARMS {
+        assert!(op.modes.contains(&arm), "{arm}");
+        configs.push((
+            format!("overload-{arm}"),
+            overload::config(&backends, arm, 19.5, &op),
+        ));
+    }
+    for (name, text) in configs {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, &text).unwrap();
+        let (ok, out, err) = run(&["controller", "--config", path.to_str().unwrap(), "--check"]);
+        assert!(ok, "{name}: {out}{err}\n{text}");
+    }
+}
+
 #[test]
 fn a_bad_config_reports_every_error_and_starts_nothing() {
     let dir = ScratchDir::new("cli").expect("temp dir");

@@ -1,6 +1,6 @@
 //! The `overload` scenario (issue 5): overload control (`[service.overload]`, ACCM) against
 //! offered load, for four arms: the three modes `off`, `static` and `adaptive`, and
-//! `adaptive-no-ceiling`, the adaptive law without its ceiling (`ceiling = "off"`: no limit
+//! `adaptive-no-ceiling`, the adaptive law without its ceiling (`ceiling = false`: no limit
 //! while no gap is in force, where `adaptive` never admits more than `capacity_rps × (low +
 //! high)/2`). `static` against `adaptive` compares the AIN gap table with the adaptive law
 //! together with its ceiling; `adaptive-no-ceiling` tells what the law alone does, and so
@@ -13,7 +13,7 @@
 //! queues grow. The pool's capacity is measured first (closed loop, one worker per slot,
 //! through the controller in mode `off`), and the unloaded latency (open loop at a quarter
 //! of the nominal capacity). Then, for each arm, a new controller with
-//! `[service.overload] mode = MODE` (and `ceiling = "off"` for `adaptive-no-ceiling`) and
+//! `[service.overload] mode = MODE` (and `ceiling = false` for `adaptive-no-ceiling`) and
 //! `capacity_rps` = the measured capacity (as the integration test `ovs_overload_three_modes`
 //! configures it) takes new connections offered
 //! open loop (a new connection per request, at a fixed rate) at several multiples of that
@@ -179,7 +179,7 @@ pub fn arm_mode(arm: &str) -> (&str, bool) {
 /// `max_active_connections`: the pool's slots plus two waiting), as in the integration
 /// test. The capacity is exact here (fixed delay, fixed concurrency), so the adaptive
 /// gate holds the load between 95 % and 100 % of it rather than the default 90-100 %.
-/// `adaptive-no-ceiling` is `adaptive` with the same keys and `ceiling = "off"`.
+/// `adaptive-no-ceiling` is `adaptive` with the same keys and `ceiling = false`.
 pub fn config(backends: &[Ipv4Addr], arm: &str, capacity: f64, op: &OverloadParams) -> String {
     let (mode, no_ceiling) = arm_mode(arm);
     let mut c = format!(
@@ -196,7 +196,7 @@ pub fn config(backends: &[Ipv4Addr], arm: &str, capacity: f64, op: &OverloadPara
         );
     }
     if no_ceiling {
-        c += "ceiling = \"off\"\n";
+        c += "ceiling = false\n";
     }
     for b in backends {
         c += &format!(
@@ -606,7 +606,7 @@ pub fn markdown(o: &Outcome) -> String {
     if o.params.modes.contains(&NO_CEILING) {
         let _ = writeln!(
             s,
-            "`{NO_CEILING}` is `adaptive` with the same keys and `ceiling = \"off\"`: the adaptive law without the ceiling that holds `adaptive` at `capacity_rps × (low+high)/2` while no gap is in force.\n"
+            "`{NO_CEILING}` is `adaptive` with the same keys and `ceiling = false`: the adaptive law without the ceiling that holds `adaptive` at `capacity_rps × (low+high)/2` while no gap is in force.\n"
         );
     }
     let _ = writeln!(
@@ -698,7 +698,7 @@ pub fn markdown(o: &Outcome) -> String {
         if let (Some(nc), Some(ad)) = (at(NO_CEILING), at("adaptive")) {
             let _ = writeln!(
                 s,
-                "\nAt {top}× capacity, the adaptive law without its ceiling ({NO_CEILING}, `ceiling = \"off\"`) beside adaptive: admitted {:.1} vs {:.1} req/s, goodput {:.1} vs {:.1} req/s, p99 {:.1} vs {:.1} ms, refused at once {} vs {}, timeouts {} vs {}.",
+                "\nAt {top}× capacity, the adaptive law without its ceiling ({NO_CEILING}, `ceiling = false`) beside adaptive: admitted {:.1} vs {:.1} req/s, goodput {:.1} vs {:.1} req/s, p99 {:.1} vs {:.1} ms, refused at once {} vs {}, timeouts {} vs {}.",
                 nc.admitted_rps,
                 ad.admitted_rps,
                 nc.goodput_rps,
@@ -807,7 +807,7 @@ mod tests {
     }
 
     /// Each arm writes its mode; `adaptive-no-ceiling` is `adaptive`'s config and
-    /// `ceiling = "off"`, nothing else.
+    /// `ceiling = false`, nothing else.
     #[test]
     fn each_arm_writes_its_mode_and_only_the_ablation_removes_the_ceiling() {
         let op = OverloadParams::new(false);
@@ -832,7 +832,7 @@ mod tests {
             cfg(NO_CEILING),
             cfg("adaptive").replace(
                 "max_active_connections = 6\n",
-                "max_active_connections = 6\nceiling = \"off\"\n"
+                "max_active_connections = 6\nceiling = false\n"
             ),
             "the same keys as adaptive, and no ceiling"
         );
@@ -887,7 +887,7 @@ mod tests {
         assert!(md.contains("| adaptive-no-ceiling | 3 |"), "{md}");
         assert!(md.contains("- adaptive goodput ≥ 90 % of capacity"), "{md}");
         assert!(
-            md.contains("without its ceiling (adaptive-no-ceiling, `ceiling = \"off\"`) beside adaptive: admitted 15.0 vs 14.0 req/s, goodput 13.0 vs 12.0"),
+            md.contains("without its ceiling (adaptive-no-ceiling, `ceiling = false`) beside adaptive: admitted 15.0 vs 14.0 req/s, goodput 13.0 vs 12.0"),
             "{md}"
         );
         assert_eq!(

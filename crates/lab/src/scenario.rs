@@ -36,7 +36,7 @@ const ISSLM: Arm = Arm {
 };
 
 /// The overload scenario's arms, in the order they run: the three modes, then the adaptive
-/// law without its ceiling (`mode = "adaptive"`, `ceiling = "off"`).
+/// law without its ceiling (`mode = "adaptive"`, `ceiling = false`).
 pub const OVERLOAD_ARMS: [&str; 4] = ["off", "static", "adaptive", NO_CEILING];
 /// The arm of the adaptive law alone, without its ceiling: the ablation.
 pub const NO_CEILING: &str = "adaptive-no-ceiling";

@@ -43,7 +43,7 @@ pub const REFUSAL_SHARE: f64 = 0.5;
 
 /// The overload controls a scenario may name: the three modes of `[service.overload]`
 /// (and, for `adaptive`, of `[controller.overload]`), and `adaptive-no-ceiling`, `adaptive`
-/// with `ceiling = "off"`: the adaptive law without the ceiling that otherwise holds the
+/// with `ceiling = false`: the adaptive law without the ceiling that otherwise holds the
 /// service's gate at `capacity_rps × (low+high)/2` while no gap is in force (the ablation).
 pub const OVERLOADS: [&str; 4] = ["off", "static", "adaptive", "adaptive-no-ceiling"];
 

@@ -183,7 +183,7 @@ fn a_bad_scenario_is_refused_with_every_problem() {
 // the ceiling, beside `adaptive` in the same scenario.
 
 /// The arm is a scenario like the others, and its controller config is `adaptive`'s with
-/// `ceiling = "off"` for the service, which the controller accepts.
+/// `ceiling = false` for the service, which the controller accepts.
 #[test]
 fn the_ablation_is_adaptive_with_the_ceiling_off() {
     for o in OVERLOADS {
@@ -199,13 +199,9 @@ fn the_ablation_is_adaptive_with_the_ceiling_off() {
         controller_config(&small("least-connections", "adaptive-no-ceiling", &[0.5])),
     );
     assert!(!with.contains("ceiling"), "{with}");
+    assert_eq!(without.matches("ceiling = false\n").count(), 1, "{without}");
     assert_eq!(
-        without.matches("ceiling = \"off\"\n").count(),
-        1,
-        "{without}"
-    );
-    assert_eq!(
-        without.replace("ceiling = \"off\"\n", ""),
+        without.replace("ceiling = false\n", ""),
         with,
         "adaptive's config, and the ceiling off"
     );

@@ -108,6 +108,21 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// `true` or `false`, TOML's booleans. A string is not read as one, even `"true"` or
+    /// `"on"`: it is refused with its value, so the file shows what to unquote.
+    pub(crate) fn boolean(&mut self, key: &str, errs: &mut Vec<ConfigError>) -> Option<bool> {
+        let found = match self.get(key)? {
+            Value::Boolean(b) => return Some(*b),
+            Value::String(s) => format!("string {s:?}"),
+            other => other.type_str().to_string(),
+        };
+        errs.push(ConfigError::new(
+            self.key_path(key),
+            format!("expected a boolean (true or false), found {found}"),
+        ));
+        None
+    }
+
     /// An integer in `lo..=hi`.
     pub(crate) fn int_in(
         &mut self,

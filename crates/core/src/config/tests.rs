@@ -199,6 +199,42 @@ fn a_choice_key_takes_its_names_and_a_wrong_one_is_told_every_name() {
     }
 }
 
+/// `Obj::boolean`: TOML's `true` and `false`, nothing else. A string that reads as one
+/// (`"on"`, `"true"`) or a number is refused against the key's full path, saying that a
+/// boolean is expected; an absent key is no error.
+#[test]
+fn a_boolean_key_is_true_or_false_and_nothing_else() {
+    let doc: toml::Table = "yes = true\nno = false\non = \"on\"\nquoted = \"true\"\none = 1\n"
+        .parse()
+        .expect("toml");
+    let mut errs = Vec::new();
+    let mut o = reader::Obj::new("service[0].overload", &doc);
+    assert_eq!(o.boolean("yes", &mut errs), Some(true));
+    assert_eq!(o.boolean("no", &mut errs), Some(false));
+    assert_eq!(o.boolean("absent", &mut errs), None);
+    assert!(errs.is_empty(), "{errs:?}");
+    for (key, found) in [
+        ("on", "found string \"on\""),
+        ("quoted", "found string \"true\""),
+        ("one", "found integer"),
+    ] {
+        errs.clear();
+        assert_eq!(o.boolean(key, &mut errs), None, "{key}");
+        assert_eq!(
+            errs,
+            [ConfigError::new(
+                format!("service[0].overload.{key}"),
+                format!("expected a boolean (true or false), {found}"),
+            )],
+            "{key}"
+        );
+    }
+    // Each key read, right or wrong, is known: none is reported unknown on top.
+    errs.clear();
+    o.finish(&mut errs);
+    assert!(errs.is_empty(), "{errs:?}");
+}
+
 #[test]
 fn runtime_threads_are_bounded_and_optional() {
     let base = "[[service]]\nname = \"a\"\nvip = \"10.0.0.9\"\nport = 80\n[[service.backend]]\naddress = \"10.0.0.3\"\n";

@@ -98,7 +98,7 @@ pub struct OverloadConfig {
     pub gate_burst: f64,
     /// `adaptive` with `capacity_rps`: whether the gate also holds the admitted rate under
     /// the ceiling, `capacity_rps × (low+high)/2`, while no gap is in force (`ceiling =
-    /// "on"`, the default). `"off"` leaves the law alone: no limit until the measured load
+    /// true`, the default). `false` leaves the law alone: no limit until the measured load
     /// crosses the high watermark (the ablation of the ceiling).
     pub ceiling: bool,
 }
@@ -362,25 +362,16 @@ impl ControllerOverloadConfig {
     }
 }
 
-/// `ceiling = "on" | "off"` (a string, as `mode` and `refusal` are; default `"on"`). It
-/// means something only in `adaptive` mode with `capacity_rps` set, the only place a
-/// ceiling exists: given anywhere else it is refused, against its own path, rather than
-/// silently ignored. `mode`: the mode read, `None` when `mode` itself was invalid (then
-/// only the key's own value is checked).
+/// `ceiling = true | false` (a TOML boolean; default `true`). It means something only in
+/// `adaptive` mode with `capacity_rps` set, the only place a ceiling exists: given
+/// anywhere else it is refused, against its own path, rather than silently ignored.
+/// `mode`: the mode read, `None` when `mode` itself was invalid (then only the key's own
+/// value is checked).
 fn read_ceiling(o: &mut Obj<'_>, mode: Option<Mode>, errs: &mut Vec<ConfigError>) -> bool {
-    if !o.has("ceiling") {
+    // Absent, or not a boolean (a string, `"off"` say: that error alone).
+    let Some(on) = o.boolean("ceiling", errs) else {
         return true;
-    }
-    let mut own = Vec::new();
-    let on = choice(o, "ceiling", ("on", true), &[("off", false)], &mut own);
-    if let Some(mut e) = own.into_iter().next() {
-        // Not a string at all (TOML's `false`, say): say what to write instead.
-        if !e.message.contains("is not one of") {
-            e.message += ": write \"on\" or \"off\"";
-        }
-        errs.push(e);
-        return true;
-    }
+    };
     match mode {
         Some(Mode::Adaptive) if !o.has("capacity_rps") => errs.push(ConfigError::new(
             o.key_path("ceiling"),

@@ -37,7 +37,7 @@
 //! - with `capacity_rps` configured, the gate never admits more than
 //!   `capacity_rps × (low+high)/2` even with no gap in force (the ceiling): a step from
 //!   idle to overload then meets a closed gate, not a measurement still catching up.
-//!   `ceiling = "off"` removes it and leaves the law alone: with no gap in force nothing
+//!   `ceiling = false` removes it and leaves the law alone: with no gap in force nothing
 //!   is limited, a step from idle is admitted in full until the measured load crosses the
 //!   high watermark, and only then does the first decrease cut (`capacity_rps` still sets
 //!   ρ and the additive step's reference).
@@ -55,11 +55,11 @@
 //!   from `g` and the control interval.
 //! - The ceiling belongs to the adaptive mode only: the static mode has the AIN table's
 //!   levels and no ceiling (`ceiling` is refused in any other mode). A comparison of
-//!   `static` with `adaptive` at its default (`ceiling = "on"`) with `capacity_rps` set
+//!   `static` with `adaptive` at its default (`ceiling = true`) with `capacity_rps` set
 //!   measures the adaptive law together with its ceiling, not the law alone. The lab's
 //!   overload scenario (`flowgate lab run overload`, `docs/lab.md`; not `--quick`) runs,
 //!   and `flowgate sim --overload` takes, a fourth arm, `adaptive-no-ceiling`: the law with
-//!   `ceiling = "off"`, the ablation of the ceiling.
+//!   `ceiling = false`, the ablation of the ceiling.
 //!
 //! # Enforcement
 //!
@@ -159,7 +159,7 @@ pub struct LawParams {
     /// `adaptive` with a known capacity: the gate never admits more than
     /// `capacity × (low+high)/2`, the middle of the hold band, even with no gap in force.
     /// Saves the overshoot of a step from idle to overload. `None` without a capacity, in
-    /// any other mode, and with `ceiling = "off"`.
+    /// any other mode, and with `ceiling = false`.
     pub ceiling: Option<f64>,
 }
 

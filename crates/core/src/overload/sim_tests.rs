@@ -158,7 +158,7 @@ fn overload_is_refused_with_rsts_and_the_meter_follows_the_gap() {
 
 /// Through the controller: with the ceiling (the default) an idle service's gate and meter
 /// already hold `capacity × 0.95`, and a burst beyond it is refused with RSTs; with
-/// `ceiling = "off"` nothing is limited before the law has measured an overload (no limit
+/// `ceiling = false` nothing is limited before the law has measured an overload (no limit
 /// in the API view, an open meter), and the same burst is forwarded in full.
 #[test]
 fn without_the_ceiling_an_idle_service_is_not_limited() {
@@ -192,7 +192,7 @@ fn without_the_ceiling_an_idle_service_is_not_limited() {
         "the ceiling refuses the burst: {rsts} RSTs, {forwarded} forwarded"
     );
     let (v, meter, rsts, forwarded) =
-        burst("mode = \"adaptive\"\ncapacity_rps = 50\nceiling = \"off\"");
+        burst("mode = \"adaptive\"\ncapacity_rps = 50\nceiling = false");
     assert_eq!(v.admitted_rate_limit, None, "{v:?}");
     assert!(!v.gapping, "{v:?}");
     assert_eq!(meter, super::OPEN_METER_RATE, "an open meter");

@@ -274,7 +274,7 @@ fn adaptive_beats_the_static_ain_table_under_the_same_overload() {
     let _ = a.rejected + s.rejected;
 }
 
-/// The ablation of the ceiling (`ceiling = "off"`): a step from near idle (10/s) to 3×
+/// The ablation of the ceiling (`ceiling = false`): a step from near idle (10/s) to 3×
 /// capacity meets no limit at all, and is admitted in full, above the ceiling
 /// (`capacity × (low+high)/2` = 95/s), until the measured load crosses the high
 /// watermark; then the law cuts, and gaps from there on, holding the admitted rate within
@@ -538,9 +538,10 @@ fn config_keys_are_read_strictly_with_paths() {
     }
 }
 
-/// `ceiling = "on" | "off"`: a string (as `mode` is), default on, refused where no ceiling
+/// `ceiling = true | false`: a TOML boolean, default true, refused where no ceiling
 /// exists (a mode other than adaptive, no `capacity_rps`, `[controller.overload]`), each
-/// error against the key's path.
+/// error against the key's path. A string (the `"on"` / `"off"` once written here) is
+/// not a boolean: refused, saying so.
 #[test]
 fn the_ceiling_key_is_read_strictly() {
     let svc = |body: &str| {
@@ -553,9 +554,9 @@ fn the_ceiling_key_is_read_strictly() {
     let on = read("mode = \"adaptive\"\ncapacity_rps = 80").expect("valid");
     assert!(on.services[0].overload.ceiling, "on by default");
     assert_eq!(on.services[0].overload.law().ceiling, Some(80.0 * 0.95));
-    let on = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"on\"").expect("valid");
+    let on = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = true").expect("valid");
     assert_eq!(on.services[0].overload.law().ceiling, Some(80.0 * 0.95));
-    let off = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"off\"").expect("valid");
+    let off = read("mode = \"adaptive\"\ncapacity_rps = 80\nceiling = false").expect("valid");
     let o = &off.services[0].overload;
     assert!(!o.ceiling);
     assert_eq!(o.law().ceiling, None);
@@ -575,39 +576,49 @@ fn the_ceiling_key_is_read_strictly() {
         );
     };
     let at = "service[0].overload.ceiling";
+    // A string, even one that reads as a boolean, or a number: one error, that a boolean
+    // is expected (not also that the key is misplaced or unknown).
+    for (mode, value, found) in [
+        ("adaptive", "\"off\"", "found string \"off\""),
+        ("adaptive", "\"on\"", "found string \"on\""),
+        ("adaptive", "\"false\"", "found string \"false\""),
+        ("adaptive", "0", "found integer"),
+        ("static", "\"off\"", "found string \"off\""),
+    ] {
+        let body = format!("mode = \"{mode}\"\ncapacity_rps = 80\nceiling = {value}");
+        let e = read(&body).expect_err(&body);
+        assert_eq!(
+            e.0,
+            [crate::config::ConfigError::new(
+                at,
+                format!("expected a boolean (true or false), {found}")
+            )],
+            "{body}"
+        );
+    }
     bad(
-        "mode = \"adaptive\"\ncapacity_rps = 80\nceiling = false",
-        at,
-        "write \"on\" or \"off\"",
-    );
-    bad(
-        "mode = \"adaptive\"\ncapacity_rps = 80\nceiling = \"no\"",
-        at,
-        "is not one of \"on\", \"off\"",
-    );
-    bad(
-        "mode = \"static\"\ncapacity_rps = 80\nceiling = \"off\"",
+        "mode = \"static\"\ncapacity_rps = 80\nceiling = false",
         at,
         "only mode = \"adaptive\" has a ceiling (mode is \"static\")",
     );
     bad(
-        "mode = \"off\"\nceiling = \"on\"",
+        "mode = \"off\"\nceiling = true",
         at,
         "only mode = \"adaptive\" has a ceiling (mode is \"off\")",
     );
     bad(
-        "mode = \"adaptive\"\nmax_active_connections = 10\nceiling = \"off\"",
+        "mode = \"adaptive\"\nmax_active_connections = 10\nceiling = false",
         at,
         "without capacity_rps",
     );
     // An invalid mode or capacity is reported once, not again through the ceiling.
-    let e = read("mode = \"fast\"\ncapacity_rps = 80\nceiling = \"off\"").expect_err("mode");
+    let e = read("mode = \"fast\"\ncapacity_rps = 80\nceiling = false").expect_err("mode");
     assert!(!e.0.iter().any(|e| e.path == at), "{e}");
-    let e = read("mode = \"adaptive\"\ncapacity_rps = -1\nceiling = \"off\"").expect_err("cap");
+    let e = read("mode = \"adaptive\"\ncapacity_rps = -1\nceiling = false").expect_err("cap");
     assert!(!e.0.iter().any(|e| e.path == at), "{e}");
     // The controller's own gap has no capacity, hence no ceiling.
     let e = crate::Config::from_toml(
-        "[controller.overload]\nmode = \"adaptive\"\nceiling = \"off\"\n",
+        "[controller.overload]\nmode = \"adaptive\"\nceiling = false\n",
         &|_| None,
     )
     .expect_err("no ceiling for the controller");

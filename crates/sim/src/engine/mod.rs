@@ -215,7 +215,7 @@ pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
 /// `adaptive`, the service's without its ceiling).
 pub fn controller_config(sc: &Scenario) -> String {
     let (mode, ceiling) = match sc.overload.as_str() {
-        "adaptive-no-ceiling" => ("adaptive", "ceiling = \"off\"\n"),
+        "adaptive-no-ceiling" => ("adaptive", "ceiling = false\n"),
         m => (m, ""),
     };
     let controller_mode = if mode == "adaptive" {
