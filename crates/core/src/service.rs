@@ -150,7 +150,7 @@ impl BackendState {
             cpu: None,
             reported_rps: None,
             reported_active: None,
-            capacity_rps: None,
+            capacity_rps: cfg.capacity_rps,
             rt_from_metrics: false,
             metrics_at: None,
             since: None,
@@ -289,7 +289,6 @@ impl ServiceState {
             .map(|(i, b)| {
                 let mut st = BackendState::new(b);
                 st.id = BackendId(i as u16);
-                st.capacity_rps = cfg.capacity_of(b.address);
                 st.health = ActiveHealth::new(cfg.health.rise, cfg.health.fall);
                 st
             })
@@ -437,9 +436,6 @@ impl ServiceState {
     /// (a least-connections balancer sees them), not listed as a removed backend's.
     pub fn join(&mut self, mut b: BackendState, cfg: BackendConfig) -> Option<usize> {
         let position = self.backends.len();
-        if b.capacity_rps.is_none() {
-            b.capacity_rps = self.cfg.capacity_of(b.address);
-        }
         let id = take_number(&mut self.numbers, &mut b)?;
         self.numbers[usize::from(id.0)] = Numbered::Live(position as u16);
         self.backends.push(b);

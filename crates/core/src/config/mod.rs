@@ -401,13 +401,6 @@ pub struct ServiceConfig {
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
     pub backends: Vec<BackendConfig>,
-    /// Each `[[service.backend]]`'s `capacity_rps`, by address, for those that set one:
-    /// the new connections (requests) per second the backend can serve. DWRS's load is
-    /// `rate / capacity_rps` and MRBS's utilisation feature is the same ratio when the
-    /// backend reports no CPU; without it DWRS falls back to the load relative to the
-    /// pool's mean. Kept beside the backends rather than in [`BackendConfig`] so that a
-    /// backend added at run time (the API) needs no capacity.
-    pub backend_capacity: Vec<(Ipv4Addr, f64)>,
     /// `[service.overload]`: gapping of new connections (see [`crate::overload`]).
     pub overload: crate::overload::OverloadConfig,
 }
@@ -424,6 +417,12 @@ pub struct BackendConfig {
     /// connections as a backend that moved. The price: a backend whose NIC changes needs a
     /// config change.
     pub mac: Option<MacAddr>,
+    /// `capacity_rps`: the new connections (requests) per second the backend can serve,
+    /// finite and positive. DWRS's load is `rate / capacity_rps` and MRBS's utilisation
+    /// feature is the same ratio when the backend reports no CPU; without it DWRS falls
+    /// back to the load relative to the pool's mean. A backend added at run time (the
+    /// API) has none.
+    pub capacity_rps: Option<f64>,
 }
 
 impl Config {
@@ -1221,7 +1220,6 @@ fn read_service(
     m.finish(errs);
 
     let mut backends = Vec::new();
-    let mut backend_capacity = Vec::new();
     let mut seen = HashSet::new();
     for (bi, mut b) in s.tables("backend", errs) {
         let address = ipv4(&mut b, "address", errs);
@@ -1266,14 +1264,12 @@ fn read_service(
         }
         b.finish(errs);
         if let Some(address) = address {
-            if let Some(c) = capacity.filter(|c| *c > 0.0) {
-                backend_capacity.push((address, c));
-            }
             backends.push(BackendConfig {
                 address,
                 weight,
                 metrics,
                 mac,
+                capacity_rps: capacity.filter(|c| *c > 0.0),
             });
         }
     }
@@ -1331,19 +1327,8 @@ fn read_service(
             names,
         },
         backends,
-        backend_capacity,
         overload,
     })
-}
-
-impl ServiceConfig {
-    /// The `capacity_rps` configured for the backend at `address`, if any.
-    pub fn capacity_of(&self, address: Ipv4Addr) -> Option<f64> {
-        self.backend_capacity
-            .iter()
-            .find(|(a, _)| *a == address)
-            .map(|(_, c)| *c)
-    }
 }
 
 /// Why a service in `mode` cannot run `algorithm`, if it cannot: a file's `mode` and

@@ -766,10 +766,12 @@ capacity_rps = 400.5
 address = "10.0.0.4"
 "#;
     let cfg = Config::from_toml(text, &no_env).expect("valid");
-    let s = &cfg.services[0];
-    assert_eq!(s.capacity_of("10.0.0.2".parse().unwrap()), Some(800.0));
-    assert_eq!(s.capacity_of("10.0.0.3".parse().unwrap()), Some(400.5));
-    assert_eq!(s.capacity_of("10.0.0.4".parse().unwrap()), None);
+    let caps: Vec<_> = cfg.services[0]
+        .backends
+        .iter()
+        .map(|b| b.capacity_rps)
+        .collect();
+    assert_eq!(caps, [Some(800.0), Some(400.5), None]);
 
     let bad = r#"
 [[service]]
@@ -833,6 +835,66 @@ address = "10.0.0.3"
     let fresh = crate::service::ServiceState::new(cfg.services[0].clone(), 0, 1);
     let kept = s.backends[0].reconfigured(&fresh.backends[0], &fresh.cfg.health, now);
     assert_eq!(kept.capacity_rps, Some(200.0));
+}
+
+/// A backend's capacity is its own configuration's, as its weight is: one added at run
+/// time (the API's) has the capacity it is added with, none unless given, even at an
+/// address the file gave a capacity before the API removed it.
+#[test]
+fn a_backend_joins_with_the_capacity_it_is_added_with() {
+    let text = r#"
+[[service]]
+name = "web"
+vip = "10.0.0.100"
+port = 80
+algorithm = "dwrs"
+[[service.backend]]
+address = "10.0.0.2"
+capacity_rps = 800
+[[service.backend]]
+address = "10.0.0.3"
+"#;
+    let cfg = Config::from_toml(text, &no_env).expect("valid");
+    let mut s = crate::service::ServiceState::new(cfg.services[0].clone(), 0, 1);
+    let now = std::time::Instant::now();
+    let added = |address: &str, capacity_rps| BackendConfig {
+        address: address.parse().unwrap(),
+        weight: 1,
+        metrics: None,
+        mac: None,
+        capacity_rps,
+    };
+    let join = |s: &mut crate::service::ServiceState, cfg: BackendConfig| {
+        let at = s
+            .join(crate::service::BackendState::new(&cfg), cfg)
+            .expect("joined");
+        s.refresh(now, Duration::from_secs(1));
+        (s.backends[at].capacity_rps, s.loads[at].capacity_rps)
+    };
+    assert_eq!(
+        join(&mut s, added("10.0.0.4", Some(300.0))),
+        (Some(300.0), Some(300.0)),
+        "given: the balancer sees it"
+    );
+    assert_eq!(join(&mut s, added("10.0.0.5", None)), (None, None));
+    assert!(s.remove_backend(now, 0), "10.0.0.2 leaves");
+    assert!(
+        s.cfg
+            .backends
+            .iter()
+            .all(|b| b.address != Ipv4Addr::new(10, 0, 0, 2))
+    );
+    assert_eq!(
+        join(&mut s, added("10.0.0.2", None)),
+        (None, None),
+        "back without the capacity it left with"
+    );
+    let caps: Vec<_> = s.cfg.backends.iter().map(|b| b.capacity_rps).collect();
+    assert_eq!(
+        caps,
+        [None, Some(300.0), None, None],
+        "as the pool holds them"
+    );
 }
 
 /// `slow_start_secs` reaches the balancer as a ramp fraction, which every algorithm but

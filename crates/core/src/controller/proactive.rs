@@ -1151,6 +1151,7 @@ mod tests {
             weight: 1,
             metrics: None,
             mac: None,
+            capacity_rps: None,
         };
         ctl.add_backend(t, 0, cfg, &mut out).expect("added");
         out.drain().for_each(drop);

@@ -758,6 +758,7 @@ fn add_backend(sim: &mut Sim, address: Ipv4Addr) -> Result<usize, String> {
         weight: 1,
         metrics: None,
         mac: None,
+        capacity_rps: None,
     };
     let now = sim.now;
     let position = sim.c.add_backend(now, 0, cfg, &mut sim.out);

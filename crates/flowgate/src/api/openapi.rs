@@ -260,7 +260,8 @@ fn schemas() -> Value {
                 "address": { "type": "string", "format": "ipv4" },
                 "weight": { "type": "integer", "minimum": 0, "maximum": 1_000_000 },
                 "metrics": { "type": "string" },
-                "mac": { "type": "string", "description": "The backend's MAC, pinned: another host's claim of its address is refused." }
+                "mac": { "type": "string", "description": "The backend's MAC, pinned: another host's claim of its address is refused." },
+                "capacity_rps": { "type": "number", "exclusiveMinimum": 0, "description": "Requests per second the backend can serve (DWRS's and MRBS's reference), as a file's capacity_rps." }
             }
         },
         "WeightChange": {

@@ -151,6 +151,7 @@ pub(crate) struct NewBackend {
     weight: Option<u32>,
     metrics: Option<String>,
     mac: Option<String>,
+    capacity_rps: Option<f64>,
 }
 
 pub(crate) async fn add_backend(
@@ -187,6 +188,13 @@ pub(crate) async fn add_backend(
     if let Some(Err(why)) = nb.metrics.as_deref().map(parse_metrics_url) {
         return error(StatusCode::BAD_REQUEST, format!("metrics: {why}"));
     }
+    // As a file's `capacity_rps` (JSON has no infinity or NaN).
+    if nb.capacity_rps.is_some_and(|c| c <= 0.0) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "capacity_rps: must be a positive number of requests per second",
+        );
+    }
     let mac = match nb.mac.as_deref().map(pinned_mac) {
         None => None,
         Some(Ok(mac)) => Some(mac),
@@ -203,6 +211,7 @@ pub(crate) async fn add_backend(
         weight,
         metrics: nb.metrics,
         mac,
+        capacity_rps: nb.capacity_rps,
     };
     match core.with(|c, out| c.add_backend(now, si, cfg, out)) {
         Ok(bi) => {

@@ -201,6 +201,36 @@ fn a_new_backends_mac_is_a_hosts() {
     assert_eq!(status, 201, "{text}");
 }
 
+/// A new backend's capacity (DWRS's and MRBS's reference) is a positive number, as in
+/// a file, and reaches the balancer.
+#[test]
+fn a_new_backends_capacity_is_positive_and_reaches_the_balancer() {
+    let a = api(None);
+    let auth = bearer();
+    let add = "/api/v1/services/web/backends";
+    // Not positive: 400; not a number: 422, as any body of the wrong shape.
+    for (bad, code) in [
+        (serde_json::json!(0), 400),
+        (serde_json::json!(-5.5), 400),
+        (serde_json::json!("fast"), 422),
+    ] {
+        let body = serde_json::json!({ "address": "10.0.0.9", "capacity_rps": bad }).to_string();
+        let (status, text) = call(a.addr, "POST", add, Some(&auth), &body);
+        assert_eq!(status, code, "{bad}: {text}");
+        assert!(text.contains("capacity_rps"), "{text}");
+    }
+    let body = serde_json::json!({ "address": "10.0.0.9", "capacity_rps": 250.5 }).to_string();
+    let (status, text) = call(a.addr, "POST", add, Some(&auth), &body);
+    assert_eq!(status, 201, "{text}");
+    let core = a.handle.lock();
+    let b = core.controller.services()[0]
+        .backends
+        .iter()
+        .find(|b| b.address == std::net::Ipv4Addr::new(10, 0, 0, 9))
+        .expect("the new backend");
+    assert_eq!(b.capacity_rps, Some(250.5));
+}
+
 /// The config file `CONFIG` in a scratch directory.
 fn config_file(name: &str) -> (ScratchDir, PathBuf) {
     let dir = ScratchDir::new(&format!("api-unit-{name}")).expect("temp dir");

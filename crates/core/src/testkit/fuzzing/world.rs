@@ -202,6 +202,7 @@ impl World {
                     // Sometimes pinned, perhaps to another endpoint's MAC: its claims
                     // must then be refused, never panic.
                     mac: (input.pick(2) == 0).then(|| Endpoint::mac(input.u8())),
+                    capacity_rps: None,
                 };
                 let _ = self.c.add_backend(now, service, cfg, &mut self.out);
             }
