@@ -237,7 +237,7 @@ pub struct PassLoad<'a> {
     /// Which client sends each request: the same seed, the same draws.
     pub seed: u64,
     pub probe: Probe,
-    /// Where every request of the pass is written, one line each (see [`wait_loads`]).
+    /// Where every request of the pass is written, one line each (see `wait_loads`).
     pub requests_log: Option<&'a Path>,
 }
 
