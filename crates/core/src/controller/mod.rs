@@ -592,7 +592,9 @@ impl Controller {
         // One rule per address and port, whichever services share it.
         caught.dedup_by_key(|(a, p, _)| (*a, *p));
         msgs.extend(caught.into_iter().map(|(addr, port, slot)| {
-            self.overload_table_miss(rules::syn_ack_catch(slot, addr, port))
+            let m = rules::tcp_match(Some(addr), None, Some(port), None);
+            let syn_ack = conn_rule::Syn::AndAck.on(m);
+            self.overload_table_miss(rules::syn_ack_catch(slot, syn_ack))
         }));
         msgs
     }

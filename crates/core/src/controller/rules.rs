@@ -19,7 +19,6 @@ use ofp::{
     Action, Actions, Bytes, FlowMod, FlowModCommand, Instruction, Match, Message, Oxm, PacketOut,
 };
 
-use super::conn_rule::Syn;
 use crate::cookie::{self, RuleKind};
 
 pub(crate) const PRIO_LLDP: u16 = 500;
@@ -118,13 +117,16 @@ const SYN_ACK_CATCH_BIT: u64 = 1 << 16;
 /// so no megaflow of other packets carries one; and one that comes up is sent on
 /// rewritten by the controller, as a segment that raced its rules is. A SYN-ACK of a
 /// connection made to the backend directly comes up too, and goes on by L2.
-pub(crate) fn syn_ack_catch(slot: u16, backend: Ipv4Addr, port: u16) -> Message {
-    let m = Syn::AndAck.on(tcp_match(Some(backend), None, Some(port), None));
+///
+/// `syn_ack` is the match of the backend's segments ([`tcp_match`] of its address and
+/// port) with `tcp_flags=+syn+ack`, which the connection rules' builder writes
+/// (`conn_rule::Syn::AndAck`).
+pub(crate) fn syn_ack_catch(slot: u16, syn_ack: Match) -> Message {
     Message::FlowMod(flow(
         RuleKind::Intercept,
         u64::from(slot) | SYN_ACK_CATCH_BIT,
         PRIO_SYN_ACK_CATCH,
-        m,
+        syn_ack,
         to_controller(),
     ))
 }
