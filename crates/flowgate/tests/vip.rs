@@ -259,13 +259,31 @@ fn ovs_a_first_connection_after_a_quiet_spell_is_answered_at_once() {
         return;
     };
     let t = topo::single(&TopoOptions::new(p.as_str()), 2).expect("topology");
-    let (client, backend) = (&t.hosts[0], &t.hosts[1]);
+    first_connections_after_quiet_spells(&t, 0, 1);
+}
+
+/// [`ovs_a_first_connection_after_a_quiet_spell_is_answered_at_once`] with the client and
+/// the backend two switches apart: the SYN-ACK is rewritten at the client's switch, the
+/// only one with the SYN-ACK catch.
+#[test]
+fn ovs_a_first_connection_after_a_quiet_spell_is_answered_at_once_across_switches() {
+    let Some(p) = setup("ovs_first_connection_quiet_across") else {
+        return;
+    };
+    let t = topo::linear(&TopoOptions::new(p.as_str()), 3, 1).expect("topology");
+    first_connections_after_quiet_spells(&t, 0, 2);
+}
+
+/// Three rounds of: wait for no connection rule in any switch, ping host `backend` from
+/// host `client`, one connection to the VIP (served by `backend`); no SYN retransmitted.
+fn first_connections_after_quiet_spells(t: &topo::Topology, client: usize, backend: usize) {
+    let (client, backend) = (&t.hosts[client], &t.hosts[backend]);
     let ctl = Ctl::start(
         "quiet",
         &vip_config(VIP, "round-robin", &[backend.ip()], "idle_timeout_secs = 1"),
     );
-    ctl.control(&t.bridges[..1]);
-    let _server = httpd(backend, "b2", &[]);
+    ctl.control(&t.bridges);
+    let _server = httpd(backend, "b", &[]);
     ctl.wait_backends_ready(Duration::from_secs(15));
     let syn_retransmits = || -> u64 {
         let text = client
@@ -273,17 +291,17 @@ fn ovs_a_first_connection_after_a_quiet_spell_is_answered_at_once() {
             .expect("client's TCP counters");
         tcp_ext(&text, "TCPSynRetrans").expect("TcpExt TCPSynRetrans")
     };
-    let no_conn_rules = || {
-        !t.bridges[0]
-            .dump_flows()
-            .unwrap_or_default()
-            .contains("priority=300")
+    let flows = || -> String {
+        t.bridges
+            .iter()
+            .map(|b| b.dump_flows().unwrap_or_default())
+            .collect()
     };
     for round in 0..3 {
         wait_until(
             "the connection rules to end",
             Duration::from_secs(10),
-            no_conn_rules,
+            || !flows().contains("priority=300"),
         );
         assert!(
             client.ping(backend.ip(), 2).expect("ping"),
@@ -296,7 +314,7 @@ fn ovs_a_first_connection_after_a_quiet_spell_is_answered_at_once() {
             syn_retransmits() - before,
             0,
             "round {round}: the client sent its SYN again\nflows:\n{}\ndatapath:\n{}",
-            t.bridges[0].dump_flows().unwrap_or_default(),
+            flows(),
             dpctl_flows()
         );
     }

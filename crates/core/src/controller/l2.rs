@@ -147,8 +147,13 @@ impl Controller {
             HostChange::Moved => self.host_moved(frame.eth_src),
             _ => {}
         }
+        // A backend's frames that come up carry its address (its ARP, or IPv4 from it).
+        let is_backend = ip.is_some_and(|ip| self.backend_index.contains_key(&ip));
         if change.placed() {
             self.install_l2_for(frame.eth_src, out);
+            if !is_backend {
+                self.client_placed_at(dpid, out);
+            }
         }
         let address = match ip {
             Some(ip) if change.known() => self.learn_address(frame.eth_src, ip),
@@ -157,7 +162,6 @@ impl Controller {
         // The backends' locations are worth re-reading only when this packet told us
         // something new about a backend: not on every backend packet that comes up, which
         // on the PACKET_IN path would be a scan of every pool.
-        let is_backend = ip.is_some_and(|ip| self.backend_index.contains_key(&ip));
         if is_backend
             && (address == AddressChange::Learned
                 || (change.placed() && address == AddressChange::Same))

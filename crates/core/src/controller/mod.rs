@@ -253,6 +253,9 @@ struct SwitchState {
     /// Until then the L2, proactive and partition rules the switch held when it connected
     /// are left beside the new ones (`reconnect_grace_ms`); `None` once they are settled.
     grace_until: Option<Instant>,
+    /// A host that is not a backend has been placed here since the switch connected, so
+    /// the SYN-ACK catch is in its table (`Controller::syn_ack_catches`).
+    catches_syn_acks: bool,
 }
 
 /// What an address:port on the network means to the controller.
@@ -565,8 +568,7 @@ impl Controller {
     fn intercept_rules(&self) -> Vec<Message> {
         let mut v: Vec<(&(Ipv4Addr, u16), &Listener)> = self.listeners.iter().collect();
         v.sort_by_key(|(k, _)| **k);
-        let mut msgs: Vec<Message> = v
-            .into_iter()
+        v.into_iter()
             // A proactive service's connections go through conntrack and its select
             // group instead (`proactive.rs`).
             .filter(|(_, l)| !self.is_proactive(usize::from(l.service)))
@@ -574,11 +576,26 @@ impl Controller {
                 let slot = self.services.get(usize::from(l.service))?.slot;
                 Some(self.overload_intercept(l.service, rules::intercept(slot, addr, port)))
             })
-            .collect();
-        // The backends' SYN-ACKs that no connection rule takes (`rules::syn_ack_catch`),
-        // under the table-miss's meter: like it, they are packets no rule asked for. Not
-        // a partitioned service's (its backends answer from the VIP, and no rule rewrites
-        // their replies) nor a proactive one's (conntrack places its replies).
+            .collect()
+    }
+
+    /// The backends' SYN-ACKs that no connection rule takes, to the controller
+    /// (`rules::syn_ack_catch`), under the table-miss's meter: like it, they are packets no
+    /// rule asked for. Not a partitioned service's (its backends answer from the VIP, and
+    /// no rule rewrites their replies) nor a proactive one's (conntrack places its
+    /// replies).
+    ///
+    /// Only on a switch where a client is attached ([`SwitchState::catches_syn_acks`]):
+    /// there a connection's reverse rule rewrites the SYN-ACK, and a cached lookup from
+    /// before it would deliver it unrewritten. On a switch of backends only, or a
+    /// transit switch, the L2 rule carries a SYN-ACK that beats its connection's rule
+    /// exactly where that rule would, so nothing is lost there; caught there, every
+    /// SYN-ACK that beat its rule (one whose switch's session lags under load, when the
+    /// controller can least afford it) would cost a PACKET_IN for nothing. A client whose
+    /// first frame to come up is its SYN (static ARP, and its earlier traffic carried by
+    /// L2 rules) brings the catch with that SYN's rules, too late for a lookup cached
+    /// before: its first SYN-ACK can still be lost.
+    fn syn_ack_catches(&self) -> Vec<Message> {
         let mut caught: Vec<(Ipv4Addr, u16, u16)> = Vec::new();
         for (si, s) in self.services.iter().enumerate() {
             if self.is_proactive(si) || s.cfg.mode == crate::config::ServiceMode::Partitioned {
@@ -591,12 +608,30 @@ impl Controller {
         caught.sort_unstable();
         // One rule per address and port, whichever services share it.
         caught.dedup_by_key(|(a, p, _)| (*a, *p));
-        msgs.extend(caught.into_iter().map(|(addr, port, slot)| {
-            let m = rules::tcp_match(Some(addr), None, Some(port), None);
-            let syn_ack = conn_rule::Syn::AndAck.on(m);
-            self.overload_table_miss(rules::syn_ack_catch(slot, syn_ack))
-        }));
-        msgs
+        caught
+            .into_iter()
+            .map(|(addr, port, slot)| {
+                let m = rules::tcp_match(Some(addr), None, Some(port), None);
+                let syn_ack = conn_rule::Syn::AndAck.on(m);
+                self.overload_table_miss(rules::syn_ack_catch(slot, syn_ack))
+            })
+            .collect()
+    }
+
+    /// A host that is not a backend was placed on switch `dpid`: the switch gets the
+    /// SYN-ACK catch, once per session. Before the host's traffic to a backend can leave
+    /// a cached lookup in the switch: the host is placed by its first frame that comes up.
+    pub(crate) fn client_placed_at(&mut self, dpid: Dpid, out: &mut Outbox) {
+        let Some(s) = self.switches.get_mut(&dpid) else {
+            return;
+        };
+        if s.catches_syn_acks {
+            return;
+        }
+        s.catches_syn_acks = true;
+        for m in self.syn_ack_catches() {
+            out.push(dpid, m);
+        }
     }
 
     // ----- switch lifecycle -------------------------------------------------------------
@@ -628,6 +663,9 @@ impl Controller {
                 last_error: None,
                 grace_until: (!self.cfg.reconnect_grace.is_zero())
                     .then(|| now + self.cfg.reconnect_grace),
+                // Its hosts were forgotten with its last session: placed again, a client
+                // brings the catch back.
+                catches_syn_acks: false,
             },
         );
         self.topo.add_switch(dpid);
@@ -1092,11 +1130,17 @@ impl Controller {
         // one matches undefined, §6.4), where a revalidator could cache the intercept's
         // answer for them.
         self.proactive_resync(out);
-        for &dpid in self.switches.keys() {
+        let catches = self.syn_ack_catches();
+        for (&dpid, s) in &self.switches {
             out.push(dpid, rules::delete_kind(RuleKind::Intercept));
             out.push(dpid, Message::BarrierRequest);
             for m in &msgs {
                 out.push(dpid, m.clone());
+            }
+            if s.catches_syn_acks {
+                for m in &catches {
+                    out.push(dpid, m.clone());
+                }
             }
         }
         self.partition_resync(out);

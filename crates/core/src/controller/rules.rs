@@ -7,7 +7,7 @@
 //! | 300 | one direction of one client connection, exact 5-tuple | `Conn` |
 //! | 250 | overload OFF period: drop new connections to a service address | `Gap` |
 //! | 200 | new connections to a service address, to the controller | `Intercept` |
-//! | 160 | a backend's SYN-ACK that no connection rule took, to the controller | `Intercept` |
+//! | 160 | a backend's SYN-ACK that no connection rule took, to the controller (switches with clients) | `Intercept` |
 //! | 150 | while rules wait for handshakes: a backend's replies, to the controller | `Gap` |
 //! | 100 | L2: to a learned host's MAC, toward it | `L2` |
 //! | 0 | table-miss, to the controller | `TableMiss` |
@@ -116,7 +116,8 @@ const SYN_ACK_CATCH_BIT: u64 = 1 << 16;
 /// With this rule in the table every lookup of a backend's packets tells a SYN-ACK apart,
 /// so no megaflow of other packets carries one; and one that comes up is sent on
 /// rewritten by the controller, as a segment that raced its rules is. A SYN-ACK of a
-/// connection made to the backend directly comes up too, and goes on by L2.
+/// connection made to the backend directly comes up too, and goes on by L2. Sent only to
+/// the switches where clients are (`Controller::syn_ack_catches` says why).
 ///
 /// `syn_ack` is the match of the backend's segments ([`tcp_match`] of its address and
 /// port) with `tcp_flags=+syn+ack`, which the connection rules' builder writes

@@ -229,8 +229,8 @@ fn a_backends_syn_ack_that_misses_its_connection_rule_goes_back_as_the_vip() {
     assert_eq!(direct_reply[0].1.ipv4_src, Some(ip(b)), "not rewritten");
 }
 
-/// The SYN-ACK catch is one rule per backend address and port, on every switch; none for
-/// a partitioned service, whose backends answer from the VIP.
+/// The SYN-ACK catch is one rule per backend address and port, on a switch with a client
+/// attached.
 #[test]
 fn the_syn_ack_catch_covers_each_backend_once() {
     let shared = format!(
@@ -253,6 +253,53 @@ fn the_syn_ack_catch_covers_each_backend_once() {
         .collect();
     assert_eq!(catches.len(), 3, "h2 (in both services), h3, h4");
     assert!(catches.iter().all(|&k| k == RuleKind::Intercept.base()));
+}
+
+/// The SYN-ACK catch only where clients are: on the linear network's first switch, not on
+/// the transit switch nor on the backends' switch, where a SYN-ACK that beats its
+/// connection's rule goes on by the L2 rule, as the rule would send it, and costs the
+/// controller nothing. A reload puts back the catch where it was, and only there.
+#[test]
+fn the_syn_ack_catch_is_only_on_switches_with_clients() {
+    let mut sim = linear();
+    let catches = |sim: &Sim, d: u64| {
+        sim.net
+            .switch(d)
+            .unwrap()
+            .flows()
+            .filter(|f| f.priority == rules::PRIO_SYN_ACK_CATCH)
+            .count()
+    };
+    assert_eq!(
+        (catches(&sim, 1), catches(&sim, 2), catches(&sim, 3)),
+        (2, 0, 0)
+    );
+    let client = (ip(1), 40004);
+    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let b: u8 = first[0].0[1..].parse().unwrap();
+    // The backends' switch has not taken the connection's rule yet.
+    sim.carry_out(3, rules::delete_kind(RuleKind::Conn));
+    let before = sim.packet_ins;
+    let reply = sim.send(
+        &format!("h{b}"),
+        &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
+    );
+    assert_eq!(
+        sim.packet_ins, before,
+        "carried by L2 to s1, not brought up"
+    );
+    assert_eq!(reply.len(), 1, "{reply:?}");
+    assert_eq!(
+        reply[0].1.ipv4_src,
+        Some(VIP),
+        "rewritten at the client's edge"
+    );
+
+    reload(&mut sim, &service_config("least-connections", &[5, 6]));
+    assert_eq!(
+        (catches(&sim, 1), catches(&sim, 2), catches(&sim, 3)),
+        (2, 0, 0)
+    );
 }
 
 #[test]
