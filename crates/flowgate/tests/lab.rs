@@ -218,6 +218,12 @@ fn check_measured(rows: &[Row]) {
             "ping ran: {r:?}"
         );
         assert_eq!(r.clients_failed, 0, "every load client reported: {r:?}");
+        // Lost handshakes are counted in every row (each client reads its namespace's
+        // `TCPSynRetrans`), so a tail of one-second requests can be told apart.
+        assert!(
+            r.syn_retransmits.is_some(),
+            "SYNs sent again counted: {r:?}"
+        );
         // Percentiles over all the phase's ok requests: ordered, and present when any
         // request was answered.
         let (p50, p95, p99) = (r.lat_p50_ms, r.lat_p95_ms, r.lat_p99_ms);

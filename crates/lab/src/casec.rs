@@ -557,6 +557,7 @@ pub fn aggregate(rows: &[Row]) -> Row {
         algorithm: "isslm".to_owned(),
         phase: rows.first().map(|r| r.phase.clone()).unwrap_or_default(),
         duration_s: rows.first().map_or(0.0, |r| r.duration_s),
+        syn_retransmits: Some(0),
         ..Row::default()
     };
     for r in rows {
@@ -569,6 +570,8 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.failed += r.failed;
         a.http_503 += r.http_503;
         a.timeouts += r.timeouts;
+        // Missing in one domain: missing in all of them.
+        a.syn_retransmits = a.syn_retransmits.zip(r.syn_retransmits).map(|(x, y)| x + y);
         a.ok_latencies_ms.extend_from_slice(&r.ok_latencies_ms);
         a.srv1 += r.srv1;
         a.srv2 += r.srv2;

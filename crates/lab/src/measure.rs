@@ -48,6 +48,9 @@ pub struct Row {
     pub failed: u64,
     pub http_503: u64,
     pub timeouts: u64,
+    /// SYNs the clients sent again (lost handshakes, a second each): the sum of their
+    /// namespaces' `TCPSynRetrans` over the pass; missing if a client could not read it.
+    pub syn_retransmits: Option<u64>,
     pub lat_p50_ms: Option<f64>,
     pub lat_p95_ms: Option<f64>,
     pub lat_p99_ms: Option<f64>,
@@ -188,6 +191,8 @@ pub(crate) struct LoadJson {
     failed: u64,
     errors: LoadErrors,
     per_backend: BTreeMap<String, u64>,
+    #[serde(default)]
+    syn_retransmits: Option<u64>,
     /// Latency (ms) of each ok request, from the client's `--conn-log`; `None` when that
     /// file could not be read.
     #[serde(skip)]
@@ -373,11 +378,14 @@ pub fn set_percentiles(row: &mut Row) {
 pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &mut Row) {
     let mut per: BTreeMap<String, u64> = BTreeMap::new();
     let mut missing = 0;
+    let mut syns = Some(0);
     for r in reports {
         let Some(r) = r else {
             missing += 1;
+            syns = None;
             continue;
         };
+        syns = syns.zip(r.syn_retransmits).map(|(a, b)| a + b);
         row.sent += r.sent;
         row.ok += r.ok;
         row.failed += r.failed;
@@ -389,6 +397,8 @@ pub(crate) fn fold_reports(reports: &[Option<LoadJson>], counts: &[u64], row: &m
             *per.entry(k.clone()).or_default() += v;
         }
     }
+    // One fold per row (a pass, or a domain of Case C's): its clients' count.
+    row.syn_retransmits = syns;
     row.clients_failed += missing;
     if missing > 0 {
         eprintln!("flowgate lab: {missing} load client(s) gave no report");
@@ -743,6 +753,23 @@ mod tests {
         );
         let weighted_p95 = (100.0 * 95.0 + 10.0 * 210.0) / 110.0;
         assert!((row.lat_p95_ms.unwrap_or(0.0) - weighted_p95).abs() > 50.0);
+    }
+
+    /// The clients' SYNs sent again are summed; a client that could not count them (an
+    /// older `flowgate load`, no `/proc`) leaves the row's count missing, not short.
+    #[test]
+    fn syn_retransmits_are_summed_and_missing_if_a_client_lacks_them() {
+        let (j, l) = client(&[5.0]);
+        let with = |n: u64| j.replacen('{', &format!("{{\"syn_retransmits\":{n},"), 1);
+        let fold = |jsons: &[String]| {
+            let reports: Vec<_> = jsons.iter().map(|j| parse_client(j, Some(&l))).collect();
+            let mut row = Row::default();
+            fold_reports(&reports, &vec![3; jsons.len()], &mut row);
+            row.syn_retransmits
+        };
+        assert_eq!(fold(&[with(1), with(2)]), Some(3));
+        assert_eq!(fold(&[with(1), j.clone()]), None);
+        assert_eq!(fold(&[with(0)]), Some(0));
     }
 
     /// A client without a report counts as a failed measurement and its requests as

@@ -133,6 +133,7 @@ pub const COLUMNS: &[&str] = &[
     "failed",
     "http_503",
     "timeouts",
+    "syn_retransmits",
     "lat_p50_ms",
     "lat_p95_ms",
     "lat_p99_ms",
@@ -275,16 +276,16 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n#### {scenario}: HTTP load and servers\n");
     let _ = writeln!(
         s,
-        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT |"
+        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} |",
             r.arm,
             r.phase,
             r.offered,
@@ -296,6 +297,8 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             fmt(r.lat_p50_ms, 1),
             fmt(r.lat_p95_ms, 1),
             fmt(r.lat_p99_ms, 1),
+            r.syn_retransmits
+                .map_or_else(|| MISSING.to_owned(), |n| n.to_string()),
             r.srv1,
             r.srv2,
             r.srv3,

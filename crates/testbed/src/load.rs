@@ -171,6 +171,13 @@ pub struct LoadReport {
     pub elapsed_secs: f64,
     /// Completed requests (ok + failed) per second.
     pub achieved_rate: f64,
+    /// SYNs sent again during the run by the network namespace the client runs in
+    /// (`TcpExt: TCPSynRetrans` of `/proc/net/netstat`, at the end minus at the start;
+    /// other sockets of the namespace count too): each is a handshake whose SYN or
+    /// SYN-ACK was lost, which costs its request a second (RFC 6298's initial RTO).
+    /// `None` where that counter cannot be read.
+    #[serde(default)]
+    pub syn_retransmits: Option<u64>,
 }
 
 impl LoadReport {
@@ -217,6 +224,9 @@ impl std::fmt::Display for LoadReport {
             l.p50, l.p95, l.p99, l.max, l.mean
         )?;
         writeln!(f, "backends     {:?}", self.per_backend)?;
+        if let Some(n) = self.syn_retransmits {
+            writeln!(f, "handshakes   SYNs sent again {n}")?;
+        }
         write!(
             f,
             "elapsed      {:.3}s  rate {:.1}/s  bytes {}",
@@ -549,6 +559,22 @@ fn validate(args: &LoadArgs) -> Result<(), LoadError> {
 /// `anchor` is one moment read on both clocks: each request's start is written as wall
 /// time (UNIX seconds), so a slow one can be placed beside the controller's and the
 /// switch's logs.
+/// The network namespace's count of SYNs sent again, if `/proc/net/netstat` has it.
+fn syn_retransmits() -> Option<u64> {
+    tcp_ext(
+        &std::fs::read_to_string("/proc/net/netstat").ok()?,
+        "TCPSynRetrans",
+    )
+}
+
+/// A `TcpExt` counter of `/proc/net/netstat`'s text: a line of names, then one of values.
+fn tcp_ext(netstat: &str, name: &str) -> Option<u64> {
+    let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let i = names.split_whitespace().position(|n| n == name)?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
 fn write_conn_log(
     path: &std::path::Path,
     recs: &[ConnRecord],
@@ -576,6 +602,7 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
     validate(args)?;
     let target = Arc::new(resolve(&args.url).await?);
     let timeout = Duration::from_millis(args.timeout_ms);
+    let syns_before = syn_retransmits();
     let start = Instant::now();
     let anchor = (start, SystemTime::now());
     let stop_sending = start + Duration::from_secs_f64(args.duration_secs);
@@ -669,6 +696,9 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
         write_conn_log(path, recs, anchor).map_err(|e| LoadError::ConnLog(path.clone(), e))?;
     }
     let mut rep = total.report;
+    rep.syn_retransmits = syns_before
+        .zip(syn_retransmits())
+        .map(|(a, b)| b.saturating_sub(a));
     rep.url = args.url.clone();
     rep.elapsed_secs = elapsed;
     rep.achieved_rate = if elapsed > 0.0 {
@@ -699,6 +729,24 @@ pub async fn run_load(args: &LoadArgs) -> Result<LoadReport, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's `TcpExt` counters: names on one line, values on the next, after
+    /// other groups' lines; a counter it does not list is `None`.
+    #[test]
+    fn a_tcp_ext_counter_is_read_by_name() {
+        let text = "TcpExt: SyncookiesSent TCPSynRetrans TCPOrigDataSent\n\
+                    TcpExt: 0 7 1234\n\
+                    IpExt: InNoRoutes InTruncatedPkts\n\
+                    IpExt: 0 0\n";
+        assert_eq!(tcp_ext(text, "TCPSynRetrans"), Some(7));
+        assert_eq!(tcp_ext(text, "TCPOrigDataSent"), Some(1234));
+        assert_eq!(tcp_ext(text, "TCPNope"), None);
+        assert_eq!(tcp_ext("IpExt: A\nIpExt: 1\n", "TCPSynRetrans"), None);
+        // Where the process runs (here: this test's namespace), the counter is there.
+        if std::path::Path::new("/proc/net/netstat").exists() {
+            assert!(syn_retransmits().is_some());
+        }
+    }
 
     /// `--conn-log` lines: port, backend, status or failure kind, milliseconds, wall time
     /// due; `-` where a field is unknown (no connection, no backend header).
