@@ -420,8 +420,8 @@ pub struct BackendConfig {
     /// `capacity_rps`: the new connections (requests) per second the backend can serve,
     /// finite and positive. DWRS's load is `rate / capacity_rps` and MRBS's utilisation
     /// feature is the same ratio when the backend reports no CPU; without it DWRS falls
-    /// back to the load relative to the pool's mean. A backend added at run time (the
-    /// API) has none.
+    /// back to the load relative to the pool's mean. A backend added at run time has the
+    /// one its API call gives, if any.
     pub capacity_rps: Option<f64>,
 }
 
