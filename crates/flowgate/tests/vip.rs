@@ -289,7 +289,7 @@ fn first_connections_after_quiet_spells(t: &topo::Topology, client: usize, backe
         let text = client
             .exec_checked(&["cat", "/proc/net/netstat"])
             .expect("client's TCP counters");
-        tcp_ext(&text, "TCPSynRetrans").expect("TcpExt TCPSynRetrans")
+        flowgate_testbed::load::tcp_ext(&text, "TCPSynRetrans").expect("TcpExt TCPSynRetrans")
     };
     let flows = || -> String {
         t.bridges
@@ -319,14 +319,6 @@ fn first_connections_after_quiet_spells(t: &topo::Topology, client: usize, backe
         );
     }
     ctl.assert_no_openflow_errors();
-}
-
-/// A `TcpExt` counter from `/proc/net/netstat` (a line of names, then a line of values).
-fn tcp_ext(netstat: &str, name: &str) -> Option<u64> {
-    let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (lines.next()?, lines.next()?);
-    let i = names.split_whitespace().position(|n| n == name)?;
-    values.split_whitespace().nth(i)?.parse().ok()
 }
 
 /// Three switches in a line, the client on the first and the backends on the others:

@@ -567,8 +567,9 @@ fn syn_retransmits() -> Option<u64> {
     )
 }
 
-/// A `TcpExt` counter of `/proc/net/netstat`'s text: a line of names, then one of values.
-fn tcp_ext(netstat: &str, name: &str) -> Option<u64> {
+/// A `TcpExt` counter of `/proc/net/netstat`'s text (a line of names, then one of
+/// values), such as `TCPSynRetrans`.
+pub fn tcp_ext(netstat: &str, name: &str) -> Option<u64> {
     let mut lines = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
     let (names, values) = (lines.next()?, lines.next()?);
     let i = names.split_whitespace().position(|n| n == name)?;
