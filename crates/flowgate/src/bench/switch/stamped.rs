@@ -124,7 +124,9 @@ mod tests {
         );
         let before = (Instant::now(), SystemTime::now());
         let stamp = write_and_read(&mut client, &server, b"answers", Duration::from_millis(20));
-        let (now, now_real) = (Instant::now(), SystemTime::now());
+        let now = Instant::now();
+        let now_real = SystemTime::now();
+        let read_by = Instant::now();
         let stamp = stamp.expect("the kernel stamped the segment");
         let real = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         assert!(
@@ -132,7 +134,18 @@ mod tests {
             "{stamp:?}"
         );
         let at = arrival(stamp, now, now_real);
-        assert!(before.0 <= at && at <= now);
+        // `arrival` takes the real time for the moment `now` was read, but it was read
+        // after it, by up to `read_by - now` (a thread preempted between the two reads):
+        // the segment is placed that much early at most, and a segment stamped just after
+        // `before` then maps to an instant before it (a loaded CI run failed a bare
+        // `before.0 <= at`). 100 µs more for the two clocks parting over the test (NTP
+        // slews the real-time clock by up to 500 ppm; the monotonic one is not slewed).
+        let slack = (read_by - now) + Duration::from_micros(100);
+        assert!(
+            before.0 <= at + slack && at <= now,
+            "arrival {:?} before the write (slack {slack:?})",
+            before.0.saturating_duration_since(at)
+        );
         // It arrived before the 20 ms sleep, not when it was read.
         assert!(now - at >= Duration::from_millis(15), "{:?}", now - at);
     }
