@@ -13,6 +13,7 @@
 //! The QoS figures follow the paper's equations on those raw values, see [`Row::derive`].
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -567,7 +568,8 @@ pub(crate) fn wait_loads<'a>(
         }
         let log = std::fs::read_to_string(&c.conn_log).ok();
         for l in log.iter().flat_map(|t| t.lines()) {
-            lines.push_str(&format!("{} {l}\n", c.client));
+            // Writing to a String cannot fail.
+            let _ = writeln!(lines, "{} {l}", c.client);
         }
         reports.push(parse_client(&g.output(), log.as_deref()));
     }

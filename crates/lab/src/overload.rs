@@ -46,8 +46,7 @@ use crate::{plot, signal};
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
 /// The root-namespace leg (the controller scrapes the backends' metrics through it).
 const LEG_CIDR: &str = "10.0.0.250/24";
-/// The arms, and the ablation's, as the scenario lists them.
-pub use crate::scenario::{NO_CEILING, OVERLOAD_ARMS as MODES};
+use crate::scenario::{NO_CEILING, OVERLOAD_ARMS};
 /// Cookie match of flowgate's per-connection rules (kind byte 0x05).
 const CONN_RULES: &str = "cookie=0x0500000000000000/0xff00000000000000";
 
@@ -74,7 +73,7 @@ pub struct OverloadParams {
     pub unloaded_requests: u64,
     /// Rate of the unloaded-latency measurement (req/s).
     pub unloaded_rate: f64,
-    /// The arms that run, in order (labels of [`MODES`]).
+    /// The arms that run, in order (labels of [`OVERLOAD_ARMS`]).
     pub modes: Vec<&'static str>,
 }
 
@@ -97,9 +96,9 @@ impl OverloadParams {
             unloaded_rate: 5.0,
             // The quick variant keeps the three modes: its CI test counts their rows.
             modes: if quick {
-                MODES[..3].to_vec()
+                OVERLOAD_ARMS[..3].to_vec()
             } else {
-                MODES.to_vec()
+                OVERLOAD_ARMS.to_vec()
             },
         }
     }
@@ -113,7 +112,7 @@ impl OverloadParams {
 /// One point: one arm at one offered load.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Point {
-    /// The arm's label (one of [`MODES`]).
+    /// The arm's label (one of [`OVERLOAD_ARMS`]).
     pub mode: String,
     /// Offered load as a multiple of the measured capacity.
     pub multiple: f64,
@@ -174,7 +173,7 @@ pub fn arm_mode(arm: &str) -> (&str, bool) {
     }
 }
 
-/// The controller config for one arm (one of [`MODES`]). Metrics of the backends are
+/// The controller config for one arm (one of [`OVERLOAD_ARMS`]). Metrics of the backends are
 /// scraped every 50 ms (their requests in flight plus queued are ACCM's buffer occupancy, against
 /// `max_active_connections`: the pool's slots plus two waiting), as in the integration
 /// test. The capacity is exact here (fixed delay, fixed concurrency), so the adaptive
@@ -811,14 +810,14 @@ mod tests {
     #[test]
     fn each_arm_writes_its_mode_and_only_the_ablation_removes_the_ceiling() {
         let op = OverloadParams::new(false);
-        assert_eq!(op.modes, MODES, "the full run has every arm");
+        assert_eq!(op.modes, OVERLOAD_ARMS, "the full run has every arm");
         assert_eq!(
             OverloadParams::new(true).modes,
             ["off", "static", "adaptive"],
             "the quick run keeps the three modes"
         );
         let cfg = |arm| config(&backends(), arm, 20.0, &op);
-        for arm in MODES {
+        for arm in OVERLOAD_ARMS {
             let (mode, _) = arm_mode(arm);
             assert!(
                 cfg(arm).contains(&format!("[service.overload]\nmode = \"{mode}\"\n")),
@@ -840,7 +839,7 @@ mod tests {
 
     fn outcome() -> Outcome {
         let mut points = Vec::new();
-        for (i, arm) in MODES.iter().enumerate() {
+        for (i, arm) in OVERLOAD_ARMS.iter().enumerate() {
             for x in [0.5, 3.0] {
                 points.push(Point {
                     mode: (*arm).to_owned(),
@@ -873,8 +872,8 @@ mod tests {
     fn the_fourth_arm_flows_through_the_csv_the_table_and_the_plots() {
         let o = outcome();
         let csv = csv(&o);
-        assert_eq!(csv.lines().count(), 1 + MODES.len() * 2, "{csv}");
-        for arm in MODES {
+        assert_eq!(csv.lines().count(), 1 + OVERLOAD_ARMS.len() * 2, "{csv}");
+        for arm in OVERLOAD_ARMS {
             assert_eq!(
                 csv.lines()
                     .filter(|l| l.split(',').next() == Some(arm))
@@ -903,7 +902,7 @@ mod tests {
         for f in &files {
             let svg = std::fs::read_to_string(f).expect("svg");
             // One legend entry per arm (each a line of its own colour).
-            for arm in MODES {
+            for arm in OVERLOAD_ARMS {
                 assert!(
                     svg.contains(&format!(">\n{arm}\n</text>")),
                     "{arm} in {}",

@@ -1001,7 +1001,6 @@ fn closes(tcp: &Tcp<'_>) -> bool {
     tcp.flags.fin() || tcp.flags.rst()
 }
 
-/// A per-process keyed hash of the connection, for algorithms that hash.
 /// The connection on a SYN's 4-tuple that the new one follows.
 #[derive(Debug, Clone, Copy)]
 enum Earlier {
@@ -1022,6 +1021,7 @@ impl Earlier {
     }
 }
 
+/// A per-process keyed hash of the connection, for algorithms that hash.
 fn flow_hash(key: &ConnKey) -> u64 {
     let mut h = ahash::RandomState::with_seeds(0x666c, 0x6f77, 0x6761, 0x7465).build_hasher();
     h.write_u32(u32::from(key.client));
