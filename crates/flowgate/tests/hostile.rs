@@ -398,14 +398,14 @@ fn ovs_hostile_switch_peers() {
     });
     healthy(&mut ctl, "(d) PACKET_IN flood");
 
-    // (e) A fake switch that sends PACKET_INs and never reads the answers. The controller
-    // stops reading it once its queue for that switch is full (rather than queueing
-    // answers without bound), and closes the session once the switch has taken nothing for
-    // the keep-alive's interval and timeout together.
+    // (e) A fake switch that sends PACKET_INs and never reads the answers. Once its queue
+    // for that switch is full the controller reads on but drops its PACKET_INs (rather than
+    // queueing answers without bound), and closes the session once the switch has taken
+    // nothing for the keep-alive's interval and timeout together.
     let mut mute = handshake(ctl.openflow, 0xfeed);
     let mute_port = mute.local_addr().expect("addr").port();
     // A fixed, small receive buffer (no autotuning to megabytes): what the controller
-    // queues is then bounded by its own pause, which is what this case measures.
+    // queues is then bounded by its own threshold, which is what this case measures.
     let _ = socket2::SockRef::from(&mute).set_recv_buffer_size(64 * 1024);
     wait_until("0xfeed registered", Duration::from_secs(5), || {
         switch_count(&ctl) == 2
@@ -418,7 +418,7 @@ fn ovs_hostile_switch_peers() {
     let mute_start = Instant::now();
     let mut xid = 0x20_0000u32;
     let mut written = 0usize;
-    // Writes until the controller stops reading (the write times out) or closes.
+    // Writes until the controller closes the session (or stops reading: a write times out).
     'flood: while mute_start.elapsed() < Duration::from_secs(20) {
         let mut chunk = Vec::with_capacity(100 * 100);
         for i in 0..100 {
@@ -450,7 +450,10 @@ fn ovs_hostile_switch_peers() {
     );
     ctl.wait_log(&ended, Duration::from_secs(10));
     let closed_after = mute_start.elapsed();
-    ctl.wait_log("pausing reads until it catches up", Duration::from_secs(1));
+    ctl.wait_log(
+        "dropping its PACKET_INs until it catches up",
+        Duration::from_secs(1),
+    );
     wait_until("0xfeed gone", Duration::from_secs(5), || {
         switch_count(&ctl) == 1
     });
@@ -470,14 +473,14 @@ fn ovs_hostile_switch_peers() {
         handled > 1000.0,
         "(e) the mute switch's PACKET_INs were read: {handled}"
     );
-    // What waits for it is the pause threshold (4 MiB) and at most one batch of 256 SYNs'
-    // answers beyond it (under 1 KiB each), not the 32 MiB at which a session that read on
-    // regardless would be cut.
+    // What waits for it is the threshold (4 MiB) and at most one batch of 256 SYNs'
+    // answers beyond it (under 1 KiB each), not the 32 MiB at which a session that handled
+    // them regardless would be cut.
     assert!(
         queued > 1 << 20 && queued <= (4 << 20) + 256 * 1024,
         "(e) {queued} bytes queued for a switch that reads nothing"
     );
-    // Reads paused, then 1.2 s (echo 300 ms + 900 ms) without progress before the close.
+    // Behind, then 1.2 s (echo 300 ms + 900 ms) without progress before the close.
     assert!(
         closed_after >= Duration::from_millis(1200),
         "(e) closed after {closed_after:?}: before the switch could have shown it reads nothing"

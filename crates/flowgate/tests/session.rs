@@ -525,3 +525,233 @@ fn a_message_that_does_not_decode_in_the_handshake_is_answered_then_closed() {
         Duration::from_secs(2),
     );
 }
+
+/// A FLOW_REMOVED (§7.4.2) of a rule of no kind the controller keeps (cookie 0): its
+/// idle timeout, an empty match.
+fn flow_removed(xid: u32) -> Vec<u8> {
+    let mut v = header(4, OFPT_FLOW_REMOVED, 56, xid);
+    v.extend_from_slice(&0u64.to_be_bytes()); // cookie
+    v.extend_from_slice(&100u16.to_be_bytes()); // priority
+    v.extend_from_slice(&[0, 0]); // reason OFPRR_IDLE_TIMEOUT, table 0
+    v.extend_from_slice(&[0; 8]); // duration_sec, duration_nsec
+    v.extend_from_slice(&10u16.to_be_bytes()); // idle_timeout
+    v.extend_from_slice(&0u16.to_be_bytes()); // hard_timeout
+    v.extend_from_slice(&[0; 16]); // packet_count, byte_count
+    v.extend_from_slice(&[0, 1, 0, 4, 0, 0, 0, 0]); // OXM match, empty, padded to 8
+    v
+}
+
+/// A switch played as Open vSwitch's connection manager behaves: it takes the
+/// controller's messages slowly, queues its PACKET_INs only while its queue to the
+/// controller is short (dropping the rest), queues every FLOW_REMOVED and echo reply, and
+/// reads nothing more while 100 of those replies wait unsent (`OFCONN_REPLY_MAX`).
+struct OvsLike {
+    s: TcpStream,
+    /// Bytes for the controller, from `sent` on not yet taken by the socket.
+    out: Vec<u8>,
+    sent: usize,
+    /// Where each reply not yet taken ends in `out`.
+    replies: std::collections::VecDeque<usize>,
+    /// The controller's bytes read, not yet a whole message.
+    inbuf: Vec<u8>,
+    xid: u32,
+    flow_removed_sent: u64,
+    packet_ins_queued: u64,
+    /// PACKET_OUTs read: the controller's answers.
+    packet_outs: u64,
+    packet_ins_dropped: u64,
+    /// Ticks in which it read nothing because of its replies.
+    ticks_not_reading: u64,
+}
+
+impl OvsLike {
+    /// Replies waiting unsent beyond which Open vSwitch stops reading (connmgr.c).
+    const REPLY_MAX: usize = 100;
+    /// PACKET_INs are queued only while fewer bytes than this wait unsent.
+    const PACKET_IN_QUEUE: usize = 64 * 1024;
+    /// Bytes of the controller's read per tick: about 2 MB/s, a slow switch.
+    const READ_PER_TICK: usize = 2048;
+
+    fn new(s: TcpStream) -> Self {
+        // A small send buffer: what the controller does not read waits here, in view.
+        let _ = socket2::SockRef::from(&s).set_send_buffer_size(32 * 1024);
+        s.set_nonblocking(true).expect("nonblocking");
+        OvsLike {
+            s,
+            out: Vec::new(),
+            sent: 0,
+            replies: Default::default(),
+            inbuf: Vec::new(),
+            xid: 0x40_0000,
+            flow_removed_sent: 0,
+            packet_ins_queued: 0,
+            packet_outs: 0,
+            packet_ins_dropped: 0,
+            ticks_not_reading: 0,
+        }
+    }
+
+    fn reply(&mut self, m: &[u8]) {
+        self.out.extend_from_slice(m);
+        self.replies.push_back(self.out.len());
+    }
+
+    /// One millisecond: `syns` PACKET_INs offered, `removed` rules expired, then as much
+    /// written and read as the socket and the reply rule allow.
+    fn tick(&mut self, syns: u16, removed: u16) {
+        for _ in 0..syns {
+            self.xid += 1;
+            if self.out.len() - self.sent < Self::PACKET_IN_QUEUE {
+                let m = packet_in_syn(self.xid, 1024 + (self.xid % 60_000) as u16);
+                self.out.extend_from_slice(&m);
+                self.packet_ins_queued += 1;
+            } else {
+                self.packet_ins_dropped += 1;
+            }
+        }
+        for _ in 0..removed {
+            self.xid += 1;
+            self.reply(&flow_removed(self.xid));
+            self.flow_removed_sent += 1;
+        }
+        self.write();
+        if self.replies.len() >= Self::REPLY_MAX {
+            self.ticks_not_reading += 1;
+        } else {
+            self.read();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    fn write(&mut self) {
+        while self.sent < self.out.len() {
+            match self.s.write(&self.out[self.sent..]) {
+                Ok(0) => panic!("the controller closed the session"),
+                Ok(k) => self.sent += k,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write to the controller: {e}"),
+            }
+        }
+        while self.replies.front().is_some_and(|&end| end <= self.sent) {
+            self.replies.pop_front();
+        }
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+            self.replies.clear();
+        }
+    }
+
+    /// Up to `READ_PER_TICK` bytes; ECHO_REQUESTs answered (a reply too). `Ok(n)` bytes read.
+    fn read(&mut self) -> usize {
+        let mut buf = [0u8; Self::READ_PER_TICK];
+        let n = match self.s.read(&mut buf) {
+            Ok(0) => panic!("the controller closed the session"),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return 0,
+            Err(e) => panic!("read from the controller: {e}"),
+        };
+        self.inbuf.extend_from_slice(&buf[..n]);
+        while self.inbuf.len() >= 8 {
+            let len = usize::from(u16::from_be_bytes([self.inbuf[2], self.inbuf[3]])).max(8);
+            if self.inbuf.len() < len {
+                break;
+            }
+            let m: Vec<u8> = self.inbuf.drain(..len).collect();
+            if m[1] == OFPT_ECHO_REQUEST {
+                let mut r = m.clone();
+                r[1] = OFPT_ECHO_REPLY;
+                self.reply(&r);
+            }
+            if m[1] == OFPT_PACKET_OUT {
+                self.packet_outs += 1;
+            }
+        }
+        n
+    }
+}
+
+#[test]
+fn a_switch_that_stops_reading_while_its_flow_removed_go_unread_keeps_its_session() {
+    // Open vSwitch counts FLOW_REMOVED as a reply to the controller, and reads nothing
+    // from a controller that leaves 100 replies unread. A controller that stopped reading a
+    // switch behind on its answers waited for a switch that waited for it: in the lab's
+    // full runs the switch timed its controller out and connected again. The session must
+    // read on (dropping PACKET_INs while the switch is behind) and keep the switch.
+    let ctl = Ctl::start(
+        "session-behind",
+        &format!(
+            "[openflow]\nlisten = \"127.0.0.1:0\"\necho_interval_ms = 300\necho_timeout_ms = 900\n\
+             packet_in_rate = 20000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n{SERVICE}"
+        ),
+    );
+    let mut s = handshake(ctl.openflow, 0xbe41);
+    let port = s.local_addr().expect("addr").port();
+    // The backend is on port 2: each SYN is then decided, and answered with its rules
+    // and a PACKET_OUT (a few hundred bytes), not refused.
+    s.write_all(&packet_in_garp(
+        0x3fff,
+        2,
+        [2, 0, 0, 0, 0, 2],
+        [10, 0, 0, 2],
+    ))
+    .expect("the backend's ARP");
+    wait_until("the backend placed", Duration::from_secs(5), || {
+        ctl.get_json("/api/v1/services")[0]["backends"][0]["located"] == true
+    });
+    let mut sw = OvsLike::new(s);
+    // 4 s of a flood (50 SYNs a ms offered) and 2,000 expiries a second: far more answers
+    // than the switch takes, for three times the keep-alive's interval and timeout.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        sw.tick(50, 2);
+    }
+    // The flood stops; the switch takes the backlog until the controller is quiet.
+    let mut quiet_since = Instant::now();
+    let drain = Instant::now();
+    while quiet_since.elapsed() < Duration::from_millis(500) {
+        assert!(
+            drain.elapsed() < Duration::from_secs(30),
+            "the controller's backlog did not drain in 30 s"
+        );
+        sw.write();
+        if sw.replies.len() < OvsLike::REPLY_MAX && sw.read() > 0 {
+            quiet_since = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!(
+        "PACKET_INs queued {}, dropped by the switch {}; FLOW_REMOVED {}; ms not reading {}",
+        sw.packet_ins_queued, sw.packet_ins_dropped, sw.flow_removed_sent, sw.ticks_not_reading
+    );
+    let log = ctl.log_plain();
+    assert!(
+        !log.contains(&format!("switch session ended peer=127.0.0.1:{port}")),
+        "the session ended:\n{log}"
+    );
+    assert!(
+        log.contains("dropping its PACKET_INs until it catches up"),
+        "the switch was never behind, so this shows nothing:\n{log}"
+    );
+    let body = ctl.get("/metrics").1;
+    let behind = metric(&body, "flowgate_packet_in_dropped_behind_total").unwrap_or(0.0);
+    assert!(behind > 0.0, "no PACKET_IN dropped while behind");
+    // Every expiry reached the core, none lost with a session.
+    let removed = metric(&body, "flowgate_flow_removed_total").unwrap_or(0.0);
+    assert_eq!(removed as u64, sw.flow_removed_sent, "FLOW_REMOVED handled");
+    assert_eq!(ctl.switch_dpids(), [0xbe41]);
+    // Caught up, it is served again: a new SYN is answered.
+    let outs = sw.packet_outs;
+    sw.xid += 1;
+    sw.out.extend_from_slice(&packet_in_syn(sw.xid, 61_111));
+    let asked = Instant::now();
+    while sw.packet_outs == outs {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "a new SYN unanswered after the backlog"
+        );
+        sw.write();
+        sw.read();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

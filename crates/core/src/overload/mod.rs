@@ -792,9 +792,10 @@ pub fn meter_plan(
 pub struct WorkSample {
     /// PACKET_INs handled in the batch.
     pub packet_ins: u64,
-    /// PACKET_INs the session's own budget dropped unhandled while reading the batch
-    /// (a flood beyond `packet_in_rate`): offered to the controller, so counted in λ.
-    pub budget_dropped: u64,
+    /// PACKET_INs the session dropped unhandled since the last sample (a flood beyond
+    /// its `packet_in_rate`, or read while its switch was behind on the controller's
+    /// messages): offered to the controller, so counted in λ.
+    pub session_dropped: u64,
     /// Time spent handling them (the decision latency of the batch, in total).
     pub busy: Duration,
     /// The part of `busy` spent on PACKET_INs the controller's own gate dropped (reading,
@@ -936,7 +937,7 @@ impl ControllerGap {
         self.outflow_delay_min.record(s.switch, s.outflow_delay);
         self.channel_rtt_min.record(s.switch, s.channel_rtt);
         self.law
-            .record_bulk(s.packet_ins + s.budget_dropped, s.packet_ins);
+            .record_bulk(s.packet_ins + s.session_dropped, s.packet_ins);
     }
 
     /// PACKET_INs the switches' meters dropped (METER_STATS): offered to the controller,

@@ -189,6 +189,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "PACKET_INs dropped beyond a switch session's packet_in_rate budget.",
             handle.packet_in_dropped.load(Ordering::Relaxed),
         ),
+        (
+            "flowgate_packet_in_dropped_behind_total",
+            "PACKET_INs read and dropped unhandled while their switch was behind (more than 4 MiB of messages queued for it).",
+            handle.packet_in_dropped_behind.load(Ordering::Relaxed),
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {v}");

@@ -40,8 +40,10 @@ pub(crate) struct RttProbe {
     every: Option<Duration>,
     next: Option<Instant>,
     in_flight: Option<Instant>,
-    /// Time the probe in flight spent with the session not reading (see `excuse`).
-    excused: Duration,
+    /// Where the probe in flight ends in the bytes queued for the switch
+    /// (`Outflow::queue`), and when the writer was first seen past it.
+    ends_at: u64,
+    written_at: Option<Instant>,
     last: Duration,
 }
 
@@ -74,10 +76,20 @@ impl RttProbe {
         }
     }
 
-    /// A probe was queued for the switch at `now`.
-    pub(crate) fn sent(&mut self, now: Instant) {
+    /// A probe was queued for the switch at `now`, ending at byte `ends_at` of what was
+    /// ever queued for it.
+    pub(crate) fn sent(&mut self, now: Instant, ends_at: u64) {
         self.in_flight = Some(now);
-        self.excused = Duration::ZERO;
+        self.ends_at = ends_at;
+        self.written_at = None;
+    }
+
+    /// The writer has handed the switch's socket `written` bytes so far, as seen at `now`:
+    /// once past the probe in flight, its silence starts.
+    pub(crate) fn observe_written(&mut self, written: u64, now: Instant) {
+        if self.in_flight.is_some() && self.written_at.is_none() && written >= self.ends_at {
+            self.written_at = Some(now);
+        }
     }
 
     /// An ECHO_REPLY with `xid` was read at `now`: the probe's round trip when it answers
@@ -98,19 +110,15 @@ impl RttProbe {
         self.last.max(self.age(now))
     }
 
-    /// The session read nothing for `d` (it waited for the switch to take its bytes): a
-    /// reply that came meanwhile waits unread, so the probe in flight is not held to that
-    /// time as unanswered ([`RttProbe::unanswered_for`]); its reading still counts it.
-    pub(crate) fn excuse(&mut self, d: Duration) {
-        if self.in_flight.is_some() {
-            self.excused += d;
-        }
-    }
-
-    /// How long the probe in flight has gone unanswered at `now` while the session read
-    /// (zero with none in flight): the switch's silence, for its liveness.
+    /// How long the probe in flight has gone unanswered at `now` since it was written to the
+    /// switch's socket (zero with none in flight, or while it waits behind a backlog for
+    /// the switch to take): the switch's silence, for its liveness. Its reading counts the
+    /// wait in the queue too: that is the channel's delay.
     pub(crate) fn unanswered_for(&self, now: Instant) -> Duration {
-        self.age(now).saturating_sub(self.excused)
+        match (self.in_flight, self.written_at) {
+            (Some(_), Some(t)) => now.saturating_duration_since(t),
+            _ => Duration::ZERO,
+        }
     }
 
     /// The age of the probe in flight (zero with none).
@@ -136,15 +144,18 @@ mod tests {
         let mut p = RttProbe::default();
         p.set_interval(25_000, t0);
         assert_eq!(p.due(), Some(t0));
-        p.sent(t0);
+        // Queued behind 1,000 bytes for the switch: it ends at byte 1,064.
+        p.sent(t0, 1_064);
         assert_eq!(p.due(), None, "one in flight at a time");
-        // Unanswered, it reads at least its age.
+        // Unanswered, it reads at least its age, but it is not silence while the switch
+        // has yet to take the bytes before it.
+        p.observe_written(1_000, t0 + ms(30));
         assert_eq!(p.reading(t0 + ms(40)), ms(40));
-        assert_eq!(p.unanswered_for(t0 + ms(40)), ms(40));
-        // While the session did not read, a reply could not be seen: its silence is
-        // excused, not its round trip.
-        p.excuse(ms(30));
-        assert_eq!(p.unanswered_for(t0 + ms(45)), ms(15));
+        assert_eq!(p.unanswered_for(t0 + ms(40)), Duration::ZERO);
+        // Written at 40 ms: its silence counts from there.
+        p.observe_written(1_064, t0 + ms(40));
+        p.observe_written(2_000, t0 + ms(42));
+        assert_eq!(p.unanswered_for(t0 + ms(45)), ms(5));
         assert_eq!(p.reading(t0 + ms(45)), ms(45));
         // The keep-alive's reply is not the probe's.
         p.answered(KEEPALIVE_XID, t0 + ms(50));
@@ -154,14 +165,11 @@ mod tests {
         assert_eq!(p.unanswered_for(t0 + ms(70)), Duration::ZERO);
         assert_eq!(p.reading(t0 + ms(70)), ms(60));
         assert_eq!(p.due(), Some(t0 + ms(85)));
-        // A faster one replaces it.
-        p.excuse(ms(50));
-        p.sent(t0 + ms(85));
-        assert_eq!(
-            p.unanswered_for(t0 + ms(86)),
-            ms(1),
-            "an excuse is for the probe in flight only"
-        );
+        // The next one's silence is its own: written as soon as it is queued.
+        p.observe_written(2_000, t0 + ms(80));
+        p.sent(t0 + ms(85), 2_064);
+        p.observe_written(2_064, t0 + ms(85));
+        assert_eq!(p.unanswered_for(t0 + ms(86)), ms(1));
         p.answered(PROBE_XID, t0 + ms(86));
         assert_eq!(p.reading(t0 + ms(90)), ms(1));
     }
@@ -184,7 +192,7 @@ mod tests {
         // Turned on by a reload: at once.
         p.set_interval(on, t0 + ms(5));
         assert_eq!(p.due(), Some(t0 + ms(5)));
-        p.sent(t0 + ms(5));
+        p.sent(t0 + ms(5), 64);
         p.set_interval(on, t0 + ms(6));
         assert!(
             p.in_flight(),

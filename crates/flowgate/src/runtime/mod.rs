@@ -48,7 +48,7 @@ pub struct CoreCell {
 
 /// Bytes queued for one switch beyond which the switch is taken to have stopped reading
 /// and its session is closed (rather than letting the queue grow without bound). Its own
-/// PACKET_INs stop being read long before (`session::PAUSE_READING_BYTES`); this bounds
+/// PACKET_INs are dropped unhandled long before (`session::BEHIND_BYTES`); this bounds
 /// what else the core sends it meanwhile (rules for other switches' flows, stats requests).
 pub const MAX_QUEUED_BYTES: usize = 32 << 20;
 
@@ -78,19 +78,21 @@ impl Outflow {
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
-    /// Count `len` bytes queued at `now` for the writer; returns the bytes now queued. The
+    /// Count `len` bytes queued at `now` for the writer; returns the bytes now queued, and
+    /// where these end in all ever queued (`enqueued`). The
     /// first chunk into an empty queue starts the head's clock here, not when the writer
     /// gets to it: a writer not yet scheduled is part of the outflow's delay (it was the
     /// whole of it under a PACKET_IN flood, before the session's reader yielded to it).
-    pub(crate) fn queue(&self, len: usize, now: Instant) -> usize {
+    pub(crate) fn queue(&self, len: usize, now: Instant) -> (usize, u64) {
         let before = self.queued.fetch_add(len, Ordering::Relaxed);
+        let ends_at = self.enqueued.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         if before == 0
             && let Ok(mut g) = self.head_queued_at.lock()
             && g.is_none()
         {
             *g = Some(now);
         }
-        before + len
+        (before + len, ends_at)
     }
 
     /// The writer took the chunk queued at `at`: it is the oldest unwritten one.
@@ -134,13 +136,10 @@ pub(crate) struct Outflow {
     pub(crate) replaced: AtomicBool,
     /// Wakes the read loop's wait once `replaced` is set.
     pub(crate) closing: tokio::sync::Notify,
-    /// Bytes the writer has handed to the socket so far: the switch's progress, watched
-    /// while the session's reader waits for the queue to drain.
+    /// Bytes the writer has handed to the socket so far: the switch's progress.
     pub(crate) written: AtomicU64,
-    /// Set while the session's reader waits for the queue to drain; the writer then wakes
-    /// it through `drained` once the queue is short again.
-    pub(crate) reader_waiting: AtomicBool,
-    pub(crate) drained: tokio::sync::Notify,
+    /// Bytes ever queued: where the last message queued ends, in the switch's stream.
+    pub(crate) enqueued: AtomicU64,
 }
 
 impl CoreCell {
@@ -237,7 +236,7 @@ impl CoreCell {
             // from giving its memory back).
             let chunk = std::mem::take(&mut s.buf).freeze();
             let now = Instant::now();
-            let queued = s.out.queue(chunk.len(), now);
+            let (queued, _) = s.out.queue(chunk.len(), now);
             if queued > MAX_QUEUED_BYTES {
                 if !s.out.overflowed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -315,6 +314,9 @@ pub struct Handle {
     pub(crate) reloads: Arc<Mutex<()>>,
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
+    /// PACKET_INs read and dropped unhandled while their switch was behind
+    /// ([`session::BEHIND_BYTES`]), all switches.
+    pub packet_in_dropped_behind: Arc<AtomicU64>,
     /// Connections closed on arrival because [`session::MAX_HANDSHAKES`] others were in
     /// their handshake.
     pub handshakes_refused: Arc<AtomicU64>,
@@ -368,6 +370,7 @@ impl Handle {
             config_path: config_path.map(Arc::new),
             reloads: Arc::default(),
             packet_in_dropped: Arc::new(AtomicU64::new(0)),
+            packet_in_dropped_behind: Arc::new(AtomicU64::new(0)),
             handshakes_refused: Arc::new(AtomicU64::new(0)),
             openflow_undecodable: Arc::new(AtomicU64::new(0)),
             rtt_probe_us,
@@ -533,11 +536,11 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(o.head_age(t0 + ms(5)), Duration::ZERO, "nothing queued");
-        assert_eq!(o.queue(100, t0), 100);
+        assert_eq!(o.queue(100, t0), (100, 100));
         // Not taken by the writer yet (it has not been scheduled): the clock runs.
         assert_eq!(o.head_age(t0 + ms(7)), ms(7));
         // A second chunk does not restart it.
-        assert_eq!(o.queue(50, t0 + ms(3)), 150);
+        assert_eq!(o.queue(50, t0 + ms(3)), (150, 150));
         assert_eq!(o.head_age(t0 + ms(9)), ms(9));
         // The writer takes the first and writes it: the second is left, queued at 3 ms.
         o.writing(t0);
@@ -549,7 +552,11 @@ mod tests {
         assert_eq!(o.head_age(t0 + ms(20)), Duration::ZERO);
         assert_eq!(o.written.load(Ordering::Relaxed), 150);
         // The next chunk into the empty queue starts a new clock.
-        o.queue(10, t0 + ms(30));
+        assert_eq!(
+            o.queue(10, t0 + ms(30)),
+            (10, 160),
+            "ends after all ever queued"
+        );
         assert_eq!(o.head_age(t0 + ms(31)), ms(1));
     }
 }

@@ -230,17 +230,19 @@ impl<R: AsyncRead + Unpin> Reader<R> {
 
 /// Queues a message of the session's own (an echo, or a reply to one) for the switch,
 /// behind whatever waits already, and counted in the outflow as the core's messages are
-/// (the writer subtracts every buffer it writes).
+/// (the writer subtracts every buffer it writes). Returns where the message ends in all bytes ever queued for the switch (to within a
+/// chunk the core queues at the same moment, which may go first).
 fn queue_for_switch(
     outflow: &Outflow,
     tx: &mpsc::UnboundedSender<super::Chunk>,
     xid: u32,
     msg: &Message,
     now: Instant,
-) {
+) -> u64 {
     let bytes = encode_one(xid, msg);
-    outflow.queue(bytes.len(), now);
+    let (_, ends_at) = outflow.queue(bytes.len(), now);
     let _ = tx.send((now, bytes));
+    ends_at
 }
 
 fn encode_one(xid: u32, msg: &Message) -> Bytes {
@@ -318,10 +320,10 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
 
     // The writer: everything for this switch, in order.
-    let drained = outflow.clone();
+    let flow = outflow.clone();
     registration.writer = Some(tokio::spawn(async move {
         while let Some((queued_at, buf)) = rx.recv().await {
-            drained.writing(queued_at);
+            flow.writing(queued_at);
             if wr.write_all(&buf).await.is_err() {
                 break;
             }
@@ -329,10 +331,7 @@ async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             pool.give_back(buf);
             // The next chunk, if one waits, is the head now; until it is received, its
             // predecessor's time stands in (an overestimate of microseconds).
-            let left = drained.written(len);
-            if left <= RESUME_READING_BYTES && drained.reader_waiting.load(Ordering::Relaxed) {
-                drained.drained.notify_one();
-            }
+            flow.written(len);
         }
         let _ = wr.shutdown().await;
     }));
@@ -462,55 +461,52 @@ const SWITCH_SEND_BUFFER: usize = 256 * 1024;
 /// of work at full rate.
 const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 
-/// Bytes queued for a switch beyond which its session stops reading, until the switch has
-/// taken all but [`RESUME_READING_BYTES`]. Each PACKET_IN read adds its answers to that
-/// queue: reading faster than the switch takes them serves no one sooner, and grows a
-/// backlog whose answers come too late. Paused, the PACKET_INs wait in the switch, which
-/// drops beyond its own queue (Open vSwitch keeps 100 per connection and counts the rest).
-/// Sixteen times the controller's default `target_outflow_bytes`, so that its overload control
-/// acts first; the pause is what holds when a switch stalls faster than it can.
-pub(crate) const PAUSE_READING_BYTES: usize = 4 << 20;
-pub(crate) const RESUME_READING_BYTES: usize = PAUSE_READING_BYTES / 2;
+/// Bytes queued for a switch beyond which it is behind: its session reads on, but drops
+/// the PACKET_INs it reads, unhandled and counted, until the switch has taken all but
+/// [`CAUGHT_UP_BYTES`]. Each PACKET_IN handled adds its answers to that queue: handling
+/// them faster than the switch takes the answers serves no one sooner, and grows a backlog
+/// whose answers come too late (the client sends its SYN again meanwhile).
+///
+/// The session never stops reading, though. Open vSwitch counts FLOW_REMOVED as a reply,
+/// and stops reading a controller that leaves 100 replies unread (`OFCONN_REPLY_MAX` in its
+/// connmgr.c), so a session that paused its reads while rules expired waited for a switch
+/// that waited for it: the full lab runs' switch timed its controller out with "no response
+/// to inactivity probe" and connected again, once per run.
+///
+/// Sixteen times the controller's default `target_outflow_bytes`, so that its overload
+/// control acts first; this is what holds when a switch stalls faster than it can.
+pub(crate) const BEHIND_BYTES: usize = 4 << 20;
+pub(crate) const CAUGHT_UP_BYTES: usize = BEHIND_BYTES / 2;
 
-/// While a session's reader is paused: wait until the switch has drained its queue to
-/// [`RESUME_READING_BYTES`] (`Ok(true)`), or shutdown (`Ok(false)`). A switch that takes no
-/// byte for `stall` (the keep-alive's interval and timeout together: what the echo would
-/// allow a silent peer) has stopped reading, and the session ends.
-async fn wait_for_switch_to_read(
-    outflow: &Outflow,
-    stall: Duration,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<bool, SessionError> {
-    let mut progress = (outflow.written.load(Ordering::Relaxed), Instant::now());
-    outflow.reader_waiting.store(true, Ordering::Relaxed);
-    let result = loop {
-        // Taken before the check: `notify_one` keeps a permit when nobody waits yet, so a
-        // drain between the check and the await is not missed.
-        let drained = outflow.drained.notified();
-        if outflow.queued.load(Ordering::Relaxed) <= RESUME_READING_BYTES {
-            break Ok(true);
+/// A switch that is behind (see [`BEHIND_BYTES`]): watched for progress while it is.
+struct Behind {
+    /// The writer's count of bytes handed to the socket when it last moved, and when.
+    progress: (u64, Instant),
+}
+
+impl Behind {
+    fn new(outflow: &Outflow, now: Instant) -> Self {
+        Behind {
+            progress: (outflow.written.load(Ordering::Relaxed), now),
         }
-        if outflow.overflowed.load(Ordering::Relaxed) {
-            break Err(stopped_reading(outflow));
-        }
-        if outflow.replaced.load(Ordering::Relaxed) {
-            break Err(SessionError::Replaced);
-        }
+    }
+
+    /// Look again at `now`: `Err` once the switch has taken no byte for `stall` (the
+    /// keep-alive's interval and timeout together: what the echo allows a silent peer).
+    fn look(
+        &mut self,
+        outflow: &Outflow,
+        now: Instant,
+        stall: Duration,
+    ) -> Result<(), SessionError> {
         let written = outflow.written.load(Ordering::Relaxed);
-        if written != progress.0 {
-            progress = (written, Instant::now());
-        } else if progress.1.elapsed() >= stall {
-            break Err(stopped_reading(outflow));
+        if written != self.progress.0 {
+            self.progress = (written, now);
+        } else if now.saturating_duration_since(self.progress.1) >= stall {
+            return Err(stopped_reading(outflow));
         }
-        // The tick re-checks progress; the writer's wake-up ends the wait at once.
-        tokio::select! {
-            _ = drained => {}
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-            _ = stop.changed() => break Ok(false),
-        }
-    };
-    outflow.reader_waiting.store(false, Ordering::Relaxed);
-    result
+        Ok(())
+    }
 }
 
 fn stopped_reading(outflow: &Outflow) -> SessionError {
@@ -530,6 +526,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
 ) -> Result<(), SessionError> {
     let mut last_heard = Instant::now();
     let mut filled_at = last_heard;
+    // The writer's count of bytes taken by the switch, when the keep-alive last looked.
+    let mut taken = outflow.written.load(Ordering::Relaxed);
     let mut echo_sent = false;
     let mut budget = TokenBucket::new(limits.packet_in_rate);
     let mut dropped_packet_ins: u64 = 0;
@@ -541,7 +539,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut bad_packet_ins: Vec<(usize, usize, ofp::DecodeError)> = Vec::new();
     let mut latencies = super::latency::BatchHistogram::default();
     let dpid = features.datapath_id;
-    let mut read_pauses: u64 = 0;
+    // Set while the switch is behind (see `BEHIND_BYTES`); how many times it has been.
+    let mut behind: Option<Behind> = None;
+    let mut behind_spells: u64 = 0;
+    let stall = limits.echo_interval + limits.echo_timeout;
     // A batch was handled and the session has not waited since.
     let mut handled_batch = false;
     let mut rtt = RttProbe::default();
@@ -575,29 +576,30 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if outflow.replaced.load(Ordering::Relaxed) {
             return Err(SessionError::Replaced);
         }
-        if outflow.queued.load(Ordering::Relaxed) > PAUSE_READING_BYTES {
-            read_pauses += 1;
-            if read_pauses.is_power_of_two() {
-                tracing::warn!(
-                    dpid = format_args!("{dpid:016x}"),
-                    pauses = read_pauses,
-                    "the switch takes its messages slower than it sends PACKET_INs: pausing reads until it catches up"
-                );
+        let queued = outflow.queued.load(Ordering::Relaxed);
+        let turn = Instant::now();
+        behind = match behind.take() {
+            None if queued > BEHIND_BYTES => {
+                behind_spells += 1;
+                if behind_spells.is_power_of_two() {
+                    tracing::warn!(
+                        dpid = format_args!("{dpid:016x}"),
+                        spells = behind_spells,
+                        "the switch takes its messages slower than it sends PACKET_INs: dropping its PACKET_INs until it catches up"
+                    );
+                }
+                Some(Behind::new(outflow, turn))
             }
-            let paused = Instant::now();
-            if !wait_for_switch_to_read(outflow, limits.echo_interval + limits.echo_timeout, stop)
-                .await?
-            {
-                return Ok(());
+            Some(mut b) => {
+                b.look(outflow, turn, stall)?;
+                (queued > CAUGHT_UP_BYTES).then_some(b)
             }
-            rtt.excuse(paused.elapsed());
-            // It took its bytes: alive, and the pause (unread input) is not its silence.
-            last_heard = Instant::now();
-            echo_sent = false;
-        }
+            None => None,
+        };
         // Take everything already buffered, then hand the batch to the core in one lock.
         let work_start = Instant::now();
         rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
+        rtt.observe_written(outflow.written.load(Ordering::Relaxed), work_start);
         // An ECHO_REQUEST must be answered (§7.5.2). A switch that leaves the probe
         // unanswered as long as the keep-alive may wait is as dead as one that leaves the
         // keep-alive so, however much else it sends; kept on, its probe's age would read
@@ -610,8 +612,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if rtt.due().is_some_and(|due| due <= work_start) {
             // Behind whatever is queued for the switch already, as a new flow's answer is.
             let echo = Message::EchoRequest(Bytes::new());
-            queue_for_switch(outflow, tx, PROBE_XID, &echo, work_start);
-            rtt.sent(work_start);
+            let ends_at = queue_for_switch(outflow, tx, PROBE_XID, &echo, work_start);
+            rtt.sent(work_start, ends_at);
         }
         batch.clear();
         // Refilled once a batch: every frame of it was already buffered at `work_start`.
@@ -637,6 +639,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
             } else if msg_type == ofp::MsgType::PacketIn as u8 {
                 if super::cluster::standby_drops_packet_in(handle, features, peeked) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
+                } else if behind.is_some() {
+                    // Read and let go, unhandled (see `BEHIND_BYTES`). Offered to the
+                    // controller all the same: reported with the next batch.
+                    unreported_drops += 1;
+                    handle
+                        .packet_in_dropped_behind
+                        .fetch_add(1, Ordering::Relaxed);
                 } else if budget.take() {
                     packet_ins += 1;
                     batch.push(Pending::Frame { at, len });
@@ -773,7 +782,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             core.controller
                 .record_packet_in_work(flowgate_core::overload::WorkSample {
                     packet_ins,
-                    budget_dropped: std::mem::take(&mut unreported_drops),
+                    session_dropped: std::mem::take(&mut unreported_drops),
                     shed,
                     busy: now.saturating_duration_since(work_start)
                         + done.saturating_duration_since(locked),
@@ -821,6 +830,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 Err(e) => return Err(e),
             },
             () = &mut deadline => {
+                // A switch that takes its bytes is as alive as one that sends some: one
+                // behind on them is busy, not dead (the keep-alive's answer waits behind
+                // what it has yet to take).
+                let written = outflow.written.load(Ordering::Relaxed);
+                if written != taken {
+                    taken = written;
+                    last_heard = Instant::now();
+                }
                 if last_heard.elapsed() < wait {
                     continue; // early (the deadline moved on), or the probe's turn
                 }

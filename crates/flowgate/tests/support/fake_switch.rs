@@ -15,6 +15,7 @@ pub const OFPT_FEATURES_REPLY: u8 = 6;
 pub const OFPT_PACKET_IN: u8 = 10;
 pub const OFPT_FLOW_REMOVED: u8 = 11;
 pub const OFPT_PORT_STATUS: u8 = 12;
+pub const OFPT_PACKET_OUT: u8 = 13;
 
 pub fn header(version: u8, ty: u8, len: u16, xid: u32) -> Vec<u8> {
     let mut v = vec![version, ty];
@@ -123,6 +124,11 @@ pub fn packet_in_syn(xid: u32, sport: u16) -> Vec<u8> {
     frame.extend_from_slice(&ip);
     frame.extend_from_slice(&tcp);
 
+    packet_in(xid, 1, &frame)
+}
+
+/// `frame` as a table-miss PACKET_IN from `in_port`, unbuffered (§7.4.1).
+pub fn packet_in(xid: u32, in_port: u32, frame: &[u8]) -> Vec<u8> {
     let len = 8 + 16 + 16 + 2 + frame.len();
     let mut v = header(4, OFPT_PACKET_IN, len as u16, xid);
     v.extend_from_slice(&0xffff_ffffu32.to_be_bytes()); // buffer_id: NO_BUFFER
@@ -130,9 +136,25 @@ pub fn packet_in_syn(xid: u32, sport: u16) -> Vec<u8> {
     v.extend_from_slice(&[0, 0]); // reason NO_MATCH, table 0
     v.extend_from_slice(&u64::MAX.to_be_bytes()); // cookie
     // ofp_match: OXM, length 12 (in_port), padded to 16.
-    v.extend_from_slice(&[0, 1, 0, 12, 0x80, 0x00, 0x00, 0x04, 0, 0, 0, 1, 0, 0, 0, 0]);
+    v.extend_from_slice(&[0, 1, 0, 12, 0x80, 0x00, 0x00, 0x04]);
+    v.extend_from_slice(&in_port.to_be_bytes());
+    v.extend_from_slice(&[0, 0, 0, 0]);
     v.extend_from_slice(&[0, 0]);
-    v.extend_from_slice(&frame);
+    v.extend_from_slice(frame);
     assert_eq!(v.len(), len);
     v
+}
+
+/// A gratuitous ARP request of `ip` at `mac`, as a PACKET_IN from `in_port`: how the
+/// controller learns where a host is.
+pub fn packet_in_garp(xid: u32, in_port: u32, mac: [u8; 6], ip: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&[0x08, 0x06]);
+    f.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]); // Ethernet, IPv4, request
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&ip);
+    packet_in(xid, in_port, &f)
 }

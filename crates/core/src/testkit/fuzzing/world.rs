@@ -519,7 +519,7 @@ impl World {
         let busy = us(input);
         let sample = WorkSample {
             packet_ins: u64::from(input.u8()),
-            budget_dropped: u64::from(input.u8()),
+            session_dropped: u64::from(input.u8()),
             shed: busy.mul_f64(f64::from(input.u8()) / 255.0),
             busy,
             queueing: us(input),
