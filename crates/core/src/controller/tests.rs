@@ -11,8 +11,8 @@ use ofp::{Message, MultipartReply, MultipartReplyBody};
 use super::*;
 use crate::cookie;
 use crate::service::LeftBackend;
-use crate::testkit::PacketFields;
 use crate::testkit::sim::*;
+use crate::testkit::{FlowEntry, PacketFields};
 
 fn service_config(algorithm: &str, backends: &[u8]) -> String {
     let mut c = format!(
@@ -229,6 +229,15 @@ fn a_backends_syn_ack_that_misses_its_connection_rule_goes_back_as_the_vip() {
     assert_eq!(direct_reply[0].1.ipv4_src, Some(ip(b)), "not rewritten");
 }
 
+/// Switch `dpid`'s SYN-ACK catch rules.
+fn syn_ack_catches(sim: &Sim, dpid: u64) -> Vec<&FlowEntry> {
+    let sw = sim.net.switch(dpid).expect("the switch");
+    let catches = sw
+        .flows()
+        .filter(|f| f.priority == rules::PRIO_SYN_ACK_CATCH);
+    catches.collect()
+}
+
 /// The SYN-ACK catch is one rule per backend address and port, on a switch with a client
 /// attached.
 #[test]
@@ -240,19 +249,12 @@ fn the_syn_ack_catch_covers_each_backend_once() {
         ip(2),
     );
     let sim = one_switch(&shared);
-    let catches: Vec<_> = sim
-        .net
-        .switch(1)
-        .unwrap()
-        .flows()
-        .filter(|f| f.priority == rules::PRIO_SYN_ACK_CATCH)
-        .map(|f| {
-            assert!(f.outputs_to(ofp::port::CONTROLLER), "{f:?}");
-            f.cookie & cookie::KIND_MASK
-        })
-        .collect();
+    let catches = syn_ack_catches(&sim, 1);
     assert_eq!(catches.len(), 3, "h2 (in both services), h3, h4");
-    assert!(catches.iter().all(|&k| k == RuleKind::Intercept.base()));
+    for f in catches {
+        assert!(f.outputs_to(ofp::port::CONTROLLER), "{f:?}");
+        assert_eq!(f.cookie & cookie::KIND_MASK, RuleKind::Intercept.base());
+    }
 }
 
 /// The SYN-ACK catch only where clients are: on the linear network's first switch, not on
@@ -262,14 +264,7 @@ fn the_syn_ack_catch_covers_each_backend_once() {
 #[test]
 fn the_syn_ack_catch_is_only_on_switches_with_clients() {
     let mut sim = linear();
-    let catches = |sim: &Sim, d: u64| {
-        sim.net
-            .switch(d)
-            .unwrap()
-            .flows()
-            .filter(|f| f.priority == rules::PRIO_SYN_ACK_CATCH)
-            .count()
-    };
+    let catches = |sim: &Sim, d: u64| syn_ack_catches(sim, d).len();
     assert_eq!(
         (catches(&sim, 1), catches(&sim, 2), catches(&sim, 3)),
         (2, 0, 0)

@@ -315,7 +315,7 @@ pub struct Handle {
     /// PACKET_INs dropped by the sessions' budgets (beyond `packet_in_rate`), all switches.
     pub packet_in_dropped: Arc<AtomicU64>,
     /// PACKET_INs read and dropped unhandled while their switch was behind
-    /// ([`session::BEHIND_BYTES`]), all switches.
+    /// (`session::BEHIND_BYTES`), all switches.
     pub packet_in_dropped_behind: Arc<AtomicU64>,
     /// Connections closed on arrival because [`session::MAX_HANDSHAKES`] others were in
     /// their handshake.
