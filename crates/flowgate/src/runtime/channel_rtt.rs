@@ -84,10 +84,15 @@ impl RttProbe {
         self.written_at = None;
     }
 
+    /// Whether a probe is in flight and not yet seen written ([`RttProbe::observe_written`]).
+    pub(crate) fn awaits_write(&self) -> bool {
+        self.in_flight.is_some() && self.written_at.is_none()
+    }
+
     /// The writer has handed the switch's socket `written` bytes so far, as seen at `now`:
     /// once past the probe in flight, its silence starts.
     pub(crate) fn observe_written(&mut self, written: u64, now: Instant) {
-        if self.in_flight.is_some() && self.written_at.is_none() && written >= self.ends_at {
+        if self.awaits_write() && written >= self.ends_at {
             self.written_at = Some(now);
         }
     }

@@ -230,8 +230,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
 
 /// Queues a message of the session's own (an echo, or a reply to one) for the switch,
 /// behind whatever waits already, and counted in the outflow as the core's messages are
-/// (the writer subtracts every buffer it writes). Returns where the message ends in all bytes ever queued for the switch (to within a
-/// chunk the core queues at the same moment, which may go first).
+/// (the writer subtracts every buffer it writes). Returns where the message ends in all
+/// bytes ever queued for the switch (to within a chunk the core queues at the same moment,
+/// which may go first).
 fn queue_for_switch(
     outflow: &Outflow,
     tx: &mpsc::UnboundedSender<super::Chunk>,
@@ -576,8 +577,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if outflow.replaced.load(Ordering::Relaxed) {
             return Err(SessionError::Replaced);
         }
+        // The turn's one clock read: for the backlog's look and the batch's start.
+        let work_start = Instant::now();
         let queued = outflow.queued.load(Ordering::Relaxed);
-        let turn = Instant::now();
         behind = match behind.take() {
             None if queued > BEHIND_BYTES => {
                 behind_spells += 1;
@@ -588,18 +590,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         "the switch takes its messages slower than it sends PACKET_INs: dropping its PACKET_INs until it catches up"
                     );
                 }
-                Some(Behind::new(outflow, turn))
+                Some(Behind::new(outflow, work_start))
             }
             Some(mut b) => {
-                b.look(outflow, turn, stall)?;
+                b.look(outflow, work_start, stall)?;
                 (queued > CAUGHT_UP_BYTES).then_some(b)
             }
             None => None,
         };
-        // Take everything already buffered, then hand the batch to the core in one lock.
-        let work_start = Instant::now();
         rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
-        rtt.observe_written(outflow.written.load(Ordering::Relaxed), work_start);
+        // Loaded only while a probe waits to be written: the writer's thread changes the
+        // count with every buffer, so a load every turn would miss the cache every turn.
+        if rtt.awaits_write() {
+            rtt.observe_written(outflow.written.load(Ordering::Relaxed), work_start);
+        }
         // An ECHO_REQUEST must be answered (§7.5.2). A switch that leaves the probe
         // unanswered as long as the keep-alive may wait is as dead as one that leaves the
         // keep-alive so, however much else it sends; kept on, its probe's age would read
@@ -615,6 +619,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let ends_at = queue_for_switch(outflow, tx, PROBE_XID, &echo, work_start);
             rtt.sent(work_start, ends_at);
         }
+        // Take everything already buffered, then hand the batch to the core in one lock.
         batch.clear();
         // Refilled once a batch: every frame of it was already buffered at `work_start`.
         budget.refill(work_start);
