@@ -642,7 +642,7 @@ impl OvsLike {
         }
     }
 
-    /// Up to `READ_PER_TICK` bytes; ECHO_REQUESTs answered (a reply too). `Ok(n)` bytes read.
+    /// Up to `READ_PER_TICK` bytes; ECHO_REQUESTs answered (a reply too). Returns the bytes read.
     fn read(&mut self) -> usize {
         let mut buf = [0u8; Self::READ_PER_TICK];
         let n = match self.s.read(&mut buf) {

@@ -192,15 +192,8 @@ fn packets_that_race_the_rules_get_the_same_decision() {
 fn a_backends_syn_ack_that_misses_its_connection_rule_goes_back_as_the_vip() {
     let mut sim = single_switch("round-robin");
     let client = (ip(1), 40002);
-    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
-    let b: u8 = first[0].0[1..].parse().unwrap();
     // The connection's rules not in force, as in a stale datapath cache.
-    sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
-    let before = sim.packet_ins;
-    let reply = sim.send(
-        &format!("h{b}"),
-        &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
-    );
+    let (b, before, reply) = syn_ack_without_its_rule(&mut sim, client, 1);
     assert_eq!(sim.packet_ins, before + 1, "the SYN-ACK came up");
     assert_eq!(reply.len(), 1, "{reply:?}");
     assert_eq!(reply[0].0, "h1");
@@ -227,6 +220,25 @@ fn a_backends_syn_ack_that_misses_its_connection_rule_goes_back_as_the_vip() {
     assert_eq!(direct_reply.len(), 1, "{direct_reply:?}");
     assert_eq!(direct_reply[0].0, "h1");
     assert_eq!(direct_reply[0].1.ipv4_src, Some(ip(b)), "not rewritten");
+}
+
+/// h1 opens a connection to the VIP from `client`; switch `dpid` then loses its
+/// connection rules, and the chosen backend answers with its SYN-ACK. Returns the backend's
+/// host number, the PACKET_IN count before the SYN-ACK, and where the SYN-ACK went.
+fn syn_ack_without_its_rule(
+    sim: &mut Sim,
+    client: (Ipv4Addr, u16),
+    dpid: u64,
+) -> (u8, usize, Vec<(String, PacketFields)>) {
+    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
+    let b: u8 = first[0].0[1..].parse().unwrap();
+    sim.carry_out(dpid, rules::delete_kind(RuleKind::Conn));
+    let before = sim.packet_ins;
+    let reply = sim.send(
+        &format!("h{b}"),
+        &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
+    );
+    (b, before, reply)
 }
 
 /// Switch `dpid`'s SYN-ACK catch rules.
@@ -270,15 +282,8 @@ fn the_syn_ack_catch_is_only_on_switches_with_clients() {
         (2, 0, 0)
     );
     let client = (ip(1), 40004);
-    let first = sim.send("h1", &tcp(mac(1), VMAC, client, (VIP, 80), SYN));
-    let b: u8 = first[0].0[1..].parse().unwrap();
     // The backends' switch has not taken the connection's rule yet.
-    sim.carry_out(3, rules::delete_kind(RuleKind::Conn));
-    let before = sim.packet_ins;
-    let reply = sim.send(
-        &format!("h{b}"),
-        &tcp(mac(b), mac(1), (ip(b), 80), client, SYN_ACK),
-    );
+    let (_, before, reply) = syn_ack_without_its_rule(&mut sim, client, 3);
     assert_eq!(
         sim.packet_ins, before,
         "carried by L2 to s1, not brought up"

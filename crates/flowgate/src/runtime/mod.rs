@@ -78,21 +78,28 @@ impl Outflow {
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
     }
 
-    /// Count `len` bytes queued at `now` for the writer; returns the bytes now queued, and
-    /// where these end in all ever queued (`enqueued`). The
+    /// Count `len` bytes queued at `now` for the writer; returns the bytes now queued. The
     /// first chunk into an empty queue starts the head's clock here, not when the writer
     /// gets to it: a writer not yet scheduled is part of the outflow's delay (it was the
     /// whole of it under a PACKET_IN flood, before the session's reader yielded to it).
-    pub(crate) fn queue(&self, len: usize, now: Instant) -> (usize, u64) {
+    pub(crate) fn queue(&self, len: usize, now: Instant) -> usize {
         let before = self.queued.fetch_add(len, Ordering::Relaxed);
-        let ends_at = self.enqueued.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         if before == 0
             && let Ok(mut g) = self.head_queued_at.lock()
             && g.is_none()
         {
             *g = Some(now);
         }
-        (before + len, ends_at)
+        before + len
+    }
+
+    /// Where the bytes just queued end in all bytes ever queued for the switch, given
+    /// `queued`, what [`Outflow::queue`] returned: the bytes written so far and those
+    /// waiting. Derived rather than counted (no second counter to update on the core's
+    /// path): exact but for a chunk the writer is between its two counts of, or one the
+    /// core queued at the same moment.
+    pub(crate) fn stream_end(&self, queued: usize) -> u64 {
+        self.written.load(Ordering::Relaxed) + queued as u64
     }
 
     /// The writer took the chunk queued at `at`: it is the oldest unwritten one.
@@ -138,8 +145,6 @@ pub(crate) struct Outflow {
     pub(crate) closing: tokio::sync::Notify,
     /// Bytes the writer has handed to the socket so far: the switch's progress.
     pub(crate) written: AtomicU64,
-    /// Bytes ever queued: where the last message queued ends, in the switch's stream.
-    pub(crate) enqueued: AtomicU64,
 }
 
 impl CoreCell {
@@ -236,7 +241,7 @@ impl CoreCell {
             // from giving its memory back).
             let chunk = std::mem::take(&mut s.buf).freeze();
             let now = Instant::now();
-            let (queued, _) = s.out.queue(chunk.len(), now);
+            let queued = s.out.queue(chunk.len(), now);
             if queued > MAX_QUEUED_BYTES {
                 if !s.out.overflowed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -536,11 +541,11 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(o.head_age(t0 + ms(5)), Duration::ZERO, "nothing queued");
-        assert_eq!(o.queue(100, t0), (100, 100));
+        assert_eq!(o.queue(100, t0), 100);
         // Not taken by the writer yet (it has not been scheduled): the clock runs.
         assert_eq!(o.head_age(t0 + ms(7)), ms(7));
         // A second chunk does not restart it.
-        assert_eq!(o.queue(50, t0 + ms(3)), (150, 150));
+        assert_eq!(o.queue(50, t0 + ms(3)), 150);
         assert_eq!(o.head_age(t0 + ms(9)), ms(9));
         // The writer takes the first and writes it: the second is left, queued at 3 ms.
         o.writing(t0);
@@ -552,8 +557,9 @@ mod tests {
         assert_eq!(o.head_age(t0 + ms(20)), Duration::ZERO);
         assert_eq!(o.written.load(Ordering::Relaxed), 150);
         // The next chunk into the empty queue starts a new clock.
+        let queued = o.queue(10, t0 + ms(30));
         assert_eq!(
-            o.queue(10, t0 + ms(30)),
+            (queued, o.stream_end(queued)),
             (10, 160),
             "ends after all ever queued"
         );

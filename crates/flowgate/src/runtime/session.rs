@@ -231,8 +231,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
 /// Queues a message of the session's own (an echo, or a reply to one) for the switch,
 /// behind whatever waits already, and counted in the outflow as the core's messages are
 /// (the writer subtracts every buffer it writes). Returns where the message ends in all
-/// bytes ever queued for the switch (to within a chunk the core queues at the same moment,
-/// which may go first).
+/// bytes ever queued for the switch ([`Outflow::stream_end`]).
 fn queue_for_switch(
     outflow: &Outflow,
     tx: &mpsc::UnboundedSender<super::Chunk>,
@@ -241,9 +240,9 @@ fn queue_for_switch(
     now: Instant,
 ) -> u64 {
     let bytes = encode_one(xid, msg);
-    let (_, ends_at) = outflow.queue(bytes.len(), now);
+    let queued = outflow.queue(bytes.len(), now);
     let _ = tx.send((now, bytes));
-    ends_at
+    outflow.stream_end(queued)
 }
 
 fn encode_one(xid: u32, msg: &Message) -> Bytes {
