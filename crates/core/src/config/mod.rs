@@ -30,10 +30,6 @@ pub const DEFAULT_ECHO_TIMEOUT_MS: u64 = 15_000;
 /// Per-switch PACKET_IN budget (per second): far above what OVS's userspace datapath
 /// sends, well below what would let one switch monopolise the core.
 pub const DEFAULT_PACKET_IN_RATE: u32 = 100_000;
-/// Half of TCP's initial retransmission timeout (1 s, RFC 6298 §2.1): a SYN whose answer
-/// waits behind more than this in the control channel is answered about when, or after,
-/// its client sends it again.
-pub const DEFAULT_MAX_CHANNEL_DELAY_MS: u64 = 500;
 /// The seed balancer's idle timeout for per-connection rules (seconds).
 pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30;
 /// A closed connection's rules linger this long after its FIN/RST, then the switch removes
@@ -232,11 +228,6 @@ pub struct OpenflowConfig {
     /// PACKET_INs handled per second from one switch; beyond it they are dropped and
     /// counted, so one switch cannot starve the others.
     pub packet_in_rate: u32,
-    /// A switch whose control channel's round trip (its ECHO probe, behind everything
-    /// queued for it) is over this is behind: its PACKET_INs are dropped unhandled until
-    /// the round trip is back under half of it. Their answers would come too late to
-    /// serve, and handling them would only lengthen the wait of those that can be.
-    pub max_channel_delay: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -531,13 +522,6 @@ fn validate(
         .int_in("packet_in_rate", 1, 100_000_000, errs)
         .map(|v| v as u32)
         .unwrap_or(DEFAULT_PACKET_IN_RATE);
-    let max_channel_delay = of.millis_checked(
-        "max_channel_delay_ms",
-        DEFAULT_MAX_CHANNEL_DELAY_MS,
-        20,
-        600_000,
-        errs,
-    );
     let tls = of.table("tls", errs).map(|mut t| {
         let cert = t.string("cert", errs).map(PathBuf::from);
         let key = t.string("key", errs).map(PathBuf::from);
@@ -698,7 +682,6 @@ fn validate(
             echo_timeout: echo_timeout.unwrap_or_default(),
             tls,
             packet_in_rate,
-            max_channel_delay: max_channel_delay.unwrap_or_default(),
         },
         api: ApiConfig {
             listen: api_listen?,

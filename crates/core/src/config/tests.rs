@@ -1001,16 +1001,3 @@ mac = "02:00:00:00:00:07"
     assert!(at("service[1].backend[0].mac").contains("pinned to 02:00:00:00:00:06"));
     assert_eq!(errs.len(), 5, "{errs:?}");
 }
-
-#[test]
-fn the_channel_delay_bound_defaults_to_half_the_first_retransmission_timeout() {
-    let cfg = Config::from_toml("", &|_| None).expect("valid");
-    assert_eq!(cfg.openflow.max_channel_delay, Duration::from_millis(500));
-    let cfg =
-        Config::from_toml("[openflow]\nmax_channel_delay_ms = 250\n", &|_| None).expect("valid");
-    assert_eq!(cfg.openflow.max_channel_delay, Duration::from_millis(250));
-    assert_eq!(
-        the_error("[openflow]\nmax_channel_delay_ms = 5\n"),
-        "openflow.max_channel_delay_ms"
-    );
-}

@@ -66,7 +66,7 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         // The running settings: a reload keeps the ones only a restart changes, so that
         // each later reload compares its file with what runs.
         let old = handle.config.lock().unwrap_or_else(|e| e.into_inner());
-        let checks: [(&'static str, bool); 11] = [
+        let checks: [(&'static str, bool); 10] = [
             (
                 "openflow.listen",
                 old.openflow.listen != config.openflow.listen,
@@ -83,10 +83,6 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
             (
                 "openflow.packet_in_rate",
                 old.openflow.packet_in_rate != config.openflow.packet_in_rate,
-            ),
-            (
-                "openflow.max_channel_delay_ms",
-                old.openflow.max_channel_delay != config.openflow.max_channel_delay,
             ),
             ("api.listen", old.api.listen != config.api.listen),
             // The cluster task, its store and its election start with the controller.

@@ -35,9 +35,6 @@ pub struct SessionLimits {
     pub packet_in_rate: u32,
     /// The handshake must finish within this time.
     pub handshake_timeout: Duration,
-    /// A switch whose channel's delay is over this is behind, its PACKET_INs dropped until
-    /// the delay is under half (`openflow.max_channel_delay_ms`).
-    pub max_channel_delay: Duration,
 }
 
 impl SessionLimits {
@@ -47,7 +44,6 @@ impl SessionLimits {
             echo_timeout: cfg.openflow.echo_timeout,
             packet_in_rate: cfg.openflow.packet_in_rate,
             handshake_timeout: Duration::from_secs(10),
-            max_channel_delay: cfg.openflow.max_channel_delay,
         }
     }
 }
@@ -467,10 +463,9 @@ const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 
 /// Bytes queued for a switch beyond which it is behind: its session reads on, but drops
 /// the PACKET_INs it reads, unhandled and counted, until the switch has taken all but
-/// [`CAUGHT_UP_BYTES`] (and its channel is quick again, see [`behind_now`]). Each
-/// PACKET_IN handled adds its answers to that queue: handling them faster than the switch
-/// takes the answers serves no one sooner, and grows a backlog whose answers come too late
-/// (the client sends its SYN again meanwhile).
+/// [`CAUGHT_UP_BYTES`]. Each PACKET_IN handled adds its answers to that queue: handling
+/// them faster than the switch takes the answers serves no one sooner, and grows a backlog
+/// whose answers come too late (the client sends its SYN again meanwhile).
 ///
 /// The session never stops reading, though. Open vSwitch counts FLOW_REMOVED as a reply,
 /// and stops reading a controller that leaves 100 replies unread (`OFCONN_REPLY_MAX` in its
@@ -483,28 +478,7 @@ const SWITCH_RECV_BUFFER: usize = 256 * 1024;
 pub(crate) const BEHIND_BYTES: usize = 4 << 20;
 pub(crate) const CAUGHT_UP_BYTES: usize = BEHIND_BYTES / 2;
 
-/// Whether a switch is behind this turn, given whether it was, the bytes queued for it and
-/// its channel's delay (the round-trip probe's reading, [`RttProbe::reading`], or the wait
-/// it foretells for what is queued now, [`RttProbe::predicted`], whichever is longer):
-/// behind past [`BEHIND_BYTES`] or `max_delay` (`openflow.max_channel_delay_ms`), caught
-/// up under [`CAUGHT_UP_BYTES`] and half of `max_delay` both.
-///
-/// The bytes alone do not bound the wait. Once the kernel has taken them they are out of
-/// the queue's count, and Open vSwitch's socket buffers hold about 800 KB of them (at the
-/// lab's full size, `ss` showed 581 KB in the controller's send queue and 237 KB in the
-/// switch's receive queue at once), behind which its main loop works through them at its
-/// own pace: the lab's full Case C had SYNs reach their server 1.3–2.7 s after the
-/// controller's decision with under 4 MiB queued. The round-trip probe, an ECHO_REQUEST
-/// behind all of it (§7.5.2), reads the wait itself.
-fn behind_now(was: bool, queued: usize, delay: Duration, max_delay: Duration) -> bool {
-    if was {
-        queued > CAUGHT_UP_BYTES || delay > max_delay / 2
-    } else {
-        queued > BEHIND_BYTES || delay > max_delay
-    }
-}
-
-/// A switch that is behind (see [`behind_now`]): watched for progress while it is.
+/// A switch that is behind (see [`BEHIND_BYTES`]): watched for progress while it is.
 struct Behind {
     /// The writer's count of bytes handed to the socket when it last moved, and when.
     progress: (u64, Instant),
@@ -517,19 +491,16 @@ impl Behind {
         }
     }
 
-    /// Look again at `now`, with `queued` bytes waiting: `Err` once the switch has taken
-    /// none of them for `stall` (the keep-alive's interval and timeout together: what the
-    /// echo allows a silent peer). With none waiting (behind on its channel's delay, the
-    /// bytes in the sockets and the switch) there is nothing to take.
+    /// Look again at `now`: `Err` once the switch has taken no byte for `stall` (the
+    /// keep-alive's interval and timeout together: what the echo allows a silent peer).
     fn look(
         &mut self,
         outflow: &Outflow,
-        queued: usize,
         now: Instant,
         stall: Duration,
     ) -> Result<(), SessionError> {
         let written = outflow.written.load(Ordering::Relaxed);
-        if written != self.progress.0 || queued == 0 {
+        if written != self.progress.0 {
             self.progress = (written, now);
         } else if now.saturating_duration_since(self.progress.1) >= stall {
             return Err(stopped_reading(outflow));
@@ -568,7 +539,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut bad_packet_ins: Vec<(usize, usize, ofp::DecodeError)> = Vec::new();
     let mut latencies = super::latency::BatchHistogram::default();
     let dpid = features.datapath_id;
-    // Set while the switch is behind (see `behind_now`); how many times it has been.
+    // Set while the switch is behind (see `BEHIND_BYTES`); how many times it has been.
     let mut behind: Option<Behind> = None;
     let mut behind_spells: u64 = 0;
     let stall = limits.echo_interval + limits.echo_timeout;
@@ -605,46 +576,32 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if outflow.replaced.load(Ordering::Relaxed) {
             return Err(SessionError::Replaced);
         }
-        // The turn's one clock read: for the probe, the backlog's look and the batch's start.
+        // The turn's one clock read: for the backlog's look and the batch's start.
         let work_start = Instant::now();
-        rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
-        // Loaded only while a probe waits to be written: the writer's thread changes the
-        // count with every buffer, so a load every turn would miss the cache every turn.
-        if rtt.awaits_write() {
-            rtt.observe_written(outflow.written.load(Ordering::Relaxed), work_start);
-        }
         let queued = outflow.queued.load(Ordering::Relaxed);
-        let delay = rtt
-            .reading(work_start)
-            .max(rtt.predicted(work_start, || outflow.stream_end(queued)));
-        let was_behind = behind.is_some();
         behind = match behind.take() {
-            Some(mut b) => {
-                b.look(outflow, queued, work_start, stall)?;
-                behind_now(true, queued, delay, limits.max_channel_delay).then_some(b)
-            }
-            None if behind_now(false, queued, delay, limits.max_channel_delay) => {
+            None if queued > BEHIND_BYTES => {
                 behind_spells += 1;
                 if behind_spells.is_power_of_two() {
                     tracing::warn!(
                         dpid = format_args!("{dpid:016x}"),
                         spells = behind_spells,
-                        queued,
-                        channel_delay_ms = delay.as_millis() as u64,
                         "the switch takes its messages slower than it sends PACKET_INs: dropping its PACKET_INs until it catches up"
                     );
                 }
                 Some(Behind::new(outflow, work_start))
             }
+            Some(mut b) => {
+                b.look(outflow, work_start, stall)?;
+                (queued > CAUGHT_UP_BYTES).then_some(b)
+            }
             None => None,
         };
-        if was_behind && behind.is_none() {
-            tracing::debug!(
-                dpid = format_args!("{dpid:016x}"),
-                queued,
-                channel_delay_ms = delay.as_millis() as u64,
-                "the switch caught up: handling its PACKET_INs again"
-            );
+        rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
+        // Loaded only while a probe waits to be written: the writer's thread changes the
+        // count with every buffer, so a load every turn would miss the cache every turn.
+        if rtt.awaits_write() {
+            rtt.observe_written(outflow.written.load(Ordering::Relaxed), work_start);
         }
         // An ECHO_REQUEST must be answered (§7.5.2). A switch that leaves the probe
         // unanswered as long as the keep-alive may wait is as dead as one that leaves the
@@ -687,7 +644,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if super::cluster::standby_drops_packet_in(handle, features, peeked) {
                     // TCP on a standby's session: the master's (see `on_switch_message`).
                 } else if behind.is_some() {
-                    // Read and let go, unhandled (see `behind_now`). Offered to the
+                    // Read and let go, unhandled (see `BEHIND_BYTES`). Offered to the
                     // controller all the same: reported with the next batch.
                     unreported_drops += 1;
                     handle
@@ -1039,47 +996,6 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_switch_is_behind_past_either_bound_and_caught_up_under_both() {
-        let ms = Duration::from_millis;
-        let max = ms(500);
-        // Quick and empty: not behind; past either bound: behind.
-        assert!(!behind_now(false, 0, ms(3), max));
-        assert!(!behind_now(false, BEHIND_BYTES, max, max), "at the bounds");
-        assert!(behind_now(false, BEHIND_BYTES + 1, ms(3), max));
-        assert!(
-            behind_now(false, 1000, ms(501), max),
-            "the channel slow with little queued here: the bytes wait in the sockets"
-        );
-        // Behind until under both: half the bytes and half the delay.
-        assert!(behind_now(true, CAUGHT_UP_BYTES + 1, ms(3), max));
-        assert!(behind_now(true, 0, ms(251), max));
-        assert!(!behind_now(true, CAUGHT_UP_BYTES, ms(250), max));
-    }
-
-    #[test]
-    fn a_switch_behind_on_its_delay_with_nothing_queued_is_not_stalled() {
-        let t0 = Instant::now();
-        let stall = Duration::from_secs(1);
-        let o = Outflow::default();
-        let mut b = Behind::new(&o, t0);
-        // Nothing waits for it here (the bytes are in the sockets): no stall, however long.
-        assert!(b.look(&o, 0, t0 + stall * 3, stall).is_ok());
-        // Bytes wait and it takes none of them for `stall`: it stopped reading.
-        o.queue(100, t0 + stall * 3);
-        assert!(b.look(&o, 100, t0 + stall * 3, stall).is_ok());
-        assert!(b.look(&o, 100, t0 + stall * 3 + stall / 2, stall).is_ok());
-        o.written(40);
-        assert!(
-            b.look(&o, 60, t0 + stall * 4, stall).is_ok(),
-            "it took some"
-        );
-        assert!(matches!(
-            b.look(&o, 60, t0 + stall * 5, stall),
-            Err(SessionError::StoppedReading { queued: 60 })
-        ));
-    }
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
