@@ -109,10 +109,9 @@ impl Outflow {
         }
     }
 
-    /// The writer wrote `len` bytes; returns the bytes still queued. The head's clock
-    /// stops only when nothing is left (checked under its lock, so a chunk queued
-    /// meanwhile keeps it running).
-    pub(crate) fn written(&self, len: usize) -> usize {
+    /// The writer wrote `len` bytes. The head's clock stops only when nothing is left
+    /// (checked under its lock, so a chunk queued meanwhile keeps it running).
+    pub(crate) fn written(&self, len: usize) {
         let left = self
             .queued
             .fetch_sub(len, Ordering::Relaxed)
@@ -124,7 +123,6 @@ impl Outflow {
         {
             *g = None;
         }
-        left
     }
 }
 
@@ -549,11 +547,13 @@ mod tests {
         assert_eq!(o.head_age(t0 + ms(9)), ms(9));
         // The writer takes the first and writes it: the second is left, queued at 3 ms.
         o.writing(t0);
-        assert_eq!(o.written(100), 50);
+        o.written(100);
+        assert_eq!(o.queued.load(Ordering::Relaxed), 50);
         o.writing(t0 + ms(3));
         assert_eq!(o.head_age(t0 + ms(10)), ms(7));
         // All written: nothing waits.
-        assert_eq!(o.written(50), 0);
+        o.written(50);
+        assert_eq!(o.queued.load(Ordering::Relaxed), 0);
         assert_eq!(o.head_age(t0 + ms(20)), Duration::ZERO);
         assert_eq!(o.written.load(Ordering::Relaxed), 150);
         // The next chunk into the empty queue starts a new clock.
