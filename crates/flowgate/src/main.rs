@@ -82,6 +82,20 @@ enum LabCmd {
         /// Seed of the random client draws and of the controller.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Run it this many times (1 to 50), run i into OUT/run-i with seed SEED+i-1, and
+        /// write every figure's median and range over the runs to OUT/NAME-runs.{md,csv,json}.
+        #[arg(long, default_value_t = 1)]
+        runs: u32,
+    },
+    /// Every figure of several runs of one scenario (their directories or JSON files,
+    /// from `lab run` on any build or day) as median and range, to OUT/NAME-runs.{md,csv,json}.
+    Summarize {
+        /// The runs: each a run's output directory or its NAME.json.
+        #[arg(required = true, num_args = 2..)]
+        runs: Vec<PathBuf>,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -140,6 +154,7 @@ fn main() -> ExitCode {
                     out,
                     prefix,
                     seed,
+                    runs,
                 },
         } => std::env::current_exe()
             .map_err(anyhow::Error::from)
@@ -152,8 +167,12 @@ fn main() -> ExitCode {
                     prefix,
                     seed,
                     progress: true,
+                    runs,
                 })
             }),
+        Cmd::Lab {
+            cmd: LabCmd::Summarize { runs, out },
+        } => flowgate_lab::cli_summarize(&runs, &out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

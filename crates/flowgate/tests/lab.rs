@@ -355,6 +355,156 @@ fn check_consistent(rows: &[Row]) {
     }
 }
 
+/// `flowgate lab run case-a --quick --runs 2` (about 80 s here): two runs, each in its own
+/// directory with its own seed, and a summary whose every figure is the median and range
+/// of what the two runs' own CSVs hold; `flowgate lab summarize` of the same two runs
+/// writes the same summary, and refuses a run of another scenario with the reason.
+#[test]
+fn ovs_lab_runs_and_summarize() {
+    if !require_root_ovs("ovs_lab_runs_and_summarize") {
+        return;
+    }
+    let out = out_dir("runs");
+    let dir = out.to_str().expect("utf-8 path");
+    let prefix = "fglrp";
+    let (ok, log) = run_bounded(
+        &[
+            "lab", "run", "case-a", "--quick", "--runs", "2", "--seed", "7", "--prefix", prefix,
+            "--out", dir,
+        ],
+        Duration::from_secs(420),
+    );
+    assert!(ok, "flowgate lab run --runs 2 failed:\n{log}");
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+    assert!(
+        log.contains("case-a (quick): 2 runs"),
+        "the summary is printed:\n{log}"
+    );
+
+    // Each run: its own directory, its own seed, its own rows.
+    let mut runs = Vec::new();
+    for (i, seed) in [(1, 7), (2, 8)] {
+        let d = out.join(format!("run-{i}"));
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.join("case-a.json")).expect("the run's JSON"),
+        )
+        .expect("JSON");
+        assert_eq!(json["seed"], seed, "run {i}'s seed");
+        let md = std::fs::read_to_string(d.join("case-a.md")).expect("the run's table");
+        assert!(md.contains(&format!("--seed {seed}")), "its command: {md}");
+        let rows = parse_csv(&std::fs::read_to_string(d.join("case-a.csv")).expect("csv"))
+            .expect("CSV parses");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        runs.push(rows);
+    }
+
+    // The summary's CSV, line by line, against the runs' own figures.
+    let summary = std::fs::read_to_string(out.join("case-a-runs.csv")).expect("summary CSV");
+    let figure = |arm: &str, phase: &str, key: &str| -> Vec<String> {
+        let head = format!("case-a,true,{arm},{phase},{key},");
+        let line = summary
+            .lines()
+            .find(|l| l.starts_with(&head))
+            .unwrap_or_else(|| panic!("no {head} in\n{summary}"));
+        line.split(',').skip(5).map(str::to_owned).collect()
+    };
+    type Get = fn(&Row) -> Option<f64>;
+    let checked: [(&str, Get); 5] = [
+        ("ok", |r| Some(r.ok as f64)),
+        ("ok_rps", |r| Some(r.ok_rps)),
+        ("lat_p99_ms", |r| r.lat_p99_ms),
+        ("bdmax_gbps", |r| r.bdmax_gbps),
+        ("isl_pct", |r| r.isl_pct),
+    ];
+    for phase in ["normal", "heavy"] {
+        for (key, get) in checked {
+            let vals: Vec<Option<f64>> = runs
+                .iter()
+                .map(|rows| get(row(rows, "none", phase)))
+                .collect();
+            let cols = figure("none", phase, key);
+            let num = |s: &str| {
+                s.parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{key} {phase}: {s}: {e}"))
+            };
+            let got: Vec<Option<f64>> = cols[4]
+                .split(';')
+                .map(|v| (!v.is_empty()).then(|| num(v)))
+                .collect();
+            assert_eq!(got, vals, "{key} {phase}: each run's value, in order");
+            let present: Vec<f64> = vals.iter().flatten().copied().collect();
+            assert_eq!(cols[0], present.len().to_string(), "{key} {phase}: n");
+            if key == "isl_pct" && phase == "normal" {
+                assert!(
+                    present.is_empty() && cols[1].is_empty(),
+                    "no %I_SL at normal load"
+                );
+                continue;
+            }
+            let (lo, hi) = (present[0].min(present[1]), present[0].max(present[1]));
+            close(
+                num(&cols[1]),
+                (lo + hi) / 2.0,
+                key,
+                row(&runs[0], "none", phase),
+            );
+            close(num(&cols[2]), lo, key, row(&runs[0], "none", phase));
+            close(num(&cols[3]), hi, key, row(&runs[0], "none", phase));
+        }
+    }
+    let md = std::fs::read_to_string(out.join("case-a-runs.md")).expect("summary table");
+    assert!(md.contains("| none | heavy | "), "{md}");
+    // The runs are named relative to the summary, with their seeds.
+    assert!(
+        md.contains("- `run-1/case-a.json` (seed 7)")
+            && md.contains("- `run-2/case-a.json` (seed 8)"),
+        "{md}"
+    );
+    assert!(out.join("case-a-runs.json").exists());
+
+    // The same two runs read back by `lab summarize` give the same summary.
+    let again = out.join("again");
+    let summarize = |second: &Path| {
+        run_bounded(
+            &[
+                "lab",
+                "summarize",
+                out.join("run-1").to_str().expect("utf-8"),
+                second.to_str().expect("utf-8"),
+                "--out",
+                again.to_str().expect("utf-8"),
+            ],
+            Duration::from_secs(30),
+        )
+    };
+    let run2 = out.join("run-2/case-a.json");
+    let (ok, log) = summarize(&run2);
+    assert!(ok, "lab summarize failed:\n{log}");
+    assert_eq!(
+        std::fs::read_to_string(again.join("case-a-runs.csv")).expect("csv"),
+        summary
+    );
+    // A run of another scenario is refused, with which and why.
+    let other = out.join("other.json");
+    let text = std::fs::read_to_string(&run2).expect("json").replacen(
+        "\"scenario\": \"case-a\"",
+        "\"scenario\": \"case-b\"",
+        1,
+    );
+    std::fs::write(&other, text).expect("write");
+    let (ok, log) = summarize(&other);
+    assert!(!ok, "runs of two scenarios are not summarised:\n{log}");
+    assert!(
+        log.contains("other.json: case-b --quick where") && log.contains("case-a --quick"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// Ctrl-C in the middle of a run: the lab stops, and no namespace, bridge, interface or
 /// controller process of it is left.
 #[test]

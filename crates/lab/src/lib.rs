@@ -14,6 +14,7 @@ pub mod measure;
 pub mod net;
 pub mod overload;
 pub mod plot;
+pub mod repeats;
 pub mod report;
 pub mod scenario;
 pub mod signal;
@@ -48,6 +49,10 @@ pub struct RunOptions {
     pub seed: u64,
     /// Show a progress bar (indicatif hides it when stderr is not a terminal).
     pub progress: bool,
+    /// How many times to run it ([`cli_run`]): past one, each run gets its own directory
+    /// under `out` (`run-1`, ...) and seed (`seed`, `seed + 1`, ...), and a summary of
+    /// every figure over the runs is written beside them ([`repeats`]).
+    pub runs: u32,
 }
 
 /// What a run produced.
@@ -57,6 +62,8 @@ pub struct RunSummary {
     pub scenario: String,
     /// Whether it was the quick variant.
     pub quick: bool,
+    /// The seed of the client draws and of the controller.
+    pub seed: u64,
     /// The parameters used.
     pub params: Params,
     /// One row per arm and phase.
@@ -117,16 +124,95 @@ pub fn list() -> String {
     s
 }
 
-/// `flowgate lab run`: runs, prints the tables and where the files are.
+/// The most runs `--runs` takes (a full Case D run is about five minutes).
+pub const MAX_RUNS: u32 = 50;
+
+/// `flowgate lab run`: runs (once, or `opts.runs` times), prints the tables and where the
+/// files are.
 pub fn cli_run(opts: &RunOptions) -> Result<()> {
-    let summary = run(opts)?;
+    if opts.runs == 0 || opts.runs > MAX_RUNS {
+        bail!("--runs {} is out of range: 1 to {MAX_RUNS}", opts.runs);
+    }
+    if opts.runs == 1 {
+        let summary = run(opts)?;
+        println!();
+        println!("{}", summary.table);
+        print_files(&summary.files);
+        return Ok(());
+    }
+    let mut runs = Vec::new();
+    for i in 1..=opts.runs {
+        let dir = opts.out.join(format!("run-{i}"));
+        let seed = opts.seed + u64::from(i - 1);
+        eprintln!(
+            "flowgate lab: run {i} of {} (seed {seed}) into {}",
+            opts.runs,
+            dir.display()
+        );
+        let one = RunOptions {
+            out: dir.clone(),
+            seed,
+            runs: 1,
+            ..opts.clone()
+        };
+        let summary = run(&one).with_context(|| {
+            format!(
+                "run {i} of {} failed; the runs before it are in {}/run-* (`flowgate lab summarize` reads them)",
+                opts.runs,
+                opts.out.display()
+            )
+        })?;
+        let json = summary
+            .files
+            .iter()
+            .find(|f| f.extension().is_some_and(|e| e == "json"))
+            .cloned()
+            .unwrap_or_else(|| dir.join(format!("{}.json", summary.scenario)));
+        runs.push(repeats::Run::read(&json)?);
+    }
+    summarize_into(&runs, &opts.out)
+}
+
+/// `flowgate lab summarize`: every figure of the runs in `inputs` (their JSON files or
+/// directories), as median and range, written to `out`.
+pub fn cli_summarize(inputs: &[PathBuf], out: &Path) -> Result<()> {
+    if inputs.len() < 2 {
+        bail!("name at least two runs (their directories or JSON files)");
+    }
+    let runs = inputs
+        .iter()
+        .map(|p| repeats::Run::read(p))
+        .collect::<Result<Vec<_>>>()?;
+    summarize_into(&runs, out)
+}
+
+fn summarize_into(runs: &[repeats::Run], out: &Path) -> Result<()> {
+    let mut summary = repeats::summarize(runs)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    // Runs inside the summary's directory (`--runs`) are named relative to it, so the
+    // directory can be moved or published whole.
+    let here = out.canonicalize()?;
+    for p in &mut summary.runs {
+        if let Some(rel) = p
+            .canonicalize()
+            .ok()
+            .and_then(|c| c.strip_prefix(&here).ok().map(Path::to_path_buf))
+        {
+            *p = rel;
+        }
+    }
+    let files = summary.write(out)?;
     println!();
-    println!("{}", summary.table);
+    println!("{}", summary.markdown());
+    print_files(&files);
+    Ok(())
+}
+
+fn print_files(files: &[PathBuf]) {
     println!("Wrote:");
-    for f in &summary.files {
+    for f in files {
         println!("  {}", f.display());
     }
-    Ok(())
 }
 
 #[allow(clippy::incompatible_msrv)]
@@ -228,9 +314,14 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let machine = Machine::detect();
     let md_path = out.join(format!("{name}.md"));
     let md = format!(
-        "### {name}{}\n\nCommand: `flowgate lab run {name}{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}, {}.\n\nParameters: {} clients; normal {} requests in {} s; heavy {} requests in {} s (R = {:.0} req/s); servers: {} ms service time × {} slots = μ = {:.0} req/s each, queue {}; ISSLM threshold {:.0} req/s (0.75 μ).\n\n{}",
+        "### {name}{}\n\nCommand: `flowgate lab run {name}{}{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}, {}.\n\nParameters: {} clients; normal {} requests in {} s; heavy {} requests in {} s (R = {:.0} req/s); servers: {} ms service time × {} slots = μ = {:.0} req/s each, queue {}; ISSLM threshold {:.0} req/s (0.75 μ).\n\n{}",
         if opts.quick { " (quick)" } else { "" },
         if opts.quick { " --quick" } else { "" },
+        if opts.seed == 1 {
+            String::new()
+        } else {
+            format!(" --seed {}", opts.seed)
+        },
         opts.out.display(),
         machine.cpu,
         machine.cpus,
@@ -293,6 +384,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let summary = RunSummary {
         scenario: name.to_owned(),
         quick: opts.quick,
+        seed: opts.seed,
         params: p,
         rows,
         overload: None,
@@ -349,6 +441,7 @@ fn write_overload(
     let summary = RunSummary {
         scenario: "overload".to_owned(),
         quick: opts.quick,
+        seed: opts.seed,
         params: p,
         rows: Vec::new(),
         overload: Some(o),

@@ -36,7 +36,7 @@ use flowgate_testbed::rootleg::RootLeg;
 use flowgate_testbed::topo::{self, TopoOptions, Topology};
 use flowgate_testbed::{Host, ProcGuard};
 use indicatif::ProgressBar;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ctl::{self, Controller, LISTEN_ANY_PORT};
 use crate::net::{spawn_httpd, wait_httpd};
@@ -110,7 +110,7 @@ impl OverloadParams {
 }
 
 /// One point: one arm at one offered load.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Point {
     /// The arm's label (one of [`OVERLOAD_ARMS`]).
     pub mode: String,
