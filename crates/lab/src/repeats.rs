@@ -584,8 +584,9 @@ impl Summary {
         if let Some((at, lines)) = self.order() {
             let _ = writeln!(
                 s,
-                "\n#### {}: the order at {k2} {at}, {runs} runs\n\nBest first by the median; between two neighbours `<` where their ranges do not overlap (every run put them in that order), `≈` where they do (these runs do not order them).\n",
-                self.scenario
+                "\n#### {}: the order at {k2} {at}, {runs} runs\n\nBest first by the median; between two neighbours `<` where their ranges do not overlap (every run put them in that order), `≈` where they do (these runs do not order them). Chance alone gives two arms that do not differ ranges that do not overlap once in {} (each arm's {runs} runs exchangeable): read a `<` as firm only with more runs than that makes rare.\n",
+                self.scenario,
+                apart_by_chance(runs)
             );
             for line in lines {
                 let _ = writeln!(s, "- {line}");
@@ -698,6 +699,18 @@ impl Summary {
         }
         Ok(files)
     }
+}
+
+/// One in how many: the chance that two arms whose `runs` values each come from one
+/// distribution have ranges that do not overlap, either way round. Of the C(2n, n) equally
+/// likely ways to deal the 2n ordered values between them, two put all of one arm's below
+/// all of the other's. 1 in 3 for two runs, 10 for three, 35 for four, 126 for five.
+fn apart_by_chance(runs: usize) -> u128 {
+    let n = runs as u128;
+    // C(2n, n) built up as C(n + k, k) for k = 1..=n: every step divides exactly, and
+    // u128 holds every step up to the 50 runs `--runs` takes (C(100, 50) ≈ 1.0e29).
+    let ways = (1..=n).fold(1u128, |c, k| c.saturating_mul(n + k) / k);
+    ways / 2
 }
 
 impl SpreadRow {
@@ -865,6 +878,22 @@ mod tests {
         let s = summarize(&[case_d("a", 1, jain), case_d("b", 2, jain)]).expect("one");
         let line = order_line(&s, "Jain");
         assert!(!line.contains('<'), "{line}");
+    }
+
+    #[test]
+    fn chance_of_ranges_apart_is_two_of_the_ways_to_deal_the_runs() {
+        let got: Vec<u128> = (2..=6).map(apart_by_chance).collect();
+        assert_eq!(got, [3, 10, 35, 126, 462]);
+        // C(100, 50) / 2, exactly.
+        assert_eq!(
+            apart_by_chance(crate::MAX_RUNS as usize),
+            50_445_672_272_782_096_667_406_248_628
+        );
+        let s = summarize(&[case_d("a", 1, |_| {}), case_d("b", 2, |_| {})]).expect("one");
+        assert!(
+            s.markdown()
+                .contains("once in 3 (each arm's 2 runs exchangeable)")
+        );
     }
 
     #[test]
