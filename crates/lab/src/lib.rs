@@ -62,8 +62,10 @@ pub struct RunSummary {
     pub scenario: String,
     /// Whether it was the quick variant.
     pub quick: bool,
-    /// The seed of the client draws and of the controller.
-    pub seed: u64,
+    /// The seed of the client draws and of the controller (`None`: the overload
+    /// scenario, which draws nothing at random).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// The parameters used.
     pub params: Params,
     /// One row per arm and phase.
@@ -145,8 +147,13 @@ pub fn cli_run(opts: &RunOptions) -> Result<()> {
         let dir = opts.out.join(format!("run-{i}"));
         let seed = opts.seed + u64::from(i - 1);
         eprintln!(
-            "flowgate lab: run {i} of {} (seed {seed}) into {}",
+            "flowgate lab: run {i} of {}{} into {}",
             opts.runs,
+            if opts.scenario == "overload" {
+                String::new()
+            } else {
+                format!(" (seed {seed})")
+            },
             dir.display()
         );
         let one = RunOptions {
@@ -384,7 +391,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let summary = RunSummary {
         scenario: name.to_owned(),
         quick: opts.quick,
-        seed: opts.seed,
+        seed: Some(opts.seed),
         params: p,
         rows,
         overload: None,
@@ -441,7 +448,7 @@ fn write_overload(
     let summary = RunSummary {
         scenario: "overload".to_owned(),
         quick: opts.quick,
-        seed: opts.seed,
+        seed: None,
         params: p,
         rows: Vec::new(),
         overload: Some(o),

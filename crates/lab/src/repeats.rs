@@ -173,6 +173,9 @@ pub struct Layout {
     pub tables: &'static [&'static str],
     pub figures: Vec<Spec>,
     pub order: Option<Order>,
+    /// Whether the scenario's runs draw at random (the cases' clients, by `--seed`); the
+    /// overload scenario draws nothing, so its runs differ only by the machine.
+    pub seeded: bool,
 }
 
 fn specs<R>(figures: &[Figure<R>]) -> Vec<Spec> {
@@ -191,6 +194,7 @@ impl Layout {
                     at: None,
                     by: &[("goodput_rps", false), ("p99_ms", true), ("timeouts", true)],
                 }),
+                seeded: false,
             };
         }
         Layout {
@@ -208,6 +212,7 @@ impl Layout {
                     ("jain", false),
                 ],
             }),
+            seeded: true,
         }
     }
 
@@ -418,7 +423,8 @@ pub struct Summary {
     pub quick: bool,
     /// The runs' files, in order.
     pub runs: Vec<PathBuf>,
-    /// Their seeds (`null` where a run did not record it).
+    /// Their seeds (`null` where a run did not record it); empty for a scenario that
+    /// draws nothing at random.
     pub seeds: Vec<Option<u64>>,
     pub rows: Vec<SpreadRow>,
     #[serde(skip)]
@@ -507,7 +513,11 @@ pub fn summarize(runs: &[Run]) -> Result<Summary> {
         scenario: first.scenario.clone(),
         quick: first.quick,
         runs: runs.iter().map(|r| r.path.clone()).collect(),
-        seeds: runs.iter().map(|r| r.seed).collect(),
+        seeds: if layout.seeded {
+            runs.iter().map(|r| r.seed).collect()
+        } else {
+            Vec::new()
+        },
         rows,
         layout,
     })
@@ -527,9 +537,23 @@ impl Summary {
             if self.quick { " (quick)" } else { "" }
         );
         let _ = writeln!(s, "Runs (in order):\n");
-        for (path, seed) in self.runs.iter().zip(&self.seeds) {
-            let seed = seed.map_or_else(|| "not recorded".to_owned(), |s| s.to_string());
-            let _ = writeln!(s, "- `{}` (seed {seed})", path.display());
+        for (i, path) in self.runs.iter().enumerate() {
+            match self.seeds.get(i) {
+                Some(seed) => {
+                    let seed = seed.map_or_else(|| "not recorded".to_owned(), |s| s.to_string());
+                    let _ = writeln!(s, "- `{}` (seed {seed})", path.display());
+                }
+                None => {
+                    let _ = writeln!(s, "- `{}`", path.display());
+                }
+            }
+        }
+        if !self.layout.seeded {
+            let _ = writeln!(
+                s,
+                "\nThe {} scenario draws nothing at random: its runs differ only by the machine.",
+                self.scenario
+            );
         }
         let _ = writeln!(
             s,
@@ -881,6 +905,19 @@ mod tests {
     }
 
     #[test]
+    fn a_run_is_read_back_exactly_as_it_was_written() {
+        // A B_d(max) from a lab run that the default float parser read one ulp off.
+        let mut f: RunFile =
+            serde_json::from_str(include_str!("../../../docs/results/quick/case-d.json"))
+                .expect("JSON");
+        f.rows[0].bdmax_gbps = Some(0.172_399_858_945_736_15);
+        let text = serde_json::to_string(&f.rows).expect("rows");
+        let back: Vec<Row> = serde_json::from_str(&text).expect("rows back");
+        assert_eq!(back[0].bdmax_gbps, Some(0.172_399_858_945_736_15));
+        assert_eq!(back, f.rows, "every figure of every row");
+    }
+
+    #[test]
     fn chance_of_ranges_apart_is_two_of_the_ways_to_deal_the_runs() {
         let got: Vec<u128> = (2..=6).map(apart_by_chance).collect();
         assert_eq!(got, [3, 10, 35, 126, 462]);
@@ -936,6 +973,11 @@ mod tests {
         assert!((per.median - goodput.median / cap.median).abs() < 1e-12);
         let md = s.markdown();
         assert!(md.contains("| mode | × capacity | offered req/s |"), "{md}");
+        assert!(
+            s.seeds.is_empty() && md.contains("- `a`\n") && !md.contains("seed"),
+            "{md}"
+        );
+        assert!(md.contains("draws nothing at random"), "{md}");
         assert!(
             md.contains("Calibration (each run measures its own): capacity "),
             "{md}"
