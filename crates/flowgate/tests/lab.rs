@@ -355,7 +355,7 @@ fn check_consistent(rows: &[Row]) {
     }
 }
 
-/// `flowgate lab run case-a --quick --runs 2` (about 80 s here): two runs, each in its own
+/// `flowgate lab run case-a --quick --runs 2` (52-84 s here): two runs, each in its own
 /// directory with its own seed, and a summary whose every figure is the median and range
 /// of what the two runs' own CSVs hold; `flowgate lab summarize` of the same two runs
 /// writes the same summary, and refuses a run of another scenario with the reason.

@@ -169,13 +169,10 @@ pub fn cli_run(opts: &RunOptions) -> Result<()> {
                 opts.out.display()
             )
         })?;
-        let json = summary
-            .files
-            .iter()
-            .find(|f| f.extension().is_some_and(|e| e == "json"))
-            .cloned()
-            .unwrap_or_else(|| dir.join(format!("{}.json", summary.scenario)));
-        runs.push(repeats::Run::read(&json)?);
+        // Read back from the JSON it wrote, as `lab summarize` reads a run.
+        runs.push(repeats::Run::read(
+            &dir.join(format!("{}.json", summary.scenario)),
+        )?);
     }
     summarize_into(&runs, &opts.out)
 }

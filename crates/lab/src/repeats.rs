@@ -438,7 +438,8 @@ pub fn summarize(runs: &[Run]) -> Result<Summary> {
         bail!("no runs to summarise");
     };
     let keys: Vec<&[String; 2]> = first.samples.iter().map(|s| &s.key).collect();
-    let [k1, k2] = Layout::of(&first.scenario).keys;
+    let layout = Layout::of(&first.scenario);
+    let [k1, k2] = layout.keys;
     let mut problems = Vec::new();
     for r in &runs[1..] {
         if (r.scenario.as_str(), r.quick) != (first.scenario.as_str(), first.quick) {
@@ -482,7 +483,6 @@ pub fn summarize(runs: &[Run]) -> Result<Summary> {
             problems.join("\n  ")
         );
     }
-    let layout = Layout::of(&first.scenario);
     let rows = keys
         .iter()
         .map(|&key| {
