@@ -86,6 +86,11 @@ enum LabCmd {
         /// write every figure's median and range over the runs to OUT/NAME-runs.{md,csv,json}.
         #[arg(long, default_value_t = 1)]
         runs: u32,
+        /// Case C only: a third phase, the heavy load again, in which the active global
+        /// controller C_p1 is killed (SIGKILL) a quarter of the way in; the report gives the
+        /// takeover, the spills across it and the requests around it.
+        #[arg(long)]
+        failover: bool,
     },
     /// Every figure of several runs of one scenario (their directories or JSON files,
     /// from `lab run` on any build or day) as median and range, to OUT/NAME-runs.{md,csv,json}.
@@ -155,6 +160,7 @@ fn main() -> ExitCode {
                     prefix,
                     seed,
                     runs,
+                    failover,
                 },
         } => std::env::current_exe()
             .map_err(anyhow::Error::from)
@@ -168,6 +174,7 @@ fn main() -> ExitCode {
                     seed,
                     progress: true,
                     runs,
+                    failover,
                 })
             }),
         Cmd::Lab {

@@ -355,6 +355,152 @@ fn check_consistent(rows: &[Row]) {
     }
 }
 
+/// `flowgate lab run case-c --quick --failover` (49.4 s here): the four domains, two
+/// global controllers and etcd, and a third phase whose second pass kills the active
+/// global controller (its first is the control). The standby takes over, the domains serve
+/// through the gap, and the report's request windows account for exactly the requests the
+/// failover rows count. `--failover` with any other scenario is refused before anything is
+/// built.
+#[test]
+fn ovs_lab_case_c_failover() {
+    if !require_root_ovs("ovs_lab_case_c_failover") {
+        return;
+    }
+    let out = out_dir("case-c-failover");
+    let prefix = "fglcf";
+    let started = Instant::now();
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            "case-c",
+            "--quick",
+            "--failover",
+            "--prefix",
+            prefix,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(ok, "flowgate lab run failed:\n{log}");
+    eprintln!(
+        "case-c quick --failover took {:?}\n{log}",
+        started.elapsed()
+    );
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+
+    let rows = parse_csv(&std::fs::read_to_string(out.join("case-c.csv")).expect("csv"))
+        .expect("CSV parses");
+    // d1..d4 and all, in each of the three phases.
+    assert_eq!(rows.len(), 15, "{rows:?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("case-c.json")).expect("json"))
+            .expect("JSON parses");
+    let f: flowgate_lab::failover::Failover =
+        serde_json::from_value(json["failover"].clone()).expect("the run's failover");
+
+    // Killed a quarter into the 4 s pass; the standby took over within a few leases (2 s).
+    assert!(
+        (0.5..=1.5).contains(&f.killed_at_s),
+        "killed {} s into the pass",
+        f.killed_at_s
+    );
+    let takeover = f.takeover_ms.expect("the standby took over");
+    assert!(takeover <= 6000, "the standby took {takeover} ms");
+    let md = std::fs::read_to_string(out.join("case-c.md")).expect("md");
+    assert!(
+        md.contains("C_p1 killed, C_p2 \"master\""),
+        "C_p2 active at the end:\n{md}"
+    );
+    assert!(
+        md.contains("#### Failover of the global controller"),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!(
+            "The standby C_p2 was active {takeover} ms after the kill"
+        )),
+        "{md}"
+    );
+
+    // The windows: three per pass, back to back over the pass.
+    assert_eq!(f.windows.len(), 6, "{:?}", f.windows);
+    let all = row(&rows, "all", "failover");
+    for pass in ["control", "failover"] {
+        let w: Vec<_> = f.windows.iter().filter(|w| w.pass == pass).collect();
+        assert_eq!(w.len(), 3, "{pass}: {w:?}");
+        assert_eq!((w[0].from_s, w[0].to_s), (0.0, f.killed_at_s), "{w:?}");
+        assert_eq!(w[1].to_s, w[2].from_s, "{w:?}");
+        let sum =
+            |g: fn(&flowgate_lab::failover::Window) -> u64| w.iter().map(|x| g(x)).sum::<u64>();
+        // Every request of the pass, counted once: the failover rows are the second
+        // pass's, and the control ran the same schedule (all of it sent at this size).
+        if pass == "failover" {
+            assert_eq!(sum(|x| x.due), all.sent, "{pass}: {w:?} against {all:?}");
+            assert_eq!(sum(|x| x.ok), all.ok, "{pass}: {w:?} against {all:?}");
+            assert_eq!(
+                sum(|x| x.failed),
+                all.failed,
+                "{pass}: {w:?} against {all:?}"
+            );
+        } else {
+            assert_eq!(sum(|x| x.due), all.offered, "{pass}: {w:?}");
+            assert_eq!(
+                sum(|x| x.ok) + sum(|x| x.failed),
+                all.offered,
+                "{pass}: {w:?}"
+            );
+        }
+    }
+    // With no active global controller the domains still decide: requests due in the gap
+    // were answered.
+    let gap = f
+        .windows
+        .iter()
+        .find(|w| w.pass == "failover" && w.window == "no active global")
+        .expect("the gap");
+    assert!(gap.due > 0 && gap.ok > 0, "{gap:?}");
+    // What the domains sampled across the gap (every 250 ms over about 2 s and a second
+    // after); a spill in force at the kill is either kept or named.
+    assert!(f.samples_in_gap >= 4, "{f:?}");
+    assert!(
+        f.spill_dropped
+            .iter()
+            .all(|d| f.spilling_at_kill.contains(d)),
+        "{f:?}"
+    );
+    for d in ["d1", "d2", "d3", "d4"] {
+        assert!(row(&rows, d, "failover").ok > 0, "{d} served nothing");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+
+    // Another scenario: refused, with the reason, before anything is built.
+    let other = out_dir("case-a-failover");
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            "case-a",
+            "--quick",
+            "--failover",
+            "--prefix",
+            prefix,
+            "--out",
+            other.to_str().expect("utf-8 path"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!ok, "--failover with case-a ran:\n{log}");
+    assert!(log.contains("--failover applies to case-c only"), "{log}");
+    assert!(leftovers(prefix).is_empty());
+    let _ = std::fs::remove_dir_all(&other);
+}
+
 /// `flowgate lab run case-a --quick --runs 2` (52-84 s here): two runs, each in its own
 /// directory with its own seed, and a summary whose every figure is the median and range
 /// of what the two runs' own CSVs hold; `flowgate lab summarize` of the same two runs

@@ -16,7 +16,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use flowgate_coord::process::EtcdCluster;
@@ -27,6 +27,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::ctl::{Controller, LISTEN_ANY_PORT, http_get};
+use crate::failover::{self, Failover, Killer};
 use crate::measure::{self, Interval, Probe, Row};
 use crate::net::{IPERF_PORT, SERVERS, client_ip, spawn_httpd, spawn_iperf_server, wait_httpd};
 use crate::scenario::{Params, Scenario};
@@ -245,16 +246,19 @@ pub struct CaseCOut {
     pub rows: Vec<Row>,
     pub iperf: Vec<(String, Vec<Interval>)>,
     pub notes: Vec<String>,
+    /// The failover phase's findings (`--failover`).
+    pub failover: Option<Failover>,
 }
 
-/// Runs Case C: builds everything, measures normal then heavy, removes everything.
+/// Runs Case C: builds everything, measures normal then heavy (then, `with_failover`, the
+/// heavy load again with C_p1 killed: [`failover`]), removes everything.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     flowgate: &Path,
     sc: &Scenario,
     p: &Params,
     prefix: &str,
-    seed: u64,
+    (seed, with_failover): (u64, bool),
     logs: &Path,
     pb: &ProgressBar,
 ) -> Result<CaseCOut> {
@@ -327,35 +331,44 @@ pub fn run(
             rows: Vec::new(),
             iperf: Vec::new(),
             notes: Vec::new(),
+            failover: None,
         };
         let mut normal: Vec<Row> = Vec::new();
-        for (phase, total, secs) in [
+        let mut phases = vec![
             ("normal", p.normal_requests, p.normal_secs),
             ("heavy", p.heavy_requests, p.heavy_secs),
-        ] {
+        ];
+        if with_failover {
+            phases.push(("failover", p.heavy_requests, p.heavy_secs));
+        }
+        for (phase, total, secs) in phases {
             signal_settle(p)?;
             let per = split(total);
             pb.set_message(format!(
                 "{phase} phase: {per:?} requests in {secs} s (C_d1..C_d4)"
             ));
-            let mut rows: Vec<Row> = (0..4)
-                .map(|d| Row {
-                    scenario: sc.name.to_owned(),
-                    arm: sc.arms[d].label.to_owned(),
-                    case: sc.arms[d].case.to_owned(),
-                    algorithm: sc.arms[d].algorithm.to_owned(),
-                    phase: phase.to_owned(),
-                    offered: per[d],
-                    duration_s: secs,
-                    ..Row::default()
-                })
-                .collect();
-            let before: Vec<_> = domains
-                .iter()
-                .map(Controller::snapshot)
-                .collect::<Result<_>>()?;
+            let fresh_rows = || -> Vec<Row> {
+                (0..4)
+                    .map(|d| Row {
+                        scenario: sc.name.to_owned(),
+                        arm: sc.arms[d].label.to_owned(),
+                        case: sc.arms[d].case.to_owned(),
+                        algorithm: sc.arms[d].algorithm.to_owned(),
+                        phase: phase.to_owned(),
+                        offered: per[d],
+                        duration_s: secs,
+                        ..Row::default()
+                    })
+                    .collect()
+            };
+            let snapshots =
+                || -> Result<Vec<_>> { domains.iter().map(Controller::snapshot).collect() };
+            let mut rows = fresh_rows();
+            let before = snapshots()?;
             let apis: Vec<_> = domains.iter().map(|c| c.api).collect();
             let mon = Monitor::start(apis);
+            // The same seed for the same total: the failover phase's passes replay the
+            // heavy phase's load.
             let pass_seed = seed.wrapping_mul(31).wrapping_add(total);
             // Every request of each domain, one file per domain and pass (see
             // `measure::wait_loads`).
@@ -368,23 +381,76 @@ pub fn run(
                     ))
                 })
             };
-            let _ = run_pass(
-                &net,
-                flowgate,
-                &per,
-                secs,
-                p,
-                (pass_seed, Probe::Ping, &requests_logs(1)),
-                &mut rows,
-            )?;
-            let after: Vec<_> = domains
-                .iter()
-                .map(Controller::snapshot)
-                .collect::<Result<_>>()?;
+            // The phase's first pass: HTTP and ping.
+            let ping_pass = |pass: u8, rows: &mut [Row]| {
+                run_pass(
+                    &net,
+                    flowgate,
+                    &per,
+                    secs,
+                    p,
+                    (pass_seed, Probe::Ping, &requests_logs(pass)),
+                    rows,
+                )
+                .map(|(_, started)| started)
+            };
+            // The failover phase's first pass is its control: the same load, nothing
+            // killed, after a heavy pass as its second pass is.
+            let started = ping_pass(1, &mut rows)?;
+            let after = snapshots()?;
+            if phase == "failover" {
+                signal_settle(p)?;
+                pb.set_message(format!(
+                    "{phase} phase again, C_p1 killed {:.1} s in",
+                    secs * failover::KILL_AT
+                ));
+                // Its rows are the second pass's; its one pass with C_p1 killed (an
+                // iperf3 pass would measure a cluster that had already failed over).
+                let mut rows = fresh_rows();
+                let before = snapshots()?;
+                let killer = Killer::start(
+                    g1.pid(),
+                    Duration::from_secs_f64(secs * failover::KILL_AT),
+                    g2.api,
+                );
+                let kill_started = ping_pass(2, &mut rows)?;
+                let after = snapshots()?;
+                let kill = killer.join()?;
+                let seen = mon.stop();
+                let f = measure_failover(
+                    kill,
+                    &seen,
+                    secs,
+                    (started, &requests_logs(1)),
+                    (kill_started, &requests_logs(2)),
+                )?;
+                say(format!(
+                    "  C_p1 killed {:.2} s in; C_p2 active after {} ms; spilling at the kill {:?}, dropped {:?}",
+                    f.killed_at_s,
+                    f.takeover_ms
+                        .map_or_else(|| "no takeover in 15 s".to_owned(), |ms| ms.to_string()),
+                    f.spilling_at_kill,
+                    f.spill_dropped
+                ));
+                for (d, r) in rows.iter_mut().enumerate() {
+                    r.set_controller_counts(&before[d], &after[d]);
+                    r.derive(baseline(&normal, d, p.shared_normal_qos));
+                    say(row_line(r));
+                }
+                let mut all = aggregate(&rows);
+                all.derive(normal.get(4));
+                rows.push(all);
+                out.notes
+                    .push(spill_note(phase, "both passes", &seen.domains, p));
+                out.rows.extend(rows);
+                out.failover = Some(f);
+                pb.inc(1);
+                continue;
+            }
             signal_settle(p)?;
             pb.set_message(format!("{phase} phase again with iperf3 in every domain"));
             let mut qos: Vec<Row> = (0..4).map(|_| Row::default()).collect();
-            let extra = run_pass(
+            let (extra, _) = run_pass(
                 &net,
                 flowgate,
                 &per,
@@ -402,17 +468,7 @@ pub fn run(
                 let (a, b) = (&after[d], &before[d]);
                 r.set_controller_counts(b, a);
                 r.derive(baseline(&normal, d, p.shared_normal_qos));
-                say(format!(
-                    "  {} {:<6} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
-                    r.arm,
-                    phase,
-                    r.ok,
-                    r.offered,
-                    r.ok_rps,
-                    r.shares(),
-                    crate::report::fmt(r.bdmax_gbps, 3),
-                    crate::report::fmt(r.ping_rtt_avg_ms, 3)
-                ));
+                say(row_line(r));
                 out.iperf
                     .push((format!("{} {phase}", r.arm), extra[d].clone()));
             }
@@ -420,13 +476,7 @@ pub fn run(
             all.derive(normal.get(4));
             rows.push(all);
             let seen = mon.stop();
-            let spill_line = format!(
-                "{phase} (both passes): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; last spill decisions {:?}",
-                seen.iter().map(|s| s.0.round()).collect::<Vec<_>>(),
-                p.threshold_rps(),
-                seen.iter().map(|s| s.1).collect::<Vec<_>>(),
-                seen.iter().map(|s| s.2.to_string()).collect::<Vec<_>>(),
-            );
+            let spill_line = spill_note(phase, "both passes", &seen.domains, p);
             say(format!("  {spill_line}"));
             out.notes.push(spill_line);
             if phase == "normal" {
@@ -438,7 +488,12 @@ pub fn run(
         let gv = [cluster_view(&g1), cluster_view(&g2)];
         out.notes.push(format!(
             "global controllers at the end: C_p1 {}, C_p2 {}",
-            gv[0]["mastership"], gv[1]["mastership"]
+            if out.failover.is_some() {
+                "killed".to_owned()
+            } else {
+                gv[0]["mastership"].to_string()
+            },
+            gv[1]["mastership"]
         ));
         let saved = [(&g1, "p1"), (&g2, "p2")]
             .map(|(g, name)| (g, g.save_log(logs, &format!("{}-{name}", sc.name))));
@@ -471,11 +526,97 @@ pub fn run(
     result
 }
 
+/// A domain's row as the terminal shows it while the run goes on.
+fn row_line(r: &Row) -> String {
+    format!(
+        "  {} {:<8} ok {:>6}/{:<6} ok/s {:>7.1}  srv1..4 {:?}  B_d(max) {} Gb/s  RTT {} ms",
+        r.arm,
+        r.phase,
+        r.ok,
+        r.offered,
+        r.ok_rps,
+        r.shares(),
+        crate::report::fmt(r.bdmax_gbps, 3),
+        crate::report::fmt(r.ping_rtt_avg_ms, 3)
+    )
+}
+
+/// The Markdown's line on what the domains reported during a phase.
+fn spill_note(
+    phase: &str,
+    passes: &str,
+    seen: &[(f64, bool, serde_json::Value)],
+    p: &Params,
+) -> String {
+    format!(
+        "{phase} ({passes}): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; last spill decisions {:?}",
+        seen.iter().map(|s| s.0.round()).collect::<Vec<_>>(),
+        p.threshold_rps(),
+        seen.iter().map(|s| s.1).collect::<Vec<_>>(),
+        seen.iter().map(|s| s.2.to_string()).collect::<Vec<_>>(),
+    )
+}
+
+/// The failover phase's findings: the kill and takeover against its pass's start, the
+/// spills across the gap, and the requests in each window beside the control pass's.
+/// Each pass is given by when it began and its request logs.
+fn measure_failover(
+    kill: failover::Kill,
+    seen: &Seen,
+    secs: f64,
+    control: (SystemTime, &[PathBuf; 4]),
+    (started, logs): (SystemTime, &[PathBuf; 4]),
+) -> Result<Failover> {
+    let unix = |t: SystemTime| failover::unix_ms(t) as f64 / 1000.0;
+    let killed_at_s = kill.killed_unix_ms as f64 / 1000.0 - unix(started);
+    let takeover_ms = kill
+        .takeover_unix_ms
+        .map(|t| t.saturating_sub(kill.killed_unix_ms));
+    let until = kill.takeover_unix_ms.map_or_else(
+        || failover::unix_ms(started) + (secs * 1000.0) as u64,
+        |t| t + failover::HELD_AFTER_MS,
+    );
+    let (spilling_at_kill, spill_dropped, samples_in_gap) =
+        failover::spills_across(&seen.timeline, kill.killed_unix_ms, until);
+    let bounds = failover::bounds(killed_at_s, takeover_ms, secs);
+    let mut windows = Vec::new();
+    for (pass, (start, files)) in [("control", control), ("failover", (started, logs))] {
+        let mut requests = Vec::new();
+        for (d, f) in files.iter().enumerate() {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            requests.extend(
+                failover::parse_requests(&text, &format!("srv{}", d + 1))
+                    .with_context(|| f.display().to_string())?,
+            );
+        }
+        windows.extend(failover::windows(pass, &requests, unix(start), &bounds));
+    }
+    Ok(Failover {
+        killed_at_s,
+        takeover_ms,
+        spilling_at_kill,
+        spill_dropped,
+        samples_in_gap,
+        windows,
+    })
+}
+
 /// Samples every domain controller every 250 ms while a phase runs: its demand (the sum
 /// of its backends' `rps`, what its summary reports) and whether a spill is in force.
 struct Monitor {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    handle: Option<std::thread::JoinHandle<Vec<(f64, bool, serde_json::Value)>>>,
+    handle: Option<std::thread::JoinHandle<Seen>>,
+}
+
+/// What a [`Monitor`] saw.
+#[derive(Default)]
+struct Seen {
+    /// Per domain: its peak demand (req/s), whether a spill was in force at some sample,
+    /// and its last spill decision (the last one in force, if any was).
+    domains: Vec<(f64, bool, serde_json::Value)>,
+    /// Every sample's time and spills.
+    timeline: Vec<failover::SpillSample>,
 }
 
 impl Monitor {
@@ -484,9 +625,12 @@ impl Monitor {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
-            let mut seen: Vec<(f64, bool, serde_json::Value)> =
-                vec![(0.0, false, serde_json::Value::Null); apis.len()];
+            let mut seen = Seen {
+                domains: vec![(0.0, false, serde_json::Value::Null); apis.len()],
+                timeline: Vec::new(),
+            };
             while !flag.load(Ordering::SeqCst) {
+                let mut now = Vec::with_capacity(apis.len());
                 for (i, api) in apis.iter().enumerate() {
                     let get = |path: &str| {
                         http_get(*api, path)
@@ -505,13 +649,16 @@ impl Monitor {
                     let spilling = v["spill"]["services"]
                         .as_object()
                         .is_some_and(|m| !m.is_empty());
-                    let s = &mut seen[i];
+                    let s = &mut seen.domains[i];
                     s.0 = s.0.max(load);
                     s.1 |= spilling;
                     if spilling || s.2.is_null() {
                         s.2 = v["spill"].clone();
                     }
+                    now.push(spilling);
                 }
+                seen.timeline
+                    .push((failover::unix_ms(SystemTime::now()), now));
                 std::thread::sleep(Duration::from_millis(250));
             }
             seen
@@ -522,7 +669,7 @@ impl Monitor {
         }
     }
 
-    fn stop(mut self) -> Vec<(f64, bool, serde_json::Value)> {
+    fn stop(mut self) -> Seen {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.handle
             .take()
@@ -633,7 +780,7 @@ fn warm_up(net: &DomainNet) -> Result<()> {
 /// One pass of one phase in all four domains at once: each domain's HTTP load from its
 /// own clients to the VIP, and (pass 1) ping or (pass 2) iperf3 within each domain. The
 /// clients are drawn by `seed`; each domain's requests are written to its file of
-/// `requests_logs`.
+/// `requests_logs`. Returns each domain's iperf3 intervals and when the pass began.
 fn run_pass(
     net: &DomainNet,
     flowgate: &Path,
@@ -642,7 +789,7 @@ fn run_pass(
     p: &Params,
     (seed, probe, requests_logs): (u64, Probe, &[PathBuf; 4]),
     rows: &mut [Row],
-) -> Result<Vec<Vec<Interval>>> {
+) -> Result<(Vec<Vec<Interval>>, SystemTime)> {
     let t_int = secs.ceil().max(1.0) as u64;
     let t = t_int.to_string();
     let port = IPERF_PORT.to_string();
@@ -660,6 +807,7 @@ fn run_pass(
     }
     let url = format!("http://{VIP}/");
     let started = Instant::now();
+    let started_at = SystemTime::now();
     let mut loads: Vec<Vec<measure::LoadClient>> = Vec::new();
     let mut counts_all = Vec::new();
     for d in 0..4 {
@@ -720,7 +868,7 @@ fn run_pass(
         }
         extra.push(iv);
     }
-    Ok(extra)
+    Ok((extra, started_at))
 }
 
 #[cfg(test)]

@@ -153,6 +153,11 @@ impl Controller {
         self.proc.output()
     }
 
+    /// Its process id (also its process group's: it is spawned as a group leader).
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
+    }
+
     /// Stops it (SIGTERM, then SIGKILL).
     pub fn stop(&mut self) {
         self.proc.kill();

@@ -10,6 +10,7 @@
 
 pub mod casec;
 pub mod ctl;
+pub mod failover;
 pub mod measure;
 pub mod net;
 pub mod overload;
@@ -53,6 +54,9 @@ pub struct RunOptions {
     /// under `out` (`run-1`, ...) and seed (`seed`, `seed + 1`, ...), and a summary of
     /// every figure over the runs is written beside them ([`repeats`]).
     pub runs: u32,
+    /// Case C only: a third phase, the heavy load again, with the active global controller
+    /// killed a quarter of the way in ([`failover`]).
+    pub failover: bool,
 }
 
 /// What a run produced.
@@ -73,6 +77,10 @@ pub struct RunSummary {
     /// The overload scenario's results (its rows are not the paper's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overload: Option<overload::Outcome>,
+    /// Case C's failover phase (`--failover`): the takeover, the spills across it and the
+    /// requests around it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<failover::Failover>,
     /// The tables as Markdown (what the terminal shows).
     #[serde(skip)]
     pub table: String,
@@ -239,6 +247,12 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     })?;
     let p = Params::for_scenario(sc.name, opts.quick);
     p.check().map_err(|e| anyhow!("capacity model: {e}"))?;
+    if opts.failover && sc.name != "case-c" {
+        bail!(
+            "--failover applies to case-c only (its global controllers are what fails over), not to `{}`",
+            sc.name
+        );
+    }
     if let Some(why) = flowgate_testbed::root_ovs_unavailable() {
         bail!("the lab needs root and Open vSwitch: {why} (scripts/setup-debian.sh installs it)");
     }
@@ -294,11 +308,14 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         return write_overload(opts, &out, p, result?);
     }
     let mut notes: Vec<String> = Vec::new();
+    let mut failover = None;
     let result = if sc.name == "case-c" {
-        pb.set_length(4);
-        casec::run(&opts.flowgate, &sc, &p, &prefix, opts.seed, &logs, &pb).and_then(|o| {
+        pb.set_length(if opts.failover { 5 } else { 4 });
+        let how = (opts.seed, opts.failover);
+        casec::run(&opts.flowgate, &sc, &p, &prefix, how, &logs, &pb).and_then(|o| {
             write_iperf_csv(&out, sc.name, &o.iperf)?;
             notes = o.notes;
+            failover = o.failover;
             Ok(o.rows)
         })
     } else {
@@ -318,7 +335,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let machine = Machine::detect();
     let md_path = out.join(format!("{name}.md"));
     let md = format!(
-        "### {name}{}\n\nCommand: `flowgate lab run {name}{}{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}, {}.\n\nParameters: {} clients; normal {} requests in {} s; heavy {} requests in {} s (R = {:.0} req/s); servers: {} ms service time × {} slots = μ = {:.0} req/s each, queue {}; ISSLM threshold {:.0} req/s (0.75 μ).\n\n{}",
+        "### {name}{}\n\nCommand: `flowgate lab run {name}{}{}{} --out {}`\n\nMachine: {} ({} CPUs, {} GB RAM), {}, {}, {}.\n\nParameters: {} clients; normal {} requests in {} s; heavy {} requests in {} s (R = {:.0} req/s); servers: {} ms service time × {} slots = μ = {:.0} req/s each, queue {}; ISSLM threshold {:.0} req/s (0.75 μ).\n\n{}",
         if opts.quick { " (quick)" } else { "" },
         if opts.quick { " --quick" } else { "" },
         if opts.seed == 1 {
@@ -326,6 +343,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         } else {
             format!(" --seed {}", opts.seed)
         },
+        if opts.failover { " --failover" } else { "" },
         opts.out.display(),
         machine.cpu,
         machine.cpus,
@@ -381,6 +399,10 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     } else {
         md
     };
+    let md = match &failover {
+        Some(f) => format!("{md}\n{}", f.markdown()),
+        None => md,
+    };
     std::fs::write(&md_path, md)?;
     files.push(md_path);
     files.extend(write_plots(&out, name, &rows)?);
@@ -392,6 +414,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
         params: p,
         rows,
         overload: None,
+        failover,
         table,
         files,
         machine,
@@ -449,6 +472,7 @@ fn write_overload(
         params: p,
         rows: Vec::new(),
         overload: Some(o),
+        failover: None,
         table,
         files,
         machine,

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::failover::{self, Failover};
 use crate::measure::Row;
 use crate::overload::Point;
 use crate::report::MISSING;
@@ -303,6 +304,8 @@ struct RunFile {
     rows: Vec<Row>,
     #[serde(default)]
     overload: Option<OverloadFile>,
+    #[serde(default)]
+    failover: Option<Failover>,
 }
 
 #[derive(Deserialize)]
@@ -319,6 +322,8 @@ pub struct Run {
     pub quick: bool,
     pub seed: Option<u64>,
     pub samples: Vec<Sample>,
+    /// Case C's failover phase (`--failover`), if it ran.
+    pub failover: Option<Failover>,
     /// The file it was read from.
     pub path: PathBuf,
 }
@@ -394,6 +399,7 @@ impl Run {
             quick: f.quick,
             seed: f.seed,
             samples,
+            failover: f.failover,
             path,
         })
     }
@@ -427,8 +433,78 @@ pub struct Summary {
     /// draws nothing at random.
     pub seeds: Vec<Option<u64>>,
     pub rows: Vec<SpreadRow>,
+    /// Case C's failover phase over the runs (`--failover`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverRuns>,
     #[serde(skip)]
     pub layout: Layout,
+}
+
+/// The failover phase over the runs: the takeover's spread, and each run's own.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailoverRuns {
+    /// From the kill to the standby's leadership, ms (`null`: no takeover in that run).
+    pub takeover_ms: FigureRuns,
+    /// Each run's failover, in run order.
+    pub runs: Vec<Failover>,
+}
+
+impl FailoverRuns {
+    /// Every run had the phase, or none did (`None`).
+    fn of(runs: &[Run]) -> Option<FailoverRuns> {
+        let each: Vec<Failover> = runs
+            .iter()
+            .map(|r| r.failover.clone())
+            .collect::<Option<_>>()?;
+        let values: Vec<Option<f64>> = each
+            .iter()
+            .map(|f| f.takeover_ms.map(|ms| ms as f64))
+            .collect();
+        Some(FailoverRuns {
+            takeover_ms: FigureRuns {
+                spread: Spread::of(&values),
+                values,
+            },
+            runs: each,
+        })
+    }
+
+    fn markdown(&self, s: &mut String, scenario: &str) {
+        let runs = self.runs.len();
+        let _ = writeln!(
+            s,
+            "\n#### {scenario}: failover of the global controller, {runs} runs\n\nC_p1 killed (SIGKILL) a quarter into the failover phase's second pass; the standby C_p2 active after {} ms (median and range over the runs that saw it take over). Requests due from the kill to the takeover, ok of due, in that pass and in the same window of the phase's control pass (the same schedule, nothing killed):\n\n| run | takeover ms | spilling at the kill | seen not spilling after | no active global: failover ok/due | control ok/due |\n|---|---|---|---|---|---|",
+            self.takeover_ms
+                .spread
+                .map_or_else(|| MISSING.to_owned(), |sp| sp.cell(0, runs)),
+        );
+        let names = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.join(", ")
+            }
+        };
+        for (i, f) in self.runs.iter().enumerate() {
+            let gap = |pass: &str| {
+                f.windows
+                    .iter()
+                    .find(|w| w.pass == pass && w.window == failover::GAP)
+                    .map_or_else(|| MISSING.to_owned(), |w| format!("{}/{}", w.ok, w.due))
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} |",
+                i + 1,
+                f.takeover_ms
+                    .map_or_else(|| "none in 15 s".to_owned(), |ms| ms.to_string()),
+                names(&f.spilling_at_kill),
+                names(&f.spill_dropped),
+                gap("failover"),
+                gap("control"),
+            );
+        }
+    }
 }
 
 /// Spreads `runs` figure by figure. They must be runs of the same scenario and variant,
@@ -453,6 +529,23 @@ pub fn summarize(runs: &[Run]) -> Result<Summary> {
                 if first.quick { " --quick" } else { "" },
             ));
             continue;
+        }
+        if r.failover.is_some() != first.failover.is_some() {
+            problems.push(format!(
+                "{}: {} the failover phase (`--failover`) where {} {}",
+                r.path.display(),
+                if r.failover.is_some() {
+                    "with"
+                } else {
+                    "without"
+                },
+                first.path.display(),
+                if first.failover.is_some() {
+                    "has it"
+                } else {
+                    "has none"
+                },
+            ));
         }
         let theirs: Vec<&[String; 2]> = r.samples.iter().map(|s| &s.key).collect();
         for k in &keys {
@@ -519,6 +612,7 @@ pub fn summarize(runs: &[Run]) -> Result<Summary> {
             Vec::new()
         },
         rows,
+        failover: FailoverRuns::of(runs),
         layout,
     })
 }
@@ -604,6 +698,9 @@ impl Summary {
                     cells.join(" | ")
                 );
             }
+        }
+        if let Some(f) = &self.failover {
+            f.markdown(&mut s, &self.scenario);
         }
         if let Some((at, lines)) = self.order() {
             let _ = writeln!(
@@ -760,6 +857,67 @@ mod tests {
             min,
             max,
         }
+    }
+
+    /// The failover phase over three runs: the takeover's spread over the runs that saw
+    /// one, and each run's own line; runs with and without the phase are refused.
+    #[test]
+    fn failover_runs_show_the_takeover_and_each_runs_gap() {
+        let window = |pass: &str, ok: u64, due: u64| failover::Window {
+            pass: pass.to_owned(),
+            window: failover::GAP.to_owned(),
+            from_s: 1.0,
+            to_s: 3.0,
+            due,
+            ok,
+            failed: due - ok,
+            spilled_ok: 0,
+            p99_ms: None,
+        };
+        let with = |path: &str, ms: Option<u64>, dropped: &[&str]| Run {
+            failover: Some(Failover {
+                killed_at_s: 1.0,
+                takeover_ms: ms,
+                spilling_at_kill: vec!["d1".to_owned(), "d3".to_owned()],
+                spill_dropped: dropped.iter().map(|d| (*d).to_owned()).collect(),
+                samples_in_gap: 12,
+                windows: vec![window("control", 900, 1000), window("failover", 850, 1000)],
+            }),
+            ..case_d(path, 1, |_| {})
+        };
+        let runs = [
+            with("a", Some(2100), &[]),
+            with("b", Some(1800), &["d3"]),
+            with("c", None, &[]),
+        ];
+        let s = summarize(&runs).expect("one scenario");
+        let f = s.failover.as_ref().expect("the failover phase");
+        assert_eq!(f.takeover_ms.values, [Some(2100.0), Some(1800.0), None]);
+        assert_eq!(f.takeover_ms.spread, Some(sp(2, 1950.0, 1800.0, 2100.0)));
+        let md = s.markdown();
+        assert!(
+            md.contains("C_p2 active after 1950 (1800–2100) [n=2] ms"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2 | 1800 | d1, d3 | d3 | 850/1000 | 900/1000 |"),
+            "{md}"
+        );
+        assert!(md.contains("| 3 | none in 15 s | d1, d3 | none |"), "{md}");
+        // The JSON carries it; a summary of runs without it has no such section.
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["failover"]["runs"].as_array().map(Vec::len), Some(3));
+        let plain = summarize(&[case_d("a", 1, |_| {}), case_d("b", 2, |_| {})]).expect("plain");
+        assert!(plain.failover.is_none());
+        assert!(!plain.markdown().contains("failover"));
+        // One run with the phase and one without: refused, named.
+        let e =
+            summarize(&[with("a", Some(2000), &[]), case_d("b", 2, |_| {})]).expect_err("mixed");
+        assert!(
+            e.to_string()
+                .contains("b: without the failover phase (`--failover`) where a has it"),
+            "{e}"
+        );
     }
 
     #[test]
