@@ -86,9 +86,10 @@ enum LabCmd {
         /// write every figure's median and range over the runs to OUT/NAME-runs.{md,csv,json}.
         #[arg(long, default_value_t = 1)]
         runs: u32,
-        /// Case C only: a third phase, the heavy load again, in which the active global
-        /// controller C_p1 is killed (SIGKILL) a quarter of the way in; the report gives the
-        /// takeover, the spills across it and the requests around it.
+        /// Case C only: a third phase, the heavy load twice more, first as a control, then
+        /// with the active global controller C_p1 killed (SIGKILL) a quarter of the way
+        /// in; the report gives the takeover, the spills across it and the requests around
+        /// it beside the control's.
         #[arg(long)]
         failover: bool,
     },

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::ctl::http_get;
 use crate::measure::quantile;
 
-/// How far into the phase C_p1 is killed: a quarter, leaving most of the phase to see
-/// the takeover (about the lease, 2 s) and what follows it.
+/// How far into its pass C_p1 is killed: a quarter, leaving most of the pass to see the
+/// takeover (about the lease, 2 s) and what follows it.
 pub const KILL_AT: f64 = 0.25;
 /// How long after the takeover a spill in force must still be seen, to count as kept.
 pub const HELD_AFTER_MS: u64 = 1000;
@@ -48,7 +48,7 @@ const TAKEOVER_LIMIT: Duration = Duration::from_secs(15);
 /// What the failover phase measured (in the run's JSON as `failover`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Failover {
-    /// Seconds into the phase's pass at which C_p1 was killed.
+    /// Seconds into the killed pass at which C_p1 was killed.
     pub killed_at_s: f64,
     /// From the kill to C_p2's leadership, ms; `None` when it had not taken over within
     /// 15 s.

@@ -54,8 +54,8 @@ pub struct RunOptions {
     /// under `out` (`run-1`, ...) and seed (`seed`, `seed + 1`, ...), and a summary of
     /// every figure over the runs is written beside them ([`repeats`]).
     pub runs: u32,
-    /// Case C only: a third phase, the heavy load again, with the active global controller
-    /// killed a quarter of the way in ([`failover`]).
+    /// Case C only: a third phase, the heavy load twice more, a control and then a pass
+    /// with the active global controller killed a quarter of the way in ([`failover`]).
     pub failover: bool,
 }
 
@@ -143,6 +143,8 @@ pub fn cli_run(opts: &RunOptions) -> Result<()> {
     if opts.runs == 0 || opts.runs > MAX_RUNS {
         bail!("--runs {} is out of range: 1 to {MAX_RUNS}", opts.runs);
     }
+    // Before the first of several runs, not as that run's failure.
+    check_failover(opts)?;
     if opts.runs == 1 {
         let summary = run(opts)?;
         println!();
@@ -183,6 +185,17 @@ pub fn cli_run(opts: &RunOptions) -> Result<()> {
         )?);
     }
     summarize_into(&runs, &opts.out)
+}
+
+/// `--failover` fails over Case C's global controllers: no other scenario has any.
+fn check_failover(opts: &RunOptions) -> Result<()> {
+    if opts.failover && opts.scenario != "case-c" {
+        bail!(
+            "--failover applies to case-c only (its global controllers are what fails over), not to `{}`",
+            opts.scenario
+        );
+    }
+    Ok(())
 }
 
 /// `flowgate lab summarize`: every figure of the runs in `inputs` (their JSON files or
@@ -247,12 +260,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     })?;
     let p = Params::for_scenario(sc.name, opts.quick);
     p.check().map_err(|e| anyhow!("capacity model: {e}"))?;
-    if opts.failover && sc.name != "case-c" {
-        bail!(
-            "--failover applies to case-c only (its global controllers are what fails over), not to `{}`",
-            sc.name
-        );
-    }
+    check_failover(opts)?;
     if let Some(why) = flowgate_testbed::root_ovs_unavailable() {
         bail!("the lab needs root and Open vSwitch: {why} (scripts/setup-debian.sh installs it)");
     }
