@@ -127,6 +127,15 @@ pub fn parse_requests(text: &str, own: &str) -> Result<Vec<Request>> {
     Ok(out)
 }
 
+/// A list of domains as the reports write it: `d1, d3`, or `none`.
+pub fn domains(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".to_owned()
+    } else {
+        v.join(", ")
+    }
+}
+
 /// The three windows' bounds, seconds into a pass of `secs`: the kill, the takeover (the
 /// phase's end when there was none).
 pub fn bounds(
@@ -234,11 +243,7 @@ impl Failover {
             format!(
                 "Domains spilling when it died: {}; of them, seen not spilling from the kill to {HELD_AFTER_MS} ms after the takeover: {} ({} samples of the four domains in that span, every 250 ms).",
                 self.spilling_at_kill.join(", "),
-                if self.spill_dropped.is_empty() {
-                    "none".to_owned()
-                } else {
-                    self.spill_dropped.join(", ")
-                },
+                domains(&self.spill_dropped),
                 self.samples_in_gap
             )
         };

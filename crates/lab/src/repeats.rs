@@ -478,13 +478,6 @@ impl FailoverRuns {
                 .spread
                 .map_or_else(|| MISSING.to_owned(), |sp| sp.cell(0, runs)),
         );
-        let names = |v: &[String]| {
-            if v.is_empty() {
-                "none".to_owned()
-            } else {
-                v.join(", ")
-            }
-        };
         for (i, f) in self.runs.iter().enumerate() {
             let gap = |pass: &str| {
                 f.windows
@@ -498,8 +491,8 @@ impl FailoverRuns {
                 i + 1,
                 f.takeover_ms
                     .map_or_else(|| "none in 15 s".to_owned(), |ms| ms.to_string()),
-                names(&f.spilling_at_kill),
-                names(&f.spill_dropped),
+                failover::domains(&f.spilling_at_kill),
+                failover::domains(&f.spill_dropped),
                 gap("failover"),
                 gap("control"),
             );
