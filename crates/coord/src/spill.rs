@@ -20,8 +20,9 @@
 //!   load) never exceeds the targets' summed spare capacity, except for a domain with no
 //!   healthy backend, which sends everything (to targets with spare capacity): there,
 //!   anything kept would fail.
-//! - **Health.** A target has healthy backends only (none unhealthy or ejected), a known
-//!   capacity, is below its threshold and is not spilling itself.
+//! - **Health.** A target has healthy backends only (none unhealthy, none ejected, even
+//!   while its pool's panic threshold waives the ejection), a known capacity, is below its
+//!   threshold and is not spilling itself.
 //!
 //! A summary's `load_rps` is the domain's *demand*: every new connection its controller
 //! assigned, spilled ones included. So spilling does not lower it, and a spill does not
@@ -95,9 +96,13 @@ pub struct ServiceSummary {
     /// Local backends (located on the domain's own switches).
     #[serde(default)]
     pub backends: u64,
-    /// Local backends that are eligible (healthy, not ejected).
+    /// Local backends that are eligible (healthy, not ejected, or ejected while the pool's
+    /// panic threshold waives it: they take the domain's own connections).
     #[serde(default)]
     pub healthy: u64,
+    /// Local backends that passive outlier detection has ejected, waived or not.
+    #[serde(default)]
+    pub ejected: u64,
     /// The domain's demand: new connections/s its controller assigned, spilled included,
     /// plus those it refused for want of a backend.
     #[serde(default)]
@@ -428,7 +433,8 @@ impl SpillPolicy {
             let Some(cap) = o.capacity() else {
                 continue; // Unknown capacity: nothing to account against.
             };
-            if o.healthy == 0 || o.unhealthy() > 0 || o.load() >= p.threshold * cap {
+            if o.healthy == 0 || o.unhealthy() > 0 || o.ejected > 0 || o.load() >= p.threshold * cap
+            {
                 continue;
             }
             let already = inflow
@@ -535,6 +541,7 @@ mod tests {
         ServiceSummary {
             backends: healthy,
             healthy,
+            ejected: 0,
             load_rps: load,
             refused_rps: 0.0,
             active_connections: 0,
@@ -721,6 +728,9 @@ mod tests {
         sick.healthy = 1; // one of its two local backends is down
         let mut unknown = svc(1, 0.0, 100.0, "e");
         unknown.capacity_rps = None;
+        // Its one backend is ejected, and in use again: its pool is in panic.
+        let mut panicking = svc(1, 0.0, 100.0, "g");
+        panicking.ejected = 1;
         let s = summaries(&[
             ("d1", svc(1, 300.0, 100.0, "a")),
             ("d2", svc(1, 100.0, 100.0, "b")), // at its threshold
@@ -728,6 +738,7 @@ mod tests {
             ("d4", svc(0, 0.0, 0.0, "d")),
             ("d5", unknown),
             ("d6", svc(1, 0.0, 100.0, "f")),
+            ("d7", panicking),
         ]);
         let d = p.decide(&s, Instant::now());
         let w = web(&d, "d1").expect("spills");

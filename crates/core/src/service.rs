@@ -128,6 +128,13 @@ pub struct BackendState {
     /// Ejected by passive outlier detection (kept in step with the pool's outlier state
     /// at each refresh).
     pub ejected: bool,
+    /// The ejection is not in force: the pool is in panic (too few backends available,
+    /// [`ServiceState::in_panic`]), so the backend takes new connections all the same.
+    pub ejection_waived: bool,
+    /// Cluster mode: a backend of another domain, behind this domain's uplink, which
+    /// takes its connections only as the global controller's spill decides
+    /// ([`crate::Controller::set_spill_weight`]).
+    pub remote: bool,
 }
 
 impl BackendState {
@@ -156,6 +163,8 @@ impl BackendState {
             since: None,
             health: ActiveHealth::default(),
             ejected: false,
+            ejection_waived: false,
+            remote: false,
         }
     }
 
@@ -199,7 +208,11 @@ impl BackendState {
 
     /// Can this backend take a new connection at all?
     pub fn eligible(&self) -> bool {
-        self.healthy && !self.ejected && self.admin == AdminState::Active && self.mac.is_some()
+        self.eligible_but_for_ejection() && (!self.ejected || self.ejection_waived)
+    }
+
+    fn eligible_but_for_ejection(&self) -> bool {
+        self.healthy && self.admin == AdminState::Active && self.mac.is_some()
     }
 }
 
@@ -220,6 +233,10 @@ pub struct ServiceCounters {
     pub held_answered: u64,
     /// Non-SYN packets of connections the controller did not know.
     pub unknown_flow_packets: u64,
+    /// Backends ejected by passive outlier detection (each ejection once).
+    pub ejections: u64,
+    /// Times the pool went into panic ([`ServiceState::in_panic`]).
+    pub panics: u64,
     /// ISSLM's moves, by the search that found the target.
     pub isslm_moves: IsslmMoves,
 }
@@ -277,6 +294,10 @@ pub struct ServiceState {
     /// What each backend number given so far stands for (the number is the index).
     numbers: Vec<Numbered>,
     last_refresh: Option<Instant>,
+    /// Ejections are waived: see [`ServiceState::in_panic`].
+    panic: bool,
+    /// `panic` as [`ServiceState::panic_change`] last reported it.
+    panic_reported: bool,
 }
 
 impl ServiceState {
@@ -309,6 +330,8 @@ impl ServiceState {
             handshakes: Default::default(),
             numbers,
             last_refresh: None,
+            panic: false,
+            panic_reported: false,
         };
         s.rebuild_loads(None);
         s
@@ -559,6 +582,7 @@ impl ServiceState {
         }
         let until = self.outliers.on_failure(backend, now);
         if until.is_some() {
+            self.counters.ejections += 1;
             if let Some(b) = self.backends.get_mut(backend) {
                 b.ejected = true;
             }
@@ -624,6 +648,7 @@ impl ServiceState {
     }
 
     fn rebuild_loads(&mut self, now: Option<(Instant, Duration)>) {
+        self.settle_panic();
         self.loads.clear();
         for (i, b) in self.backends.iter().enumerate() {
             // Slow start reaches every algorithm through the balancer's ramp fraction, once:
@@ -724,9 +749,71 @@ impl ServiceState {
     /// Refresh eligibility of one backend in the balancer's view without waiting for the
     /// next tick (health or drain changes must take effect at once).
     pub fn sync_eligibility(&mut self) {
+        self.settle_panic();
         for (b, l) in self.backends.iter().zip(self.loads.iter_mut()) {
             l.eligible = b.eligible();
         }
+    }
+
+    /// Is the pool in panic? Outlier detection has ejected so much of it that fewer than
+    /// `panic_threshold_percent` of the backends that could take a new connection (healthy
+    /// by the active checks, not drained, located, weighted, the domain's own) are left,
+    /// and the ejections are waived: every one of them takes connections again. Envoy's
+    /// panic threshold (default 50 %, anchors §2.1), which keeps an ejection from emptying
+    /// a one-host pool.
+    ///
+    /// Two departures from Envoy, both for the same reason: an ejection is evidence from
+    /// the path (a connection whose backend's answer never reached the switch's reverse
+    /// rule), which a switch that lags or loses packets produces against a healthy
+    /// backend (full Case C: a domain's switch seconds behind ejected its one server).
+    /// - Only ejections are waived, not failed active checks: a probe asked the backend
+    ///   itself, and a domain whose probes find nothing healthy should spill its
+    ///   connections, not send them to a dead host. (nginx likewise never counts a lone
+    ///   server unavailable for its failures.)
+    /// - Another domain's backends (`remote`) do not count: they take the spill the
+    ///   global controller sized to their spare capacity, and would otherwise take the
+    ///   domain's whole demand the moment its own server's answers went missing.
+    pub fn in_panic(&self) -> bool {
+        self.panic
+    }
+
+    /// The backends the panic threshold counts, and how many of them are ejected.
+    fn panic_census(&self) -> (u64, u64) {
+        let (mut counted, mut ejected) = (0u64, 0u64);
+        for b in &self.backends {
+            if b.eligible_but_for_ejection() && b.weight > 0 && !b.remote {
+                counted += 1;
+                ejected += u64::from(b.ejected);
+            }
+        }
+        (counted, ejected)
+    }
+
+    /// Decides [`Self::in_panic`] from the backends' ejections as they stand.
+    fn settle_panic(&mut self) {
+        let percent = u64::from(self.cfg.health.panic_threshold_percent);
+        let (counted, ejected) = self.panic_census();
+        // Fewer available than the threshold: (counted − ejected) / counted < percent / 100.
+        let panic = ejected > 0 && (counted - ejected) * 100 < percent * counted;
+        if panic && !self.panic {
+            self.counters.panics += 1;
+        }
+        self.panic = panic;
+        for b in &mut self.backends {
+            b.ejection_waived = panic && b.ejected;
+        }
+    }
+
+    /// Whether the pool went into panic (`Some(true)`, with its available and counted
+    /// backends) or out of it (`Some(false)`) since the last call: for the controller's
+    /// log and events.
+    pub fn panic_change(&mut self) -> Option<(bool, u64, u64)> {
+        if self.panic == self.panic_reported {
+            return None;
+        }
+        self.panic_reported = self.panic;
+        let (counted, ejected) = self.panic_census();
+        Some((self.panic, counted - ejected, counted))
     }
 
     /// The weight backend `i` takes connections with now: the weight the balancer sees
@@ -799,6 +886,137 @@ mod tests {
         }
         let cfg = Config::from_toml(&text, &|_| None).expect("valid config");
         ServiceState::new(cfg.services[0].clone(), 0, 1)
+    }
+
+    /// A round-robin pool of `n` located backends whose `[service.health]` adds `health`
+    /// to `kind = "none"`.
+    fn pool(n: usize, health: &str) -> ServiceState {
+        let mut text = format!(
+            "[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n\
+             algorithm = \"round-robin\"\n[service.health]\nkind = \"none\"\n{health}\n"
+        );
+        for i in 0..n {
+            text.push_str(&format!(
+                "[[service.backend]]\naddress = \"10.0.0.{}\"\n",
+                i + 2
+            ));
+        }
+        let cfg = Config::from_toml(&text, &|_| None).expect("valid config");
+        let mut s = ServiceState::new(cfg.services[0].clone(), 0, 1);
+        for (i, b) in s.backends.iter_mut().enumerate() {
+            b.mac = Some(flowgate_packet::MacAddr([2, 0, 0, 0, 0, i as u8 + 2]));
+        }
+        s.sync_eligibility();
+        s
+    }
+
+    /// Five connections backend `i` never answered: ejected.
+    fn eject(s: &mut ServiceState, i: usize, now: Instant) {
+        for _ in 0..5 {
+            s.record_outcome(now, i, false);
+        }
+        assert!(s.backends[i].ejected, "backend {i} ejected");
+    }
+
+    fn eligible(s: &ServiceState) -> Vec<bool> {
+        assert!(
+            s.backends
+                .iter()
+                .zip(&s.loads)
+                .all(|(b, l)| b.eligible() == l.eligible),
+            "the balancer's view is in step"
+        );
+        s.loads.iter().map(|l| l.eligible).collect()
+    }
+
+    /// Envoy's panic threshold: an ejection that would leave fewer than half the pool
+    /// available is waived, so a one-backend pool is never emptied by its outlier detector.
+    #[test]
+    fn an_ejection_that_leaves_too_few_backends_is_waived() {
+        let now = Instant::now();
+        let mut s = pool(1, "");
+        eject(&mut s, 0, now);
+        assert!(s.in_panic());
+        assert_eq!(
+            eligible(&s),
+            [true],
+            "the one backend takes connections still"
+        );
+        assert_eq!((s.counters.ejections, s.counters.panics), (1, 1));
+        assert_eq!(s.panic_change(), Some((true, 0, 1)));
+        assert_eq!(s.panic_change(), None, "reported once");
+        // The ejection ends after 30 s: the panic with it.
+        s.refresh(now + Duration::from_secs(31), Duration::from_secs(1));
+        assert!(!s.in_panic() && !s.backends[0].ejected);
+        assert_eq!(s.panic_change(), Some((false, 1, 1)));
+
+        // Two backends, one ejected: half are available, which is not fewer than half.
+        let mut s = pool(2, "");
+        eject(&mut s, 1, now);
+        assert!(!s.in_panic());
+        assert_eq!(eligible(&s), [true, false]);
+        assert_eq!((s.counters.ejections, s.counters.panics), (1, 0));
+        // With a threshold of 60 % it is too few.
+        let mut s = pool(2, "panic_threshold_percent = 60");
+        eject(&mut s, 1, now);
+        assert!(s.in_panic());
+        assert_eq!(eligible(&s), [true, true]);
+    }
+
+    #[test]
+    fn a_zero_panic_threshold_lets_an_ejection_empty_the_pool() {
+        let mut s = pool(1, "panic_threshold_percent = 0");
+        eject(&mut s, 0, Instant::now());
+        assert!(!s.in_panic());
+        assert_eq!(eligible(&s), [false]);
+        assert_eq!(s.panic_change(), None);
+    }
+
+    /// Panic waives ejections only: a backend its checks found down, or an operator
+    /// drained, stays out, and neither counts toward the threshold.
+    #[test]
+    fn panic_waives_ejections_but_not_failed_checks_or_drains() {
+        let now = Instant::now();
+        let mut s = pool(3, "");
+        s.backends[0].healthy = false;
+        s.backends[2].admin = super::AdminState::Draining;
+        eject(&mut s, 1, now);
+        assert!(s.in_panic(), "backend 1 was the only one available");
+        assert_eq!(eligible(&s), [false, true, false]);
+        assert_eq!(s.panic_change(), Some((true, 0, 1)));
+        // Backend 0 is back: one of two available, no panic, and the ejection holds.
+        s.backends[0].healthy = true;
+        s.sync_eligibility();
+        assert!(!s.in_panic());
+        assert_eq!(eligible(&s), [true, false, false]);
+    }
+
+    /// A domain controller's pool lists the other domains' backends too, weighted only
+    /// while it spills to them: they never count toward its panic threshold, so a domain
+    /// whose one server is ejected while it spills keeps it, and its spill stays the size
+    /// the global controller gave it. Nor does a backend its operator weighted 0.
+    #[test]
+    fn remote_and_unweighted_backends_do_not_count_toward_the_panic_threshold() {
+        let now = Instant::now();
+        let mut s = pool(4, "");
+        for b in &mut s.backends[1..] {
+            b.remote = true;
+            b.weight = 100; // spilling to them
+        }
+        eject(&mut s, 0, now);
+        assert!(s.in_panic(), "the domain's own backend was ejected");
+        assert_eq!(eligible(&s), [true, true, true, true]);
+        // Its own backend, not a remote one, made the difference.
+        s.backends[1].remote = false;
+        s.sync_eligibility();
+        assert!(!s.in_panic(), "one of two own backends available");
+        assert_eq!(eligible(&s), [false, true, true, true]);
+
+        let mut s = pool(2, "");
+        s.backends[1].weight = 0;
+        eject(&mut s, 0, now);
+        assert!(s.in_panic(), "the one weighted backend was ejected");
+        assert_eq!(s.panic_change(), Some((true, 0, 1)));
     }
 
     /// Backend 0 came back 2.5 s into a 10 s ramp (f = 0.25); `n` picks over the loads.

@@ -229,7 +229,10 @@ function renderService(s, now) {
     // The effective weight is a fraction while slow start ramps it (0.25 of weight 1).
     const eff = Math.round(b.effective_weight * 100) / 100;
     td("weight").textContent = eff !== b.weight ? `${b.weight} (${eff})` : String(b.weight);
-    setBadge(td("health"), !b.located ? "unlocated" : b.healthy ? "healthy" : "down", !b.located ? "b-warn" : b.healthy ? "b-ok" : "b-bad");
+    // Ejected by passive outlier detection: out, or still in use while the pool panics.
+    const [health, healthClass] = !b.located ? ["unlocated", "b-warn"] : !b.healthy ? ["down", "b-bad"]
+      : b.ejected ? (s.panic ? ["ejected (panic: in use)", "b-warn"] : ["ejected", "b-bad"]) : ["healthy", "b-ok"];
+    setBadge(td("health"), health, healthClass);
     setBadge(td("state"), b.state, b.draining ? "b-warn" : "b-ok");
     setBadge(td("gap"), ...gapBadge(b.gap));
     td("active_connections").textContent = fmtInt(b.active_connections);

@@ -196,6 +196,7 @@ fn reads_services_backends_switches_events_status() {
     assert_eq!(v[0]["name"], "web");
     assert_eq!(v[0]["vip"], "10.0.0.100");
     assert_eq!(v[0]["algorithm"], "round-robin");
+    assert_eq!(v[0]["panic"], false);
     let b = &v[0]["backends"][1];
     for field in [
         "address",
@@ -205,6 +206,7 @@ fn reads_services_backends_switches_events_status() {
         "state",
         "draining",
         "eligible",
+        "ejected",
         "located",
         "active_connections",
         "connections_total",
@@ -222,6 +224,7 @@ fn reads_services_backends_switches_events_status() {
     assert_eq!(b["address"], "10.0.0.3");
     assert_eq!(b["weight"], 2);
     assert_eq!(b["state"], "active");
+    assert_eq!(b["ejected"], false);
     assert_eq!(
         b["gap"]["mode"], "off",
         "no overload control configured: {b}"
@@ -1477,7 +1480,11 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_backend_healthy", "gauge"),
         ("flowgate_switch_packet_in_total", "counter"),
         ("flowgate_packet_in_dropped_total", "counter"),
+        ("flowgate_backend_ejected", "gauge"),
         ("flowgate_service_isslm_moves_total", "counter"),
+        ("flowgate_service_ejections_total", "counter"),
+        ("flowgate_service_panics_total", "counter"),
+        ("flowgate_service_panic", "gauge"),
         ("flowgate_lldp_forged_total", "counter"),
         ("flowgate_ports_refused_total", "counter"),
         ("flowgate_openflow_handshakes_refused_total", "counter"),
@@ -1509,6 +1516,13 @@ fn metrics_are_valid_prometheus_text() {
             "flowgate_service_isslm_moves_total{{service=\"web\",search=\"{search}\"}} 0\n"
         );
         assert!(r.body.contains(&line), "{line}");
+    }
+    for line in [
+        "flowgate_backend_ejected{service=\"web\",backend=\"10.0.0.2\"} 0\n",
+        "flowgate_service_ejections_total{service=\"web\"} 0\n",
+        "flowgate_service_panic{service=\"web\"} 0\n",
+    ] {
+        assert!(r.body.contains(line), "{line}");
     }
 }
 

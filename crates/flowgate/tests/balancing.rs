@@ -380,3 +380,74 @@ fn ovs_backend_metrics_are_scraped() {
     }
     ctl.assert_no_openflow_errors();
 }
+
+/// A service's one backend is ejected by passive outlier detection after five
+/// connections whose answers were lost (a blackhole route in the backend's namespace:
+/// its SYN-ACKs never reach the switch, as those a switch that falls behind loses). With
+/// the default panic threshold the pool is then in panic and the backend still takes new
+/// connections, so the service answers as soon as the answers get through again; with
+/// `panic_threshold_percent = 0` the controller turns every new connection away for the
+/// ejection's 30 s, the backend answering or not.
+#[test]
+fn ovs_a_lone_ejected_backend_serves_as_soon_as_it_is_back() {
+    let Some(p) = setup("ovs_a_lone_ejected_backend_serves_as_soon_as_it_is_back") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 2).expect("topology");
+    let (client, backend) = (&t.hosts[0], &t.hosts[1]);
+    let to_client = format!("{}/32", client.ip());
+    let answers = |on: bool| {
+        let verb = if on { "del" } else { "add" };
+        backend
+            .exec_checked(&["ip", "route", verb, "blackhole", &to_client])
+            .expect("blackhole route");
+    };
+    let url = format!("http://{VIP}/");
+    let _server = httpd(backend, "b", &[]);
+    for (extra, panics) in [("", true), ("panic_threshold_percent = 0\n", false)] {
+        // Unanswered connections' reverse rules go after 2 s idle, each a verdict.
+        let cfg = vip_config(VIP, "round-robin", &[backend.ip()], "idle_timeout_secs = 2")
+            .replacen("kind = \"none\"\n", &format!("kind = \"none\"\n{extra}"), 1);
+        let ctl = Ctl::start(if panics { "lone" } else { "lone-no-panic" }, &cfg);
+        ctl.control(&t.bridges[..1]);
+        ctl.wait_backends_ready(Duration::from_secs(20));
+        answers(false);
+        let r = load(
+            client,
+            &url,
+            &[
+                "--requests",
+                "5",
+                "--concurrency",
+                "5",
+                "--timeout-ms",
+                "1500",
+            ],
+        );
+        assert_eq!(r["ok"], 0, "the backend's answers are lost: {r}");
+        let lone = |ctl: &Ctl| ctl.get_json("/api/v1/services")[0].clone();
+        wait_until_explained(
+            "the backend's ejection",
+            Duration::from_secs(15),
+            || lone(&ctl)["backends"][0]["ejected"] == true,
+            || format!("{}\n{}", lone(&ctl), ctl.log()),
+        );
+        answers(true);
+        let s = lone(&ctl);
+        assert_eq!(s["panic"], panics, "{extra:?}: {s}");
+        assert_eq!(s["backends"][0]["eligible"], panics, "{extra:?}: {s}");
+        let r = load(client, &url, &["--requests", "20", "--concurrency", "2"]);
+        let served = if panics { 20 } else { 0 };
+        assert_eq!(
+            r["ok"], served,
+            "{extra:?}: the answers get through again: {r}"
+        );
+        let (_, body) = ctl.get("/metrics");
+        let web = |name: &str| metric_labelled(&body, name, "service=\"web\"");
+        assert_eq!(web("flowgate_service_ejections_total"), Some(1.0), "{body}");
+        let panicked = if panics { 1.0 } else { 0.0 };
+        assert_eq!(web("flowgate_service_panics_total"), Some(panicked));
+        assert_eq!(web("flowgate_service_panic"), Some(panicked));
+        ctl.assert_no_openflow_errors();
+    }
+}

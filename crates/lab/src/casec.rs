@@ -365,6 +365,7 @@ pub fn run(
                 || -> Result<Vec<_>> { domains.iter().map(Controller::snapshot).collect() };
             let mut rows = fresh_rows();
             let before = snapshots()?;
+            let phase_start = before.clone();
             let apis: Vec<_> = domains.iter().map(|c| c.api).collect();
             let mon = Monitor::start(apis);
             // The same seed for the same total: the failover phase's passes replay the
@@ -440,8 +441,14 @@ pub fn run(
                 let mut all = aggregate(&rows);
                 all.derive(normal.get(4));
                 rows.push(all);
-                out.notes
-                    .push(spill_note(phase, "both passes", &seen.domains, p));
+                let outliers = outlier_counts(&phase_start, &after);
+                out.notes.push(spill_note(
+                    phase,
+                    "both passes",
+                    &seen.domains,
+                    &outliers,
+                    p,
+                ));
                 out.rows.extend(rows);
                 out.failover = Some(f);
                 pb.inc(1);
@@ -476,7 +483,8 @@ pub fn run(
             all.derive(normal.get(4));
             rows.push(all);
             let seen = mon.stop();
-            let spill_line = spill_note(phase, "both passes", &seen.domains, p);
+            let outliers = outlier_counts(&phase_start, &snapshots()?);
+            let spill_line = spill_note(phase, "both passes", &seen.domains, &outliers, p);
             say(format!("  {spill_line}"));
             out.notes.push(spill_line);
             if phase == "normal" {
@@ -541,18 +549,41 @@ fn row_line(r: &Row) -> String {
     )
 }
 
+/// Each domain's ejections and panics (its pool's ejections waived) between two sets of
+/// snapshots.
+fn outlier_counts(
+    before: &[crate::ctl::Snapshot],
+    after: &[crate::ctl::Snapshot],
+) -> Vec<(u64, u64)> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            (
+                a.ejections.saturating_sub(b.ejections),
+                a.panics.saturating_sub(b.panics),
+            )
+        })
+        .collect()
+}
+
 /// The Markdown's line on what the domains reported during a phase.
 fn spill_note(
     phase: &str,
     passes: &str,
     seen: &[(f64, bool, serde_json::Value)],
+    outliers: &[(u64, u64)],
     p: &Params,
 ) -> String {
     format!(
-        "{phase} ({passes}): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; last spill decisions {:?}",
+        "{phase} ({passes}): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; ejections / panics (a pool's ejections waived) by C_d1..C_d4 {:?}; last spill decisions {:?}",
         seen.iter().map(|s| s.0.round()).collect::<Vec<_>>(),
         p.threshold_rps(),
         seen.iter().map(|s| s.1).collect::<Vec<_>>(),
+        outliers
+            .iter()
+            .map(|(e, w)| format!("{e}/{w}"))
+            .collect::<Vec<_>>(),
         seen.iter().map(|s| s.2.to_string()).collect::<Vec<_>>(),
     )
 }

@@ -215,6 +215,8 @@ impl Controller {
             isslm_moves: ["request_load", "connections", "response_time"]
                 .map(|k| s["counters"]["isslm_moves"][k].as_u64().unwrap_or(0)),
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
+            ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
+            panics: s["counters"]["panics"].as_u64().unwrap_or(0),
         })
     }
 }
@@ -233,6 +235,10 @@ pub struct Snapshot {
     pub isslm_moves: [u64; 3],
     /// Connections refused for want of a backend.
     pub refused: u64,
+    /// Backends ejected by passive outlier detection.
+    pub ejections: u64,
+    /// Times the pool went into panic (its ejections waived).
+    pub panics: u64,
 }
 
 /// A minimal HTTP/1.1 GET over loopback.

@@ -63,6 +63,8 @@ pub const DEFAULT_SEED: u64 = 0x666c_6f77_6761_7465;
 /// HAProxy's defaults: two successes to rise, three failures to fall.
 pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 3;
+/// Envoy's default panic threshold, in percent of a pool (anchors §2.1).
+pub const DEFAULT_PANIC_THRESHOLD_PERCENT: u32 = 50;
 
 /// One configuration problem, with the path of the key it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,6 +315,9 @@ pub struct HealthConfig {
     pub timeout: Duration,
     pub rise: u32,
     pub fall: u32,
+    /// Below this share of its backends available (percent), a pool ignores its outlier
+    /// ejections ([`crate::service::ServiceState::in_panic`]); 0 never does.
+    pub panic_threshold_percent: u32,
 }
 
 /// How to read backends' own Prometheus metrics (`metrics = URL` on a backend).
@@ -1181,6 +1186,10 @@ fn read_service(
         .int_in("fall", 1, 100, errs)
         .map(|v| v as u32)
         .unwrap_or(DEFAULT_HEALTH_FALL);
+    let panic_threshold_percent = h
+        .int_in("panic_threshold_percent", 0, 100, errs)
+        .map(|v| v as u32)
+        .unwrap_or(DEFAULT_PANIC_THRESHOLD_PERCENT);
     h.finish(errs);
     let overload = s
         .table("overload", errs)
@@ -1320,6 +1329,7 @@ fn read_service(
             timeout,
             rise,
             fall,
+            panic_threshold_percent,
         },
         metrics: MetricsConfig {
             interval: metrics_interval,

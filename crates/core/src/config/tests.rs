@@ -612,6 +612,31 @@ fn a_health_path_must_be_a_request_target() {
 }
 
 #[test]
+fn the_panic_threshold_is_a_percentage() {
+    let threshold = |line: &str| {
+        let base = ONE_SERVICE.replacen(
+            "port = 80\n",
+            &format!("port = 80\n[service.health]\n{line}\n"),
+            1,
+        );
+        Config::from_toml(&base, &no_env).map(|c| c.services[0].health.panic_threshold_percent)
+    };
+    assert_eq!(threshold(""), Ok(50), "Envoy's default");
+    assert_eq!(threshold("panic_threshold_percent = 0"), Ok(0));
+    assert_eq!(threshold("panic_threshold_percent = 100"), Ok(100));
+    for bad in ["101", "-1", "50.5", "\"50%\""] {
+        let errs = threshold(&format!("panic_threshold_percent = {bad}"))
+            .expect_err(bad)
+            .0;
+        assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+        assert_eq!(
+            errs[0].path, "service[0].health.panic_threshold_percent",
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn a_metrics_url_must_be_one_the_scraper_fetches() {
     let url = |u: &str| {
         let text = format!("{ONE_SERVICE}metrics = {u:?}\n");

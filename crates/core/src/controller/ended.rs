@@ -244,11 +244,24 @@ impl Controller {
         if b.address != src {
             return;
         }
+        let tag = rules::conn_tag_of(e.cookie);
         let current = self
             .find_by_backend(src, sport, dst, dport)
-            .filter(|(_, c)| c.tag == rules::conn_tag_of(e.cookie));
+            .map(|(_, c)| c)
+            .filter(|c| c.tag == tag)
+            // Its forward rule ended first, the connection's handshake never completed
+            // through it: remembered as such for a while. A connection nothing answered
+            // idles both its rules out in the same sweep, and Open vSwitch reports the
+            // forward rule (the older) first: on OVS every such connection ended so, and
+            // no silent backend was ever judged (`ovs_a_lone_ejected_backend_...`).
+            .or_else(|| {
+                let key = self.ended_conn_key(e)?;
+                self.handshakes
+                    .aborted(&key)
+                    .filter(|c| c.tag == tag && c.service == si && c.backend == bi)
+            });
         let verdict = match current {
-            Some((_, conn)) => match conn.reply {
+            Some(conn) => match conn.reply {
                 Reply::Reset => None,
                 Reply::Answered => Some(true),
                 Reply::Unseen if e.packet_count > 0 => Some(true),

@@ -226,6 +226,11 @@ impl Handshakes {
         a.conn.is_own_syn(seq).then_some(a.conn)
     }
 
+    /// The connection ended during its handshake on `key`, if it is remembered still.
+    pub(crate) fn aborted(&self, key: &ConnKey) -> Option<Conn> {
+        self.aborted.get(key).map(|a| a.conn)
+    }
+
     /// Forget the connections ended during their handshake longer ago than
     /// [`ABORTED_KEEP_MS`].
     pub(crate) fn expire_aborted(&mut self, now_ms: u64) {

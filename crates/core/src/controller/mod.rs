@@ -836,6 +836,31 @@ impl Controller {
             tracing::info!(service = %name, backend = %address, secs, "backend ejected: consecutive failed connections");
             self.event(now, "ejected", format!("{name}/{address} for {secs}s"));
         }
+        self.note_panics(now);
+    }
+
+    /// Logs each pool that went into or out of panic (`ServiceState::in_panic`).
+    fn note_panics(&mut self, now: Instant) {
+        for i in 0..self.services.len() {
+            let Some(s) = self.services.get_mut(i) else {
+                continue;
+            };
+            let Some((panic, available, counted)) = s.panic_change() else {
+                continue;
+            };
+            let name = s.cfg.name.clone();
+            if panic {
+                tracing::warn!(service = %name, available, counted, "pool in panic: too few backends available, ejections waived");
+                self.event(
+                    now,
+                    "panic",
+                    format!("{name}: {available} of {counted} available, ejections waived"),
+                );
+            } else {
+                tracing::info!(service = %name, "pool out of panic: ejections in force again");
+                self.event(now, "panic over", format!("{name}: ejections in force"));
+            }
+        }
     }
 
     // ----- timers -----------------------------------------------------------------------
@@ -855,6 +880,7 @@ impl Controller {
             for s in &mut self.services {
                 s.refresh(now, stale);
             }
+            self.note_panics(now);
             self.proactive_tick(now, out);
             self.partition_tick(now, out);
         }
@@ -976,8 +1002,15 @@ impl Controller {
 
     /// The weight a backend takes new connections by, leaving the operator's as it is:
     /// a domain controller's spill decision, which scales the operator's weights of its
-    /// own backends and weighs the other domains' behind its uplink.
-    pub fn set_spill_weight(&mut self, service: usize, backend: usize, weight: u32) -> bool {
+    /// own backends and weighs the other domains' (`remote`) behind its uplink. The
+    /// change takes effect at the next refresh.
+    pub fn set_spill_weight(
+        &mut self,
+        service: usize,
+        backend: usize,
+        weight: u32,
+        remote: bool,
+    ) -> bool {
         let Some(b) = self
             .services
             .get_mut(service)
@@ -986,6 +1019,7 @@ impl Controller {
             return false;
         };
         b.weight = weight;
+        b.remote = remote;
         true
     }
 

@@ -1540,15 +1540,17 @@ fn recomputed_l2_rules_are_added_before_the_old_ones_are_deleted() {
     );
 }
 
-/// Opens 15 round-robin connections from h1 (five to each of h2..h4) and reports the five
-/// of host `b` ended unanswered, one by one; `before_each` runs before each report.
+/// Opens five round-robin connections from h1 to each backend of the pool (h2..h4) and
+/// reports the five of host `b` ended unanswered, one by one; `before_each` runs before
+/// each report, given the connection's client port.
 fn five_unanswered_connections_to(
     sim: &mut Sim,
     b: u8,
     first_port: u16,
-    mut before_each: impl FnMut(&Sim, usize),
+    mut before_each: impl FnMut(&mut Sim, usize, u16),
 ) {
-    for port in first_port..first_port + 15 {
+    let pool = sim.c.services()[0].backends.len() as u16;
+    for port in first_port..first_port + 5 * pool {
         sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
     }
     let outcome_rules: Vec<(u64, ofp::Match)> = sim
@@ -1570,23 +1572,68 @@ fn five_unanswered_connections_to(
         "one outcome rule per connection to h{b}"
     );
     for (i, (cookie, m)) in outcome_rules.into_iter().enumerate() {
-        let fr = ofp::FlowRemoved {
-            cookie,
-            priority: rules::PRIO_CONN,
-            reason: ofp::FlowRemovedReason::IdleTimeout,
-            table_id: 0,
-            duration_sec: 30,
-            duration_nsec: 0,
-            idle_timeout: 30,
-            hard_timeout: 0,
-            packet_count: 0,
-            byte_count: 0,
-            match_: m,
-        };
-        before_each(sim, i);
-        sim.c
-            .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+        let cport = m
+            .iter()
+            .find_map(|o| match o {
+                ofp::Oxm::TcpDst(p) => Some(*p),
+                _ => None,
+            })
+            .expect("the outcome rule matches the client's port");
+        before_each(sim, i, cport);
+        rule_idled_out(sim, cookie, m);
     }
+}
+
+/// The switch reports connection `cport`'s forward rule (its accounting rule) gone,
+/// having carried nothing.
+fn end_forward_rule(sim: &mut Sim, cport: u16) {
+    let (cookie, m) = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| f.cookie & cookie::conn::ACCOUNTING != 0)
+        .find(|f| f.match_.iter().any(|o| *o == ofp::Oxm::TcpSrc(cport)))
+        .map(|f| (f.cookie, f.match_.clone()))
+        .expect("the connection's forward rule");
+    rule_idled_out(sim, cookie, m);
+}
+
+/// The switch reports the connection rule `cookie` matching `m` gone after 30 s idle,
+/// having carried nothing.
+fn rule_idled_out(sim: &mut Sim, cookie: u64, m: ofp::Match) {
+    let fr = ofp::FlowRemoved {
+        cookie,
+        priority: rules::PRIO_CONN,
+        reason: ofp::FlowRemovedReason::IdleTimeout,
+        table_id: 0,
+        duration_sec: 30,
+        duration_nsec: 0,
+        idle_timeout: 30,
+        hard_timeout: 0,
+        packet_count: 0,
+        byte_count: 0,
+        match_: m,
+    };
+    sim.c
+        .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+}
+
+/// A connection nothing answered idles its two rules out together, and Open vSwitch
+/// reports the forward rule first: its end must not take the verdict with it (on OVS no
+/// silent backend was ejected before, `ovs_a_lone_ejected_backend_...`).
+#[test]
+fn an_unanswered_connection_counts_when_its_forward_rule_ends_first() {
+    let mut sim = single_switch("round-robin");
+    five_unanswered_connections_to(&mut sim, 2, 46000, |sim, _, cport| {
+        end_forward_rule(sim, cport);
+    });
+    let s = &sim.c.services()[0];
+    assert!(
+        s.backends[0].ejected,
+        "ejected after five unanswered connections"
+    );
+    assert_eq!(s.backends[0].active_connections, 0, "each ended once");
 }
 
 /// Which hosts `n` new connections from h1 reach, and how many each.
@@ -1604,7 +1651,7 @@ fn spread(sim: &mut Sim, first_port: u16, n: u16) -> BTreeMap<String, u32> {
 #[test]
 fn unanswered_connections_eject_a_backend() {
     let mut sim = single_switch("round-robin");
-    five_unanswered_connections_to(&mut sim, 2, 47000, |sim, i| {
+    five_unanswered_connections_to(&mut sim, 2, 47000, |sim, i, _| {
         assert!(
             !sim.c.services()[0].backends[0].ejected,
             "not ejected before the fifth failure ({i})"
@@ -1613,6 +1660,10 @@ fn unanswered_connections_eject_a_backend() {
     assert!(
         sim.c.services()[0].backends[0].ejected,
         "ejected after five unanswered connections"
+    );
+    assert!(
+        !sim.c.services()[0].in_panic(),
+        "two of three backends are available: no panic"
     );
     for port in 100..120u16 {
         let got = sim.send(
@@ -1635,13 +1686,57 @@ fn unanswered_connections_eject_a_backend() {
     assert!(seen, "h2 is back after its ejection time");
 }
 
+/// A one-backend pool whose backend is ejected goes into panic: the backend keeps taking
+/// new connections (Envoy's panic threshold), where with `panic_threshold_percent = 0`
+/// the controller refuses them until the ejection ends.
+#[test]
+fn an_ejection_does_not_empty_a_one_backend_pool_unless_told_to() {
+    for (health, waived) in [("", true), ("panic_threshold_percent = 0\n", false)] {
+        let config = service_config("round-robin", &[2])
+            .replace("kind = \"none\"\n", &format!("kind = \"none\"\n{health}"));
+        let mut sim = one_switch(&config);
+        five_unanswered_connections_to(&mut sim, 2, 47000, |_, _, _| {});
+        let s = &sim.c.services()[0];
+        assert!(s.backends[0].ejected, "h2 ejected ({health:?})");
+        assert_eq!(s.in_panic(), waived, "{health:?}");
+        assert_eq!(
+            sim.c.events().any(|e| e.kind == "panic"),
+            waived,
+            "{health:?}"
+        );
+        let turned_away = |sim: &Sim| {
+            let c = &sim.c.services()[0].counters;
+            c.refused_no_backend + c.held_settling
+        };
+        let before = turned_away(&sim);
+        let mut to_h2 = 0;
+        for port in 100..110u16 {
+            let got = sim.send(
+                "h1",
+                &tcp(mac(1), VMAC, (ip(1), 47000 + port), (VIP, 80), SYN),
+            );
+            to_h2 += got.iter().filter(|(h, _)| h == "h2").count();
+        }
+        let turned = turned_away(&sim) - before;
+        if waived {
+            assert_eq!((to_h2, turned), (10, 0), "h2 takes every new connection");
+            // The ejection ends after 30 s, and the panic with it.
+            sim.tick(Duration::from_secs(31));
+            assert!(!sim.c.services()[0].in_panic());
+            assert!(sim.c.events().any(|e| e.kind == "panic over"));
+        } else {
+            assert_eq!((to_h2, turned), (0, 10), "every new connection turned away");
+        }
+    }
+}
+
 /// A backend removed through the API takes its outlier state with it: the later backends
 /// shift down with theirs. (The detector's state once shifted by truncation, so the
 /// ejection of h3 passed to h4 when h2 left, and h3 was back in the pool.)
 #[test]
 fn a_removed_backend_takes_its_ejection_with_it_and_leaves_the_others_theirs() {
     let mut sim = single_switch("round-robin");
-    five_unanswered_connections_to(&mut sim, 3, 48000, |_, _| {});
+    five_unanswered_connections_to(&mut sim, 3, 48000, |_, _, _| {});
     assert!(sim.c.services()[0].backends[1].ejected, "h3 ejected");
     let now = sim.now;
     sim.c
@@ -1663,7 +1758,7 @@ fn a_removed_backend_takes_its_ejection_with_it_and_leaves_the_others_theirs() {
 #[test]
 fn a_reload_keeps_an_ejected_backend_out_until_its_time() {
     let mut sim = single_switch("round-robin");
-    five_unanswered_connections_to(&mut sim, 2, 49000, |_, _| {});
+    five_unanswered_connections_to(&mut sim, 2, 49000, |_, _, _| {});
     let cfg = Config::from_toml(&service_config("round-robin", &[2, 3, 4]), &|_| None)
         .expect("valid config");
     let now = sim.now;

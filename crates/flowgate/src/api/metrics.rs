@@ -294,7 +294,7 @@ pub(crate) fn render(handle: &Handle) -> String {
     );
     let _ = writeln!(o, "flowgate_syns_held {}", c.syns_held());
 
-    let per_service: [(&str, &str, &str); 9] = [
+    let per_service: [(&str, &str, &str); 12] = [
         (
             "flowgate_service_connections_total",
             "counter",
@@ -340,6 +340,21 @@ pub(crate) fn render(handle: &Handle) -> String {
             "counter",
             "Deferred connections whose client never completed (timed out or reset).",
         ),
+        (
+            "flowgate_service_ejections_total",
+            "counter",
+            "Backends ejected by passive outlier detection (consecutive connections they never answered).",
+        ),
+        (
+            "flowgate_service_panics_total",
+            "counter",
+            "Times too few backends were available and the service's ejections were waived (panic threshold).",
+        ),
+        (
+            "flowgate_service_panic",
+            "gauge",
+            "1 while the service is in panic: its outlier ejections are waived.",
+        ),
     ];
     for (i, (name, kind, help)) in per_service.iter().enumerate() {
         family(&mut o, name, kind, help);
@@ -353,7 +368,10 @@ pub(crate) fn render(handle: &Handle) -> String {
                 5 => s.counters.unknown_flow_packets,
                 6 => s.handshakes.deferred,
                 7 => s.handshakes.completed,
-                _ => s.handshakes.abandoned,
+                8 => s.handshakes.abandoned,
+                9 => s.counters.ejections,
+                10 => s.counters.panics,
+                _ => u64::from(s.in_panic()),
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
         }
@@ -377,7 +395,7 @@ pub(crate) fn render(handle: &Handle) -> String {
         }
     }
 
-    let per_backend: [(&str, &str, &str); 7] = [
+    let per_backend: [(&str, &str, &str); 8] = [
         (
             "flowgate_backend_active_connections",
             "gauge",
@@ -413,6 +431,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "gauge",
             "Configured weight (before slow start).",
         ),
+        (
+            "flowgate_backend_ejected",
+            "gauge",
+            "1 while passive outlier detection has the backend ejected (it still takes connections while its service is in panic).",
+        ),
     ];
     for (i, (name, kind, help)) in per_backend.iter().enumerate() {
         family(&mut o, name, kind, help);
@@ -430,7 +453,8 @@ pub(crate) fn render(handle: &Handle) -> String {
                     5 => f64::from(u8::from(
                         b.admin == flowgate_core::service::AdminState::Draining,
                     )),
-                    _ => f64::from(b.weight),
+                    6 => f64::from(b.weight),
+                    _ => f64::from(u8::from(b.ejected)),
                 };
                 let _ = writeln!(
                     o,

@@ -28,6 +28,9 @@ pub struct ServiceView {
     pub threshold_rps: Option<f64>,
     pub hysteresis: f64,
     pub health_check: flowgate_core::config::HealthKind,
+    /// Too few backends available: their outlier ejections are waived
+    /// (`[service.health] panic_threshold_percent`).
+    pub panic: bool,
     pub counters: flowgate_core::service::ServiceCounters,
     /// Sum of the backends' request rates (new connections per second).
     pub rps: f64,
@@ -58,8 +61,11 @@ pub struct BackendView {
     /// `active` or `draining`.
     pub state: flowgate_core::service::AdminState,
     pub draining: bool,
-    /// Healthy, active and located: can take a new connection.
+    /// Healthy, active, located and not ejected (or its ejection waived: the service is
+    /// in panic): can take a new connection.
     pub eligible: bool,
+    /// Ejected by passive outlier detection (consecutive connections it never answered).
+    pub ejected: bool,
     pub located: bool,
     pub mac: Option<String>,
     pub active_connections: u32,
@@ -102,6 +108,7 @@ fn backend_view(
         state: b.admin,
         draining: b.admin == flowgate_core::service::AdminState::Draining,
         eligible: b.eligible(),
+        ejected: b.ejected,
         located: b.mac.is_some(),
         mac: b.mac.map(|m| m.to_string()),
         active_connections: b.active_connections,
@@ -139,6 +146,7 @@ fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
         threshold_rps: s.cfg.params.threshold_rps,
         hysteresis: s.cfg.params.hysteresis,
         health_check: s.cfg.health.kind,
+        panic: s.in_panic(),
         counters: s.counters.clone(),
         rps: backends.iter().map(|b| b.rps).sum(),
         active_connections: backends

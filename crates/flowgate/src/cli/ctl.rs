@@ -363,13 +363,18 @@ fn opt(v: &Value, digits: usize) -> String {
 fn print_services(v: &Value) {
     for s in v.as_array().into_iter().flatten() {
         println!(
-            "{}  vip {}:{}  mode {}  algorithm {}  connections {}",
+            "{}  vip {}:{}  mode {}  algorithm {}  connections {}{}",
             s["name"].as_str().unwrap_or("?"),
             s["vip"].as_str().unwrap_or("-"),
             plain(&s["port"]),
             s["mode"].as_str().unwrap_or("?"),
             s["algorithm"].as_str().unwrap_or("?"),
-            plain(&s["counters"]["connections_total"])
+            plain(&s["counters"]["connections_total"]),
+            if s["panic"] == true {
+                "  PANIC: too few backends available, ejections waived"
+            } else {
+                ""
+            }
         );
         println!(
             "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8}",
@@ -383,10 +388,13 @@ fn print_services(v: &Value) {
                 // As the dashboard: a backend not found on the network takes nothing.
                 if b["located"] == false {
                     "unlocated"
-                } else if b["healthy"] == true {
-                    "up"
-                } else {
+                } else if b["healthy"] != true {
                     "down"
+                } else if b["ejected"] == true {
+                    // Passive outlier detection: out, or in use while the pool panics.
+                    "ejected"
+                } else {
+                    "up"
                 },
                 b["state"].as_str().unwrap_or("?"),
                 plain(&b["active_connections"]),

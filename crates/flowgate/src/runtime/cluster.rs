@@ -871,7 +871,10 @@ fn domain_summary(handle: &Handle, refusals: &mut Refusals) -> Value {
         .iter()
         .map(|s| {
             let local: Vec<_> = s.backends.iter().filter(|b| is_local(c, uplink, b)).collect();
+            // Eligible: an ejected backend counts while its service's panic waives the
+            // ejection (it takes the domain's connections), and is reported as ejected.
             let healthy: Vec<_> = local.iter().filter(|b| b.eligible()).collect();
+            let ejected = local.iter().filter(|b| b.ejected).count();
             // The domain's demand: every new connection its clients opened, wherever it
             // went (spilled ones included, so a spill does not undo itself), and those it
             // had to refuse.
@@ -884,6 +887,7 @@ fn domain_summary(handle: &Handle, refusals: &mut Refusals) -> Value {
                 json!({
                     "backends": local.len(),
                     "healthy": healthy.len(),
+                    "ejected": ejected,
                     "load_rps": load,
                     "refused_rps": refused,
                     "active_connections": active,
@@ -969,13 +973,14 @@ fn apply_spill(handle: &Handle) {
             } else {
                 fraction / (1.0 - fraction) * local_total as f64
             };
-            let plan: Vec<(usize, u32)> = s
+            let plan: Vec<(usize, u32, bool)> = s
                 .backends
                 .iter()
                 .zip(&s.cfg.backends)
                 .enumerate()
                 .map(|(bi, (b, cfg))| {
-                    let w = if is_local(c, Some(uplink), b) {
+                    let local = is_local(c, Some(uplink), b);
+                    let w = if local {
                         if active {
                             cfg.weight.saturating_mul(100)
                         } else {
@@ -987,17 +992,18 @@ fn apply_spill(handle: &Handle) {
                     } else {
                         0
                     };
-                    (bi, w)
+                    // Remote: located behind the uplink (one not located yet is neither).
+                    (bi, w, !local && b.mac.is_some())
                 })
                 .collect();
             spilling |= active;
-            for (bi, w) in plan {
+            for (bi, w, remote) in plan {
                 if c.services()
                     .get(si)
                     .and_then(|s| s.backends.get(bi))
-                    .is_some_and(|b| b.weight != w)
+                    .is_some_and(|b| b.weight != w || b.remote != remote)
                 {
-                    c.set_spill_weight(si, bi, w);
+                    c.set_spill_weight(si, bi, w, remote);
                 }
             }
         }
@@ -1421,6 +1427,14 @@ weight = 0
                 { "address": "10.0.0.20", "mac": "02:00:00:00:00:20" } ] } } } } });
         apply_spill(&handle);
         assert_eq!(weights(&handle), [500, 100, 600]);
+        // The other domain's backend is marked as such: it does not count toward the
+        // pool's panic threshold (`ServiceState::in_panic`), the domain's own do.
+        let remote: Vec<bool> = handle.lock().controller.services()[0]
+            .backends
+            .iter()
+            .map(|b| b.remote)
+            .collect();
+        assert_eq!(remote, [false, false, true]);
         handle.cluster.view().spill = Value::Null;
         apply_spill(&handle);
         assert_eq!(weights(&handle), [5, 1, 0], "spill over");
