@@ -804,6 +804,13 @@ impl ServiceState {
         }
     }
 
+    /// Goes on in `prev`'s panic, as reported (a reload): the next settle counts and
+    /// reports only a change.
+    pub(crate) fn keep_panic(&mut self, prev: &ServiceState) {
+        self.panic = prev.panic;
+        self.panic_reported = prev.panic_reported;
+    }
+
     /// Whether the pool went into panic (`Some(true)`, with its available and counted
     /// backends) or out of it (`Some(false)`) since the last call: for the controller's
     /// log and events.

@@ -251,9 +251,9 @@ impl Controller {
             .filter(|c| c.tag == tag)
             // Its forward rule ended first, the connection's handshake never completed
             // through it: remembered as such for a while. A connection nothing answered
-            // idles both its rules out in the same sweep, and Open vSwitch reports the
-            // forward rule (the older) first: on OVS every such connection ended so, and
-            // no silent backend was ever judged (`ovs_a_lone_ejected_backend_...`).
+            // idles both its rules out in the same sweep, and Open vSwitch reported the
+            // forward rule first for each of five in `ovs_a_lone_ejected_backend_...`,
+            // whose backend was never judged before this lookup.
             .or_else(|| {
                 let key = self.ended_conn_key(e)?;
                 self.handshakes

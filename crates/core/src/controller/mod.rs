@@ -1493,6 +1493,9 @@ fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) ->
     next.handshakes = prev.handshakes;
     next.handshakes.catch_lost();
     next.keep_balancer(prev);
+    // A pool in panic stays in it across a reload unless the reload changes that: not
+    // counted or logged again as a new panic.
+    next.keep_panic(prev);
     next.sync_eligibility();
     next.number_after(prev)
 }

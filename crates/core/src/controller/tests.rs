@@ -1730,6 +1730,25 @@ fn an_ejection_does_not_empty_a_one_backend_pool_unless_told_to() {
     }
 }
 
+/// A reload leaves a pool in panic as it was: still in panic (its backend still
+/// ejected), not counted or logged as a second one.
+#[test]
+fn a_reload_keeps_a_pool_in_panic_without_a_second_one() {
+    let config = service_config("round-robin", &[2]);
+    let mut sim = one_switch(&config);
+    five_unanswered_connections_to(&mut sim, 2, 45000, |_, _, _| {});
+    sim.tick(Duration::from_millis(100));
+    let cfg = Config::from_toml(&config, &|_| None).expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+    sim.tick(Duration::from_secs(1));
+    let s = &sim.c.services()[0];
+    assert!(s.in_panic() && s.backends[0].ejected && s.backends[0].eligible());
+    assert_eq!((s.counters.ejections, s.counters.panics), (1, 1));
+    assert_eq!(sim.c.events().filter(|e| e.kind == "panic").count(), 1);
+}
+
 /// A backend removed through the API takes its outlier state with it: the later backends
 /// shift down with theirs. (The detector's state once shifted by truncation, so the
 /// ejection of h3 passed to h4 when h2 left, and h3 was back in the pool.)
