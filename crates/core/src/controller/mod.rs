@@ -836,30 +836,31 @@ impl Controller {
             tracing::info!(service = %name, backend = %address, secs, "backend ejected: consecutive failed connections");
             self.event(now, "ejected", format!("{name}/{address} for {secs}s"));
         }
-        self.note_panics(now);
+        // Only this service's pool can have changed: not a walk of every service per
+        // FLOW_REMOVED.
+        self.note_panic(now, usize::from(si));
     }
 
-    /// Logs each pool that went into or out of panic (`ServiceState::in_panic`).
-    fn note_panics(&mut self, now: Instant) {
-        for i in 0..self.services.len() {
-            let Some(s) = self.services.get_mut(i) else {
-                continue;
-            };
-            let Some((panic, available, counted)) = s.panic_change() else {
-                continue;
-            };
-            let name = s.cfg.name.clone();
-            if panic {
-                tracing::warn!(service = %name, available, counted, "pool in panic: too few backends available, ejections waived");
-                self.event(
-                    now,
-                    "panic",
-                    format!("{name}: {available} of {counted} available, ejections waived"),
-                );
-            } else {
-                tracing::info!(service = %name, "pool out of panic: ejections in force again");
-                self.event(now, "panic over", format!("{name}: ejections in force"));
-            }
+    /// Logs service `i`'s pool going into or out of panic (`ServiceState::in_panic`), if
+    /// it did since the last call.
+    fn note_panic(&mut self, now: Instant, i: usize) {
+        let Some(s) = self.services.get_mut(i) else {
+            return;
+        };
+        let Some((panic, available, counted)) = s.panic_change() else {
+            return;
+        };
+        let name = s.cfg.name.clone();
+        if panic {
+            tracing::warn!(service = %name, available, counted, "pool in panic: too few backends available, ejections waived");
+            self.event(
+                now,
+                "panic",
+                format!("{name}: {available} of {counted} available, ejections waived"),
+            );
+        } else {
+            tracing::info!(service = %name, "pool out of panic: ejections in force again");
+            self.event(now, "panic over", format!("{name}: ejections in force"));
         }
     }
 
@@ -880,7 +881,9 @@ impl Controller {
             for s in &mut self.services {
                 s.refresh(now, stale);
             }
-            self.note_panics(now);
+            for i in 0..self.services.len() {
+                self.note_panic(now, i);
+            }
             self.proactive_tick(now, out);
             self.partition_tick(now, out);
         }
