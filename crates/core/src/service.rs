@@ -135,6 +135,10 @@ pub struct BackendState {
     /// takes its connections only as the global controller's spill decides
     /// ([`crate::Controller::set_spill_weight`]).
     pub remote: bool,
+    /// The latest decision (controller-relative ms) of a connection this backend is
+    /// known to have answered: a silence of a connection decided before it is no sign
+    /// that the backend was gone ([`ServiceState::answered_after`]). 0: none known.
+    pub answered_decided_ms: u64,
 }
 
 impl BackendState {
@@ -165,6 +169,7 @@ impl BackendState {
             ejected: false,
             ejection_waived: false,
             remote: false,
+            answered_decided_ms: 0,
         }
     }
 
@@ -602,6 +607,27 @@ impl ServiceState {
         if let Some(l) = self.loads.get_mut(backend) {
             l.active_connections += 1;
         }
+    }
+
+    /// Backend `id` answered a connection decided at `decided_ms` (controller-relative).
+    pub fn record_answered(&mut self, id: BackendId, decided_ms: u64) {
+        if let Some(b) = self.position(id).and_then(|p| self.backends.get_mut(p)) {
+            b.answered_decided_ms = b.answered_decided_ms.max(decided_ms);
+        }
+    }
+
+    /// Whether backend `id` answered a connection decided after `decided_ms`: it was
+    /// there after that one was sent to it, so that one's silence was the path's (lost
+    /// on the way, or in a switch). Passive outlier detection's "consecutive" failures are
+    /// then consecutive in the order the connections were made, as Envoy's are in the
+    /// order of its requests, not in the order the switch reports them: a silence is
+    /// reported only when its rule idles out (`idle_timeout_secs` later), an answered
+    /// connection about a second after it closes, so a burst of lost answers would
+    /// otherwise reach the detector as a run of failures with none of the answers
+    /// between them.
+    pub fn answered_after(&self, id: BackendId, decided_ms: u64) -> bool {
+        self.backend(id)
+            .is_some_and(|b| b.answered_decided_ms > decided_ms)
     }
 
     /// A connection to backend `id` ended, in the pool or out of it.

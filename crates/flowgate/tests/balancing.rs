@@ -448,6 +448,21 @@ fn ovs_a_lone_ejected_backend_serves_as_soon_as_it_is_back() {
         let panicked = if panics { 1.0 } else { 0.0 };
         assert_eq!(web("flowgate_service_panics_total"), Some(panicked));
         assert_eq!(web("flowgate_service_panic"), Some(panicked));
+        // The five silences were judged: the switch was never behind, and the backend
+        // answered nothing decided after them.
+        for reason in ["switch_behind", "answered_later"] {
+            let label = format!("reason=\"{reason}\"");
+            assert_eq!(
+                metric_labelled(&body, "flowgate_outlier_silences_excused_total", &label),
+                Some(0.0),
+                "{reason}: {body}"
+            );
+        }
+        // The switch's control channel is probed (every 125 ms, for those verdicts), and
+        // an idle Open vSwitch answers far inside the limit.
+        let switches = ctl.get_json("/api/v1/switches");
+        let rtt = switches[0]["channel_rtt_ms"].as_f64();
+        assert!(rtt.is_some_and(|ms| ms > 0.0 && ms < 250.0), "{switches}");
         ctl.assert_no_openflow_errors();
     }
 }

@@ -920,10 +920,12 @@ fn next_probe(s: &mut std::net::TcpStream, within: Duration) -> Option<Duration>
 
 /// A reload that turns the overload control on starts the round-trip probes of a switch
 /// that sends nothing at once, not at its session's next keep-alive (30 s here); one that
-/// turns it off stops them.
+/// turns it off stops them. The default config probes too, every 125 ms, for passive
+/// outlier detection (`outlier_max_channel_rtt_ms`); 0 there and the control off: none.
 #[test]
 fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
-    let base = "[openflow]\nlisten = \"127.0.0.1:0\"\necho_interval_ms = 30000\necho_timeout_ms = 60000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+    let default = "[openflow]\nlisten = \"127.0.0.1:0\"\necho_interval_ms = 30000\necho_timeout_ms = 60000\n\n[api]\nlisten = \"127.0.0.1:0\"\n\n[[service]]\nname = \"web\"\nvip = \"10.0.0.100\"\nport = 80\n[service.health]\nkind = \"none\"\n[[service.backend]]\naddress = \"10.0.0.2\"\n";
+    let base = &format!("{default}\n[controller]\noutlier_max_channel_rtt_ms = 0\n");
     let adaptive =
         format!("{base}\n[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 100\n");
     let mut ctl = Ctl::start("rtt-reload", base);
@@ -965,6 +967,16 @@ fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
         None,
         "probes after the reload turned the control off"
     );
+
+    ctl.reload_with(default);
+    for i in 0..4 {
+        assert!(
+            next_probe(&mut s, Duration::from_secs(2)).is_some(),
+            "probe {} for the verdicts did not come:\n{}",
+            i + 1,
+            ctl.log()
+        );
+    }
     ctl.kill();
 }
 

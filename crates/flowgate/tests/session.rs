@@ -642,7 +642,10 @@ impl OvsLike {
         }
     }
 
-    /// Up to `READ_PER_TICK` bytes; ECHO_REQUESTs answered (a reply too). Returns the bytes read.
+    /// Up to `READ_PER_TICK` bytes; ECHO_REQUESTs answered (a reply too). Returns the bytes
+    /// of whole messages read other than ECHO_REQUESTs: the controller probes its channel
+    /// every 125 ms (`outlier_max_channel_rtt_ms`), and a drain that counted the probes
+    /// would never see it quiet.
     fn read(&mut self) -> usize {
         let mut buf = [0u8; Self::READ_PER_TICK];
         let n = match self.s.read(&mut buf) {
@@ -652,6 +655,7 @@ impl OvsLike {
             Err(e) => panic!("read from the controller: {e}"),
         };
         self.inbuf.extend_from_slice(&buf[..n]);
+        let mut work = 0;
         while self.inbuf.len() >= 8 {
             let len = usize::from(u16::from_be_bytes([self.inbuf[2], self.inbuf[3]])).max(8);
             if self.inbuf.len() < len {
@@ -662,12 +666,14 @@ impl OvsLike {
                 let mut r = m.clone();
                 r[1] = OFPT_ECHO_REPLY;
                 self.reply(&r);
+            } else {
+                work += len;
             }
             if m[1] == OFPT_PACKET_OUT {
                 self.packet_outs += 1;
             }
         }
-        n
+        work
     }
 }
 

@@ -549,20 +549,22 @@ fn row_line(r: &Row) -> String {
     )
 }
 
-/// Each domain's ejections and panics (its pool's ejections waived) between two sets of
-/// snapshots.
+/// Each domain's ejections, panics (its pool's ejections waived) and silences excused (its
+/// server answered a later connection; a switch behind) between two sets of snapshots.
 fn outlier_counts(
     before: &[crate::ctl::Snapshot],
     after: &[crate::ctl::Snapshot],
-) -> Vec<(u64, u64)> {
+) -> Vec<[u64; 4]> {
     before
         .iter()
         .zip(after)
         .map(|(b, a)| {
-            (
+            [
                 a.ejections.saturating_sub(b.ejections),
                 a.panics.saturating_sub(b.panics),
-            )
+                a.silences_excused[0].saturating_sub(b.silences_excused[0]),
+                a.silences_excused[1].saturating_sub(b.silences_excused[1]),
+            ]
         })
         .collect()
 }
@@ -572,17 +574,17 @@ fn spill_note(
     phase: &str,
     passes: &str,
     seen: &[(f64, bool, serde_json::Value)],
-    outliers: &[(u64, u64)],
+    outliers: &[[u64; 4]],
     p: &Params,
 ) -> String {
     format!(
-        "{phase} ({passes}): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; ejections / panics (a pool's ejections waived) by C_d1..C_d4 {:?}; last spill decisions {:?}",
+        "{phase} ({passes}): peak demand seen by C_d1..C_d4 {:?} req/s against a spill threshold of {:.0} req/s each (threshold_rps × 1 local server); spill in force at some sample: {:?}; ejections / panics (a pool's ejections waived) / silences excused as answered later / as a switch behind by C_d1..C_d4 {:?}; last spill decisions {:?}",
         seen.iter().map(|s| s.0.round()).collect::<Vec<_>>(),
         p.threshold_rps(),
         seen.iter().map(|s| s.1).collect::<Vec<_>>(),
         outliers
             .iter()
-            .map(|(e, w)| format!("{e}/{w}"))
+            .map(|[e, w, a, x]| format!("{e}/{w}/{a}/{x}"))
             .collect::<Vec<_>>(),
         seen.iter().map(|s| s.2.to_string()).collect::<Vec<_>>(),
     )

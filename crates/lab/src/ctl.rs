@@ -217,7 +217,27 @@ impl Controller {
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
             ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
             panics: s["counters"]["panics"].as_u64().unwrap_or(0),
+            silences_excused: [
+                self.excused("answered_later")?,
+                self.excused("switch_behind")?,
+            ],
         })
+    }
+
+    /// Silences passive outlier detection excused for `reason` (a label of the counter).
+    fn excused(&self, reason: &str) -> Result<u64> {
+        self.metric(&format!(
+            "flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}}"
+        ))
+    }
+
+    /// A counter's value from the controller's `/metrics`, by its name and labels as
+    /// written there.
+    pub fn metric(&self, name: &str) -> Result<u64> {
+        let body = http_get(self.api, "/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no {name} in /metrics"))
     }
 }
 
@@ -239,6 +259,9 @@ pub struct Snapshot {
     pub ejections: u64,
     /// Times the pool went into panic (its ejections waived).
     pub panics: u64,
+    /// Silences of backends not judged: the backend answered a later connection, or a
+    /// switch on their way was behind.
+    pub silences_excused: [u64; 2],
 }
 
 /// A minimal HTTP/1.1 GET over loopback.

@@ -65,6 +65,10 @@ pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 3;
 /// Envoy's default panic threshold, in percent of a pool (anchors §2.1).
 pub const DEFAULT_PANIC_THRESHOLD_PERCENT: u32 = 50;
+/// A switch whose control channel's round trip passed this is not trusted to say that a
+/// backend did not answer: far above a healthy channel's (under a millisecond on the lab's
+/// Open vSwitch), a quarter of the second after which a client sends its SYN again.
+pub const DEFAULT_OUTLIER_MAX_CHANNEL_RTT_MS: u64 = 250;
 
 /// One configuration problem, with the path of the key it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,6 +298,11 @@ pub struct ControllerConfig {
     /// (Open vSwitch's `fin_timeout` extension action); 0 leaves the rules to the plain
     /// idle timeout, as a switch without the extension needs.
     pub fin_timeout_secs: u16,
+    /// Passive outlier detection takes no failure from a connection decided while, or
+    /// after, the switch that reports it (or its backend's switch) had a control channel
+    /// round trip (ECHO) over this: that switch, busy or behind, is the likelier cause of
+    /// the silence (`Controller::note_channel_rtt`). Zero: every silence is judged.
+    pub outlier_max_channel_rtt: Duration,
     pub seed: u64,
     /// `[controller.overload]`: the controller's own gap (see [`crate::overload`]).
     pub overload: crate::overload::ControllerOverloadConfig,
@@ -637,6 +646,13 @@ fn validate(
         .int_in("fin_timeout_secs", 0, 65_535, errs)
         .map(|v| v as u16)
         .unwrap_or(DEFAULT_FIN_TIMEOUT_SECS as u16);
+    let outlier_max_channel_rtt = ctl.millis(
+        "outlier_max_channel_rtt_ms",
+        DEFAULT_OUTLIER_MAX_CHANNEL_RTT_MS,
+        0,
+        600_000,
+        errs,
+    );
     let seed = ctl
         .integer("seed", errs)
         .map(|v| v as u64)
@@ -703,6 +719,7 @@ fn validate(
             host_timeout,
             unknown_flow,
             fin_timeout_secs,
+            outlier_max_channel_rtt,
             seed,
             overload: ctl_overload,
         },

@@ -637,6 +637,28 @@ fn the_panic_threshold_is_a_percentage() {
 }
 
 #[test]
+fn the_lag_that_excuses_a_silence_is_in_milliseconds() {
+    let limit = |line: &str| {
+        with(&format!("[controller]\n{line}\n")).map(|c| c.controller.outlier_max_channel_rtt)
+    };
+    assert_eq!(limit(""), Ok(Duration::from_millis(250)));
+    assert_eq!(limit("outlier_max_channel_rtt_ms = 0"), Ok(Duration::ZERO));
+    assert_eq!(
+        limit("outlier_max_channel_rtt_ms = 1500"),
+        Ok(Duration::from_millis(1500))
+    );
+    for bad in ["-1", "600001", "0.5", "\"250ms\""] {
+        assert_eq!(
+            the_error(&format!(
+                "[controller]\noutlier_max_channel_rtt_ms = {bad}\n"
+            )),
+            "controller.outlier_max_channel_rtt_ms",
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn a_metrics_url_must_be_one_the_scraper_fetches() {
     let url = |u: &str| {
         let text = format!("{ONE_SERVICE}metrics = {u:?}\n");

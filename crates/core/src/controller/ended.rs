@@ -5,12 +5,12 @@
 //! ([`ofp::FlowRemovedView`]) and prefetches their table lines with the batch's PACKET_INs.
 
 use std::net::Ipv4Addr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ofp::oxm::ofb;
 
 use super::{Controller, Outbox, rules};
-use crate::conntrack::{ConnKey, Reply};
+use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
 use crate::service::BackendId;
 use crate::topology::Dpid;
@@ -172,6 +172,55 @@ impl Controller {
             .flatten()
     }
 
+    /// The runtime's reading of switch `dpid`'s control channel round trip at `now`: an
+    /// ECHO_REQUEST's wait for its reply (§7.5.2), or while one is unanswered its age (zero:
+    /// not measured). Called before each batch of the switch's messages is handled.
+    ///
+    /// An echo waits behind everything queued either way: the controller's FLOW_MODs and
+    /// PACKET_OUTs, and the PACKET_INs and FLOW_REMOVEDs the switch has yet to send. A
+    /// switch that far behind is busy, and a busy Open vSwitch drops packets on its ports
+    /// too (results.md: full Case C's healthy servers, ejected). So the silence of a
+    /// connection decided before or while its channel was over `outlier_max_channel_rtt_ms`
+    /// is no verdict on the backend (see `record_outcome`).
+    pub fn note_channel_rtt(&mut self, now: Instant, dpid: Dpid, rtt: Duration) {
+        if rtt.is_zero() {
+            return;
+        }
+        let limit = self.cfg.outlier_max_channel_rtt;
+        let over = !limit.is_zero() && rtt > limit;
+        let now_ms = over.then(|| self.ms_since_start(now));
+        let Some(s) = self.switches.get_mut(&dpid) else {
+            return;
+        };
+        s.channel_rtt = Some(rtt);
+        let started = over && !s.lagging;
+        s.lagging = over;
+        if let Some(ms) = now_ms {
+            s.lagged_ms = Some(ms);
+        }
+        if started {
+            self.counters.lag_spells += 1;
+            // Logged at 1, 2, 4, ... spells: a switch that flaps about the limit under
+            // load would otherwise fill the log.
+            if self.counters.lag_spells.is_power_of_two() {
+                tracing::warn!(
+                    dpid = format_args!("{dpid:016x}"),
+                    rtt_ms = rtt.as_millis() as u64,
+                    spells = self.counters.lag_spells,
+                    "switch behind (control channel round trip over outlier_max_channel_rtt_ms): its connections' silences are not held against their backends"
+                );
+            }
+        }
+    }
+
+    /// Whether switch `dpid` was seen behind at or after `since_ms` (controller-relative).
+    fn lagged_since(&self, dpid: Dpid, since_ms: u64) -> bool {
+        self.switches
+            .get(&dpid)
+            .and_then(|s| s.lagged_ms)
+            .is_some_and(|at| at >= since_ms)
+    }
+
     /// A rule the switch `dpid` reports gone.
     pub fn handle_rule_ended(&mut self, now: Instant, dpid: Dpid, e: &RuleEnded, out: &mut Outbox) {
         self.counters.flow_removed += 1;
@@ -181,7 +230,7 @@ impl Controller {
             _ => return,
         }
         if e.cookie & cookie::conn::OUTCOME != 0 {
-            self.record_outcome(now, e);
+            self.record_outcome(now, dpid, e);
             return;
         }
         if e.cookie & cookie::conn::ACCOUNTING == 0 {
@@ -199,6 +248,11 @@ impl Controller {
         };
         if let Some(s) = self.services.get_mut(usize::from(conn.service)) {
             s.record_end(conn.backend);
+            // The rule matches no SYN: a client that sent two packets through it sent
+            // its handshake's ACK, after its backend's SYN-ACK.
+            if e.packet_count >= 2 {
+                s.record_answered(conn.backend, conn.created_ms);
+            }
         }
         // The rule carried at most one packet: every SYN passes it by (`Syn::Not`), so a
         // client that completed its handshake sent at least its ACK and its request
@@ -224,8 +278,12 @@ impl Controller {
     /// backend never sent a packet through the rule, none reached the controller either,
     /// and the rule lived at least a second (a connection can be over before its rules
     /// settle, all of it through the controller); a RST from the backend is counted when
-    /// it reaches the controller. Enough failures in a row eject the backend.
-    fn record_outcome(&mut self, now: Instant, e: &RuleEnded) {
+    /// it reaches the controller. Enough failures in a row eject the backend. A failure
+    /// is excused, no verdict either way, when the backend answered a connection decided
+    /// after it ([`crate::service::ServiceState::answered_after`]), or when the reporting switch `dpid`,
+    /// or the backend's own, was behind since it was decided
+    /// ([`Controller::note_channel_rtt`]).
+    fn record_outcome(&mut self, now: Instant, dpid: Dpid, e: &RuleEnded) {
         let (si, bi) = cookie::conn::indexes(e.cookie);
         let Some((src, sport, dst, dport)) = e.tuple.all() else {
             return;
@@ -254,12 +312,7 @@ impl Controller {
             // idles both its rules out in the same sweep, and Open vSwitch reported the
             // forward rule first for each of five in `ovs_a_lone_ejected_backend_...`,
             // whose backend was never judged before this lookup.
-            .or_else(|| {
-                let key = self.ended_conn_key(e)?;
-                self.handshakes
-                    .aborted(&key)
-                    .filter(|c| c.tag == tag && c.service == si && c.backend == bi)
-            });
+            .or_else(|| self.aborted_on(si, bi, tag, (dst, dport), sport));
         let verdict = match current {
             Some(conn) => match conn.reply {
                 Reply::Reset => None,
@@ -273,9 +326,73 @@ impl Controller {
             None if e.packet_count >= 2 => Some(true),
             None => None,
         };
+        match (verdict, current) {
+            (Some(true), Some(conn)) => {
+                if let Some(s) = self.services.get_mut(usize::from(si)) {
+                    s.record_answered(bi, conn.created_ms);
+                }
+            }
+            (Some(false), Some(conn)) => {
+                let answered_after = self
+                    .services
+                    .get(usize::from(si))
+                    .is_some_and(|s| s.answered_after(bi, conn.created_ms));
+                if answered_after {
+                    self.counters.silences_excused_answered += 1;
+                    return;
+                }
+                if self.path_lagged_since(dpid, src, conn.created_ms) {
+                    self.counters.silences_excused_lag += 1;
+                    return;
+                }
+            }
+            _ => {}
+        }
         if let Some(answered) = verdict {
             self.count_outcome(now, si, bi, answered);
         }
+    }
+
+    /// The connection of service `si`'s backend `bi` with decision `tag`, from `client`
+    /// to the service's port `port`, if remembered as ended in its handshake. Its key is
+    /// the address the client used: the VIP, or for a service without one, the backend
+    /// the client addressed, which the reverse rule does not name (it matches the backend
+    /// that answers), so each of the pool's addresses is tried, as
+    /// [`Controller::find_by_backend`] does for the live connections.
+    fn aborted_on(
+        &self,
+        si: u16,
+        bi: BackendId,
+        tag: u16,
+        (client, client_port): (Ipv4Addr, u16),
+        port: u16,
+    ) -> Option<Conn> {
+        let s = self.services.get(usize::from(si))?;
+        let remembered = |service_addr| {
+            let key = ConnKey {
+                client,
+                client_port,
+                service_addr,
+                service_port: port,
+            };
+            self.handshakes
+                .aborted(&key)
+                .filter(|c| c.tag == tag && c.service == si && c.backend == bi)
+        };
+        match s.cfg.vip {
+            Some(vip) => remembered(vip),
+            None => s.backends.iter().find_map(|b| remembered(b.address)),
+        }
+    }
+
+    /// Whether the switch that reported a connection's end, or the one its backend
+    /// (`backend`) is attached to, was behind since `since_ms`.
+    fn path_lagged_since(&self, dpid: Dpid, backend: Ipv4Addr, since_ms: u64) -> bool {
+        self.lagged_since(dpid, since_ms)
+            || self
+                .topo
+                .locate_ip(backend)
+                .is_some_and(|(_, at)| at.dpid != dpid && self.lagged_since(at.dpid, since_ms))
     }
 }
 

@@ -230,6 +230,14 @@ pub struct Counters {
     /// Open connections looked at by those walks (each a read of its entry, and after a
     /// change of the links, its paths worked out twice): the walks' work on the tick.
     pub reroute_checked: u64,
+    /// Connections whose backend never answered that passive outlier detection did not
+    /// count against it, because the backend answered a connection decided after them.
+    pub silences_excused_answered: u64,
+    /// ... or because a switch on their way was behind meanwhile (its control channel's
+    /// round trip over `outlier_max_channel_rtt_ms`).
+    pub silences_excused_lag: u64,
+    /// Spells of such lag, all switches: each began with a reading over the limit.
+    pub lag_spells: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.
@@ -256,6 +264,14 @@ struct SwitchState {
     /// A host that is not a backend has been placed here since the switch connected, so
     /// the SYN-ACK catch is in its table (`Controller::syn_ack_catches`).
     catches_syn_acks: bool,
+    /// Its control channel's round trip, as last read by the runtime (an ECHO's wait);
+    /// `None` until one is measured.
+    channel_rtt: Option<Duration>,
+    /// The last time that round trip was over `outlier_max_channel_rtt_ms`, in
+    /// controller-relative milliseconds ([`Controller::note_channel_rtt`]).
+    lagged_ms: Option<u64>,
+    /// Whether the last reading was over it: a spell of lag, logged as it starts.
+    lagging: bool,
 }
 
 /// What an address:port on the network means to the controller.
@@ -666,6 +682,9 @@ impl Controller {
                 // Its hosts were forgotten with its last session: placed again, a client
                 // brings the catch back.
                 catches_syn_acks: false,
+                channel_rtt: None,
+                lagged_ms: None,
+                lagging: false,
             },
         );
         self.topo.add_switch(dpid);
@@ -1289,6 +1308,7 @@ impl Controller {
             packet_in: s.packet_in,
             connected_at: s.connected_at,
             last_error: s.last_error.clone(),
+            channel_rtt: s.channel_rtt,
         })
     }
 
@@ -1523,6 +1543,8 @@ pub struct SwitchView {
     pub packet_in: u64,
     pub connected_at: Instant,
     pub last_error: Option<String>,
+    /// The control channel's round trip as last measured (`None`: not probed).
+    pub channel_rtt: Option<Duration>,
 }
 
 #[cfg(test)]

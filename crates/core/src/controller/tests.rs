@@ -1547,11 +1547,23 @@ fn five_unanswered_connections_to(
     sim: &mut Sim,
     b: u8,
     first_port: u16,
+    before_each: impl FnMut(&mut Sim, usize, u16),
+) {
+    let syn = |port| tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN);
+    five_unanswered_connections(sim, b, syn, first_port, before_each);
+}
+
+/// [`five_unanswered_connections_to`], h1's SYNs built by `syn` from its port.
+fn five_unanswered_connections(
+    sim: &mut Sim,
+    b: u8,
+    syn: impl Fn(u16) -> ofp::Bytes,
+    first_port: u16,
     mut before_each: impl FnMut(&mut Sim, usize, u16),
 ) {
     let pool = sim.c.services()[0].backends.len() as u16;
     for port in first_port..first_port + 5 * pool {
-        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+        sim.send("h1", &syn(port));
     }
     let outcome_rules: Vec<(u64, ofp::Match)> = sim
         .net
@@ -1587,21 +1599,32 @@ fn five_unanswered_connections_to(
 /// The switch reports connection `cport`'s forward rule (its accounting rule) gone,
 /// having carried nothing.
 fn end_forward_rule(sim: &mut Sim, cport: u16) {
+    end_conn_rule(sim, cookie::conn::ACCOUNTING, ofp::Oxm::TcpSrc(cport), 0);
+}
+
+/// The switch reports h1's connection rule with cookie bit `bit` and match field `field`
+/// gone after 30 s idle, having carried `packets`.
+fn end_conn_rule(sim: &mut Sim, bit: u64, field: ofp::Oxm, packets: u64) {
     let (cookie, m) = sim
         .net
         .switch(1)
         .unwrap()
         .flows()
-        .filter(|f| f.cookie & cookie::conn::ACCOUNTING != 0)
-        .find(|f| f.match_.iter().any(|o| *o == ofp::Oxm::TcpSrc(cport)))
+        .filter(|f| f.cookie & bit != 0)
+        .find(|f| f.match_.iter().any(|o| *o == field))
         .map(|f| (f.cookie, f.match_.clone()))
-        .expect("the connection's forward rule");
-    rule_idled_out(sim, cookie, m);
+        .expect("the connection's rule");
+    rule_ended(sim, cookie, m, packets);
 }
 
 /// The switch reports the connection rule `cookie` matching `m` gone after 30 s idle,
 /// having carried nothing.
 fn rule_idled_out(sim: &mut Sim, cookie: u64, m: ofp::Match) {
+    rule_ended(sim, cookie, m, 0);
+}
+
+/// [`rule_idled_out`], the rule having carried `packets`.
+fn rule_ended(sim: &mut Sim, cookie: u64, m: ofp::Match, packets: u64) {
     let fr = ofp::FlowRemoved {
         cookie,
         priority: rules::PRIO_CONN,
@@ -1611,8 +1634,8 @@ fn rule_idled_out(sim: &mut Sim, cookie: u64, m: ofp::Match) {
         duration_nsec: 0,
         idle_timeout: 30,
         hard_timeout: 0,
-        packet_count: 0,
-        byte_count: 0,
+        packet_count: packets,
+        byte_count: packets * 100,
         match_: m,
     };
     sim.c
@@ -1634,6 +1657,141 @@ fn an_unanswered_connection_counts_when_its_forward_rule_ends_first() {
         "ejected after five unanswered connections"
     );
     assert_eq!(s.backends[0].active_connections, 0, "each ended once");
+}
+
+/// A switch whose control channel is behind is not trusted to say that a backend did not
+/// answer (full Case C's healthy servers were ejected by lagging switches): the silences
+/// of connections decided before or during a reading over `outlier_max_channel_rtt_ms`
+/// are excused. A reading under it, or a limit of 0, excuses nothing.
+#[test]
+fn a_lagging_switch_excuses_its_connections_silences() {
+    let ms = Duration::from_millis;
+    for (limit, reading, judged) in [
+        ("", ms(200), true),
+        ("", ms(900), false),
+        ("outlier_max_channel_rtt_ms = 0\n", ms(900), true),
+    ] {
+        let config = format!(
+            "[controller]\n{limit}{}",
+            service_config("round-robin", &[2, 3, 4])
+        );
+        let mut sim = one_switch(&config);
+        five_unanswered_connections_to(&mut sim, 2, 48000, |sim, i, _| {
+            // Read after every connection was decided, before the first is judged.
+            if i == 0 {
+                sim.tick(ms(1));
+                sim.c.note_channel_rtt(sim.now, 1, reading);
+            }
+        });
+        let case = format!("limit {limit:?}, reading {reading:?}");
+        assert_eq!(sim.c.services()[0].backends[0].ejected, judged, "{case}");
+        let excused = if judged { 0 } else { 5 };
+        assert_eq!(sim.c.counters().silences_excused_lag, excused, "{case}");
+        assert_eq!(sim.c.counters().lag_spells, u64::from(!judged), "{case}");
+        assert_eq!(
+            sim.c.switch_view(1).and_then(|v| v.channel_rtt),
+            Some(reading),
+            "{case}: the reading is shown"
+        );
+    }
+}
+
+/// The lag excuses only the connections it could have touched: once the switch has caught
+/// up, connections decided after it are judged again.
+#[test]
+fn silences_after_the_lag_are_judged() {
+    let ms = Duration::from_millis;
+    let mut sim = single_switch("round-robin");
+    sim.c.note_channel_rtt(sim.now, 1, ms(900));
+    sim.tick(ms(5));
+    sim.c.note_channel_rtt(sim.now, 1, ms(1));
+    sim.tick(ms(5));
+    five_unanswered_connections_to(&mut sim, 2, 49000, |_, _, _| {});
+    assert!(sim.c.services()[0].backends[0].ejected);
+    assert_eq!(sim.c.counters().silences_excused_lag, 0);
+    assert_eq!(sim.c.counters().lag_spells, 1);
+}
+
+/// The backend's own switch behind excuses its silences too: its answers cross it first.
+#[test]
+fn a_lagging_switch_at_the_backend_excuses_its_silences() {
+    let mut sim = ring();
+    for i in 1..=3u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    five_unanswered_connections_to(&mut sim, 2, 50000, |sim, i, _| {
+        if i == 0 {
+            sim.tick(Duration::from_millis(1));
+            // s2, the backend's; s1 reports the connections' ends.
+            sim.c.note_channel_rtt(sim.now, 2, Duration::from_secs(2));
+        }
+    });
+    assert_eq!(sim.c.counters().silences_excused_lag, 5);
+    assert_eq!(sim.c.services()[0].counters.ejections, 0);
+}
+
+/// The same without a VIP (the lab's Cases A, B and D): the connection is remembered by
+/// the backend its client addressed (h2), which the reverse rule of a connection placed on
+/// h3 does not name. Before, such a connection got no verdict.
+#[test]
+fn an_unanswered_connection_counts_when_its_forward_rule_ends_first_without_a_vip() {
+    let mut sim = no_vip();
+    let syn = |port: u16| syn_to_h2(port, 5000 + u32::from(port));
+    five_unanswered_connections(&mut sim, 3, syn, 46200, |sim, _, cport| {
+        end_forward_rule(sim, cport);
+    });
+    let s = &sim.c.services()[0];
+    assert!(
+        s.backends[1].ejected,
+        "h3 ejected after five unanswered connections"
+    );
+    assert!(!s.backends[0].ejected && !s.backends[2].ejected);
+    assert_eq!(s.backends[1].active_connections, 0, "each ended once");
+}
+
+/// A silence is reported when its rule idles out, an answered connection about a second
+/// after it closes: a backend that answered a connection decided after five silent ones
+/// was there after them, and their silence is the path's. Counted in the order the
+/// connections were made, they are no five failures in a row: no verdict. The answer is
+/// known from the client's rule (its ACK and request went through it) or from the
+/// backend's (packets came back through it). Five silences decided after the last answer
+/// still eject.
+#[test]
+fn silences_before_an_answered_connection_are_no_verdict() {
+    for (via, port) in [("client's rule", 51000), ("backend's rule", 52000)] {
+        let mut sim = single_switch("round-robin");
+        let answered = port + 100;
+        five_unanswered_connections_to(&mut sim, 2, port, |sim, i, _| {
+            if i > 0 {
+                return;
+            }
+            // Decided after the five (round robin: h2's turn again), answered, and over
+            // before the first silence is reported.
+            sim.tick(Duration::from_millis(5));
+            let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), answered), (VIP, 80), SYN));
+            assert_eq!(got[0].0, "h2", "{via}");
+            match via {
+                "client's rule" => {
+                    end_conn_rule(sim, cookie::conn::ACCOUNTING, ofp::Oxm::TcpSrc(answered), 4)
+                }
+                _ => end_conn_rule(sim, cookie::conn::OUTCOME, ofp::Oxm::TcpDst(answered), 3),
+            }
+        });
+        let s = &sim.c.services()[0];
+        assert!(!s.backends[0].ejected, "{via}");
+        assert_eq!(s.counters.ejections, 0, "{via}");
+        assert_eq!(sim.c.counters().silences_excused_answered, 5, "{via}");
+
+        // The reported rules are gone from the switch too.
+        sim.carry_out(1, rules::delete_kind(RuleKind::Conn));
+        sim.tick(Duration::from_millis(5));
+        five_unanswered_connections_to(&mut sim, 2, port + 200, |_, _, _| {});
+        assert!(
+            sim.c.services()[0].backends[0].ejected,
+            "{via}: five silences after the last answer"
+        );
+        assert_eq!(sim.c.counters().silences_excused_answered, 5, "{via}");
+    }
 }
 
 /// Which hosts `n` new connections from h1 reach, and how many each.

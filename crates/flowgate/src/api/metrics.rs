@@ -115,6 +115,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             counters.connections_rerouted,
         ),
         (
+            "flowgate_switch_lag_spells_total",
+            "Spells of a switch's control channel round trip over outlier_max_channel_rtt_ms, all switches.",
+            counters.lag_spells,
+        ),
+        (
             "flowgate_reroute_checked_total",
             "Open connections looked at by the walks that re-route them (on a host's move or a change of the links).",
             counters.reroute_checked,
@@ -276,6 +281,36 @@ pub(crate) fn render(handle: &Handle) -> String {
         if let Some(f) = flow_counts.get(&d) {
             let _ = writeln!(o, "flowgate_switch_flows{{dpid=\"{d:016x}\"}} {}", f.flows);
         }
+    }
+    family(
+        &mut o,
+        "flowgate_switch_channel_rtt_seconds",
+        "gauge",
+        "The control channel's round trip (an ECHO's wait for its reply), as last measured; only switches probed (outlier_max_channel_rtt_ms, or the adaptive overload control).",
+    );
+    for d in c.switch_ids() {
+        if let Some(rtt) = c.switch_view(d).and_then(|s| s.channel_rtt) {
+            let _ = writeln!(
+                o,
+                "flowgate_switch_channel_rtt_seconds{{dpid=\"{d:016x}\"}} {}",
+                num(rtt.as_secs_f64())
+            );
+        }
+    }
+    family(
+        &mut o,
+        "flowgate_outlier_silences_excused_total",
+        "counter",
+        "Connections whose backend never answered, not counted against it by passive outlier detection: it answered a connection decided after them (reason answered_later), or a switch on their way was behind meanwhile, its control channel round trip over outlier_max_channel_rtt_ms (switch_behind).",
+    );
+    for (reason, n) in [
+        ("answered_later", counters.silences_excused_answered),
+        ("switch_behind", counters.silences_excused_lag),
+    ] {
+        let _ = writeln!(
+            o,
+            "flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}} {n}"
+        );
     }
     family(&mut o, "flowgate_switches", "gauge", "Connected switches.");
     let _ = writeln!(o, "flowgate_switches {}", c.switch_ids().count());

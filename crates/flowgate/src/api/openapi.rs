@@ -282,7 +282,8 @@ fn schemas() -> Value {
                 "flow_count": { "type": ["integer", "null"] },
                 "flow_count_age_secs": num_or_null,
                 "flow_count_source": { "type": "string", "enum": ["aggregate-stats"] },
-                "last_error": { "type": ["string", "null"] }
+                "last_error": { "type": ["string", "null"] },
+                "channel_rtt_ms": num_or_null
             }
         },
         "Port": {

@@ -245,6 +245,9 @@ pub struct SwitchView {
     pub flow_count_age_secs: Option<f64>,
     pub flow_count_source: &'static str,
     pub last_error: Option<String>,
+    /// The control channel's round trip in ms, as last measured (an ECHO's wait);
+    /// `null` while the switch is not probed.
+    pub channel_rtt_ms: Option<f64>,
 }
 
 pub(crate) fn switch_views(handle: &Handle, c: &Controller) -> Vec<SwitchView> {
@@ -296,6 +299,7 @@ pub(crate) fn switch_views(handle: &Handle, c: &Controller) -> Vec<SwitchView> {
                 flow_count_age_secs: fc.map(|f| f.at.elapsed().as_secs_f64()),
                 flow_count_source: "aggregate-stats",
                 last_error: s.last_error,
+                channel_rtt_ms: s.channel_rtt.map(|d| d.as_secs_f64() * 1000.0),
             }
         })
         .collect()

@@ -419,8 +419,8 @@ fn print_services(v: &Value) {
 
 fn print_switches(v: &Value) {
     println!(
-        "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10}  FULL PORTS",
-        "DPID", "PORTS", "HOSTS", "CONNECTED(s)", "FLOWS", "PACKET_IN"
+        "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10} {:>8}  FULL PORTS",
+        "DPID", "PORTS", "HOSTS", "CONNECTED(s)", "FLOWS", "PACKET_IN", "RTT(ms)"
     );
     for s in v.as_array().into_iter().flatten() {
         let ports = s["ports"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -432,7 +432,7 @@ fn print_switches(v: &Value) {
             .map(|p| plain(&p["port_no"]))
             .collect();
         println!(
-            "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10}  {}",
+            "{:<18} {:>6} {:>6} {:>12} {:>8} {:>10} {:>8}  {}",
             s["dpid"].as_str().unwrap_or("?"),
             ports.len(),
             hosts,
@@ -442,6 +442,8 @@ fn print_switches(v: &Value) {
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
             plain(&s["packet_in"]),
+            // The control channel's round trip, where the switch is probed.
+            opt(&s["channel_rtt_ms"], 1),
             if full.is_empty() {
                 "-".to_string()
             } else {

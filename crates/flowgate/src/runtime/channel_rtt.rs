@@ -17,15 +17,61 @@ pub(crate) const KEEPALIVE_XID: u32 = 0xec40;
 /// The probes' xid, apart from the keep-alive's.
 pub(crate) const PROBE_XID: u32 = 0xec41;
 
-/// How often a session probes, in µs (0: never): a quarter of the controller's control
-/// interval while its overload control is adaptive, so that each window has a few readings
-/// to take the least of; never while it is off (nothing reads them).
-pub(crate) fn probe_interval_us(cfg: &Config) -> u64 {
-    let o = &cfg.controller.overload;
-    if o.mode == Mode::Adaptive {
-        u64::try_from((o.interval / 4).as_micros()).unwrap_or(u64::MAX)
-    } else {
-        0
+/// How a session probes its channel's round trip, as the running config says.
+///
+/// - While the controller's overload control is adaptive, every quarter of its control
+///   interval, so that each window has a few readings to take the least of. The law reads
+///   them, and a switch that leaves a probe unanswered as long as the keep-alive may wait
+///   is closed as dead (see `session::read_loop`).
+/// - Otherwise, while passive outlier detection is told not to trust a lagging switch
+///   (`[controller] outlier_max_channel_rtt_ms`), twice per that limit: the core only
+///   marks the switch as lagging ([`flowgate_core::Controller::note_channel_rtt`]). No
+///   liveness rule then: a switch seconds behind under a flood is alive, and closing it
+///   would lose far more than a verdict.
+/// - Never, with neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProbePlan {
+    /// The probes' period in µs (0: never).
+    pub(crate) every_us: u64,
+    /// For the overload control: its law reads the round trip, and an unanswered probe
+    /// closes the session once older than the keep-alive's timeout.
+    pub(crate) for_overload: bool,
+}
+
+impl ProbePlan {
+    pub(crate) const OFF: ProbePlan = ProbePlan {
+        every_us: 0,
+        for_overload: false,
+    };
+
+    pub(crate) fn of(cfg: &Config) -> ProbePlan {
+        let o = &cfg.controller.overload;
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        if o.mode == Mode::Adaptive {
+            ProbePlan {
+                every_us: us(o.interval / 4),
+                for_overload: true,
+            }
+        } else if !cfg.controller.outlier_max_channel_rtt.is_zero() {
+            ProbePlan {
+                every_us: us(cfg.controller.outlier_max_channel_rtt / 2).max(1),
+                for_overload: false,
+            }
+        } else {
+            ProbePlan::OFF
+        }
+    }
+
+    /// As one word, for the handle's atomic (read by every session at each turn).
+    pub(crate) fn bits(self) -> u64 {
+        (self.every_us << 1) | u64::from(self.for_overload)
+    }
+
+    pub(crate) fn of_bits(bits: u64) -> ProbePlan {
+        ProbePlan {
+            every_us: bits >> 1,
+            for_overload: bits & 1 == 1,
+        }
     }
 }
 
@@ -38,6 +84,7 @@ fn every_of(us: u64) -> Option<Duration> {
 #[derive(Debug, Default)]
 pub(crate) struct RttProbe {
     every: Option<Duration>,
+    for_overload: bool,
     next: Option<Instant>,
     in_flight: Option<Instant>,
     /// Where the probe in flight ends in the bytes queued for the switch
@@ -48,10 +95,11 @@ pub(crate) struct RttProbe {
 }
 
 impl RttProbe {
-    /// Follows the running config (`us` from [`probe_interval_us`]): probing starts at
-    /// once when turned on, and stops, forgetting what it measured, when turned off.
-    pub(crate) fn set_interval(&mut self, us: u64, now: Instant) {
-        let every = every_of(us);
+    /// Follows the running config's [`ProbePlan`]: probing starts at once when turned on,
+    /// and stops, forgetting what it measured, when turned off.
+    pub(crate) fn set_plan(&mut self, plan: ProbePlan, now: Instant) {
+        self.for_overload = plan.for_overload;
+        let every = every_of(plan.every_us);
         if every == self.every {
             return;
         }
@@ -63,9 +111,14 @@ impl RttProbe {
         self.next.get_or_insert(now);
     }
 
-    /// Whether the probe already follows `us` (from [`probe_interval_us`]).
-    pub(crate) fn follows(&self, us: u64) -> bool {
-        self.every == every_of(us)
+    /// Whether the probe already follows `plan`.
+    pub(crate) fn follows(&self, plan: ProbePlan) -> bool {
+        self.every == every_of(plan.every_us) && self.for_overload == plan.for_overload
+    }
+
+    /// Whether the probes serve the overload control (see [`ProbePlan::for_overload`]).
+    pub(crate) fn for_overload(&self) -> bool {
+        self.for_overload
     }
 
     /// When the next probe is due; `None` while one is in flight, or never probing.
@@ -147,7 +200,13 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut p = RttProbe::default();
-        p.set_interval(25_000, t0);
+        p.set_plan(
+            ProbePlan {
+                every_us: 25_000,
+                for_overload: true,
+            },
+            t0,
+        );
         assert_eq!(p.due(), Some(t0));
         // Queued behind 1,000 bytes for the switch: it ends at byte 1,064.
         p.sent(t0, 1_064);
@@ -180,31 +239,45 @@ mod tests {
     }
 
     #[test]
-    fn probing_follows_the_overload_controls_mode() {
+    fn probing_follows_the_config() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let cfg = |toml: &str| Config::from_toml(toml, &|_| None).expect("valid");
-        let off = probe_interval_us(&cfg(""));
-        let on = probe_interval_us(&cfg(
-            "[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 40\n",
-        ));
-        assert_eq!((off, on), (0, 10_000));
+        let plan = |toml: &str| ProbePlan::of(&cfg(toml));
+        let off = plan("[controller]\noutlier_max_channel_rtt_ms = 0\n");
+        let on = plan("[controller.overload]\nmode = \"adaptive\"\ninterval_ms = 40\n");
+        let verdicts = plan("");
+        let expected = |every_us, for_overload| ProbePlan {
+            every_us,
+            for_overload,
+        };
+        assert_eq!(off, ProbePlan::OFF);
+        assert_eq!(on, expected(10_000, true));
+        // The default limit, 250 ms: probed twice as often, for the verdicts only.
+        assert_eq!(verdicts, expected(125_000, false));
+        for p in [off, on, verdicts] {
+            assert_eq!(ProbePlan::of_bits(p.bits()), p);
+        }
         let mut p = RttProbe::default();
-        p.set_interval(off, t0);
+        p.set_plan(verdicts, t0);
+        assert!(!p.for_overload());
+        assert!(p.follows(verdicts) && !p.follows(on));
+        p.set_plan(off, t0);
         assert_eq!(p.due(), None, "off: never");
         p.answered(PROBE_XID, t0);
         assert_eq!(p.reading(t0), Duration::ZERO);
         // Turned on by a reload: at once.
-        p.set_interval(on, t0 + ms(5));
+        p.set_plan(on, t0 + ms(5));
         assert_eq!(p.due(), Some(t0 + ms(5)));
+        assert!(p.for_overload());
         p.sent(t0 + ms(5), 64);
-        p.set_interval(on, t0 + ms(6));
+        p.set_plan(on, t0 + ms(6));
         assert!(
             p.in_flight(),
             "the same interval leaves the probe in flight"
         );
         // Turned off: what it measured is forgotten, nothing is due.
-        p.set_interval(off, t0 + ms(7));
+        p.set_plan(off, t0 + ms(7));
         assert!(!p.in_flight());
         assert_eq!((p.due(), p.reading(t0 + ms(8))), (None, Duration::ZERO));
     }

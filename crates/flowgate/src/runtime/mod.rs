@@ -326,11 +326,11 @@ pub struct Handle {
     /// Messages from switches that were framed whole but did not decode, each answered
     /// with an OFPT_ERROR (§7.4.4) unless it was one, all sessions and handshakes.
     pub openflow_undecodable: Arc<AtomicU64>,
-    /// How often each session probes its channel's round trip, in µs (0: never), as the
-    /// running config says ([`channel_rtt::probe_interval_us`]): set at start and on reload,
-    /// read by the sessions at each turn of their loops.
-    pub(crate) rtt_probe_us: Arc<AtomicU64>,
-    /// Told when a reload changes `rtt_probe_us`: it wakes the sessions that wait idle
+    /// How each session probes its channel's round trip, as the running config says
+    /// ([`channel_rtt::ProbePlan`], as its `bits`): set at start and on reload, read by
+    /// the sessions at each turn of their loops.
+    pub(crate) rtt_probe: Arc<AtomicU64>,
+    /// Told when a reload changes `rtt_probe`: it wakes the sessions that wait idle
     /// (for bytes or the keep-alive), which read the interval only at their next turn
     /// and would otherwise start probing up to `echo_interval_ms` late.
     pub(crate) rtt_probe_changed: Arc<tokio::sync::Notify>,
@@ -365,7 +365,7 @@ impl Handle {
     /// [`crate::server::run`] builds, and what in-process API tests use.
     pub fn new(controller: Controller, config: Config, config_path: Option<PathBuf>) -> Handle {
         let cluster = Arc::new(cluster::ClusterState::new(&config.cluster));
-        let rtt_probe_us = Arc::new(AtomicU64::new(channel_rtt::probe_interval_us(&config)));
+        let rtt_probe = Arc::new(AtomicU64::new(channel_rtt::ProbePlan::of(&config).bits()));
         Handle {
             core: Arc::new(Mutex::new(CoreCell::new(controller))),
             started: Instant::now(),
@@ -376,7 +376,7 @@ impl Handle {
             packet_in_dropped_behind: Arc::new(AtomicU64::new(0)),
             handshakes_refused: Arc::new(AtomicU64::new(0)),
             openflow_undecodable: Arc::new(AtomicU64::new(0)),
-            rtt_probe_us,
+            rtt_probe,
             rtt_probe_changed: Arc::default(),
             decision_latency: Arc::new(latency::LatencyHistogram::new()),
             clock: quanta::Clock::new(),

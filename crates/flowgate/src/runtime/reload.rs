@@ -123,11 +123,11 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         core.with(|c, out| c.reload(now, &config, out));
         // Swapped under the core lock, so no reader sees the new services with the old
         // config (or the other way round).
-        let probe_us = super::channel_rtt::probe_interval_us(&config);
+        let probe = super::channel_rtt::ProbePlan::of(&config).bits();
         let was = handle
-            .rtt_probe_us
-            .swap(probe_us, std::sync::atomic::Ordering::Relaxed);
-        if was != probe_us {
+            .rtt_probe
+            .swap(probe, std::sync::atomic::Ordering::Relaxed);
+        if was != probe {
             handle.rtt_probe_changed.notify_waiters();
         }
         *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::channel_rtt::{KEEPALIVE_XID, PROBE_XID, RttProbe};
+use super::channel_rtt::{KEEPALIVE_XID, PROBE_XID, ProbePlan, RttProbe};
 use super::{Handle, Outflow};
 
 /// Per-session limits.
@@ -597,7 +597,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             None => None,
         };
-        rtt.set_interval(handle.rtt_probe_us.load(Ordering::Relaxed), work_start);
+        rtt.set_plan(
+            ProbePlan::of_bits(handle.rtt_probe.load(Ordering::Relaxed)),
+            work_start,
+        );
         // Loaded only while a probe waits to be written: the writer's thread changes the
         // count with every buffer, so a load every turn would miss the cache every turn.
         if rtt.awaits_write() {
@@ -607,7 +610,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
         // unanswered as long as the keep-alive may wait is as dead as one that leaves the
         // keep-alive so, however much else it sends; kept on, its probe's age would read
         // as the channel's round trip and hold every switch's new flows to the least rate.
-        if rtt.unanswered_for(work_start) > limits.echo_timeout {
+        // Only where the overload control reads it (see `ProbePlan`).
+        if rtt.for_overload() && rtt.unanswered_for(work_start) > limits.echo_timeout {
             return Err(SessionError::Timeout(
                 "an echo reply to the round-trip probe (dead peer)",
             ));
@@ -717,6 +721,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
             // A frame of the batch, where it lies (always there: `scanned` covers it).
             let frame = |at: usize, len: usize| buf.get(at..at + len).unwrap_or_default();
             core.with(|c, out| {
+                // Before the batch's FLOW_REMOVEDs are judged: a switch this far behind
+                // is not trusted to say that a backend did not answer.
+                c.note_channel_rtt(now, dpid, rtt.reading(now));
                 // The batch's connection-table lines, loaded together (see the method).
                 for p in &batch {
                     match *p {
@@ -794,7 +801,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     backlog: rd.buf.len() as u64,
                     outflow: outflow.queued.load(Ordering::Relaxed) as u64,
                     outflow_delay: outflow.head_age(done),
-                    channel_rtt: rtt.reading(done),
+                    // The overload control's, while adaptive; zero otherwise, as its
+                    // view says (`channel_rtt_ms`: 0 while the control is off).
+                    channel_rtt: if rtt.for_overload() {
+                        rtt.reading(done)
+                    } else {
+                        Duration::ZERO
+                    },
                     switch: dpid,
                 });
             handled_batch = true;
@@ -815,7 +828,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         // A reload that turns the probes on or off wakes the wait. Registered before the
         // interval is read again: a change after the read is then told to this waiter.
         let reloaded = handle.rtt_probe_changed.notified();
-        if !rtt.follows(handle.rtt_probe_us.load(Ordering::Relaxed)) {
+        if !rtt.follows(ProbePlan::of_bits(handle.rtt_probe.load(Ordering::Relaxed))) {
             continue;
         }
         let wake_at = tokio::time::Instant::now() + left;
