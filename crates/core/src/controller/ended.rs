@@ -279,10 +279,10 @@ impl Controller {
     /// and the rule lived at least a second (a connection can be over before its rules
     /// settle, all of it through the controller); a RST from the backend is counted when
     /// it reaches the controller. Enough failures in a row eject the backend. A failure
-    /// is excused, no verdict either way, when the backend answered a connection decided
-    /// after it ([`crate::service::ServiceState::answered_after`]), or when the reporting switch `dpid`,
-    /// or the backend's own, was behind since it was decided
-    /// ([`Controller::note_channel_rtt`]).
+    /// is excused, no verdict either way, when the backend is known to have answered a
+    /// connection decided after it ([`crate::service::ServiceState::answered_after`]), or
+    /// when the reporting switch `dpid`, or the backend's own, was behind since it was
+    /// decided ([`Controller::note_channel_rtt`]).
     fn record_outcome(&mut self, now: Instant, dpid: Dpid, e: &RuleEnded) {
         let (si, bi) = cookie::conn::indexes(e.cookie);
         let Some((src, sport, dst, dport)) = e.tuple.all() else {

@@ -92,6 +92,8 @@ pub(crate) struct RttProbe {
     ends_at: u64,
     written_at: Option<Instant>,
     last: Duration,
+    /// A reply came since the last [`RttProbe::report`].
+    unreported: bool,
 }
 
 impl RttProbe {
@@ -159,7 +161,20 @@ impl RttProbe {
         if let (Some(sent), Some(every)) = (self.in_flight.take(), self.every) {
             self.last = now.saturating_duration_since(sent);
             self.next = Some(now + every);
+            self.unreported = true;
         }
+    }
+
+    /// The reading at `now` for the core ([`flowgate_core::Controller::note_channel_rtt`]),
+    /// when it has news: a reply since the last report, or a probe in flight longer than
+    /// the probes' period (the switch is falling behind: reported at every batch while it
+    /// lasts). Otherwise `None`, and the batch costs the core no lookup of its switch.
+    pub(crate) fn report(&mut self, now: Instant) -> Option<Duration> {
+        let overdue = self.every.is_some_and(|every| self.age(now) > every);
+        if !(std::mem::take(&mut self.unreported) || overdue) {
+            return None;
+        }
+        Some(self.reading(now))
     }
 
     /// The round trip as known at `now`: the last one measured, or the age of the one in
@@ -236,6 +251,20 @@ mod tests {
         assert_eq!(p.unanswered_for(t0 + ms(86)), ms(1));
         p.answered(PROBE_XID, t0 + ms(86));
         assert_eq!(p.reading(t0 + ms(90)), ms(1));
+        // The core hears of each reply once, and of a probe overdue at every batch.
+        assert_eq!(p.report(t0 + ms(90)), Some(ms(1)));
+        assert_eq!(p.report(t0 + ms(91)), None);
+        p.sent(t0 + ms(111), 2_128);
+        assert_eq!(p.report(t0 + ms(130)), None, "in flight, within its period");
+        assert_eq!(
+            p.report(t0 + ms(140)),
+            Some(ms(29)),
+            "overdue: 29 ms so far"
+        );
+        assert_eq!(p.report(t0 + ms(141)), Some(ms(30)));
+        p.answered(PROBE_XID, t0 + ms(150));
+        assert_eq!(p.report(t0 + ms(151)), Some(ms(39)));
+        assert_eq!(p.report(t0 + ms(152)), None);
     }
 
     #[test]

@@ -723,7 +723,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
             core.with(|c, out| {
                 // Before the batch's FLOW_REMOVEDs are judged: a switch this far behind
                 // is not trusted to say that a backend did not answer.
-                c.note_channel_rtt(now, dpid, rtt.reading(now));
+                if let Some(reading) = rtt.report(now) {
+                    c.note_channel_rtt(now, dpid, reading);
+                }
                 // The batch's connection-table lines, loaded together (see the method).
                 for p in &batch {
                     match *p {
