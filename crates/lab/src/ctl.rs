@@ -217,27 +217,27 @@ impl Controller {
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
             ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
             panics: s["counters"]["panics"].as_u64().unwrap_or(0),
-            silences_excused: [
-                self.excused("answered_later")?,
-                self.excused("switch_behind")?,
-            ],
+            silences_excused: self.silences_excused()?,
         })
     }
 
-    /// Silences passive outlier detection excused for `reason` (a label of the counter).
-    fn excused(&self, reason: &str) -> Result<u64> {
-        self.metric(&format!(
-            "flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}}"
-        ))
-    }
-
-    /// A counter's value from the controller's `/metrics`, by its name and labels as
-    /// written there.
-    pub fn metric(&self, name: &str) -> Result<u64> {
+    /// Silences passive outlier detection excused, by reason (answered later, switch
+    /// behind), from one read of the controller's `/metrics`.
+    fn silences_excused(&self) -> Result<[u64; 2]> {
         let body = http_get(self.api, "/metrics")?;
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .ok_or_else(|| anyhow!("no {name} in /metrics"))
+        let excused = |reason: &str| {
+            let name = format!("flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}}");
+            body.lines()
+                .find_map(|l| {
+                    l.strip_prefix(name.as_str())?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .ok_or_else(|| anyhow!("no {name} in /metrics"))
+        };
+        Ok([excused("answered_later")?, excused("switch_behind")?])
     }
 }
 
