@@ -12,7 +12,7 @@ PACKAGES=(
   openvswitch-switch openvswitch-common iproute2 ethtool iputils-ping util-linux procps
   curl wrk iperf3 tshark mininet nginx-light haproxy etcd-server etcd-client
   protobuf-compiler chromium chromium-driver python3 python3-venv openssl
-  openvswitch-testcontroller
+  openvswitch-testcontroller nftables
 )
 
 missing=()

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::balance::{AlgorithmKind, AlgorithmParams, BackendLoad, Balancer, Search};
 use crate::config::{BackendConfig, HealthConfig, HealthKind, ServiceConfig};
-use crate::health::{ActiveHealth, OutlierConfig, PoolOutliers, SlowStart};
+use crate::health::{ActiveHealth, Detector, PoolOutliers, SlowStart};
 
 /// Time constant of the request-rate average. A 10 ms window alone is too noisy (one new
 /// connection in 10 ms reads as 100 per second); one second of memory is smooth and still
@@ -240,10 +240,39 @@ pub struct ServiceCounters {
     pub unknown_flow_packets: u64,
     /// Backends ejected by passive outlier detection (each ejection once).
     pub ejections: u64,
+    /// The same ejections, by the detector that made each.
+    pub ejections_by: EjectionsByDetector,
     /// Times the pool went into panic ([`ServiceState::in_panic`]).
     pub panics: u64,
     /// ISSLM's moves, by the search that found the target.
     pub isslm_moves: IsslmMoves,
+}
+
+/// A service's ejections by detector ([`Detector`]), as exported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EjectionsByDetector {
+    pub consecutive: u64,
+    pub success_rate: u64,
+    pub failure_percentage: u64,
+}
+
+impl EjectionsByDetector {
+    pub fn count(&mut self, by: Detector) {
+        let n = match by {
+            Detector::Consecutive => &mut self.consecutive,
+            Detector::SuccessRate => &mut self.success_rate,
+            Detector::FailurePercentage => &mut self.failure_percentage,
+        };
+        *n += 1;
+    }
+
+    pub fn get(&self, by: Detector) -> u64 {
+        match by {
+            Detector::Consecutive => self.consecutive,
+            Detector::SuccessRate => self.success_rate,
+            Detector::FailurePercentage => self.failure_percentage,
+        }
+    }
 }
 
 /// ISSLM's moves away from an over-threshold requested server, by the search of
@@ -324,6 +353,7 @@ impl ServiceState {
             .collect();
         let balancer = Balancer::new(cfg.algorithm, cfg.params.clone(), backends.len(), seed);
         let n = backends.len();
+        let outliers = PoolOutliers::new(cfg.outlier, n);
         let mut s = ServiceState {
             cfg,
             slot,
@@ -331,7 +361,7 @@ impl ServiceState {
             backends,
             loads: Vec::new(),
             counters: ServiceCounters::default(),
-            outliers: PoolOutliers::new(OutlierConfig::default(), n),
+            outliers,
             handshakes: Default::default(),
             numbers,
             last_refresh: None,
@@ -587,13 +617,42 @@ impl ServiceState {
         }
         let until = self.outliers.on_failure(backend, now);
         if until.is_some() {
-            self.counters.ejections += 1;
-            if let Some(b) = self.backends.get_mut(backend) {
-                b.ejected = true;
-            }
+            self.note_ejected(backend, Detector::Consecutive);
             self.sync_eligibility();
         }
         until
+    }
+
+    /// A connection backend `id` never answered, though it answered one decided after
+    /// it ([`Self::answered_after`]): no failure in a row, but one in the rates the
+    /// success-rate and failure-percentage detectors judge. A backend that answers some
+    /// connections and drops the others (a full accept queue) shows only here.
+    pub fn record_failure_out_of_order(&mut self, now: Instant, id: BackendId) {
+        if let Some(p) = self.position(id) {
+            self.outliers.on_failure_out_of_order(p, now);
+        }
+    }
+
+    /// Runs the rate detectors when their interval is due (`[service.outlier]
+    /// interval_ms`); returns the backends they ejected (positions), each with the end of
+    /// its ejection and the detector.
+    pub fn sweep_outliers(&mut self, now: Instant) -> Vec<(usize, Instant, Detector)> {
+        let ejected = self.outliers.sweep(now);
+        if !ejected.is_empty() {
+            for &(i, _, by) in &ejected {
+                self.note_ejected(i, by);
+            }
+            self.sync_eligibility();
+        }
+        ejected
+    }
+
+    fn note_ejected(&mut self, i: usize, by: Detector) {
+        self.counters.ejections += 1;
+        self.counters.ejections_by.count(by);
+        if let Some(b) = self.backends.get_mut(i) {
+            b.ejected = true;
+        }
     }
 
     /// A connection's accounting rule is gone.

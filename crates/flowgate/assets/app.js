@@ -230,8 +230,10 @@ function renderService(s, now) {
     const eff = Math.round(b.effective_weight * 100) / 100;
     td("weight").textContent = eff !== b.weight ? `${b.weight} (${eff})` : String(b.weight);
     // Ejected by passive outlier detection: out, or still in use while the pool panics.
+    // The detector that ejected it is named: consecutive failures, or its rate against the pool's.
+    const ejected = b.ejected_by ? `ejected: ${b.ejected_by.replace("_", " ")}` : "ejected";
     const [health, healthClass] = !b.located ? ["unlocated", "b-warn"] : !b.healthy ? ["down", "b-bad"]
-      : b.ejected ? (s.panic ? ["ejected (panic: in use)", "b-warn"] : ["ejected", "b-bad"]) : ["healthy", "b-ok"];
+      : b.ejected ? (s.panic ? [`${ejected} (panic: in use)`, "b-warn"] : [ejected, "b-bad"]) : ["healthy", "b-ok"];
     setBadge(td("health"), health, healthClass);
     setBadge(td("state"), b.state, b.draining ? "b-warn" : "b-ok");
     setBadge(td("gap"), ...gapBadge(b.gap));

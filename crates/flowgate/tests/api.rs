@@ -207,6 +207,9 @@ fn reads_services_backends_switches_events_status() {
         "draining",
         "eligible",
         "ejected",
+        "ejected_by",
+        "outcomes_last_interval",
+        "success_rate_last_interval",
         "located",
         "active_connections",
         "connections_total",
@@ -225,6 +228,16 @@ fn reads_services_backends_switches_events_status() {
     assert_eq!(b["weight"], 2);
     assert_eq!(b["state"], "active");
     assert_eq!(b["ejected"], false);
+    assert_eq!(b["ejected_by"], Value::Null);
+    assert_eq!(b["outcomes_last_interval"], 0);
+    assert_eq!(b["success_rate_last_interval"], Value::Null);
+    assert_eq!(
+        v[0]["outlier_success_rate"],
+        Value::Null,
+        "two backends are under the success-rate detector's minimum: {}",
+        v[0]
+    );
+    assert_eq!(v[0]["counters"]["ejections_by"]["success_rate"], 0);
     assert_eq!(
         b["gap"]["mode"], "off",
         "no overload control configured: {b}"
@@ -1483,6 +1496,7 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_backend_ejected", "gauge"),
         ("flowgate_service_isslm_moves_total", "counter"),
         ("flowgate_service_ejections_total", "counter"),
+        ("flowgate_service_ejections_by_detector_total", "counter"),
         ("flowgate_service_panics_total", "counter"),
         ("flowgate_service_panic", "gauge"),
         ("flowgate_lldp_forged_total", "counter"),
@@ -1520,6 +1534,9 @@ fn metrics_are_valid_prometheus_text() {
     for line in [
         "flowgate_backend_ejected{service=\"web\",backend=\"10.0.0.2\"} 0\n",
         "flowgate_service_ejections_total{service=\"web\"} 0\n",
+        "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"consecutive\"} 0\n",
+        "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"success_rate\"} 0\n",
+        "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"failure_percentage\"} 0\n",
         "flowgate_service_panic{service=\"web\"} 0\n",
     ] {
         assert!(r.body.contains(line), "{line}");

@@ -381,6 +381,134 @@ fn ovs_backend_metrics_are_scraped() {
     ctl.assert_no_openflow_errors();
 }
 
+/// A backend that drops some of its connections and answers the others (an nftables rule
+/// in its namespace drops every packet it sends to a client port with bit 1 set: about
+/// half the clients' connections, SYN-ACK and its retransmissions alike) never fails five
+/// in a row in the order the connections were made: its silences are excused as
+/// answered later. The failure-percentage detector judges its share of unanswered
+/// connections instead, at the end of an interval, and ejects it; the two backends that
+/// answer everything stay in and serve every request after. The consecutive detector is
+/// off here, so that a run of five silences at the load's end (no later connection
+/// answered) cannot eject it first.
+#[test]
+fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share() {
+    let Some(p) =
+        setup("ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share")
+    else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
+    let client = &t.hosts[0];
+    let backends = &t.hosts[1..];
+    let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
+    let _servers: Vec<_> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
+        .collect();
+    let outlier = "idle_timeout_secs = 2\n[service.outlier]\nconsecutive_failures = 0\n\
+                   interval_ms = 3000\nfailure_percentage_threshold = 30\n\
+                   failure_percentage_minimum_hosts = 3\nfailure_percentage_request_volume = 5\n";
+    let cfg = vip_config(VIP, "round-robin", &ips, outlier);
+    let ctl = Ctl::start("drop-half", &cfg);
+    ctl.control(&t.bridges[..1]);
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    let dropper = &backends[2];
+    for argv in [
+        &["nft", "add", "table", "inet", "drop_half"][..],
+        &[
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "drop_half",
+            "out",
+            "{ type filter hook output priority 0; policy accept; }",
+        ],
+        &[
+            "nft",
+            "add",
+            "rule",
+            "inet",
+            "drop_half",
+            "out",
+            "tcp",
+            "sport",
+            "80",
+            "tcp",
+            "dport",
+            "&",
+            "2",
+            "==",
+            "2",
+            "drop",
+        ],
+    ] {
+        dropper
+            .exec_checked(argv)
+            .expect("nft rule in the backend's namespace");
+    }
+    let url = format!("http://{VIP}/");
+    let r = load(
+        client,
+        &url,
+        &[
+            "--requests",
+            "90",
+            "--concurrency",
+            "3",
+            "--timeout-ms",
+            "700",
+        ],
+    );
+    let failed = 90 - r["ok"].as_u64().unwrap_or(0);
+    assert!(
+        failed >= 5,
+        "the dropping backend lost some connections: {r}"
+    );
+    let services = || ctl.get_json("/api/v1/services")[0].clone();
+    wait_until_explained(
+        "the dropping backend's ejection",
+        Duration::from_secs(20),
+        || services()["backends"][2]["ejected"] == true,
+        || format!("{}\n{}", services(), ctl.log()),
+    );
+    let s = services();
+    assert_eq!(s["backends"][2]["ejected_by"], "failure_percentage", "{s}");
+    for b in &s["backends"].as_array().expect("backends")[..2] {
+        assert_eq!(b["ejected"], false, "it answers every connection: {s}");
+    }
+    assert_eq!(
+        s["counters"]["ejections_by"]["failure_percentage"], 1,
+        "{s}"
+    );
+    assert_eq!(s["counters"]["ejections_by"]["consecutive"], 0, "{s}");
+    let (_, body) = ctl.get("/metrics");
+    let by = |d: &str| {
+        metric_labelled(
+            &body,
+            "flowgate_service_ejections_by_detector_total",
+            &format!("service=\"web\",detector=\"{d}\""),
+        )
+    };
+    assert_eq!(by("failure_percentage"), Some(1.0), "{body}");
+    // Its silences came between its answers: the consecutive detector, were it on,
+    // would have excused them.
+    let excused = metric_labelled(
+        &body,
+        "flowgate_outlier_silences_excused_total",
+        "reason=\"answered_later\"",
+    );
+    assert!(excused.is_some_and(|n| n >= 1.0), "{body}");
+    // Ejected, it takes no new connection: every request is answered.
+    let r = load(client, &url, &["--requests", "30", "--concurrency", "3"]);
+    assert_eq!(
+        r["ok"], 30,
+        "the two answering backends serve them all: {r}"
+    );
+    ctl.assert_no_openflow_errors();
+}
+
 /// A service's one backend is ejected by passive outlier detection after five
 /// connections whose answers were lost (a blackhole route in the backend's namespace:
 /// its SYN-ACKs never reach the switch, as those a switch that falls behind loses). With

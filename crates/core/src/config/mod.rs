@@ -413,6 +413,8 @@ pub struct ServiceConfig {
     /// weight only as "> 0" through the ramp fraction (`Balancer::set_ramp`).
     pub slow_start: Duration,
     pub health: HealthConfig,
+    /// `[service.outlier]`: passive outlier detection (see [`crate::health::outlier`]).
+    pub outlier: crate::health::OutlierConfig,
     pub metrics: MetricsConfig,
     pub backends: Vec<BackendConfig>,
     /// `[service.overload]`: gapping of new connections (see [`crate::overload`]).
@@ -1208,6 +1210,10 @@ fn read_service(
         .map(|v| v as u32)
         .unwrap_or(DEFAULT_PANIC_THRESHOLD_PERCENT);
     h.finish(errs);
+    let outlier = s
+        .table("outlier", errs)
+        .map(|t| crate::health::OutlierConfig::read(t, errs))
+        .unwrap_or_default();
     let overload = s
         .table("overload", errs)
         .map(|t| crate::overload::OverloadConfig::read(t, errs))
@@ -1348,6 +1354,7 @@ fn read_service(
             fall,
             panic_threshold_percent,
         },
+        outlier,
         metrics: MetricsConfig {
             interval: metrics_interval,
             timeout: metrics_timeout,

@@ -1048,3 +1048,94 @@ mac = "02:00:00:00:00:07"
     assert!(at("service[1].backend[0].mac").contains("pinned to 02:00:00:00:00:06"));
     assert_eq!(errs.len(), 5, "{errs:?}");
 }
+
+#[test]
+fn outlier_detection_is_envoys_by_default_and_each_detector_is_set_apart() {
+    use crate::health::{FailurePercentageConfig, OutlierConfig, SuccessRateConfig};
+    let outlier = |section: &str| {
+        Config::from_toml(&format!("{ONE_SERVICE}{section}"), &no_env)
+            .map(|c| c.services[0].outlier)
+    };
+    assert_eq!(outlier(""), Ok(OutlierConfig::default()));
+    let d = OutlierConfig::default();
+    assert_eq!(d.consecutive_failures, 5);
+    assert_eq!(d.base_ejection, Duration::from_secs(30));
+    assert_eq!(d.max_ejection, Duration::from_secs(300));
+    assert_eq!(d.max_ejection_percent, 10);
+    assert_eq!(d.interval, Duration::from_secs(10));
+    assert_eq!(d.success_rate, Some(SuccessRateConfig::default()));
+    assert_eq!(d.failure_percentage, None);
+    let set = outlier(
+        "[service.outlier]\nconsecutive_failures = 0\nbase_ejection_ms = 5000\n\
+         max_ejection_ms = 60000\nmax_ejection_percent = 50\ninterval_ms = 2000\n\
+         success_rate_minimum_hosts = 3\nsuccess_rate_request_volume = 20\n\
+         success_rate_stdev_factor = 1.0\nfailure_percentage_threshold = 40\n\
+         failure_percentage_minimum_hosts = 2\nfailure_percentage_request_volume = 10\n",
+    );
+    assert_eq!(
+        set,
+        Ok(OutlierConfig {
+            consecutive_failures: 0,
+            base_ejection: Duration::from_secs(5),
+            max_ejection: Duration::from_secs(60),
+            max_ejection_percent: 50,
+            interval: Duration::from_secs(2),
+            success_rate: Some(SuccessRateConfig {
+                minimum_hosts: 3,
+                request_volume: 20,
+                stdev_factor_milli: 1_000,
+            }),
+            failure_percentage: Some(FailurePercentageConfig {
+                threshold: 40,
+                minimum_hosts: 2,
+                request_volume: 10,
+            }),
+        })
+    );
+    assert_eq!(
+        outlier("[service.outlier]\nsuccess_rate = false\n").map(|o| o.success_rate),
+        Ok(None)
+    );
+    // Every bad key is reported with its path, all at once.
+    let errs = Config::from_toml(
+        &format!(
+            "{ONE_SERVICE}[service.outlier]\nconsecutive_failures = -1\n\
+             base_ejection_ms = 60000\nmax_ejection_ms = 1000\nmax_ejection_percent = 101\n\
+             interval_ms = 50\nsuccess_rate = \"yes\"\nsuccess_rate_minimum_hosts = 0\n\
+             success_rate_stdev_factor = -1\nfailure_percentage_threshold = 0\n\
+             failure_percentage_request_volume = 0\nenforcing = 100\n"
+        ),
+        &no_env,
+    )
+    .expect_err("invalid")
+    .0;
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    let want: Vec<String> = [
+        "consecutive_failures",
+        "max_ejection_ms",
+        "max_ejection_percent",
+        "interval_ms",
+        "success_rate",
+        "success_rate_minimum_hosts",
+        "success_rate_stdev_factor",
+        "failure_percentage_threshold",
+        "failure_percentage_request_volume",
+        "enforcing",
+    ]
+    .iter()
+    .map(|k| format!("service[0].outlier.{k}"))
+    .collect();
+    let mut got = paths.clone();
+    got.sort_unstable();
+    let mut want_sorted: Vec<&str> = want.iter().map(String::as_str).collect();
+    want_sorted.sort_unstable();
+    assert_eq!(got, want_sorted, "{errs:?}");
+    let under = errs
+        .iter()
+        .find(|e| e.path.ends_with("max_ejection_ms"))
+        .map(|e| e.message.as_str());
+    assert_eq!(
+        under,
+        Some("1000 is under base_ejection_ms (60000): no ejection could last its base")
+    );
+}

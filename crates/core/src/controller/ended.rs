@@ -333,16 +333,17 @@ impl Controller {
                 }
             }
             (Some(false), Some(conn)) => {
-                let answered_after = self
-                    .services
-                    .get(usize::from(si))
-                    .is_some_and(|s| s.answered_after(bi, conn.created_ms));
-                if answered_after {
-                    self.counters.silences_excused_answered += 1;
-                    return;
-                }
                 if self.path_lagged_since(dpid, src, conn.created_ms) {
                     self.counters.silences_excused_lag += 1;
+                    return;
+                }
+                // Not one in a row, but a failure in the rates all the same: a backend
+                // that drops some connections and answers the others shows there.
+                if let Some(s) = self.services.get_mut(usize::from(si))
+                    && s.answered_after(bi, conn.created_ms)
+                {
+                    s.record_failure_out_of_order(now, bi);
+                    self.counters.silences_excused_answered += 1;
                     return;
                 }
             }

@@ -38,6 +38,7 @@ use crate::balance::{AlgorithmKind, AlgorithmParams};
 use crate::config::{BackendConfig, Config, ControllerConfig, ServiceConfig};
 use crate::conntrack::ConnTable;
 use crate::cookie::RuleKind;
+use crate::health::Detector;
 use crate::service::{AdminState, BackendId, BackendState, ServiceState};
 use crate::topology::{Dpid, HostChange, PortInfo, PortRef, Topology};
 
@@ -851,13 +852,57 @@ impl Controller {
         };
         let name = s.cfg.name.clone();
         if let Some(until) = s.record_outcome(now, bi, answered) {
-            let secs = until.saturating_duration_since(now).as_secs();
-            tracing::info!(service = %name, backend = %address, secs, "backend ejected: consecutive failed connections");
-            self.event(now, "ejected", format!("{name}/{address} for {secs}s"));
+            self.note_ejection(now, &name, address, until, Detector::Consecutive);
         }
         // Only this service's pool can have changed: not a walk of every service per
         // FLOW_REMOVED.
         self.note_panic(now, usize::from(si));
+    }
+
+    /// Logs an ejection, and records it as an event.
+    fn note_ejection(
+        &mut self,
+        now: Instant,
+        service: &str,
+        backend: Ipv4Addr,
+        until: Instant,
+        by: Detector,
+    ) {
+        let secs = until.saturating_duration_since(now).as_secs();
+        let why = match by {
+            Detector::Consecutive => "consecutive connections it never answered",
+            Detector::SuccessRate => "its share of answered connections far under the pool's",
+            Detector::FailurePercentage => "its share of unanswered connections over the threshold",
+        };
+        tracing::info!(service, backend = %backend, secs, detector = by.as_str(), "backend ejected: {why}");
+        self.event(
+            now,
+            "ejected",
+            format!("{service}/{backend} for {secs}s ({})", by.as_str()),
+        );
+    }
+
+    /// Runs each service's rate detectors (success rate, failure percentage) as their
+    /// interval comes due.
+    fn sweep_outliers(&mut self, now: Instant) {
+        for i in 0..self.services.len() {
+            let Some(s) = self.services.get_mut(i) else {
+                continue;
+            };
+            let ejected = s.sweep_outliers(now);
+            if ejected.is_empty() {
+                continue;
+            }
+            let name = s.cfg.name.clone();
+            let ejected: Vec<(Ipv4Addr, Instant, Detector)> = ejected
+                .into_iter()
+                .filter_map(|(b, until, by)| Some((s.backends.get(b)?.address, until, by)))
+                .collect();
+            for (address, until, by) in ejected {
+                self.note_ejection(now, &name, address, until, by);
+            }
+            self.note_panic(now, i);
+        }
     }
 
     /// Logs service `i`'s pool going into or out of panic (`ServiceState::in_panic`), if
@@ -920,6 +965,7 @@ impl Controller {
             self.last_arp_probe = Some(now);
             self.probe_unlocated_backends(out);
         }
+        self.sweep_outliers(now);
         self.age_hosts(now, out);
         self.expire_handshakes(now);
         self.overload_tick(now, out);
@@ -1509,6 +1555,7 @@ fn carry_over(now: Instant, prev: &mut ServiceState, next: &mut ServiceState) ->
             }
         }
     }
+    next.outliers.keep_sweep(&prev.outliers);
     next.counters = prev.counters.clone();
     // The handshake figures are counters too (`…_handshakes_deferred_total`), and whether
     // the service's clients complete is theirs, not the file's. The backends' reply-catch

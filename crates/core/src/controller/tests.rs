@@ -1794,6 +1794,105 @@ fn silences_before_an_answered_connection_are_no_verdict() {
     }
 }
 
+/// A backend that answers half its connections and drops the others (a full accept
+/// queue) never fails five in a row, and its silences are excused from the consecutive
+/// detector (it answered later connections); the success-rate detector, at the end of
+/// its interval, sees its rate far under the pool's and ejects it, and the pool's other
+/// four backends, answering everything, stay in.
+#[test]
+fn a_backend_that_drops_half_its_connections_is_ejected_by_its_success_rate() {
+    let mut config = service_config("round-robin", &[2, 3, 4, 5, 6]);
+    config += "[service.outlier]\nsuccess_rate_request_volume = 20\n";
+    let hosts: Vec<(String, u64, u32)> = (1..=6u8)
+        .map(|i| (format!("h{i}"), 1, u32::from(i)))
+        .collect();
+    let hosts: Vec<(&str, u64, u32)> = hosts.iter().map(|(n, d, p)| (n.as_str(), *d, *p)).collect();
+    let mut sim = Sim::new(&config, &[(1, 6)], &[], &hosts);
+    for i in 1..=6u8 {
+        sim.send(&format!("h{i}"), &arp_request(i, ip(9)));
+    }
+    sim.tick(Duration::from_millis(10));
+    for port in 40000..40100u16 {
+        sim.tick(Duration::from_millis(2));
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+    }
+    let mut outcome_rules: Vec<(u16, u64, ofp::Match, bool)> = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .filter(|f| f.cookie & cookie::conn::OUTCOME != 0)
+        .map(|f| {
+            let from_h6 = f
+                .match_
+                .iter()
+                .any(|o| matches!(o, ofp::Oxm::Ipv4Src { value, .. } if *value == ip(6)));
+            let client_port = f.match_.iter().find_map(|o| match o {
+                ofp::Oxm::TcpDst(p) => Some(*p),
+                _ => None,
+            });
+            (
+                client_port.unwrap_or(0),
+                f.cookie,
+                f.match_.clone(),
+                from_h6,
+            )
+        })
+        .collect();
+    assert_eq!(outcome_rules.len(), 100, "one outcome rule per connection");
+    // In the order they were decided: h6 drops every other connection it is given.
+    outcome_rules.sort_by_key(|r| r.0);
+    let mut h6_turn = 0;
+    let (mut silent, mut answered) = (Vec::new(), Vec::new());
+    for (_, cookie, m, from_h6) in outcome_rules {
+        if from_h6 {
+            h6_turn += 1;
+            if h6_turn % 2 == 1 {
+                silent.push((cookie, m));
+                continue;
+            }
+        }
+        answered.push((cookie, m));
+    }
+    // The answers are reported first (a connection's end, a second after it closes),
+    // then the silences (their rules idle out): h6's every silence is followed, in the
+    // order of the decisions, by an answered connection of its own.
+    for (cookie, m) in answered {
+        rule_ended(&mut sim, cookie, m, 3);
+    }
+    for (cookie, m) in silent {
+        rule_idled_out(&mut sim, cookie, m);
+    }
+    let s = &sim.c.services()[0];
+    assert_eq!(s.counters.ejections, 0, "no five in a row");
+    assert_eq!(sim.c.counters().silences_excused_answered, 10);
+    // The interval (10 s) ends: h6 answered 10 of 20, the others 20 of 20.
+    sim.tick(Duration::from_secs(10));
+    let s = &sim.c.services()[0];
+    let ejected: Vec<bool> = s.backends.iter().map(|b| b.ejected).collect();
+    assert_eq!(ejected, [false, false, false, false, true]);
+    assert_eq!(s.counters.ejections, 1);
+    assert_eq!(s.counters.ejections_by.success_rate, 1);
+    assert_eq!(
+        s.outliers.host(4).and_then(|h| h.ejected_by()),
+        Some(Detector::SuccessRate)
+    );
+    let stats = s
+        .outliers
+        .success_rate_stats()
+        .expect("five backends judged");
+    assert_eq!((stats.hosts, stats.mean), (5, 90.0));
+    assert!(
+        sim.c
+            .events()
+            .any(|e| e.kind == "ejected" && e.detail.contains("success_rate"))
+    );
+    for port in 41000..41020u16 {
+        let got = sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+        assert_ne!(got[0].0, "h6", "an ejected backend takes no new connection");
+    }
+}
+
 /// Which hosts `n` new connections from h1 reach, and how many each.
 fn spread(sim: &mut Sim, first_port: u16, n: u16) -> BTreeMap<String, u32> {
     let mut seen = BTreeMap::new();
@@ -1905,6 +2004,49 @@ fn a_reload_keeps_a_pool_in_panic_without_a_second_one() {
     assert!(s.in_panic() && s.backends[0].ejected && s.backends[0].eligible());
     assert_eq!((s.counters.ejections, s.counters.panics), (1, 1));
     assert_eq!(sim.c.events().filter(|e| e.kind == "panic").count(), 1);
+}
+
+/// A reload that changes `[service.outlier]` applies the new settings to the backends
+/// that stay, which keep their ejection and their interval's outcomes: an ejected backend
+/// is not let back in by a reload, and the interval does not start over.
+#[test]
+fn a_reload_applies_new_outlier_settings_and_keeps_each_backends_state() {
+    let config = service_config("round-robin", &[2, 3, 4]);
+    let mut sim = one_switch(&config);
+    sim.tick(Duration::from_millis(10));
+    five_unanswered_connections_to(&mut sim, 2, 45000, |_, _, _| {});
+    assert!(sim.c.services()[0].backends[0].ejected);
+    sim.tick(Duration::from_secs(6));
+    let reloaded = format!(
+        "{config}[service.outlier]\nfailure_percentage_threshold = 50\nconsecutive_failures = 3\n"
+    );
+    let cfg = Config::from_toml(&reloaded, &|_| None).expect("valid config");
+    let now = sim.now;
+    sim.c.reload(now, &cfg, &mut sim.out);
+    sim.pump();
+    let s = &sim.c.services()[0];
+    let o = s.outliers.config();
+    assert_eq!(o.consecutive_failures, 3);
+    assert_eq!(o.failure_percentage.map(|f| f.threshold), Some(50));
+    assert!(s.backends[0].ejected, "still ejected after the reload");
+    assert_eq!(
+        s.outliers
+            .host(0)
+            .map(|h| (h.ejected_by(), h.config().consecutive_failures)),
+        Some((Some(Detector::Consecutive), 3)),
+        "its state kept, under the new settings"
+    );
+    assert_eq!(s.counters.ejections, 1);
+    // The interval that began before the reload ends on time, 10 s after it began: the
+    // five silences are in its last window.
+    sim.tick(Duration::from_millis(4100));
+    let s = &sim.c.services()[0];
+    assert_eq!(
+        s.outliers.host(0).map(|h| h.last_window().failures),
+        Some(5),
+        "{:?}",
+        s.outliers.host(0)
+    );
 }
 
 /// A backend removed through the API takes its outlier state with it: the later backends

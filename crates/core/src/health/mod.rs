@@ -3,11 +3,12 @@
 //! * [`ActiveHealth`]: rise/fall counting of active probe results (HAProxy defaults
 //!   rise 2, fall 3; anchors §2.2), with Envoy's "a single success marks a new host
 //!   healthy" at start (anchors §2.1).
-//! * [`Outlier`] / [`PoolOutliers`]: passive outlier ejection after consecutive failures,
-//!   with Envoy's defaults and rules (anchors §2.1): 5 consecutive failures, ejection for
-//!   30 s × number of ejections capped at 300 s, the multiplier decaying while the host
-//!   stays un-ejected, and at most 10 % of a pool ejected (at least one host always
-//!   ejectable).
+//! * [`Outlier`] / [`PoolOutliers`]: passive outlier ejection with Envoy's three detectors
+//!   and rules (anchors §2.1): consecutive failures (5), a success rate under the pool's
+//!   mean by 1.9 standard deviations, a failure percentage over a threshold (off by
+//!   default); ejection for 30 s × number of ejections capped at 300 s, the multiplier
+//!   decaying while the host stays un-ejected, and at most 10 % of a pool ejected (at
+//!   least one host always ejectable). Settings in `[service.outlier]` ([`outlier`]).
 //! * [`SlowStart`]: Envoy's slow-start weight ramp (aggression 1.0 = linear).
 //! * [`AdminState`]: the operator's ready/drain switch.
 //!
@@ -19,8 +20,14 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+pub mod outlier;
 #[cfg(test)]
 mod tests;
+
+pub use outlier::{
+    Detector, FailurePercentageConfig, Outlier, OutlierConfig, PoolOutliers, RateWindow,
+    SuccessRateConfig, SuccessRateStats,
+};
 
 // ---- active health ------------------------------------------------------------------
 
@@ -147,271 +154,6 @@ impl ActiveHealth {
             HealthState::Healthy if was != HealthState::Healthy => Some(HealthTransition::Up),
             HealthState::Unhealthy if was != HealthState::Unhealthy => Some(HealthTransition::Down),
             _ => None,
-        }
-    }
-}
-
-// ---- passive outlier detection ------------------------------------------------------
-
-/// Outlier-detection settings (Envoy defaults, anchors §2.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutlierConfig {
-    /// Consecutive failures (resets, timeouts, 5xx) that eject a host (5).
-    pub consecutive_failures: u32,
-    /// Ejection time per ejection (30 s): the n-th ejection lasts n × this.
-    pub base_ejection: Duration,
-    /// Cap on one ejection (300 s).
-    pub max_ejection: Duration,
-    /// Most of a pool that may be ejected at once, in percent (10); at least one host is
-    /// always ejectable.
-    pub max_ejection_percent: u32,
-    /// The ejection multiplier drops by one per this much time un-ejected (10 s, Envoy's
-    /// analysis `interval`).
-    pub decay_interval: Duration,
-}
-
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        OutlierConfig {
-            consecutive_failures: 5,
-            base_ejection: Duration::from_secs(30),
-            max_ejection: Duration::from_secs(300),
-            max_ejection_percent: 10,
-            decay_interval: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Passive outlier state of one host. Failures observed while the host is ejected are
-/// ignored (it should carry no new traffic then).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outlier {
-    cfg: OutlierConfig,
-    consecutive: u32,
-    multiplier: u32,
-    ejected_until: Option<Instant>,
-    /// Start of the current decay period (end of the last ejection or last decrement).
-    decay_from: Option<Instant>,
-}
-
-impl Outlier {
-    /// A host with no failures and no ejection history.
-    pub fn new(cfg: OutlierConfig) -> Self {
-        Outlier {
-            cfg,
-            consecutive: 0,
-            multiplier: 0,
-            ejected_until: None,
-            decay_from: None,
-        }
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &OutlierConfig {
-        &self.cfg
-    }
-
-    /// Ejected at `now`?
-    pub fn is_ejected(&self, now: Instant) -> bool {
-        self.ejected_until.is_some_and(|u| now < u)
-    }
-
-    /// End of the current (or last) ejection.
-    pub fn ejected_until(&self) -> Option<Instant> {
-        self.ejected_until
-    }
-
-    /// Current consecutive-failure count.
-    pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive
-    }
-
-    /// The ejection multiplier (number of ejections, after decay) at `now`.
-    pub fn multiplier(&self, now: Instant) -> u32 {
-        let mut o = *self;
-        o.settle(now);
-        o.multiplier
-    }
-
-    /// One observed failure; ejects the host when the threshold is reached and returns
-    /// the end of the ejection. No pool cap: use [`PoolOutliers`] for that.
-    pub fn on_failure(&mut self, now: Instant) -> Option<Instant> {
-        if self.count_failure(now) {
-            Some(self.eject(now))
-        } else {
-            None
-        }
-    }
-
-    /// One observed success: the consecutive count restarts.
-    pub fn on_success(&mut self, now: Instant) {
-        self.settle(now);
-        self.consecutive = 0;
-    }
-
-    /// Ends an ejection early (Envoy: a successful active health check un-ejects).
-    pub fn uneject(&mut self, now: Instant) {
-        if self.is_ejected(now) {
-            self.ejected_until = Some(now);
-        }
-        self.settle(now);
-        self.consecutive = 0;
-    }
-
-    /// Counts a failure; true when the host has reached the threshold (and is not
-    /// already ejected).
-    fn count_failure(&mut self, now: Instant) -> bool {
-        self.settle(now);
-        if self.is_ejected(now) {
-            return false;
-        }
-        self.consecutive = self.consecutive.saturating_add(1);
-        self.consecutive >= self.cfg.consecutive_failures.max(1)
-    }
-
-    /// Ejects for `base × multiplier` (after incrementing it), capped at `max_ejection`.
-    fn eject(&mut self, now: Instant) -> Instant {
-        self.settle(now);
-        self.multiplier = self.multiplier.saturating_add(1);
-        let d = self
-            .cfg
-            .base_ejection
-            .saturating_mul(self.multiplier)
-            .min(self.cfg.max_ejection);
-        let until = now.checked_add(d).unwrap_or(now);
-        self.ejected_until = Some(until);
-        self.consecutive = 0;
-        self.decay_from = None;
-        until
-    }
-
-    /// Ends a finished ejection and applies the multiplier decay up to `now`.
-    fn settle(&mut self, now: Instant) {
-        if let Some(u) = self.ejected_until {
-            if now < u {
-                return;
-            }
-            if self.decay_from.is_none_or(|d| d < u) {
-                self.decay_from = Some(u);
-            }
-        }
-        if self.multiplier == 0 {
-            return;
-        }
-        let Some(from) = self.decay_from else {
-            self.decay_from = Some(now);
-            return;
-        };
-        let step = self.cfg.decay_interval.as_nanos().max(1);
-        let steps = now.saturating_duration_since(from).as_nanos() / step;
-        if steps == 0 {
-            return;
-        }
-        let dec = u32::try_from(steps)
-            .unwrap_or(u32::MAX)
-            .min(self.multiplier);
-        self.multiplier -= dec;
-        self.decay_from = from
-            .checked_add(self.cfg.decay_interval.saturating_mul(dec))
-            .or(Some(now));
-    }
-}
-
-/// Outlier detection across one pool, enforcing `max_ejection_percent` the Envoy way: a
-/// host reaching the threshold is ejected only if no host is ejected yet or the ejected
-/// share is below the limit (`ejected × 100 < percent × pool`). A host refused for that
-/// reason keeps its count and is retried on its next failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolOutliers {
-    cfg: OutlierConfig,
-    hosts: Vec<Outlier>,
-}
-
-impl PoolOutliers {
-    /// A pool of `n` hosts.
-    pub fn new(cfg: OutlierConfig, n: usize) -> Self {
-        PoolOutliers {
-            cfg,
-            hosts: vec![Outlier::new(cfg); n],
-        }
-    }
-
-    /// Pool size.
-    pub fn len(&self) -> usize {
-        self.hosts.len()
-    }
-
-    /// Empty pool?
-    pub fn is_empty(&self) -> bool {
-        self.hosts.is_empty()
-    }
-
-    /// The pool grew or shrank at the end.
-    pub fn resize(&mut self, n: usize) {
-        self.hosts.resize(n, Outlier::new(self.cfg));
-    }
-
-    /// Host `i` left the pool; later hosts shift down.
-    pub fn remove(&mut self, i: usize) {
-        if i < self.hosts.len() {
-            self.hosts.remove(i);
-        }
-    }
-
-    /// Host `i` is `h`, which stayed in the pool across a reconfiguration: it keeps its
-    /// failures, ejection and history under this pool's settings.
-    pub fn keep(&mut self, i: usize, h: &Outlier) {
-        if let Some(slot) = self.hosts.get_mut(i) {
-            *slot = Outlier {
-                cfg: self.cfg,
-                ..*h
-            };
-        }
-    }
-
-    /// Host `i`'s state.
-    pub fn host(&self, i: usize) -> Option<&Outlier> {
-        self.hosts.get(i)
-    }
-
-    /// Is host `i` ejected at `now`? (false for an unknown index)
-    pub fn is_ejected(&self, i: usize, now: Instant) -> bool {
-        self.hosts.get(i).is_some_and(|h| h.is_ejected(now))
-    }
-
-    /// Number of hosts ejected at `now`.
-    pub fn ejected_count(&self, now: Instant) -> usize {
-        self.hosts.iter().filter(|h| h.is_ejected(now)).count()
-    }
-
-    /// Whether one more host may be ejected at `now`.
-    pub fn may_eject(&self, now: Instant) -> bool {
-        let e = self.ejected_count(now) as u128;
-        e == 0 || e * 100 < u128::from(self.cfg.max_ejection_percent) * self.hosts.len() as u128
-    }
-
-    /// One failure of host `i`; returns the end of the ejection if it got ejected.
-    pub fn on_failure(&mut self, i: usize, now: Instant) -> Option<Instant> {
-        let may = self.may_eject(now);
-        let h = self.hosts.get_mut(i)?;
-        if h.count_failure(now) && may {
-            Some(h.eject(now))
-        } else {
-            None
-        }
-    }
-
-    /// One success of host `i`.
-    pub fn on_success(&mut self, i: usize, now: Instant) {
-        if let Some(h) = self.hosts.get_mut(i) {
-            h.on_success(now);
-        }
-    }
-
-    /// Ends host `i`'s ejection early (successful active health check).
-    pub fn uneject(&mut self, i: usize, now: Instant) {
-        if let Some(h) = self.hosts.get_mut(i) {
-            h.uneject(now);
         }
     }
 }

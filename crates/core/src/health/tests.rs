@@ -242,3 +242,188 @@ fn admin_state_parse_and_display() {
     assert!(AdminState::Active.accepts_new());
     assert!(!AdminState::Draining.accepts_new());
 }
+
+// ---- the rate detectors ---------------------------------------------------------------
+
+/// A pool whose host `i` answers `answered[i]` of `per_host` connections in one interval,
+/// its failures spread among its successes (each out of order, as a dropping host's are:
+/// it answered a later connection), then swept at the interval's end.
+fn sweep_one_interval(
+    cfg: OutlierConfig,
+    answered: &[u32],
+    per_host: u32,
+) -> (PoolOutliers, Vec<(usize, Instant, Detector)>, Instant) {
+    let t0 = Instant::now();
+    let mut p = PoolOutliers::new(cfg, answered.len());
+    assert!(p.sweep(t0).is_empty(), "the first call starts the interval");
+    for (i, &ok) in answered.iter().enumerate() {
+        for k in 0..per_host {
+            if k < ok {
+                p.on_success(i, t0 + secs(1));
+            } else {
+                p.on_failure_out_of_order(i, t0 + secs(1));
+            }
+        }
+    }
+    let end = t0 + cfg.interval;
+    assert!(
+        p.sweep(end - secs(1)).is_empty(),
+        "not due before the interval ends"
+    );
+    let ejected = p.sweep(end);
+    (p, ejected, end)
+}
+
+#[test]
+fn success_rate_ejects_a_host_that_drops_half_its_connections() {
+    let cfg = OutlierConfig::default();
+    let (p, ejected, end) = sweep_one_interval(cfg, &[100, 100, 99, 100, 50], 100);
+    assert_eq!(ejected, vec![(4, end + secs(30), Detector::SuccessRate)]);
+    assert!(p.is_ejected(4, end));
+    assert_eq!(
+        p.host(4).and_then(|h| h.ejected_by()),
+        Some(Detector::SuccessRate)
+    );
+    // Its failures were never in a row: the consecutive detector saw none.
+    assert_eq!(p.host(4).map(|h| h.consecutive_failures()), Some(0));
+    let stats = p.success_rate_stats().expect("five hosts judged");
+    assert_eq!(stats.hosts, 5);
+    assert!((stats.mean - 89.8).abs() < 1e-9, "{stats:?}");
+    // The population's deviation is √(1980.8 / 5) = 19.904; 89.8 − 1.9 × 19.904 = 51.98.
+    assert!((stats.threshold - 51.983).abs() < 0.01, "{stats:?}");
+    assert_eq!(
+        p.host(4).map(|h| h.last_window()),
+        Some(RateWindow {
+            outcomes: 100,
+            failures: 50
+        })
+    );
+}
+
+#[test]
+fn success_rate_judges_no_pool_under_its_minimum_or_volume() {
+    let cfg = OutlierConfig::default();
+    // Four hosts: under the minimum of five, however far one falls.
+    let (p, ejected, _) = sweep_one_interval(cfg, &[100, 100, 100, 0], 100);
+    assert!(ejected.is_empty());
+    assert_eq!(p.success_rate_stats(), None);
+    // Five hosts, but the dropping one under the volume: the other four are too few.
+    let (_, ejected, _) = sweep_one_interval(cfg, &[99, 99, 99, 99, 50], 99);
+    assert!(ejected.is_empty());
+    // Turned off.
+    let off = OutlierConfig {
+        success_rate: None,
+        ..cfg
+    };
+    let (_, ejected, _) = sweep_one_interval(off, &[100, 100, 99, 100, 50], 100);
+    assert!(ejected.is_empty());
+}
+
+#[test]
+fn success_rate_ejects_no_one_when_the_whole_pool_loses_alike() {
+    // A switch that loses a third of every backend's answers: no outlier.
+    let (p, ejected, _) = sweep_one_interval(OutlierConfig::default(), &[66, 68, 67, 65, 67], 100);
+    assert!(ejected.is_empty(), "{ejected:?}");
+    assert!(p.success_rate_stats().is_some_and(|s| s.threshold < 65.0));
+}
+
+#[test]
+fn failure_percentage_ejects_at_its_threshold_when_on() {
+    let fp = FailurePercentageConfig {
+        threshold: 40,
+        minimum_hosts: 3,
+        request_volume: 20,
+    };
+    let cfg = OutlierConfig {
+        success_rate: None,
+        failure_percentage: Some(fp),
+        ..OutlierConfig::default()
+    };
+    // 40 % failed: at the threshold, ejected; 39 % is not.
+    let (_, ejected, end) = sweep_one_interval(cfg, &[20, 20, 12], 20);
+    assert_eq!(
+        ejected,
+        vec![(2, end + secs(30), Detector::FailurePercentage)]
+    );
+    let (_, ejected, _) = sweep_one_interval(cfg, &[100, 100, 61], 100);
+    assert!(ejected.is_empty());
+    // Off by default, as Envoy's is (enforcing_failure_percentage 0).
+    assert_eq!(OutlierConfig::default().failure_percentage, None);
+    let (_, ejected, _) = sweep_one_interval(OutlierConfig::default(), &[20, 20, 0], 20);
+    assert!(ejected.is_empty());
+    // Two hosts of enough volume are under its minimum of three.
+    let (_, ejected, _) = sweep_one_interval(cfg, &[20, 20, 0, 5], 20);
+    assert_eq!(ejected.len(), 1, "the three of volume judged: {ejected:?}");
+    let (_, ejected, _) = sweep_one_interval(cfg, &[20, 0], 20);
+    assert!(ejected.is_empty());
+}
+
+#[test]
+fn the_rate_detectors_keep_to_the_pool_cap_and_skip_the_ejected() {
+    let fp = FailurePercentageConfig {
+        threshold: 50,
+        minimum_hosts: 1,
+        request_volume: 10,
+    };
+    let cfg = OutlierConfig {
+        failure_percentage: Some(fp),
+        ..OutlierConfig::default()
+    };
+    // 10 % of ten hosts: one ejected, the other failing host waits.
+    let (mut p, ejected, end) =
+        sweep_one_interval(cfg, &[10, 10, 10, 10, 10, 10, 10, 10, 0, 0], 10);
+    assert_eq!(ejected.len(), 1, "{ejected:?}");
+    assert_eq!(p.ejected_count(end), 1);
+    // The ejected host's outcomes are not counted while it is out; the next interval
+    // judges the other one.
+    let next = end + cfg.interval;
+    for i in 0..10 {
+        for _ in 0..10 {
+            if i >= 8 {
+                p.on_failure_out_of_order(i, end + secs(1));
+            } else {
+                p.on_success(i, end + secs(1));
+            }
+        }
+    }
+    let again = p.sweep(next);
+    assert_eq!(
+        again.len(),
+        0,
+        "the cap still holds: one of ten is out: {again:?}"
+    );
+    let ejected_one = ejected[0].0;
+    assert_eq!(
+        p.host(ejected_one).map(|h| h.last_window().outcomes),
+        Some(0),
+        "an ejected host's outcomes do not count"
+    );
+}
+
+#[test]
+fn consecutive_failures_of_zero_turn_that_detector_off() {
+    let cfg = OutlierConfig {
+        consecutive_failures: 0,
+        ..OutlierConfig::default()
+    };
+    let t0 = Instant::now();
+    let mut p = PoolOutliers::new(cfg, 1);
+    for _ in 0..100 {
+        assert_eq!(p.on_failure(0, t0), None);
+    }
+    assert!(!p.is_ejected(0, t0));
+}
+
+#[test]
+fn out_of_order_failures_break_no_run() {
+    let t0 = Instant::now();
+    let mut p = PoolOutliers::new(OutlierConfig::default(), 5);
+    for _ in 0..4 {
+        p.on_failure(0, t0);
+    }
+    for _ in 0..10 {
+        p.on_failure_out_of_order(0, t0);
+    }
+    assert_eq!(p.host(0).map(|h| h.consecutive_failures()), Some(4));
+    assert!(p.on_failure(0, t0).is_some(), "the fifth in a row ejects");
+}

@@ -378,7 +378,7 @@ pub(crate) fn render(handle: &Handle) -> String {
         (
             "flowgate_service_ejections_total",
             "counter",
-            "Backends ejected by passive outlier detection (consecutive connections they never answered).",
+            "Backends ejected by passive outlier detection, by any detector (flowgate_service_ejections_by_detector_total has each).",
         ),
         (
             "flowgate_service_panics_total",
@@ -409,6 +409,24 @@ pub(crate) fn render(handle: &Handle) -> String {
                 _ => u64::from(s.in_panic()),
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
+        }
+    }
+
+    family(
+        &mut o,
+        "flowgate_service_ejections_by_detector_total",
+        "counter",
+        "Backends ejected by passive outlier detection, by detector: consecutive (connections in a row it never answered), success_rate (its share of answered connections under the pool's mean by success_rate_stdev_factor deviations), failure_percentage (its share of unanswered ones at failure_percentage_threshold or over).",
+    );
+    for s in c.services() {
+        for by in flowgate_core::health::Detector::ALL {
+            let _ = writeln!(
+                o,
+                "flowgate_service_ejections_by_detector_total{{service=\"{}\",detector=\"{}\"}} {}",
+                esc(&s.cfg.name),
+                by.as_str(),
+                s.counters.ejections_by.get(by)
+            );
         }
     }
 

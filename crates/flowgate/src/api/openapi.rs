@@ -191,7 +191,10 @@ fn schemas() -> Value {
                 "state": { "type": "string", "enum": ["active", "draining"] },
                 "draining": { "type": "boolean" },
                 "eligible": { "type": "boolean", "description": "Healthy, active, located and not ejected (or its ejection waived while the service is in panic): can take a new connection." },
-                "ejected": { "type": "boolean", "description": "Ejected by passive outlier detection: consecutive connections it never answered." },
+                "ejected": { "type": "boolean", "description": "Ejected by passive outlier detection ([service.outlier])." },
+                "ejected_by": { "type": ["string", "null"], "enum": ["consecutive", "success_rate", "failure_percentage", null], "description": "The detector of the ejection in force: consecutive connections it never answered, a share of answered connections far under the pool's, or a share of unanswered ones over failure_percentage_threshold." },
+                "outcomes_last_interval": { "type": "integer", "description": "Connections judged (answered or not) in the outlier detectors' last complete interval (interval_ms)." },
+                "success_rate_last_interval": { "type": ["number", "null"], "description": "The share of them answered, in percent; null with none." },
                 "located": { "type": "boolean" },
                 "mac": { "type": ["string", "null"] },
                 "active_connections": { "type": "integer" },
@@ -222,7 +225,16 @@ fn schemas() -> Value {
                 "hysteresis": { "type": "number" },
                 "health_check": { "type": "string", "enum": ["none", "tcp", "http"] },
                 "panic": { "type": "boolean", "description": "Fewer than panic_threshold_percent of the backends are available: their outlier ejections are waived (Envoy's panic threshold)." },
-                "counters": { "type": "object" },
+                "outlier_success_rate": {
+                    "type": ["object", "null"],
+                    "description": "The success-rate detector's last interval, if it had backends enough to judge (success_rate_minimum_hosts, each with success_rate_request_volume outcomes): their mean share of answered connections and the threshold under which one was ejected, in percent, and how many were judged.",
+                    "properties": {
+                        "mean": { "type": "number" },
+                        "threshold": { "type": "number" },
+                        "backends": { "type": "integer" }
+                    }
+                },
+                "counters": { "type": "object", "description": "The service's counters, among them ejections and ejections_by (consecutive, success_rate, failure_percentage)." },
                 "rps": { "type": "number" },
                 "active_connections": { "type": "integer" },
                 "backends": schema_ref("BackendList"),

@@ -31,6 +31,8 @@ pub struct ServiceView {
     /// Too few backends available: their outlier ejections are waived
     /// (`[service.health] panic_threshold_percent`).
     pub panic: bool,
+    /// The success-rate detector's last interval, if it had backends enough to judge.
+    pub outlier_success_rate: Option<SuccessRateView>,
     pub counters: flowgate_core::service::ServiceCounters,
     /// Sum of the backends' request rates (new connections per second).
     pub rps: f64,
@@ -45,6 +47,19 @@ pub struct ServiceView {
     /// reactive service's (a backend gone from here can be taken down), not those a
     /// proactive or partitioned service's switch rules place without it.
     pub left_backends: Vec<flowgate_core::service::LeftBackend>,
+}
+
+/// The success-rate detector's last sweep over a pool (Envoy's
+/// `success_rate_average` and `success_rate_ejection_threshold`).
+#[derive(Debug, Serialize)]
+pub struct SuccessRateView {
+    /// The judged backends' mean share of answered connections, in percent.
+    pub mean: f64,
+    /// A backend under it was ejected: the mean less `success_rate_stdev_factor`
+    /// standard deviations.
+    pub threshold: f64,
+    /// Backends judged (each with `success_rate_request_volume` outcomes or more).
+    pub backends: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,8 +79,15 @@ pub struct BackendView {
     /// Healthy, active, located and not ejected (or its ejection waived: the service is
     /// in panic): can take a new connection.
     pub eligible: bool,
-    /// Ejected by passive outlier detection (consecutive connections it never answered).
+    /// Ejected by passive outlier detection.
     pub ejected: bool,
+    /// The detector of the ejection in force: `consecutive`, `success_rate` or
+    /// `failure_percentage` (`null` when not ejected).
+    pub ejected_by: Option<&'static str>,
+    /// Connections judged in the outlier detectors' last complete interval (answered or
+    /// not), and the share answered, in percent (`null` with none).
+    pub outcomes_last_interval: u32,
+    pub success_rate_last_interval: Option<f64>,
     pub located: bool,
     pub mac: Option<String>,
     pub active_connections: u32,
@@ -99,6 +121,8 @@ fn backend_view(
     partitions: Option<&flowgate_core::controller::PartitionView>,
 ) -> BackendView {
     let load = s.loads.get(i);
+    let outlier = s.outliers.host(i);
+    let window = outlier.map(|o| o.last_window()).unwrap_or_default();
     BackendView {
         address: b.address,
         // The operator's (a domain controller's spill scales it in `effective_weight`).
@@ -109,6 +133,12 @@ fn backend_view(
         draining: b.admin == flowgate_core::service::AdminState::Draining,
         eligible: b.eligible(),
         ejected: b.ejected,
+        ejected_by: outlier
+            .and_then(|o| o.ejected_by())
+            .filter(|_| b.ejected)
+            .map(|d| d.as_str()),
+        outcomes_last_interval: window.outcomes,
+        success_rate_last_interval: window.success_rate(),
         located: b.mac.is_some(),
         mac: b.mac.map(|m| m.to_string()),
         active_connections: b.active_connections,
@@ -147,6 +177,11 @@ fn service_view(c: &Controller, si: usize, s: &ServiceState) -> ServiceView {
         hysteresis: s.cfg.params.hysteresis,
         health_check: s.cfg.health.kind,
         panic: s.in_panic(),
+        outlier_success_rate: s.outliers.success_rate_stats().map(|r| SuccessRateView {
+            mean: r.mean,
+            threshold: r.threshold,
+            backends: r.hosts,
+        }),
         counters: s.counters.clone(),
         rps: backends.iter().map(|b| b.rps).sum(),
         active_connections: backends

@@ -377,12 +377,12 @@ fn print_services(v: &Value) {
             }
         );
         println!(
-            "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8}",
-            "BACKEND", "WEIGHT", "HEALTH", "STATE", "ACTIVE", "TOTAL", "RPS", "RT(ms)"
+            "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8} {:>9}  EJECTED BY",
+            "BACKEND", "WEIGHT", "HEALTH", "STATE", "ACTIVE", "TOTAL", "RPS", "RT(ms)", "ANSWERED%"
         );
         for b in s["backends"].as_array().into_iter().flatten() {
             println!(
-                "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8}",
+                "  {:<16} {:>6} {:<9} {:<9} {:>7} {:>9} {:>8} {:>8} {:>9}  {}",
                 b["address"].as_str().unwrap_or("?"),
                 plain(&b["weight"]),
                 // As the dashboard: a backend not found on the network takes nothing.
@@ -400,7 +400,10 @@ fn print_services(v: &Value) {
                 plain(&b["active_connections"]),
                 plain(&b["connections_total"]),
                 opt(&b["rps"], 1),
-                opt(&b["response_time_ms"], 2)
+                opt(&b["response_time_ms"], 2),
+                // The outlier detectors' last interval.
+                opt(&b["success_rate_last_interval"], 1),
+                b["ejected_by"].as_str().unwrap_or("-")
             );
         }
         // Removed from the pool, with connections still going to it until they end.
