@@ -726,9 +726,9 @@ pub fn baseline(normal: &[Row], d: usize, shared: bool) -> Option<&Row> {
 
 /// The row `all`: the four domains together. HTTP counts, per-server responses and
 /// controller picks are sums (so shares and Jain are over the whole network, as in Case
-/// B); latency percentiles are over all the domains' ok requests together; the iperf3 and
-/// ping figures are the mean of the domains' that were measured (one sub-network on
-/// average), missing when none was.
+/// B), as are passive outlier detection's counts; latency percentiles are over all the
+/// domains' ok requests together; the iperf3 and ping figures are the mean of the
+/// domains' that were measured (one sub-network on average), missing when none was.
 pub fn aggregate(rows: &[Row]) -> Row {
     let mut a = Row {
         scenario: rows.first().map(|r| r.scenario.clone()).unwrap_or_default(),
@@ -765,6 +765,10 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.moved_by_load += r.moved_by_load;
         a.moved_by_conns += r.moved_by_conns;
         a.moved_by_rt += r.moved_by_rt;
+        a.ejections += r.ejections;
+        a.panics += r.panics;
+        a.excused_answered_later += r.excused_answered_later;
+        a.excused_switch_behind += r.excused_switch_behind;
         a.qos_pass_ok += r.qos_pass_ok;
     }
     measure::set_percentiles(&mut a);
@@ -952,6 +956,22 @@ mod tests {
         ]);
         assert_eq!((a.ok, a.shares()), (20, [6, 4, 6, 4]));
         assert_eq!((a.iperf_max_bps, a.iperf_bytes), (Some(2e9), Some(100)));
+        // Passive outlier detection's counts are the domains' sums.
+        let outliers = |e, p, answered, behind| Row {
+            ejections: e,
+            panics: p,
+            excused_answered_later: answered,
+            excused_switch_behind: behind,
+            ..Row::default()
+        };
+        let a = aggregate(&[outliers(1, 1, 600, 13), outliers(0, 0, 30, 0)]);
+        let got = (
+            a.ejections,
+            a.panics,
+            a.excused_answered_later,
+            a.excused_switch_behind,
+        );
+        assert_eq!(got, (1, 1, 630, 13));
     }
 
     /// A domain whose iperf3 or ping failed is left out of the `all` row's means (it used

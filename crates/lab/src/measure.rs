@@ -68,6 +68,13 @@ pub struct Row {
     pub moved_by_load: u64,
     pub moved_by_conns: u64,
     pub moved_by_rt: u64,
+    /// Passive outlier detection in the phase: backends ejected, times a pool went into
+    /// panic (its ejections waived), and silences not judged because the backend answered
+    /// a later connection, or because a switch on the way was behind.
+    pub ejections: u64,
+    pub panics: u64,
+    pub excused_answered_later: u64,
+    pub excused_switch_behind: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,
     pub iperf_max_bps: Option<f64>,
@@ -104,7 +111,8 @@ pub fn jain(x: &[f64]) -> f64 {
 
 impl Row {
     /// What the controller counted between two snapshots: its picks of each server, the
-    /// ISSLM searches that found no optimal server, and ISSLM's moves by search.
+    /// ISSLM searches that found no optimal server, ISSLM's moves by search, and passive
+    /// outlier detection's ejections, panics and excused silences.
     pub fn set_controller_counts(
         &mut self,
         before: &crate::ctl::Snapshot,
@@ -119,6 +127,11 @@ impl Row {
         let moves = |k: usize| after.isslm_moves[k].saturating_sub(before.isslm_moves[k]);
         (self.moved_by_load, self.moved_by_conns, self.moved_by_rt) =
             (moves(0), moves(1), moves(2));
+        self.ejections = after.ejections.saturating_sub(before.ejections);
+        self.panics = after.panics.saturating_sub(before.panics);
+        let excused =
+            |k: usize| after.silences_excused[k].saturating_sub(before.silences_excused[k]);
+        (self.excused_answered_later, self.excused_switch_behind) = (excused(0), excused(1));
     }
 
     /// Per-server responses, in server order.

@@ -98,6 +98,14 @@ const CASE_FIGURES: &[Figure<Row>] = &[
     fig("moved_by_load", "ISSLM moves by load", 0, CSV, |r| {
         n(r.moved_by_load)
     }),
+    fig("ejections", "ejections", 0, CSV, |r| n(r.ejections)),
+    fig(
+        "excused_answered_later",
+        "silences excused as answered later",
+        0,
+        CSV,
+        |r| n(r.excused_answered_later),
+    ),
     fig("ping_loss_pct", "ping loss %", 1, CSV, |r| r.ping_loss_pct),
 ];
 

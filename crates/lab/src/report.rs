@@ -149,6 +149,10 @@ pub const COLUMNS: &[&str] = &[
     "moved_by_load",
     "moved_by_conns",
     "moved_by_rt",
+    "ejections",
+    "panics",
+    "excused_answered_later",
+    "excused_switch_behind",
     "iperf_bytes",
     "iperf_secs",
     "iperf_max_bps",
@@ -276,16 +280,16 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n#### {scenario}: HTTP load and servers\n");
     let _ = writeln!(
         s,
-        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT |"
+        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT | ejections / panics | silences excused: answered later / switch behind |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} | {} / {} | {} / {} |",
             r.arm,
             r.phase,
             r.offered,
@@ -312,6 +316,10 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             r.moved_by_load,
             r.moved_by_conns,
             r.moved_by_rt,
+            r.ejections,
+            r.panics,
+            r.excused_answered_later,
+            r.excused_switch_behind,
         );
     }
     s
@@ -388,6 +396,24 @@ mod tests {
             back[0].moved_by_rt,
         );
         assert_eq!(got, (3, 1, 0));
+    }
+
+    #[test]
+    fn outlier_detection_is_in_the_table_and_the_csv() {
+        let mut r = measured("isslm", "heavy");
+        (r.ejections, r.panics) = (2, 1);
+        (r.excused_answered_later, r.excused_switch_behind) = (40, 3);
+        let rows = [r];
+        let md = markdown("case-d", &rows);
+        assert!(md.contains("| 2 / 1 | 40 / 3 |"), "{md}");
+        let back = parse_csv(&csv(&rows)).expect("CSV parses");
+        let got = (
+            back[0].ejections,
+            back[0].panics,
+            back[0].excused_answered_later,
+            back[0].excused_switch_behind,
+        );
+        assert_eq!(got, (2, 1, 40, 3));
     }
 
     #[test]
