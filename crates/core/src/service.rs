@@ -139,6 +139,10 @@ pub struct BackendState {
     /// known to have answered: a silence of a connection decided before it is no sign
     /// that the backend was gone ([`ServiceState::answered_after`]). 0: none known.
     pub answered_decided_ms: u64,
+    /// Connections passive outlier detection judged: answered, and not (a silence or a
+    /// RST, in a row or not; not those a switch that was behind excuses).
+    pub outcomes_answered: u64,
+    pub outcomes_unanswered: u64,
 }
 
 impl BackendState {
@@ -170,6 +174,8 @@ impl BackendState {
             ejection_waived: false,
             remote: false,
             answered_decided_ms: 0,
+            outcomes_answered: 0,
+            outcomes_unanswered: 0,
         }
     }
 
@@ -608,13 +614,13 @@ impl ServiceState {
         backend: usize,
         answered: bool,
     ) -> Option<Instant> {
-        if backend >= self.backends.len() {
-            return None;
-        }
+        let b = self.backends.get_mut(backend)?;
         if answered {
+            b.outcomes_answered += 1;
             self.outliers.on_success(backend, now);
             return None;
         }
+        b.outcomes_unanswered += 1;
         let until = self.outliers.on_failure(backend, now);
         if until.is_some() {
             self.note_ejected(backend, Detector::Consecutive);
@@ -628,9 +634,13 @@ impl ServiceState {
     /// success-rate and failure-percentage detectors judge. A backend that answers some
     /// connections and drops the others (a full accept queue) shows only here.
     pub fn record_failure_out_of_order(&mut self, now: Instant, id: BackendId) {
-        if let Some(p) = self.position(id) {
-            self.outliers.on_failure_out_of_order(p, now);
+        let Some(p) = self.position(id) else {
+            return;
+        };
+        if let Some(b) = self.backends.get_mut(p) {
+            b.outcomes_unanswered += 1;
         }
+        self.outliers.on_failure_out_of_order(p, now);
     }
 
     /// Runs the rate detectors when their interval is due (`[service.outlier]

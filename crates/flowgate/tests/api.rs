@@ -210,6 +210,8 @@ fn reads_services_backends_switches_events_status() {
         "ejected_by",
         "outcomes_last_interval",
         "success_rate_last_interval",
+        "connections_answered_total",
+        "connections_unanswered_total",
         "located",
         "active_connections",
         "connections_total",
@@ -1497,6 +1499,7 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_service_isslm_moves_total", "counter"),
         ("flowgate_service_ejections_total", "counter"),
         ("flowgate_service_ejections_by_detector_total", "counter"),
+        ("flowgate_backend_connection_outcomes_total", "counter"),
         ("flowgate_service_panics_total", "counter"),
         ("flowgate_service_panic", "gauge"),
         ("flowgate_lldp_forged_total", "counter"),
@@ -1537,6 +1540,8 @@ fn metrics_are_valid_prometheus_text() {
         "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"consecutive\"} 0\n",
         "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"success_rate\"} 0\n",
         "flowgate_service_ejections_by_detector_total{service=\"web\",detector=\"failure_percentage\"} 0\n",
+        "flowgate_backend_connection_outcomes_total{service=\"web\",backend=\"10.0.0.2\",outcome=\"answered\"} 0\n",
+        "flowgate_backend_connection_outcomes_total{service=\"web\",backend=\"10.0.0.2\",outcome=\"unanswered\"} 0\n",
         "flowgate_service_panic{service=\"web\"} 0\n",
     ] {
         assert!(r.body.contains(line), "{line}");

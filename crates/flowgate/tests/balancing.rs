@@ -477,7 +477,14 @@ fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share
     assert_eq!(s["backends"][2]["ejected_by"], "failure_percentage", "{s}");
     for b in &s["backends"].as_array().expect("backends")[..2] {
         assert_eq!(b["ejected"], false, "it answers every connection: {s}");
+        assert_eq!(b["connections_unanswered_total"], 0, "{s}");
+        assert!(b["connections_answered_total"].as_u64() > Some(0), "{s}");
     }
+    let dropper_judged = &s["backends"][2];
+    assert!(
+        dropper_judged["connections_unanswered_total"].as_u64() >= Some(5),
+        "{s}"
+    );
     assert_eq!(
         s["counters"]["ejections_by"]["failure_percentage"], 1,
         "{s}"

@@ -769,6 +769,8 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.panics += r.panics;
         a.excused_answered_later += r.excused_answered_later;
         a.excused_switch_behind += r.excused_switch_behind;
+        a.outcomes_answered += r.outcomes_answered;
+        a.outcomes_unanswered += r.outcomes_unanswered;
         a.qos_pass_ok += r.qos_pass_ok;
     }
     measure::set_percentiles(&mut a);

@@ -201,7 +201,10 @@ impl Controller {
         let s = &v[0];
         let mut conns = [0u64; 4];
         let mut rt = [None; 4];
+        let mut outcomes = [0u64; 2];
         for b in s["backends"].as_array().into_iter().flatten() {
+            outcomes[0] += b["connections_answered_total"].as_u64().unwrap_or(0);
+            outcomes[1] += b["connections_unanswered_total"].as_u64().unwrap_or(0);
             let addr: std::net::Ipv4Addr = b["address"].as_str().unwrap_or("").parse()?;
             if let Some(i) = SERVERS.iter().position(|s| *s == addr) {
                 conns[i] = b["connections_total"].as_u64().unwrap_or(0);
@@ -218,6 +221,7 @@ impl Controller {
             ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
             panics: s["counters"]["panics"].as_u64().unwrap_or(0),
             silences_excused: self.silences_excused()?,
+            outcomes,
         })
     }
 
@@ -262,6 +266,9 @@ pub struct Snapshot {
     /// Silences of backends not judged: the backend answered a later connection, or a
     /// switch on their way was behind.
     pub silences_excused: [u64; 2],
+    /// Connections passive outlier detection judged, the pool's backends together:
+    /// answered, and not.
+    pub outcomes: [u64; 2],
 }
 
 /// A minimal HTTP/1.1 GET over loopback.

@@ -75,6 +75,10 @@ pub struct Row {
     pub panics: u64,
     pub excused_answered_later: u64,
     pub excused_switch_behind: u64,
+    /// Connections it judged over the phase: answered, and not (excused as answered later
+    /// included).
+    pub outcomes_answered: u64,
+    pub outcomes_unanswered: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,
     pub iperf_max_bps: Option<f64>,
@@ -132,6 +136,8 @@ impl Row {
         let excused =
             |k: usize| after.silences_excused[k].saturating_sub(before.silences_excused[k]);
         (self.excused_answered_later, self.excused_switch_behind) = (excused(0), excused(1));
+        let judged = |k: usize| after.outcomes[k].saturating_sub(before.outcomes[k]);
+        (self.outcomes_answered, self.outcomes_unanswered) = (judged(0), judged(1));
     }
 
     /// Per-server responses, in server order.

@@ -1882,6 +1882,12 @@ fn a_backend_that_drops_half_its_connections_is_ejected_by_its_success_rate() {
         .success_rate_stats()
         .expect("five backends judged");
     assert_eq!((stats.hosts, stats.mean), (5, 90.0));
+    let outcomes: Vec<(u64, u64)> = s
+        .backends
+        .iter()
+        .map(|b| (b.outcomes_answered, b.outcomes_unanswered))
+        .collect();
+    assert_eq!(outcomes, [(20, 0), (20, 0), (20, 0), (20, 0), (10, 10)]);
     assert!(
         sim.c
             .events()

@@ -521,6 +521,27 @@ pub(crate) fn render(handle: &Handle) -> String {
     }
     family(
         &mut o,
+        "flowgate_backend_connection_outcomes_total",
+        "counter",
+        "Connections passive outlier detection judged, by outcome: answered (packets came back), unanswered (a silence or a RST, in a row or not; not those excused because a switch on their way was behind).",
+    );
+    for s in c.services() {
+        for b in &s.backends {
+            for (outcome, n) in [
+                ("answered", b.outcomes_answered),
+                ("unanswered", b.outcomes_unanswered),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "flowgate_backend_connection_outcomes_total{{service=\"{}\",backend=\"{}\",outcome=\"{outcome}\"}} {n}",
+                    esc(&s.cfg.name),
+                    b.address,
+                );
+            }
+        }
+    }
+    family(
+        &mut o,
         "flowgate_left_backend_open_connections",
         "gauge",
         "Connections the controller tracks still open to a backend removed from the pool (they go on to it until they end; for a reactive service, at 0 it can be taken down).",

@@ -195,6 +195,8 @@ fn schemas() -> Value {
                 "ejected_by": { "type": ["string", "null"], "enum": ["consecutive", "success_rate", "failure_percentage", null], "description": "The detector of the ejection in force: consecutive connections it never answered, a share of answered connections far under the pool's, or a share of unanswered ones over failure_percentage_threshold." },
                 "outcomes_last_interval": { "type": "integer", "description": "Connections judged (answered or not) in the outlier detectors' last complete interval (interval_ms)." },
                 "success_rate_last_interval": { "type": ["number", "null"], "description": "The share of them answered, in percent; null with none." },
+                "connections_answered_total": { "type": "integer", "description": "Connections passive outlier detection judged answered since the controller started." },
+                "connections_unanswered_total": { "type": "integer", "description": "Connections it judged unanswered (a silence or a RST, in a row or not; not those excused because a switch on their way was behind)." },
                 "located": { "type": "boolean" },
                 "mac": { "type": ["string", "null"] },
                 "active_connections": { "type": "integer" },

@@ -88,6 +88,9 @@ pub struct BackendView {
     /// not), and the share answered, in percent (`null` with none).
     pub outcomes_last_interval: u32,
     pub success_rate_last_interval: Option<f64>,
+    /// Connections judged since the controller started: answered, and not.
+    pub connections_answered_total: u64,
+    pub connections_unanswered_total: u64,
     pub located: bool,
     pub mac: Option<String>,
     pub active_connections: u32,
@@ -139,6 +142,8 @@ fn backend_view(
             .map(|d| d.as_str()),
         outcomes_last_interval: window.outcomes,
         success_rate_last_interval: window.success_rate(),
+        connections_answered_total: b.outcomes_answered,
+        connections_unanswered_total: b.outcomes_unanswered,
         located: b.mac.is_some(),
         mac: b.mac.map(|m| m.to_string()),
         active_connections: b.active_connections,
