@@ -771,6 +771,7 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.excused_switch_behind += r.excused_switch_behind;
         a.outcomes_answered += r.outcomes_answered;
         a.outcomes_unanswered += r.outcomes_unanswered;
+        a.outcomes_unjudged += r.outcomes_unjudged;
         a.qos_pass_ok += r.qos_pass_ok;
     }
     measure::set_percentiles(&mut a);

@@ -211,6 +211,7 @@ impl Controller {
                 rt[i] = b["response_time_ms"].as_f64();
             }
         }
+        let (silences_excused, unjudged) = self.outlier_metrics()?;
         Ok(Snapshot {
             conns,
             response_time_ms: rt,
@@ -220,28 +221,37 @@ impl Controller {
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
             ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
             panics: s["counters"]["panics"].as_u64().unwrap_or(0),
-            silences_excused: self.silences_excused()?,
-            outcomes,
+            silences_excused,
+            outcomes: [outcomes[0], outcomes[1], unjudged],
         })
     }
 
     /// Silences passive outlier detection excused, by reason (answered later, switch
-    /// behind), from one read of the controller's `/metrics`.
-    fn silences_excused(&self) -> Result<[u64; 2]> {
+    /// behind), and the outcome rules that ended without a verdict (both reasons
+    /// together), from one read of the controller's `/metrics`.
+    fn outlier_metrics(&self) -> Result<([u64; 2], u64)> {
         let body = http_get(self.api, "/metrics")?;
-        let excused = |reason: &str| {
-            let name = format!("flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}}");
+        let counter = |family: &str, reason: &str| {
+            let name = format!("{family}{{reason=\"{reason}\"}}");
             body.lines()
                 .find_map(|l| {
                     l.strip_prefix(name.as_str())?
                         .strip_prefix(' ')?
                         .trim()
-                        .parse()
+                        .parse::<u64>()
                         .ok()
                 })
                 .ok_or_else(|| anyhow!("no {name} in /metrics"))
         };
-        Ok([excused("answered_later")?, excused("switch_behind")?])
+        let excused = "flowgate_outlier_silences_excused_total";
+        let unjudged = "flowgate_outlier_outcomes_unjudged_total";
+        Ok((
+            [
+                counter(excused, "answered_later")?,
+                counter(excused, "switch_behind")?,
+            ],
+            counter(unjudged, "connection_unknown")? + counter(unjudged, "too_short")?,
+        ))
     }
 }
 
@@ -267,8 +277,8 @@ pub struct Snapshot {
     /// switch on their way was behind.
     pub silences_excused: [u64; 2],
     /// Connections passive outlier detection judged, the pool's backends together:
-    /// answered, and not.
-    pub outcomes: [u64; 2],
+    /// answered, and not; and the outcome rules that ended without a verdict.
+    pub outcomes: [u64; 3],
 }
 
 /// A minimal HTTP/1.1 GET over loopback.

@@ -79,6 +79,9 @@ pub struct Row {
     /// included).
     pub outcomes_answered: u64,
     pub outcomes_unanswered: u64,
+    /// Outcome rules that ended without a verdict (the connection no longer known, or
+    /// over in under a second).
+    pub outcomes_unjudged: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,
     pub iperf_max_bps: Option<f64>,
@@ -137,7 +140,11 @@ impl Row {
             |k: usize| after.silences_excused[k].saturating_sub(before.silences_excused[k]);
         (self.excused_answered_later, self.excused_switch_behind) = (excused(0), excused(1));
         let judged = |k: usize| after.outcomes[k].saturating_sub(before.outcomes[k]);
-        (self.outcomes_answered, self.outcomes_unanswered) = (judged(0), judged(1));
+        (
+            self.outcomes_answered,
+            self.outcomes_unanswered,
+            self.outcomes_unjudged,
+        ) = (judged(0), judged(1), judged(2));
     }
 
     /// Per-server responses, in server order.

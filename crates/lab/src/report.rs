@@ -155,6 +155,7 @@ pub const COLUMNS: &[&str] = &[
     "excused_switch_behind",
     "outcomes_answered",
     "outcomes_unanswered",
+    "outcomes_unjudged",
     "iperf_bytes",
     "iperf_secs",
     "iperf_max_bps",
@@ -282,7 +283,7 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n#### {scenario}: HTTP load and servers\n");
     let _ = writeln!(
         s,
-        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT | connections judged: answered / not | ejections / panics | silences excused: answered later / switch behind |"
+        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT | connections judged: answered / not / no verdict | ejections / panics | silences excused: answered later / switch behind |"
     );
     let _ = writeln!(
         s,
@@ -291,7 +292,7 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} | {} / {} | {} / {} | {} / {} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} | {} / {} / {} | {} / {} | {} / {} |",
             r.arm,
             r.phase,
             r.offered,
@@ -320,6 +321,7 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             r.moved_by_rt,
             r.outcomes_answered,
             r.outcomes_unanswered,
+            r.outcomes_unjudged,
             r.ejections,
             r.panics,
             r.excused_answered_later,
@@ -407,10 +409,14 @@ mod tests {
         let mut r = measured("isslm", "heavy");
         (r.ejections, r.panics) = (2, 1);
         (r.excused_answered_later, r.excused_switch_behind) = (40, 3);
-        (r.outcomes_answered, r.outcomes_unanswered) = (900, 95);
+        (
+            r.outcomes_answered,
+            r.outcomes_unanswered,
+            r.outcomes_unjudged,
+        ) = (900, 95, 7);
         let rows = [r];
         let md = markdown("case-d", &rows);
-        assert!(md.contains("| 900 / 95 | 2 / 1 | 40 / 3 |"), "{md}");
+        assert!(md.contains("| 900 / 95 / 7 | 2 / 1 | 40 / 3 |"), "{md}");
         let back = parse_csv(&csv(&rows)).expect("CSV parses");
         let got = (
             back[0].ejections,
@@ -419,8 +425,9 @@ mod tests {
             back[0].excused_switch_behind,
             back[0].outcomes_answered,
             back[0].outcomes_unanswered,
+            back[0].outcomes_unjudged,
         );
-        assert_eq!(got, (2, 1, 40, 3, 900, 95));
+        assert_eq!(got, (2, 1, 40, 3, 900, 95, 7));
     }
 
     #[test]

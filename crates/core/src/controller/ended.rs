@@ -315,16 +315,23 @@ impl Controller {
             .or_else(|| self.aborted_on(si, bi, tag, (dst, dport), sport));
         let verdict = match current {
             Some(conn) => match conn.reply {
+                // Counted when the RST reached the controller.
                 Reply::Reset => None,
                 Reply::Answered => Some(true),
                 Reply::Unseen if e.packet_count > 0 => Some(true),
                 Reply::Unseen if e.duration_sec >= 1 => Some(false),
-                Reply::Unseen => None,
+                Reply::Unseen => {
+                    self.counters.outcomes_unjudged_short += 1;
+                    None
+                }
             },
             // The connection's accounting already ended (or it predates this controller):
             // only a clear success is a verdict.
             None if e.packet_count >= 2 => Some(true),
-            None => None,
+            None => {
+                self.counters.outcomes_unjudged_unknown += 1;
+                None
+            }
         };
         match (verdict, current) {
             (Some(true), Some(conn)) => {

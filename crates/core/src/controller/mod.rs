@@ -239,6 +239,14 @@ pub struct Counters {
     pub silences_excused_lag: u64,
     /// Spells of such lag, all switches: each began with a reading over the limit.
     pub lag_spells: u64,
+    /// Connections whose outcome rule ended without a verdict: the connection was no
+    /// longer known (its accounting had ended and its memory as an aborted handshake had
+    /// lapsed, or it predates this controller) and the rule carried fewer than two
+    /// packets.
+    pub outcomes_unjudged_unknown: u64,
+    /// ... or the connection was known but its rule carried nothing and lived under a
+    /// second (it may have been over before its rules settled).
+    pub outcomes_unjudged_short: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.

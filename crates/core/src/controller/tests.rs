@@ -1899,6 +1899,64 @@ fn a_backend_that_drops_half_its_connections_is_ejected_by_its_success_rate() {
     }
 }
 
+/// An outcome rule that ends with no verdict is counted, by why: a connection no longer
+/// known whose rule carried under two packets, or one whose rule carried nothing and
+/// lived under a second.
+#[test]
+fn outcome_rules_ending_without_a_verdict_are_counted_by_reason() {
+    let mut sim = single_switch("round-robin");
+    for port in [43000u16, 43001] {
+        sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+    }
+    let outcome = |sim: &Sim, port: u16| {
+        sim.net
+            .switch(1)
+            .unwrap()
+            .flows()
+            .filter(|f| f.cookie & cookie::conn::OUTCOME != 0)
+            .find(|f| f.match_.iter().any(|o| *o == ofp::Oxm::TcpDst(port)))
+            .map(|f| (f.cookie, f.match_.clone()))
+            .expect("the connection's outcome rule")
+    };
+    let (first, second) = (outcome(&sim, 43000), outcome(&sim, 43001));
+    // The first connection's accounting ends after its handshake (its client's rule
+    // carried its ACK and request): no longer known, and not remembered as aborted.
+    end_conn_rule(
+        &mut sim,
+        cookie::conn::ACCOUNTING,
+        ofp::Oxm::TcpSrc(43000),
+        3,
+    );
+    rule_ended(&mut sim, first.0, first.1, 1);
+    // The second is known, but its rule went within the second, having carried nothing.
+    let fr = ofp::FlowRemoved {
+        cookie: second.0,
+        priority: rules::PRIO_CONN,
+        reason: ofp::FlowRemovedReason::Delete,
+        table_id: 0,
+        duration_sec: 0,
+        duration_nsec: 300_000_000,
+        idle_timeout: 30,
+        hard_timeout: 0,
+        packet_count: 0,
+        byte_count: 0,
+        match_: second.1,
+    };
+    sim.c
+        .handle_message(sim.now, 1, &Message::FlowRemoved(fr), &mut sim.out);
+    let c = sim.c.counters();
+    assert_eq!(
+        (c.outcomes_unjudged_unknown, c.outcomes_unjudged_short),
+        (1, 1)
+    );
+    let judged: u64 = sim.c.services()[0]
+        .backends
+        .iter()
+        .map(|b| b.outcomes_answered + b.outcomes_unanswered)
+        .sum();
+    assert_eq!(judged, 0);
+}
+
 /// Which hosts `n` new connections from h1 reach, and how many each.
 fn spread(sim: &mut Sim, first_port: u16, n: u16) -> BTreeMap<String, u32> {
     let mut seen = BTreeMap::new();

@@ -312,6 +312,21 @@ pub(crate) fn render(handle: &Handle) -> String {
             "flowgate_outlier_silences_excused_total{{reason=\"{reason}\"}} {n}"
         );
     }
+    family(
+        &mut o,
+        "flowgate_outlier_outcomes_unjudged_total",
+        "counter",
+        "Connections whose outcome rule ended without a verdict: the connection was no longer known and its rule carried under two packets (reason connection_unknown), or its rule carried nothing and lived under a second (too_short).",
+    );
+    for (reason, n) in [
+        ("connection_unknown", counters.outcomes_unjudged_unknown),
+        ("too_short", counters.outcomes_unjudged_short),
+    ] {
+        let _ = writeln!(
+            o,
+            "flowgate_outlier_outcomes_unjudged_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
     family(&mut o, "flowgate_switches", "gauge", "Connected switches.");
     let _ = writeln!(o, "flowgate_switches {}", c.switch_ids().count());
     family(
