@@ -277,7 +277,8 @@ pub struct Snapshot {
     /// switch on their way was behind.
     pub silences_excused: [u64; 2],
     /// Connections passive outlier detection judged, the pool's backends together:
-    /// answered, and not; and the outcome rules that ended without a verdict.
+    /// answered, and not; and the outcome rules that ended without a verdict (the
+    /// controller's, every service's: the lab runs one).
     pub outcomes: [u64; 3],
 }
 

@@ -629,6 +629,9 @@ impl PoolOutliers {
             })
             .collect();
         let mut ejected = Vec::new();
+        // Judged afresh each sweep: no last judgement stands for a pool too small to judge,
+        // or for a detector turned off since.
+        self.success_rate = None;
         if let Some(sr) = self.cfg.success_rate {
             let judged: Vec<(usize, f64)> = windows
                 .iter()
@@ -640,7 +643,6 @@ impl PoolOutliers {
                         .flatten()
                 })
                 .collect();
-            self.success_rate = None;
             if judged.len() >= sr.minimum_hosts.max(1) as usize {
                 let n = judged.len() as f64;
                 let mean = judged.iter().map(|(_, r)| r).sum::<f64>() / n;

@@ -298,6 +298,23 @@ fn success_rate_ejects_a_host_that_drops_half_its_connections() {
             failures: 50
         })
     );
+    // An interval without outcomes judges nothing: the last judgement is not shown as
+    // the pool's still.
+    let mut off = PoolOutliers::new(
+        OutlierConfig {
+            success_rate: None,
+            ..cfg
+        },
+        5,
+    );
+    off.keep_sweep(&p);
+    let mut p = p;
+    assert!(p.sweep(end + cfg.interval).is_empty());
+    assert_eq!(p.success_rate_stats(), None);
+    // Nor after a reload turns the detector off.
+    assert!(off.success_rate_stats().is_some(), "kept across the reload");
+    assert!(off.sweep(end + cfg.interval).is_empty());
+    assert_eq!(off.success_rate_stats(), None);
 }
 
 #[test]
@@ -307,9 +324,10 @@ fn success_rate_judges_no_pool_under_its_minimum_or_volume() {
     let (p, ejected, _) = sweep_one_interval(cfg, &[100, 100, 100, 0], 100);
     assert!(ejected.is_empty());
     assert_eq!(p.success_rate_stats(), None);
-    // Five hosts, but the dropping one under the volume: the other four are too few.
-    let (_, ejected, _) = sweep_one_interval(cfg, &[99, 99, 99, 99, 50], 99);
+    // Five hosts, each under the volume (99 outcomes of the 100 needed): none judged.
+    let (p, ejected, _) = sweep_one_interval(cfg, &[99, 99, 99, 99, 50], 99);
     assert!(ejected.is_empty());
+    assert_eq!(p.success_rate_stats(), None);
     // Turned off.
     let off = OutlierConfig {
         success_rate: None,
