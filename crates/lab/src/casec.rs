@@ -960,14 +960,20 @@ mod tests {
         assert_eq!((a.ok, a.shares()), (20, [6, 4, 6, 4]));
         assert_eq!((a.iperf_max_bps, a.iperf_bytes), (Some(2e9), Some(100)));
         // Passive outlier detection's counts are the domains' sums.
-        let outliers = |e, p, answered, behind| Row {
+        let outliers = |e, p, answered, behind, judged: [u64; 3]| Row {
             ejections: e,
             panics: p,
             excused_answered_later: answered,
             excused_switch_behind: behind,
+            outcomes_answered: judged[0],
+            outcomes_unanswered: judged[1],
+            outcomes_unjudged: judged[2],
             ..Row::default()
         };
-        let a = aggregate(&[outliers(1, 1, 600, 13), outliers(0, 0, 30, 0)]);
+        let a = aggregate(&[
+            outliers(1, 1, 600, 13, [900, 40, 2]),
+            outliers(0, 0, 30, 0, [100, 0, 1]),
+        ]);
         let got = (
             a.ejections,
             a.panics,
@@ -975,6 +981,12 @@ mod tests {
             a.excused_switch_behind,
         );
         assert_eq!(got, (1, 1, 630, 13));
+        let judged = (
+            a.outcomes_answered,
+            a.outcomes_unanswered,
+            a.outcomes_unjudged,
+        );
+        assert_eq!(judged, (1000, 40, 3));
     }
 
     /// A domain whose iperf3 or ping failed is left out of the `all` row's means (it used

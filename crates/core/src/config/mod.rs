@@ -534,10 +534,13 @@ fn validate(
             "must be longer than echo_interval_ms",
         ));
     }
-    let packet_in_rate = of
-        .int_in("packet_in_rate", 1, 100_000_000, errs)
-        .map(|v| v as u32)
-        .unwrap_or(DEFAULT_PACKET_IN_RATE);
+    let packet_in_rate = of.count(
+        "packet_in_rate",
+        DEFAULT_PACKET_IN_RATE,
+        1,
+        100_000_000,
+        errs,
+    );
     let tls = of.table("tls", errs).map(|mut t| {
         let cert = t.string("cert", errs).map(PathBuf::from);
         let key = t.string("key", errs).map(PathBuf::from);
@@ -1197,18 +1200,15 @@ fn read_service(
         errs,
     );
     let timeout = h.millis("timeout_ms", DEFAULT_HEALTH_TIMEOUT_MS, 1, 600_000, errs);
-    let rise = h
-        .int_in("rise", 1, 100, errs)
-        .map(|v| v as u32)
-        .unwrap_or(DEFAULT_HEALTH_RISE);
-    let fall = h
-        .int_in("fall", 1, 100, errs)
-        .map(|v| v as u32)
-        .unwrap_or(DEFAULT_HEALTH_FALL);
-    let panic_threshold_percent = h
-        .int_in("panic_threshold_percent", 0, 100, errs)
-        .map(|v| v as u32)
-        .unwrap_or(DEFAULT_PANIC_THRESHOLD_PERCENT);
+    let rise = h.count("rise", DEFAULT_HEALTH_RISE, 1, 100, errs);
+    let fall = h.count("fall", DEFAULT_HEALTH_FALL, 1, 100, errs);
+    let panic_threshold_percent = h.count(
+        "panic_threshold_percent",
+        DEFAULT_PANIC_THRESHOLD_PERCENT,
+        0,
+        100,
+        errs,
+    );
     h.finish(errs);
     let outlier = s
         .table("outlier", errs)

@@ -142,6 +142,20 @@ impl<'a> Obj<'a> {
         Some(v)
     }
 
+    /// A count in `lo..=hi`, `default` when absent or invalid.
+    pub(crate) fn count(
+        &mut self,
+        key: &str,
+        default: u32,
+        lo: u32,
+        hi: u32,
+        errs: &mut Vec<ConfigError>,
+    ) -> u32 {
+        self.int_in(key, i64::from(lo), i64::from(hi), errs)
+            .map(|v| v as u32)
+            .unwrap_or(default)
+    }
+
     /// Milliseconds in `lo..=hi` as a duration, `default` when absent or invalid.
     pub(crate) fn millis(
         &mut self,

@@ -145,11 +145,11 @@ impl OutlierConfig {
     /// Read `[service.outlier]` from `o` (the table itself).
     pub(crate) fn read(mut o: Obj<'_>, errs: &mut Vec<ConfigError>) -> OutlierConfig {
         let d = OutlierConfig::default();
-        let consecutive_failures = count(
-            &mut o,
+        let consecutive_failures = o.count(
             "consecutive_failures",
-            (0, 1_000),
             d.consecutive_failures,
+            0,
+            1_000,
             errs,
         );
         let base = o.millis_checked(
@@ -178,29 +178,24 @@ impl OutlierConfig {
                 ),
             ));
         }
-        let max_ejection_percent = count(
-            &mut o,
-            "max_ejection_percent",
-            (0, 100),
-            d.max_ejection_percent,
-            errs,
-        );
+        let max_ejection_percent =
+            o.count("max_ejection_percent", d.max_ejection_percent, 0, 100, errs);
         let interval = o.millis("interval_ms", DEFAULT_INTERVAL_MS, 100, 3_600_000, errs);
 
         let sr_default = SuccessRateConfig::default();
         let sr_on = o.boolean("success_rate", errs).unwrap_or(true);
-        let sr_minimum_hosts = count(
-            &mut o,
+        let sr_minimum_hosts = o.count(
             "success_rate_minimum_hosts",
-            (1, 10_000),
             sr_default.minimum_hosts,
+            1,
+            10_000,
             errs,
         );
-        let sr_request_volume = count(
-            &mut o,
+        let sr_request_volume = o.count(
             "success_rate_request_volume",
-            (1, 1_000_000),
             sr_default.request_volume,
+            1,
+            1_000_000,
             errs,
         );
         let stdev_factor_milli = o
@@ -218,18 +213,18 @@ impl OutlierConfig {
         let fp_threshold = o
             .int_in("failure_percentage_threshold", 1, 100, errs)
             .map(|v| v as u32);
-        let fp_minimum_hosts = count(
-            &mut o,
+        let fp_minimum_hosts = o.count(
             "failure_percentage_minimum_hosts",
-            (1, 10_000),
             fp_default.minimum_hosts,
+            1,
+            10_000,
             errs,
         );
-        let fp_request_volume = count(
-            &mut o,
+        let fp_request_volume = o.count(
             "failure_percentage_request_volume",
-            (1, 1_000_000),
             fp_default.request_volume,
+            1,
+            1_000_000,
             errs,
         );
         o.finish(errs);
@@ -251,19 +246,6 @@ impl OutlierConfig {
             }),
         }
     }
-}
-
-/// An integer setting in `lo..=hi`, `default` when absent or invalid.
-fn count(
-    o: &mut Obj<'_>,
-    key: &str,
-    (lo, hi): (i64, i64),
-    default: u32,
-    errs: &mut Vec<ConfigError>,
-) -> u32 {
-    o.int_in(key, lo, hi, errs)
-        .map(|v| v as u32)
-        .unwrap_or(default)
 }
 
 /// One host's outcomes over an interval.
@@ -628,20 +610,20 @@ impl PoolOutliers {
                 (!h.is_ejected(now)).then_some(w)
             })
             .collect();
+        // The hosts a detector judges: those with its volume of outcomes in the interval.
+        let with_volume = |volume: u32| {
+            windows
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, w)| w.filter(|w| w.outcomes >= volume.max(1)).map(|w| (i, w)))
+        };
         let mut ejected = Vec::new();
         // Judged afresh each sweep: no last judgement stands for a pool too small to judge,
         // or for a detector turned off since.
         self.success_rate = None;
         if let Some(sr) = self.cfg.success_rate {
-            let judged: Vec<(usize, f64)> = windows
-                .iter()
-                .enumerate()
-                .filter_map(|(i, w)| {
-                    let w = (*w)?;
-                    (w.outcomes >= sr.request_volume.max(1))
-                        .then(|| w.success_rate().map(|r| (i, r)))
-                        .flatten()
-                })
+            let judged: Vec<(usize, f64)> = with_volume(sr.request_volume)
+                .filter_map(|(i, w)| Some((i, w.success_rate()?)))
                 .collect();
             if judged.len() >= sr.minimum_hosts.max(1) as usize {
                 let n = judged.len() as f64;
@@ -661,14 +643,9 @@ impl PoolOutliers {
             }
         }
         if let Some(fp) = self.cfg.failure_percentage {
-            let judged: Vec<(usize, RateWindow)> = windows
-                .iter()
-                .enumerate()
-                .filter_map(|(i, w)| {
-                    let w = (*w)?;
-                    (w.outcomes >= fp.request_volume.max(1) && !self.is_ejected(i, now))
-                        .then_some((i, w))
-                })
+            // Not those the success rate just ejected (Envoy's second pass skips them too).
+            let judged: Vec<(usize, RateWindow)> = with_volume(fp.request_volume)
+                .filter(|&(i, _)| !self.is_ejected(i, now))
                 .collect();
             if judged.len() >= fp.minimum_hosts.max(1) as usize {
                 for (i, w) in judged {

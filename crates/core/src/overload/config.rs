@@ -388,9 +388,7 @@ fn read_ceiling(o: &mut Obj<'_>, mode: Option<Mode>, errs: &mut Vec<ConfigError>
 
 /// The switch meter's burst, `burst_ms`, in both gates.
 fn burst_ms(o: &mut Obj<'_>, errs: &mut Vec<ConfigError>) -> u32 {
-    o.int_in("burst_ms", 1, 10_000, errs)
-        .map(|v| v as u32)
-        .unwrap_or(DEFAULT_BURST_MS)
+    o.count("burst_ms", DEFAULT_BURST_MS, 1, 10_000, errs)
 }
 
 fn positive(o: &mut Obj<'_>, key: &str, errs: &mut Vec<ConfigError>) -> Option<f64> {
