@@ -113,6 +113,10 @@ pub enum Reply {
     Answered,
     /// The backend answered with a RST (already counted as a failure).
     Reset,
+    /// The client sent its SYN again [`crate::controller::SILENT_AFTER_MS`] or more after
+    /// the decision: no SYN-ACK reached it in that time. Judged then, not again when the
+    /// rules end.
+    Silent,
 }
 
 /// Shards of the connection table (a power of two). Many, so that each shard's occasional

@@ -1501,6 +1501,7 @@ fn metrics_are_valid_prometheus_text() {
         ("flowgate_service_ejections_by_detector_total", "counter"),
         ("flowgate_backend_connection_outcomes_total", "counter"),
         ("flowgate_outlier_outcomes_unjudged_total", "counter"),
+        ("flowgate_outlier_silences_at_syn_retry_total", "counter"),
         ("flowgate_service_panics_total", "counter"),
         ("flowgate_service_panic", "gauge"),
         ("flowgate_lldp_forged_total", "counter"),

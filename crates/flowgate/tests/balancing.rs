@@ -516,6 +516,88 @@ fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share
     ctl.assert_no_openflow_errors();
 }
 
+/// A backend whose answers are all lost (a blackhole route to the client in its
+/// namespace) is ejected at its clients' second retransmitted SYNs, 3 s after their first,
+/// which Open vSwitch sends up to the controller (the connection's forward rule matches no
+/// SYN): long before the rules of its silent connections idle out (60 s here), which was
+/// the first that passive outlier detection heard of them before stop 59.
+#[test]
+fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
+    let Some(p) = setup("ovs_a_silent_backend_is_ejected_at_its_clients_second_syns") else {
+        return;
+    };
+    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
+    let client = &t.hosts[0];
+    let backends = &t.hosts[1..];
+    let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
+    let _servers: Vec<_> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
+        .collect();
+    let cfg = vip_config(VIP, "round-robin", &ips, "idle_timeout_secs = 60\n");
+    let ctl = Ctl::start("silent-syn", &cfg);
+    ctl.control(&t.bridges[..1]);
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    backends[1]
+        .exec_checked(&[
+            "ip",
+            "route",
+            "add",
+            "blackhole",
+            &format!("{}/32", client.ip()),
+        ])
+        .expect("blackhole route");
+    let url = format!("http://{VIP}/");
+    let started = std::time::Instant::now();
+    // Each of the silent backend's connections waits 4 s: its client's SYN goes again
+    // after 1 s and 3 s.
+    let r = load(
+        client,
+        &url,
+        &[
+            "--requests",
+            "30",
+            "--concurrency",
+            "6",
+            "--timeout-ms",
+            "4000",
+        ],
+    );
+    assert!(
+        r["ok"].as_u64() < Some(30),
+        "the silent backend lost some: {r}"
+    );
+    let services = || ctl.get_json("/api/v1/services")[0].clone();
+    wait_until_explained(
+        "the silent backend's ejection",
+        Duration::from_secs(20),
+        || services()["backends"][1]["ejected"] == true,
+        || format!("{}\n{}", services(), ctl.log()),
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(45),
+        "ejected before any rule idled out: {took:?}"
+    );
+    let s = services();
+    assert_eq!(s["backends"][1]["ejected_by"], "consecutive", "{s}");
+    for i in [0, 2] {
+        assert_eq!(s["backends"][i]["ejected"], false, "{s}");
+        assert_eq!(s["backends"][i]["connections_unanswered_total"], 0, "{s}");
+    }
+    let (_, body) = ctl.get("/metrics");
+    let early = metric(&body, "flowgate_outlier_silences_at_syn_retry_total");
+    assert!(early.is_some_and(|n| n >= 5.0), "{body}");
+    // Ejected, it takes no new connection: every request is answered.
+    let r = load(client, &url, &["--requests", "30", "--concurrency", "3"]);
+    assert_eq!(
+        r["ok"], 30,
+        "the two answering backends serve them all: {r}"
+    );
+    ctl.assert_no_openflow_errors();
+}
+
 /// A service's one backend is ejected by passive outlier detection after five
 /// connections whose answers were lost (a blackhole route in the backend's namespace:
 /// its SYN-ACKs never reach the switch, as those a switch that falls behind loses). With

@@ -250,7 +250,9 @@ impl Controller {
                 counter(excused, "answered_later")?,
                 counter(excused, "switch_behind")?,
             ],
-            counter(unjudged, "connection_unknown")? + counter(unjudged, "too_short")?,
+            counter(unjudged, "connection_unknown")?
+                + counter(unjudged, "too_short")?
+                + counter(unjudged, "before_ejection")?,
         ))
     }
 }

@@ -79,8 +79,8 @@ pub struct Row {
     /// included).
     pub outcomes_answered: u64,
     pub outcomes_unanswered: u64,
-    /// Outcome rules that ended without a verdict (the connection no longer known, or
-    /// over in under a second).
+    /// Outcome rules that ended without a verdict (the connection no longer known, over
+    /// in under a second, or decided before its backend's last ejection).
     pub outcomes_unjudged: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,

@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 use ofp::oxm::ofb;
 
 use super::{Controller, Outbox, rules};
+
+/// How long after its decision a connection's client may send its SYN again before the
+/// connection is judged silent (`Controller::note_syn_again`): past a first
+/// retransmission at 1 s, short of Linux's second at 3 s.
+pub const SILENT_AFTER_MS: u64 = 2_500;
 use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
 use crate::service::BackendId;
@@ -315,8 +320,9 @@ impl Controller {
             .or_else(|| self.aborted_on(si, bi, tag, (dst, dport), sport));
         let verdict = match current {
             Some(conn) => match conn.reply {
-                // Counted when the RST reached the controller.
-                Reply::Reset => None,
+                // Counted when the RST reached the controller, or judged silent when the
+                // client sent its SYN again (`note_syn_again`).
+                Reply::Reset | Reply::Silent => None,
                 Reply::Answered => Some(true),
                 Reply::Unseen if e.packet_count > 0 => Some(true),
                 Reply::Unseen if e.duration_sec >= 1 => Some(false),
@@ -333,32 +339,108 @@ impl Controller {
                 None
             }
         };
+        // A verdict on a connection decided before the backend's last ejection started
+        // is no news: that ejection answered for the backend as it was then. A silence
+        // is reported an idle timeout (30 s by default) after its rules' last packet, so
+        // the silences of the connections that ejected a backend keep coming after its
+        // base ejection (30 s) ends, and would eject it again, a backend that recovered
+        // meanwhile too, for twice as long (`flowgate sim --recover-at-secs`).
+        if let (Some(_), Some(conn)) = (verdict, current)
+            && self.decided_before_ejection(si, bi, conn.created_ms)
+        {
+            self.counters.outcomes_unjudged_before_ejection += 1;
+            return;
+        }
         match (verdict, current) {
             (Some(true), Some(conn)) => {
                 if let Some(s) = self.services.get_mut(usize::from(si)) {
                     s.record_answered(bi, conn.created_ms);
                 }
+                self.count_outcome(now, si, bi, true);
             }
-            (Some(false), Some(conn)) => {
-                if self.path_lagged_since(dpid, src, conn.created_ms) {
-                    self.counters.silences_excused_lag += 1;
-                    return;
-                }
-                // Not one in a row, but a failure in the rates all the same: a backend
-                // that drops some connections and answers the others shows there.
-                if let Some(s) = self.services.get_mut(usize::from(si))
-                    && s.answered_after(bi, conn.created_ms)
-                {
-                    s.record_failure_out_of_order(now, bi);
-                    self.counters.silences_excused_answered += 1;
-                    return;
-                }
-            }
-            _ => {}
+            (Some(false), Some(conn)) => self.record_silence(now, dpid, si, bi, src, &conn),
+            (Some(answered), None) => self.count_outcome(now, si, bi, answered),
+            (None, _) => {}
         }
-        if let Some(answered) = verdict {
-            self.count_outcome(now, si, bi, answered);
+    }
+
+    /// A connection its backend `src` never answered, seen from switch `dpid`: a failure,
+    /// unless the path explains it, or no failure in a row (but one in the rates) when the
+    /// backend answered a connection decided after it.
+    fn record_silence(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        si: u16,
+        bi: BackendId,
+        src: Ipv4Addr,
+        conn: &Conn,
+    ) {
+        if self.path_lagged_since(dpid, src, conn.created_ms) {
+            self.counters.silences_excused_lag += 1;
+            return;
         }
+        // Not one in a row, but a failure in the rates all the same: a backend that drops
+        // some connections and answers the others shows there.
+        if let Some(s) = self.services.get_mut(usize::from(si))
+            && s.answered_after(bi, conn.created_ms)
+        {
+            s.record_failure_out_of_order(now, bi);
+            self.counters.silences_excused_answered += 1;
+            return;
+        }
+        self.count_outcome(now, si, bi, false);
+    }
+
+    /// The client of connection `key` (rules installed) sent its SYN again, as it came up
+    /// at switch `dpid`: once [`SILENT_AFTER_MS`] have passed since the decision, no
+    /// SYN-ACK reached the client in that time, and the connection is judged silent now
+    /// rather than when its rules idle out, `idle_timeout_secs` (30 s) after their last
+    /// packet. A client retransmits its SYN after 1 s and 3 s (Linux; Windows after 3 s):
+    /// its second (Windows' first) is the verdict. Envoy counts a connect timeout (5 s by
+    /// default) as a failure alike. Once per connection (`Reply::Silent`).
+    pub(super) fn note_syn_again(&mut self, now: Instant, dpid: Dpid, key: &ConnKey, conn: Conn) {
+        if conn.reply != Reply::Unseen {
+            return;
+        }
+        let now_ms = self.ms_since_start(now);
+        if now_ms < conn.created_ms.saturating_add(SILENT_AFTER_MS) {
+            return;
+        }
+        if let Some(c) = self.conns.get_mut(key) {
+            c.reply = Reply::Silent;
+        }
+        let Some(src) = self
+            .services
+            .get(usize::from(conn.service))
+            .and_then(|s| s.backend(conn.backend))
+            .map(|b| b.address)
+        else {
+            return;
+        };
+        self.counters.silences_at_syn_retry += 1;
+        if self.decided_before_ejection(conn.service, conn.backend, conn.created_ms) {
+            self.counters.outcomes_unjudged_before_ejection += 1;
+            return;
+        }
+        self.record_silence(now, dpid, conn.service, conn.backend, src, &conn);
+    }
+
+    /// Whether a connection decided at `created_ms` (controller-relative) came before
+    /// the start of service `si`'s backend `bi`'s last ejection.
+    fn decided_before_ejection(&self, si: u16, bi: BackendId, created_ms: u64) -> bool {
+        let Some(at) = self.services.get(usize::from(si)).and_then(|s| {
+            let p = s.position(bi)?;
+            s.outliers.host(p)?.ejected_at()
+        }) else {
+            return false;
+        };
+        let Some(epoch) = self.epoch else {
+            return false;
+        };
+        // An ejected backend takes no new connection, so one decided in the ejection's
+        // own millisecond was decided before it.
+        created_ms <= at.saturating_duration_since(epoch).as_millis() as u64
     }
 
     /// The connection of service `si`'s backend `bi` with decision `tag`, from `client`

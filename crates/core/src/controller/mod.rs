@@ -10,7 +10,7 @@ pub mod ageing;
 mod conn_rule;
 mod departing;
 mod ended;
-pub use ended::RuleEnded;
+pub use ended::{RuleEnded, SILENT_AFTER_MS};
 pub mod handshake;
 mod held;
 mod l2;
@@ -237,6 +237,10 @@ pub struct Counters {
     /// ... or because a switch on their way was behind meanwhile (its control channel's
     /// round trip over `outlier_max_channel_rtt_ms`).
     pub silences_excused_lag: u64,
+    /// Connections found unanswered when their client sent its SYN again
+    /// [`SILENT_AFTER_MS`] or more after the decision, rather than when their rules idled
+    /// out (then judged, or excused, as any silence).
+    pub silences_at_syn_retry: u64,
     /// Spells of such lag, all switches: each began with a reading over the limit.
     pub lag_spells: u64,
     /// Connections whose outcome rule ended without a verdict: the connection was no
@@ -247,6 +251,9 @@ pub struct Counters {
     /// ... or the connection was known but its rule carried nothing and lived under a
     /// second (it may have been over before its rules settled).
     pub outcomes_unjudged_short: u64,
+    /// ... or the connection was decided before its backend's last ejection started:
+    /// that ejection answered for it.
+    pub outcomes_unjudged_before_ejection: u64,
 }
 
 /// Something that happened, kept in a short ring for operators.

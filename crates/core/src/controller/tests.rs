@@ -1957,6 +1957,147 @@ fn outcome_rules_ending_without_a_verdict_are_counted_by_reason() {
     assert_eq!(judged, 0);
 }
 
+/// The silences of connections decided before a backend's ejection, reported after it
+/// ended (an idle timeout outlasts a base ejection), are no verdict: the ejection answered
+/// for them. Before, they ejected the backend again at once, for twice as long, though it
+/// might have recovered meanwhile. Silences of connections decided after still eject it.
+#[test]
+fn silences_from_before_an_ejection_do_not_eject_the_backend_again() {
+    let mut sim = single_switch("round-robin");
+    let pool = sim.c.services()[0].backends.len() as u16;
+    // h2's outcome rules of the connections from client ports `from..`, decided now.
+    let h2_connections = |sim: &mut Sim, from: u16, n: u16| -> Vec<(u64, ofp::Match)> {
+        for port in from..from + n * pool {
+            sim.send("h1", &tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN));
+        }
+        sim.net
+            .switch(1)
+            .unwrap()
+            .flows()
+            .filter(|f| f.cookie & cookie::conn::OUTCOME != 0)
+            .filter(|f| {
+                let m = &f.match_;
+                m.iter()
+                    .any(|o| matches!(o, ofp::Oxm::Ipv4Src { value, .. } if *value == ip(2)))
+                    && m.iter()
+                        .any(|o| matches!(o, ofp::Oxm::TcpDst(p) if *p >= from))
+            })
+            .map(|f| (f.cookie, f.match_.clone()))
+            .collect()
+    };
+    let h2_outcome_rules = h2_connections(&mut sim, 48000, 10);
+    assert_eq!(h2_outcome_rules.len(), 10);
+    let (first, rest) = h2_outcome_rules.split_at(5);
+    sim.tick(Duration::from_secs(1));
+    for (cookie, m) in first {
+        rule_idled_out(&mut sim, *cookie, m.clone());
+    }
+    let ejected = |sim: &Sim| sim.c.services()[0].backends[0].ejected;
+    assert!(ejected(&sim), "five silences in a row eject h2");
+    // The ejection ends (30 s); the other five connections' silences come after it.
+    sim.tick(Duration::from_secs(31));
+    assert!(!ejected(&sim));
+    for (cookie, m) in rest {
+        rule_idled_out(&mut sim, *cookie, m.clone());
+    }
+    assert!(!ejected(&sim), "no new verdict on h2 since its ejection");
+    let c = sim.c.counters();
+    assert_eq!(c.outcomes_unjudged_before_ejection, 5);
+    let b = &sim.c.services()[0].backends[0];
+    assert_eq!((b.outcomes_answered, b.outcomes_unanswered), (0, 5));
+    // Five connections decided since, unanswered: h2 is ejected again.
+    sim.tick(Duration::from_secs(1));
+    let since = h2_connections(&mut sim, 49000, 5);
+    assert_eq!(since.len(), 5);
+    for (cookie, m) in since {
+        rule_idled_out(&mut sim, cookie, m);
+    }
+    assert!(ejected(&sim), "new silences eject h2 again");
+    assert_eq!(sim.c.counters().outcomes_unjudged_before_ejection, 5);
+}
+
+/// A connection's client that sends its SYN again 2.5 s or more after the decision heard
+/// no SYN-ACK: the connection is judged silent then, once, and not again when its rules
+/// idle out 30 s later. A first retransmission, at 1 s, is no verdict.
+#[test]
+fn a_syn_sent_again_after_its_backend_stayed_silent_is_a_verdict_at_once() {
+    let mut sim = single_switch("round-robin");
+    let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
+    let first = sim.send("h1", &syn);
+    let backend = first[0].0.clone();
+    let unanswered = |sim: &Sim| -> u64 {
+        sim.c.services()[0]
+            .backends
+            .iter()
+            .map(|b| b.outcomes_unanswered)
+            .sum()
+    };
+    sim.tick(Duration::from_secs(1));
+    // The first retransmission goes to the same backend, and is no verdict yet.
+    assert_eq!(sim.send("h1", &syn)[0].0, backend);
+    assert_eq!(
+        (unanswered(&sim), sim.c.counters().silences_at_syn_retry),
+        (0, 0)
+    );
+    sim.tick(Duration::from_secs(2));
+    assert_eq!(sim.send("h1", &syn)[0].0, backend);
+    assert_eq!(
+        (unanswered(&sim), sim.c.counters().silences_at_syn_retry),
+        (1, 1)
+    );
+    // A third retransmission is not judged again, nor the rules' end.
+    sim.tick(Duration::from_secs(4));
+    sim.send("h1", &syn);
+    let outcome = sim
+        .net
+        .switch(1)
+        .unwrap()
+        .flows()
+        .find(|f| f.cookie & cookie::conn::OUTCOME != 0)
+        .map(|f| (f.cookie, f.match_.clone()))
+        .expect("the connection's outcome rule");
+    rule_idled_out(&mut sim, outcome.0, outcome.1);
+    assert_eq!(
+        (unanswered(&sim), sim.c.counters().silences_at_syn_retry),
+        (1, 1)
+    );
+}
+
+/// A backend that answers nothing is ejected 3 s after its first connections, at its
+/// clients' second SYNs, not when their rules idle out.
+#[test]
+fn a_dead_backend_is_ejected_at_its_clients_second_syns() {
+    let mut sim = single_switch("round-robin");
+    let pool = sim.c.services()[0].backends.len() as u16;
+    let syn = |port| tcp(mac(1), VMAC, (ip(1), port), (VIP, 80), SYN);
+    let mut to_h2 = Vec::new();
+    for port in 46000..46000 + 5 * pool {
+        if sim.send("h1", &syn(port))[0].0 == "h2" {
+            to_h2.push(port);
+        }
+    }
+    assert_eq!(to_h2.len(), 5);
+    sim.tick(Duration::from_secs(3));
+    for (i, &port) in to_h2.iter().enumerate() {
+        assert!(
+            !sim.c.services()[0].backends[0].ejected,
+            "not before the fifth ({i})"
+        );
+        sim.send("h1", &syn(port));
+    }
+    let b = &sim.c.services()[0].backends[0];
+    assert!(b.ejected, "five silences in a row eject h2");
+    assert_eq!(
+        sim.c.services()[0]
+            .outliers
+            .host(0)
+            .and_then(|h| h.ejected_by()),
+        Some(crate::health::Detector::Consecutive)
+    );
+    assert_eq!(b.outcomes_unanswered, 5);
+    assert_eq!(sim.c.counters().silences_at_syn_retry, 5);
+}
+
 /// Which hosts `n` new connections from h1 reach, and how many each.
 fn spread(sim: &mut Sim, first_port: u16, n: u16) -> BTreeMap<String, u32> {
     let mut seen = BTreeMap::new();

@@ -133,6 +133,7 @@ impl Controller {
                     // rule in place (§6.4), so where they did, nothing changes.
                     if conn.installed && tcp.flags.is_initial_syn() {
                         self.install(&key, out);
+                        self.note_syn_again(now, at.dpid, &key, conn);
                     }
                     self.send_known(at, &key, conn, Dir::Forward, dst, out);
                 }

@@ -287,6 +287,8 @@ pub struct Outlier {
     multiplier: u32,
     ejected_until: Option<Instant>,
     ejected_by: Option<Detector>,
+    /// Start of the current (or last) ejection.
+    ejected_at: Option<Instant>,
     /// Start of the current decay period (end of the last ejection or last decrement).
     decay_from: Option<Instant>,
     /// Outcomes since the last sweep.
@@ -304,6 +306,7 @@ impl Outlier {
             multiplier: 0,
             ejected_until: None,
             ejected_by: None,
+            ejected_at: None,
             decay_from: None,
             window: RateWindow::default(),
             last_window: RateWindow::default(),
@@ -323,6 +326,12 @@ impl Outlier {
     /// End of the current (or last) ejection.
     pub fn ejected_until(&self) -> Option<Instant> {
         self.ejected_until
+    }
+
+    /// Start of the current (or last) ejection: a connection decided before it has an
+    /// outcome that ejection already answered for (`Controller::record_outcome`).
+    pub fn ejected_at(&self) -> Option<Instant> {
+        self.ejected_at
     }
 
     /// The detector of the current (or last) ejection.
@@ -416,6 +425,7 @@ impl Outlier {
         let until = now.checked_add(d).unwrap_or(now);
         self.ejected_until = Some(until);
         self.ejected_by = Some(by);
+        self.ejected_at = Some(now);
         self.consecutive = 0;
         self.decay_from = None;
         until

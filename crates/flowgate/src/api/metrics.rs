@@ -314,13 +314,28 @@ pub(crate) fn render(handle: &Handle) -> String {
     }
     family(
         &mut o,
+        "flowgate_outlier_silences_at_syn_retry_total",
+        "counter",
+        "Connections found unanswered when their client sent its SYN again 2.5 s or more after the decision (no SYN-ACK reached it), rather than when their rules idled out; then judged, or excused, as any silence.",
+    );
+    let _ = writeln!(
+        o,
+        "flowgate_outlier_silences_at_syn_retry_total {}",
+        counters.silences_at_syn_retry
+    );
+    family(
+        &mut o,
         "flowgate_outlier_outcomes_unjudged_total",
         "counter",
-        "Connections whose outcome rule ended without a verdict: the connection was no longer known and its rule carried under two packets (reason connection_unknown), or its rule carried nothing and lived under a second (too_short).",
+        "Connections whose outcome rule ended without a verdict: the connection was no longer known and its rule carried under two packets (reason connection_unknown), its rule carried nothing and lived under a second (too_short), or it was decided before its backend's last ejection started, which answered for it (before_ejection).",
     );
     for (reason, n) in [
         ("connection_unknown", counters.outcomes_unjudged_unknown),
         ("too_short", counters.outcomes_unjudged_short),
+        (
+            "before_ejection",
+            counters.outcomes_unjudged_before_ejection,
+        ),
     ] {
         let _ = writeln!(
             o,
