@@ -225,5 +225,63 @@ fn sim_quick_runs_the_matrix_and_writes_tables_and_plots() {
     let (ok, _, err) = run(&["sim", "--quick", "--overload", "sometimes"]);
     assert!(!ok);
     assert!(err.contains("overload \"sometimes\""), "{err}");
+    let (ok, _, err) = run(&[
+        "sim",
+        "--quick",
+        "--outliers",
+        "sometimes",
+        "--faulty",
+        "99",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("outlier \"sometimes\""), "{err}");
+    assert!(err.contains("faulty: 99 servers of 16"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `flowgate sim --faulty`: a run per outlier detection asked for, and the outlier table
+/// (printed, and in `outliers.csv`) beside the main one.
+#[test]
+fn sim_with_a_faulty_server_tables_its_ejections() {
+    let dir = ScratchDir::new("sim-faulty").expect("temp dir");
+    let (ok, out, err) = run(&[
+        "sim",
+        "--quick",
+        "--algorithms",
+        "round-robin",
+        "--overload",
+        "off",
+        "--outliers",
+        "off,success-rate",
+        "--faulty",
+        "1",
+        "--idle-timeout-secs",
+        "4",
+        "--loads",
+        "0.5",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("Faulty servers: 1 of 16"), "{out}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("| round-robin | off | "))
+        .collect();
+    // Two runs' rows in the main table and two in the outlier table.
+    assert_eq!(rows.len(), 4, "{out}");
+    let csv = std::fs::read_to_string(dir.join("outliers.csv")).expect("outliers.csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(lines[0].starts_with("algorithm,overload,outlier,load,to faulty servers %"));
+    assert!(lines[1].starts_with("round-robin,off,off,0.50,"), "{csv}");
+    assert!(
+        lines[2].starts_with("round-robin,off,success-rate,0.50,"),
+        "{csv}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sim.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"][0]["faulty"], serde_json::json!([8]));
+    assert_eq!(json["runs"][0]["ejections"], serde_json::json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -33,7 +33,7 @@ pub mod switch;
 
 use std::time::Duration;
 
-pub use engine::{Outcome, PhaseStats, Sample, run};
+pub use engine::{Ejection, Outcome, PhaseStats, Sample, run};
 pub use fabric::Shape;
 
 /// What a SYN the controller refuses costs it, as a share of one it places: measured by
@@ -46,6 +46,27 @@ pub const REFUSAL_SHARE: f64 = 0.5;
 /// with `ceiling = false`: the adaptive law without the ceiling that otherwise holds the
 /// service's gate at `capacity_rps × (low+high)/2` while no gap is in force (the ablation).
 pub const OVERLOADS: [&str; 4] = ["off", "static", "adaptive", "adaptive-no-ceiling"];
+
+/// The passive outlier detection a scenario may name (`[service.outlier]`):
+/// - `default`: the controller's own, Envoy's: consecutive failures (5) and success rate;
+/// - `off`: neither detector;
+/// - `consecutive`, `success-rate`: that detector alone;
+/// - `failure-percentage`: that detector alone, at [`FAILURE_PERCENTAGE_THRESHOLD`] %
+///   (it is off in the controller's default, as in Envoy).
+pub const OUTLIERS: [&str; 5] = [
+    "default",
+    "off",
+    "consecutive",
+    "success-rate",
+    "failure-percentage",
+];
+
+/// The shortest idle timeout a scenario with faulty servers may have (`Scenario::check`).
+pub const MIN_IDLE_WITH_FAULTY: u16 = 4;
+
+/// The `failure-percentage` outlier setting's threshold: a backend that leaves this share
+/// of its connections unanswered in an interval is ejected.
+pub const FAILURE_PERCENTAGE_THRESHOLD: u32 = 20;
 
 /// One simulated experiment: the fabric, the servers, the load, and the controller's
 /// choices.
@@ -80,6 +101,22 @@ pub struct Scenario {
     pub report_every: Duration,
     /// One network round trip between a client and a server (half each way).
     pub rtt: Duration,
+    /// Servers that silently drop a share of their connections ([`Scenario::is_faulty`]):
+    /// every SYN of a dropped connection, its client's retransmissions too, as a server
+    /// with a broken receive queue that the connection's hash picks, or a full accept
+    /// queue that a connection meets every time.
+    pub faulty: u32,
+    /// The share of its connections a faulty server drops, in (0, 1].
+    pub drop_share: f64,
+    /// When the faulty servers recover (drop nothing more), from the first request;
+    /// `None`: never.
+    pub recover_at: Option<Duration>,
+    /// Passive outlier detection ([`OUTLIERS`]).
+    pub outlier: String,
+    /// The connection rules' idle timeout (`idle_timeout_secs`): a silent connection's
+    /// rules end, and its silence reaches the outlier detectors, this long after they
+    /// were installed.
+    pub idle_timeout_secs: u16,
     pub seed: u64,
 }
 
@@ -107,8 +144,24 @@ impl Scenario {
             refusal_share: REFUSAL_SHARE,
             report_every: Duration::from_millis(10),
             rtt: Duration::from_micros(100),
+            faulty: 0,
+            drop_share: 0.5,
+            recover_at: None,
+            outlier: "default".into(),
+            idle_timeout_secs: 30,
             seed: 1,
         }
+    }
+
+    /// Whether server `i` is one of the `faulty`: spread evenly over the pool, the middle
+    /// one of each of `faulty` equal runs of servers.
+    pub fn is_faulty(&self, i: usize) -> bool {
+        let (n, k) = (self.shape.servers(), self.faulty as usize);
+        if k == 0 || k > n {
+            return false;
+        }
+        let stride = n / k;
+        i % stride == stride / 2 && i / stride < k
     }
 
     /// Requests per second the whole pool completes with every worker busy.
@@ -165,6 +218,33 @@ impl Scenario {
         }
         if self.report_every.is_zero() {
             errs.push("report_every must be over 0".into());
+        }
+        if self.faulty as usize > self.shape.servers() {
+            errs.push(format!(
+                "faulty: {} servers of {}",
+                self.faulty,
+                self.shape.servers()
+            ));
+        }
+        if !(positive(self.drop_share) && self.drop_share <= 1.0) {
+            errs.push("drop_share must be in (0, 1]".into());
+        }
+        if !OUTLIERS.contains(&self.outlier.as_str()) {
+            errs.push(format!(
+                "outlier {:?}: {}",
+                self.outlier,
+                OUTLIERS.join(", ")
+            ));
+        }
+        if self.idle_timeout_secs == 0 {
+            errs.push("idle_timeout_secs must be at least 1".into());
+        } else if self.faulty > 0 && self.idle_timeout_secs < MIN_IDLE_WITH_FAULTY {
+            // A dropped connection's client sends its last SYN 3 s after its first, and
+            // the controller installs the rules again then; the model ends those rules
+            // when the client gives up (7 s), so they must not idle out before.
+            errs.push(format!(
+                "idle_timeout_secs must be at least {MIN_IDLE_WITH_FAULTY} with faulty servers"
+            ));
         }
         if errs.is_empty() {
             Ok(())

@@ -240,3 +240,192 @@ fn without_the_ceiling_a_step_is_refused_later() {
         a.reset
     );
 }
+
+// Faulty servers and passive outlier detection.
+
+/// `small`'s pool of 16 with one faulty server (the ninth: `Scenario::is_faulty`), which
+/// drops `share` of its connections, two phases of 8 s at 0.4, and rules that idle out
+/// 4 s after their last install.
+fn faulty(algorithm: &str, outlier: &str, share: f64) -> Scenario {
+    Scenario {
+        faulty: 1,
+        drop_share: share,
+        outlier: outlier.into(),
+        idle_timeout_secs: 4,
+        phase: Duration::from_secs(8),
+        ..small(algorithm, "off", &[0.4, 0.4])
+    }
+}
+
+/// A server that drops half its connections: without outlier detection it keeps its
+/// share all run; the consecutive detector never ejects it (each silence is reported
+/// after answers to connections decided after it, so it is no failure in a row); the
+/// success rate does, within the first sweep its silences reach, and no other server.
+#[test]
+fn a_server_that_drops_half_its_connections_is_ejected_by_its_success_rate() {
+    let sc = faulty("round-robin", "off", 0.5);
+    assert_eq!(
+        (0..16).filter(|&i| sc.is_faulty(i)).collect::<Vec<_>>(),
+        [8]
+    );
+    let off = run(&sc).expect("off");
+    let consecutive = run(&faulty("round-robin", "consecutive", 0.5)).expect("consecutive");
+    let rate = run(&faulty("round-robin", "success-rate", 0.5)).expect("success rate");
+    for (name, o) in [
+        ("off", &off),
+        ("consecutive", &consecutive),
+        ("rate", &rate),
+    ] {
+        for p in &o.phases {
+            eprintln!(
+                "{name}: offered {} served {} to faulty {} dropped {} lost {}; ejections {:?}",
+                p.offered, p.served, p.to_faulty, p.dropped_by_server, p.lost, o.ejections
+            );
+            // Every connection came to an outcome; every rule ended and was reported.
+            assert_eq!(p.lost, 0, "{name}");
+        }
+        assert_eq!(o.conn_rules_left, 0, "{name}");
+        assert_eq!(o.faulty, [8]);
+    }
+    // Round robin: the faulty server gets 1/16 of the connections, and drops about half
+    // of them.
+    for p in &off.phases {
+        let share = p.to_faulty as f64 / p.offered as f64;
+        assert!((0.058..0.067).contains(&share), "{share}");
+        let dropped = p.dropped_by_server as f64 / p.to_faulty as f64;
+        assert!((0.45..0.55).contains(&dropped), "{dropped}");
+    }
+    assert!(off.ejections.is_empty(), "{:?}", off.ejections);
+    assert!(
+        consecutive.ejections.is_empty(),
+        "{:?}",
+        consecutive.ejections
+    );
+    // The success rate ejects the faulty server once, and only it. Its first silences
+    // are known 3 s into the load (their clients' third SYNs); the sweep after them, at
+    // the controller's tenth second, judges it.
+    let e = &rate.ejections;
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(
+        (e[0].server, e[0].faulty, e[0].detector),
+        (8, true, "success_rate")
+    );
+    assert!((7.0..10.0).contains(&e[0].at_s), "{}", e[0].at_s);
+    // Ejected for 30 s, past the run's end, a second into the second phase: that phase
+    // sends it an eighth of what it would have had, and serves more.
+    assert!(
+        rate.phases[1].to_faulty * 8 < off.phases[1].to_faulty * 3 / 2,
+        "{} {}",
+        rate.phases[1].to_faulty,
+        off.phases[1].to_faulty
+    );
+    assert!(rate.phases[1].served > off.phases[1].served);
+}
+
+/// A dead server (it drops every connection): its silences come one after another with
+/// no answer between, and the consecutive detector ejects it as soon as the fifth is
+/// known, when its client sends its SYN a third time, 3 s after the first.
+#[test]
+fn a_dead_server_is_ejected_by_consecutive_failures() {
+    let o = run(&faulty("least-connections", "consecutive", 1.0)).expect("run");
+    let e = &o.ejections;
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!((e[0].server, e[0].detector), (8, "consecutive"));
+    assert!((3.0..3.5).contains(&e[0].at_s), "{}", e[0].at_s);
+    let p = &o.phases[0];
+    assert_eq!(p.dropped_by_server, p.to_faulty, "{p:?}");
+    assert_eq!(o.phases[1].to_faulty, 0, "{:?}", o.phases[1]);
+    assert_eq!(o.conn_rules_left, 0);
+}
+
+/// The scenario's faulty servers, drop share, outlier detection and idle timeout are
+/// checked with the rest, and each outlier setting is a `[service.outlier]` the
+/// controller accepts, with the detectors it names.
+#[test]
+fn outlier_settings_are_checked_and_reach_the_controller() {
+    let mut sc = faulty("isslm", "sometimes", 0.0);
+    sc.faulty = 17;
+    sc.idle_timeout_secs = 3;
+    let err = sc.check().expect_err("bad");
+    for part in [
+        "faulty: 17 servers of 16",
+        "drop_share",
+        "outlier \"sometimes\"",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+    sc.faulty = 1;
+    let err = sc.check().expect_err("bad");
+    assert!(
+        err.contains("idle_timeout_secs must be at least 4"),
+        "{err}"
+    );
+    for (name, consecutive, rate, percentage) in [
+        ("default", 5, true, None),
+        ("off", 0, false, None),
+        ("consecutive", 5, false, None),
+        ("success-rate", 0, true, None),
+        (
+            "failure-percentage",
+            0,
+            false,
+            Some(flowgate_sim::FAILURE_PERCENTAGE_THRESHOLD),
+        ),
+    ] {
+        let sc = faulty("round-robin", name, 0.5);
+        assert_eq!(sc.check(), Ok(()), "{name}");
+        let cfg = flowgate_core::Config::from_toml(&controller_config(&sc), &|_| None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let o = &cfg.services[0].outlier;
+        assert_eq!(o.consecutive_failures, consecutive, "{name}");
+        assert_eq!(o.success_rate.is_some(), rate, "{name}");
+        assert_eq!(
+            o.failure_percentage.map(|f| f.threshold),
+            percentage,
+            "{name}"
+        );
+        assert_eq!(cfg.controller.idle_timeout_secs, 4);
+    }
+}
+
+/// A dead server that recovers during its ejection comes back when the ejection ends and
+/// stays. The silences of the connections that ejected it are judged when their clients
+/// send their SYNs again, within its ejection, not when their rules idle out (30 s), after
+/// its base ejection (30 s) ends: then, before stop 59, they ejected it again at once, for
+/// 60 s, and it served nothing more here.
+#[test]
+fn a_server_that_recovers_while_ejected_comes_back_and_stays() {
+    let sc = Scenario {
+        idle_timeout_secs: 30,
+        recover_at: Some(Duration::from_secs(20)),
+        phase: Duration::from_secs(25),
+        ..faulty("round-robin", "consecutive", 1.0)
+    };
+    let sc = Scenario {
+        loads: vec![0.2, 0.2],
+        ..sc
+    };
+    let o = run(&sc).expect("run");
+    for p in &o.phases {
+        eprintln!(
+            "offered {} served {} to faulty {} dropped {} lost {}",
+            p.offered, p.served, p.to_faulty, p.dropped_by_server, p.lost
+        );
+    }
+    eprintln!("{:?}", o.ejections);
+    // Ejected once, 3 s in, and never again.
+    let e = &o.ejections;
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!((3.0..3.5).contains(&e[0].at_s), "{}", e[0].at_s);
+    // Back after 30 s, for the second phase's last 17 s (of 25), answering all it gets.
+    let last = &o.phases[1];
+    assert!(
+        last.to_faulty * 16 > last.offered / 2,
+        "{} of {}",
+        last.to_faulty,
+        last.offered
+    );
+    assert_eq!(last.dropped_by_server, 0);
+    assert_eq!(last.served, last.offered);
+    assert_eq!(o.conn_rules_left, 0);
+}

@@ -1,5 +1,6 @@
 //! `flowgate sim`: the controller core at data-centre scale (`flowgate_sim`), over a
-//! matrix of balancing algorithms and overload controls, with tables and plots.
+//! matrix of balancing algorithms, overload controls and outlier detections, with tables
+//! and plots.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +62,25 @@ pub struct SimArgs {
     /// Client-server round trip, µs.
     #[arg(long, default_value_t = 100.0)]
     pub rtt_us: f64,
+    /// Passive outlier detections to compare: default (the controller's: consecutive
+    /// failures and success rate), off, consecutive, success-rate, failure-percentage.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub outliers: Vec<String>,
+    /// Servers that silently drop --drop-share of their connections, spread over the pool.
+    #[arg(long, default_value_t = 0)]
+    pub faulty: u32,
+    /// The share of its connections a faulty server drops (its clients' retransmitted
+    /// SYNs too).
+    #[arg(long, default_value_t = 0.5)]
+    pub drop_share: f64,
+    /// When the faulty servers recover (drop nothing more), seconds from the first
+    /// request; never if not given.
+    #[arg(long)]
+    pub recover_at_secs: Option<f64>,
+    /// The connection rules' idle timeout, s: a dropped connection's silence reaches the
+    /// outlier detection this long after its rules were installed.
+    #[arg(long, default_value_t = 30)]
+    pub idle_timeout_secs: u16,
     /// ISSLM's threshold, a fraction of a server's mean capacity.
     #[arg(long, default_value_t = 0.8)]
     pub isslm_threshold: f64,
@@ -72,6 +92,10 @@ pub struct SimArgs {
     /// A small fabric and short phases (seconds of wall time), for a smoke test.
     #[arg(long)]
     pub quick: bool,
+}
+
+fn label(sc: &Scenario) -> String {
+    format!("{} / {} / {}", sc.algorithm, sc.overload, sc.outlier)
 }
 
 fn duration(what: &str, secs: f64) -> anyhow::Result<Duration> {
@@ -113,25 +137,36 @@ impl SimArgs {
             refusal_share: self.refusal_share,
             report_every: duration("--report-ms", self.report_ms / 1e3)?,
             rtt: duration("--rtt-us", self.rtt_us / 1e6)?,
+            faulty: self.faulty,
+            drop_share: self.drop_share,
+            recover_at: self
+                .recover_at_secs
+                .map(|s| duration("--recover-at-secs", s))
+                .transpose()?,
+            outlier: String::new(),
+            idle_timeout_secs: self.idle_timeout_secs,
             seed: self.seed,
         };
         let mut v = Vec::new();
         let mut errs = Vec::new();
         for a in &self.algorithms {
             for o in &self.overload {
-                let sc = Scenario {
-                    algorithm: a.clone(),
-                    overload: o.clone(),
-                    ..base.clone()
-                };
-                if let Err(e) = sc.check() {
-                    errs.push(format!("{a} / {o}: {e}"));
+                for d in &self.outliers {
+                    let sc = Scenario {
+                        algorithm: a.clone(),
+                        overload: o.clone(),
+                        outlier: d.clone(),
+                        ..base.clone()
+                    };
+                    if let Err(e) = sc.check() {
+                        errs.push(format!("{a} / {o} / {d}: {e}"));
+                    }
+                    v.push(sc);
                 }
-                v.push(sc);
             }
         }
         if v.is_empty() {
-            errs.push("no algorithm or no overload control to run".into());
+            errs.push("no algorithm, overload control or outlier detection to run".into());
         }
         if errs.is_empty() {
             Ok(v)
@@ -159,8 +194,8 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
                     let r = flowgate_sim::run(sc);
                     if let Ok(o) = &r {
                         eprintln!(
-                            "{} / {}: done in {:.1} s",
-                            o.algorithm, o.overload, o.wall_secs
+                            "{} / {} / {}: done in {:.1} s",
+                            o.algorithm, o.overload, o.outlier, o.wall_secs
                         );
                     }
                     if let Ok(mut slot) = results[i].lock() {
@@ -175,8 +210,8 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         let r = r
             .into_inner()
             .map_err(|_| anyhow::anyhow!("a run panicked"))?
-            .ok_or_else(|| anyhow::anyhow!("{} / {}: not run", sc.algorithm, sc.overload))?;
-        runs.push(r.map_err(|e| anyhow::anyhow!("{} / {}: {e}", sc.algorithm, sc.overload))?);
+            .ok_or_else(|| anyhow::anyhow!("{}: not run", label(sc)))?;
+        runs.push(r.map_err(|e| anyhow::anyhow!("{}: {e}", label(sc)))?);
     }
     let first = &scenarios[0];
     print!("{}", flowgate_sim::report::markdown(first, &runs));

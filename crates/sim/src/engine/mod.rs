@@ -31,7 +31,7 @@ mod openflow;
 mod stats;
 
 use openflow::{is_new_syn, places_a_connection};
-pub use stats::{Outcome, PhaseStats, Sample};
+pub use stats::{Ejection, Outcome, PhaseStats, Sample};
 
 /// The service's address and port.
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 255, 0, 1);
@@ -44,7 +44,8 @@ const SEC: u64 = 1_000_000_000;
 /// Before the first request: links found, hosts learned, loads reported.
 const WARM_UP: u64 = SEC;
 /// After the last request: every connection reaches its outcome (a SYN dropped three
-/// times is given up 7 s after the first).
+/// times is given up 7 s after the first). With faulty servers, their silent
+/// connections' rules idle out `idle_timeout_secs` after that ([`Engine::drain`]).
 const DRAIN: u64 = 8 * SEC;
 /// A client sends a SYN at most this many times.
 const SYN_TRIES: u8 = 3;
@@ -124,6 +125,8 @@ struct Conn {
     synack_played: bool,
     state: State,
     at_server: u64,
+    /// Its server is faulty and drops it: nothing answers any of its SYNs.
+    silenced: bool,
 }
 
 struct Engine<'s> {
@@ -167,6 +170,11 @@ struct Engine<'s> {
     series_busy: Vec<f64>,
     packet_ins: u64,
     deferred: u64,
+    /// Of each server: whether it is faulty ([`Scenario::is_faulty`]), and the end of the
+    /// last ejection seen at a tick.
+    faulty: Vec<bool>,
+    ejected: Vec<Option<Instant>>,
+    ejections: Vec<Ejection>,
 }
 
 /// The initial sequence number of connection `id`'s client (any fixed function will do:
@@ -181,12 +189,17 @@ pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
     let wall = Instant::now();
     let mut e = Engine::new(sc)?;
     e.boot();
-    e.run_until(e.end + DRAIN);
+    e.run_until(e.end + e.drain());
     e.finish_phases();
     let t = e.c.topology();
     Ok(Outcome {
         algorithm: sc.algorithm.clone(),
         overload: sc.overload.clone(),
+        outlier: sc.outlier.clone(),
+        faulty: (0..sc.shape.servers())
+            .filter(|&i| sc.is_faulty(i))
+            .collect(),
+        ejections: e.ejections,
         capacity: sc.capacity(),
         links_found: t.links().count(),
         hosts_learned: t.host_count(),
@@ -210,6 +223,15 @@ pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
     })
 }
 
+/// How long a run goes on after the last arrival, in seconds: every connection reaches
+/// its outcome, and every rule ends and is reported.
+pub fn drain_secs(sc: &Scenario) -> u64 {
+    if sc.faulty == 0 {
+        return DRAIN / SEC;
+    }
+    DRAIN / SEC + u64::from(sc.idle_timeout_secs)
+}
+
 /// The controller's configuration for a scenario: one service at [`VIP`] over every
 /// server, weighted by capacity, ACCM as the scenario says (`adaptive-no-ceiling`:
 /// `adaptive`, the service's without its ceiling).
@@ -230,13 +252,25 @@ pub fn controller_config(sc: &Scenario) -> String {
     } else {
         String::new()
     };
+    let outlier = match sc.outlier.as_str() {
+        "off" => "consecutive_failures = 0\nsuccess_rate = false\n".to_string(),
+        "consecutive" => "success_rate = false\n".to_string(),
+        "success-rate" => "consecutive_failures = 0\n".to_string(),
+        "failure-percentage" => format!(
+            "consecutive_failures = 0\nsuccess_rate = false\nfailure_percentage_threshold = {}\n",
+            crate::FAILURE_PERCENTAGE_THRESHOLD
+        ),
+        _ => String::new(),
+    };
     let mut cfg = format!(
-        "[controller]\nseed = {seed}\n# Simulated hosts do not answer ARP probes.\nhost_timeout_secs = 0\n\
+        "[controller]\nseed = {seed}\nidle_timeout_secs = {idle}\n# Simulated hosts do not answer ARP probes.\nhost_timeout_secs = 0\n\
          [controller.overload]\nmode = \"{controller_mode}\"\n\
          [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = {VPORT}\nalgorithm = \"{alg}\"\n{threshold}\
          [service.health]\nkind = \"none\"\n\
+         [service.outlier]\n{outlier}\
          [service.overload]\nmode = \"{mode}\"\ncapacity_rps = {cap:.0}\n{ceiling}",
         seed = sc.seed,
+        idle = sc.idle_timeout_secs,
         alg = sc.algorithm,
         cap = sc.capacity(),
     );
@@ -322,6 +356,8 @@ impl<'s> Engine<'s> {
                     reset: 0,
                     server_refused: 0,
                     timed_out: 0,
+                    to_faulty: 0,
+                    dropped_by_server: 0,
                     syn_drops: 0,
                     lost: 0,
                     rt: Histogram::new(3).expect("3 significant figures"),
@@ -341,7 +377,14 @@ impl<'s> Engine<'s> {
             series_busy: vec![0.0; n],
             packet_ins: 0,
             deferred: 0,
+            faulty: (0..n).map(|i| sc.is_faulty(i)).collect(),
+            ejected: vec![None; n],
+            ejections: Vec::new(),
         })
+    }
+
+    fn drain(&self) -> u64 {
+        drain_secs(self.sc) * SEC
     }
 
     fn at(&self, t: u64) -> Instant {
@@ -437,6 +480,7 @@ impl<'s> Engine<'s> {
                 synack_played: false,
                 state: State::Connecting,
                 at_server: 0,
+                silenced: false,
             },
         );
         self.phases[phase].offered += 1;
@@ -459,7 +503,8 @@ impl<'s> Engine<'s> {
         }
     }
 
-    /// A SYN (try `tries + 1`) of connection `id` enters its client's leaf.
+    /// A SYN (try `tries + 1`) of connection `id` enters its client's leaf, unless the
+    /// connection was placed meanwhile.
     fn syn(&mut self, id: u64) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
@@ -467,6 +512,15 @@ impl<'s> Engine<'s> {
         if conn.state != State::Connecting || conn.backend.is_some() {
             return;
         }
+        self.send_syn(id);
+    }
+
+    /// The SYN (try `tries + 1`) of connection `id` enters its client's leaf, and its
+    /// client's timer to send it again starts.
+    fn send_syn(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         conn.tries += 1;
         let try_ = conn.tries;
         let client = self.clients[conn.client as usize];
@@ -505,6 +559,19 @@ impl<'s> Engine<'s> {
         let Some(conn) = self.conns.get(&id) else {
             return;
         };
+        if conn.silenced {
+            // Its SYN reached a server that dropped it: the client sends it again (the
+            // controller sends it on to the same backend, the connection's), then gives up.
+            if conn.tries != try_ || conn.state == State::Ended {
+                return;
+            }
+            if try_ < SYN_TRIES {
+                self.send_syn(id);
+            } else {
+                self.give_up_silenced(id);
+            }
+            return;
+        }
         if conn.state != State::Connecting || conn.backend.is_some() || conn.tries != try_ {
             return;
         }
@@ -587,6 +654,18 @@ impl<'s> Engine<'s> {
         let Some(b) = conn.backend else { return };
         conn.at_server = self.now;
         let phase = conn.phase;
+        if self.faulty[usize::from(b)] {
+            self.phases[phase].to_faulty += 1;
+            let recovered = self
+                .sc
+                .recover_at
+                .is_some_and(|r| self.now >= self.start + r.as_nanos() as u64);
+            if !recovered && drops(self.sc.seed, id, self.sc.drop_share) {
+                // Nothing answers: the client's SYN timer runs on (`syn_timer`).
+                conn.silenced = true;
+                return;
+            }
+        }
         let s = &mut self.servers[usize::from(b)];
         match s.arrive(self.now, id) {
             Admit::Started => {
@@ -629,6 +708,32 @@ impl<'s> Engine<'s> {
         self.close(id);
     }
 
+    /// The client of a connection its server dropped gives up (its third SYN unanswered):
+    /// its rules, which no packet ever passed, idle out `idle_timeout` after the last was
+    /// installed, and their FLOW_REMOVEDs tell the controller that the backend never
+    /// answered.
+    fn give_up_silenced(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        conn.state = State::Ended;
+        let phase = conn.phase;
+        let ends = conn
+            .rules
+            .iter()
+            .map(|r| r.at + u64::from(r.idle_timeout) * SEC)
+            .max();
+        self.phases[phase].dropped_by_server += 1;
+        self.series_counts.2 += 1;
+        match ends {
+            Some(t) => self.push(t.max(self.now), Ev::RulesEnd(id)),
+            // Deferred to the client's ACK, which never came: no rules to end.
+            None => {
+                self.end_conn(id);
+            }
+        }
+    }
+
     /// The connection is over (its response sent, or refused by its server): its rules
     /// go `fin_timeout` after the FIN (or RST) passes.
     fn close(&mut self, id: u64) {
@@ -643,6 +748,7 @@ impl<'s> Engine<'s> {
             return;
         };
         let now = self.at(self.now);
+        let packets = if conn.silenced { 0 } else { 8 };
         for r in conn.rules {
             if let Some(sw) = self.switches.get_mut(&r.dpid) {
                 sw.conn_rule_gone();
@@ -662,9 +768,10 @@ impl<'s> Engine<'s> {
                 hard_timeout: 0,
                 // The controller reads only whether a rule saw packets: at the client's
                 // edge the reverse rule's count says whether the backend answered. Every
-                // connection here got an answer (its response, or a full queue's RST).
-                packet_count: 8,
-                byte_count: 2048,
+                // connection here got an answer (its response, or a full queue's RST),
+                // but those a faulty server dropped.
+                packet_count: packets,
+                byte_count: packets * 256,
                 match_: r.match_,
             };
             self.c
@@ -710,12 +817,47 @@ impl<'s> Engine<'s> {
         }
         self.c.handle_tick(now, &mut self.out);
         self.apply(self.now);
+        self.watch_ejections(now);
         self.mark_phase();
         if self.now % SAMPLE < every {
             self.sample();
         }
-        if self.now < self.end + DRAIN {
+        if self.now < self.end + self.drain() {
             self.push(self.now + every, Ev::Tick);
         }
     }
+
+    /// Each ejection the controller's outlier detection made, as it starts: a new end of
+    /// ejection, in force (one that starts as the last ends, within a tick, too).
+    fn watch_ejections(&mut self, now: Instant) {
+        let Some(s) = self.c.services().first() else {
+            return;
+        };
+        for (i, seen) in self.ejected.iter_mut().enumerate() {
+            let Some(h) = s.outliers.host(i) else {
+                continue;
+            };
+            let until = h.ejected_until().filter(|_| h.is_ejected(now));
+            if until.is_some() && until != *seen {
+                *seen = until;
+                self.ejections.push(Ejection {
+                    server: i,
+                    faulty: self.faulty.get(i).copied().unwrap_or(false),
+                    at_s: self.now.saturating_sub(self.start) as f64 / 1e9,
+                    detector: h.ejected_by().map_or("", |d| d.as_str()),
+                });
+            }
+        }
+    }
+}
+
+/// Whether a faulty server drops connection `id`: a fixed draw of the connection's, so its
+/// retransmitted SYNs meet the same fate, with probability `share`.
+fn drops(seed: u64, id: u64, share: f64) -> bool {
+    // SplitMix64's finalizer: a well-mixed 64-bit value of the id.
+    let mut z = id ^ seed.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z >> 11) as f64 / (1u64 << 53) as f64) < share
 }

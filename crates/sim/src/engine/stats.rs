@@ -16,6 +16,10 @@ pub struct PhaseStats {
     pub server_refused: u64,
     /// SYNs dropped three times (gap rules, meters, a silent refusal): given up.
     pub timed_out: u64,
+    /// Connections that reached a faulty server ([`Scenario::is_faulty`]).
+    pub to_faulty: u64,
+    /// Of those, the ones it dropped: their clients gave up after their third SYN.
+    pub dropped_by_server: u64,
     /// SYNs dropped at the switch (each try).
     pub syn_drops: u64,
     /// Connections with no outcome by the end of the run (0 unless a handshake stalled).
@@ -34,6 +38,18 @@ pub struct PhaseStats {
     pub util_cov: f64,
     /// Share of the controller's time busy handling PACKET_INs.
     pub controller_util: f64,
+}
+
+/// A server the controller's outlier detection ejected.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Ejection {
+    pub server: usize,
+    /// Whether it is one of the faulty servers (else the ejection is a false one).
+    pub faulty: bool,
+    /// When, in seconds from the first request.
+    pub at_s: f64,
+    /// `consecutive`, `success_rate` or `failure_percentage`.
+    pub detector: &'static str,
 }
 
 /// One point of the time series.
@@ -56,6 +72,12 @@ pub struct Sample {
 pub struct Outcome {
     pub algorithm: String,
     pub overload: String,
+    /// The outlier detection ([`crate::OUTLIERS`]).
+    pub outlier: String,
+    /// The faulty servers, by index.
+    pub faulty: Vec<usize>,
+    /// Every ejection by the controller's outlier detection, in order.
+    pub ejections: Vec<Ejection>,
     pub capacity: f64,
     pub phases: Vec<PhaseStats>,
     pub series: Vec<Sample>,
@@ -131,9 +153,9 @@ impl Engine<'_> {
     pub(super) fn finish_phases(&mut self) {
         let phase_ns = self.sc.phase.as_nanos() as f64;
         for (i, p) in self.phases.iter_mut().enumerate() {
-            p.lost = p
-                .offered
-                .saturating_sub(p.served + p.reset + p.server_refused + p.timed_out);
+            p.lost = p.offered.saturating_sub(
+                p.served + p.reset + p.server_refused + p.timed_out + p.dropped_by_server,
+            );
             let (Some((a, ca)), Some((b, cb))) =
                 (self.phase_marks.get(i), self.phase_marks.get(i + 1))
             else {
