@@ -16,6 +16,10 @@
 //!   service times and a bounded accept queue; it reports its completion rate, requests in
 //!   it, busy share and response time every `report_every` (the paper's 10 ms refresh), as
 //!   a backend's metrics endpoint does.
+//! - **Modelled:** faulty servers ([`Scenario::faulty`]), which silently drop a share of
+//!   their connections, every SYN of them, until they recover; the controller's outlier
+//!   detection judges them from the clients' retransmitted SYNs and the rules'
+//!   FLOW_REMOVEDs, and the run records each ejection ([`Ejection`]).
 //! - **Modelled:** the controller's CPU: one PACKET_IN costs `controller_cost`, handled in
 //!   order of arrival; its busy time and queueing go to the controller's own gap as the
 //!   runtime's measurements do. Clients: Poisson arrivals, one request per connection, SYN

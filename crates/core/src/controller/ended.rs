@@ -10,15 +10,15 @@ use std::time::{Duration, Instant};
 use ofp::oxm::ofb;
 
 use super::{Controller, Outbox, rules};
+use crate::conntrack::{Conn, ConnKey, Reply};
+use crate::cookie::{self, RuleKind};
+use crate::service::BackendId;
+use crate::topology::Dpid;
 
 /// How long after its decision a connection's client may send its SYN again before the
 /// connection is judged silent (`Controller::note_syn_again`): past a first
 /// retransmission at 1 s, short of Linux's second at 3 s.
 pub const SILENT_AFTER_MS: u64 = 2_500;
-use crate::conntrack::{Conn, ConnKey, Reply};
-use crate::cookie::{self, RuleKind};
-use crate::service::BackendId;
-use crate::topology::Dpid;
 
 /// What the controller reads of a FLOW_REMOVED: the cookie, the table, the counters, and
 /// the rule's exact 4-tuple.
@@ -341,10 +341,11 @@ impl Controller {
         };
         // A verdict on a connection decided before the backend's last ejection started
         // is no news: that ejection answered for the backend as it was then. A silence
-        // is reported an idle timeout (30 s by default) after its rules' last packet, so
-        // the silences of the connections that ejected a backend keep coming after its
-        // base ejection (30 s) ends, and would eject it again, a backend that recovered
-        // meanwhile too, for twice as long (`flowgate sim --recover-at-secs`).
+        // its client did not tell of (`note_syn_again`) is known an idle timeout (30 s by
+        // default) after its rules' last packet, as long as a base ejection, so such
+        // silences of the connections that ejected a backend come after the ejection
+        // ends, and would eject it again, for twice as long, though it recovered
+        // meanwhile (docs/simulator.md, stop 59).
         if let (Some(_), Some(conn)) = (verdict, current)
             && self.decided_before_ejection(si, bi, conn.created_ms)
         {
