@@ -381,6 +381,47 @@ fn ovs_backend_metrics_are_scraped() {
     ctl.assert_no_openflow_errors();
 }
 
+/// Three `flowgate httpd` backends behind the VIP on one switch, by round robin with
+/// `extra` in the config, and a client: the controller started as `name`, its backends
+/// ready. The topology and the servers last as long as the value; its fields drop in
+/// order, the controller first and the topology last, as a test's locals would.
+struct ThreeBackends {
+    ctl: Ctl,
+    _servers: Vec<flowgate_testbed::ProcGuard>,
+    t: flowgate_testbed::topo::Topology,
+}
+
+impl ThreeBackends {
+    fn start(prefix: &str, name: &str, extra: &str) -> ThreeBackends {
+        let t = topo::single(&TopoOptions::new(prefix), 4).expect("topology");
+        let backends = &t.hosts[1..];
+        let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
+        let _servers = backends
+            .iter()
+            .enumerate()
+            .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
+            .collect();
+        let ctl = Ctl::start(name, &vip_config(VIP, "round-robin", &ips, extra));
+        ctl.control(&t.bridges[..1]);
+        ctl.wait_backends_ready(Duration::from_secs(20));
+        ThreeBackends { ctl, _servers, t }
+    }
+
+    /// The two backends still in (the third ejected) serve 30 new requests, every one.
+    fn the_others_serve_all(&self, url: &str) {
+        let r = load(
+            &self.t.hosts[0],
+            url,
+            &["--requests", "30", "--concurrency", "3"],
+        );
+        assert_eq!(
+            r["ok"], 30,
+            "the two answering backends serve them all: {r}"
+        );
+        self.ctl.assert_no_openflow_errors();
+    }
+}
+
 /// A backend that drops some of its connections and answers the others (an nftables rule
 /// in its namespace drops every packet it sends to a client port with bit 1 set: about
 /// half the clients' connections, SYN-ACK and its retransmissions alike) never fails five
@@ -397,23 +438,12 @@ fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share
     else {
         return;
     };
-    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
-    let client = &t.hosts[0];
-    let backends = &t.hosts[1..];
-    let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
-    let _servers: Vec<_> = backends
-        .iter()
-        .enumerate()
-        .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
-        .collect();
     let outlier = "idle_timeout_secs = 2\n[service.outlier]\nconsecutive_failures = 0\n\
                    interval_ms = 3000\nfailure_percentage_threshold = 30\n\
                    failure_percentage_minimum_hosts = 3\nfailure_percentage_request_volume = 5\n";
-    let cfg = vip_config(VIP, "round-robin", &ips, outlier);
-    let ctl = Ctl::start("drop-half", &cfg);
-    ctl.control(&t.bridges[..1]);
-    ctl.wait_backends_ready(Duration::from_secs(20));
-    let dropper = &backends[2];
+    let three = ThreeBackends::start(p.as_str(), "drop-half", outlier);
+    let (client, ctl) = (&three.t.hosts[0], &three.ctl);
+    let dropper = &three.t.hosts[3];
     for argv in [
         &["nft", "add", "table", "inet", "drop_half"][..],
         &[
@@ -508,12 +538,7 @@ fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share
     );
     assert!(excused.is_some_and(|n| n >= 1.0), "{body}");
     // Ejected, it takes no new connection: every request is answered.
-    let r = load(client, &url, &["--requests", "30", "--concurrency", "3"]);
-    assert_eq!(
-        r["ok"], 30,
-        "the two answering backends serve them all: {r}"
-    );
-    ctl.assert_no_openflow_errors();
+    three.the_others_serve_all(&url);
 }
 
 /// A backend whose answers are all lost (a blackhole route to the client in its
@@ -526,20 +551,9 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
     let Some(p) = setup("ovs_a_silent_backend_is_ejected_at_its_clients_second_syns") else {
         return;
     };
-    let t = topo::single(&TopoOptions::new(p.as_str()), 4).expect("topology");
-    let client = &t.hosts[0];
-    let backends = &t.hosts[1..];
-    let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
-    let _servers: Vec<_> = backends
-        .iter()
-        .enumerate()
-        .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
-        .collect();
-    let cfg = vip_config(VIP, "round-robin", &ips, "idle_timeout_secs = 60\n");
-    let ctl = Ctl::start("silent-syn", &cfg);
-    ctl.control(&t.bridges[..1]);
-    ctl.wait_backends_ready(Duration::from_secs(20));
-    backends[1]
+    let three = ThreeBackends::start(p.as_str(), "silent-syn", "idle_timeout_secs = 60\n");
+    let (client, ctl) = (&three.t.hosts[0], &three.ctl);
+    three.t.hosts[2]
         .exec_checked(&[
             "ip",
             "route",
@@ -590,12 +604,7 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
     let early = metric(&body, "flowgate_outlier_silences_at_syn_retry_total");
     assert!(early.is_some_and(|n| n >= 5.0), "{body}");
     // Ejected, it takes no new connection: every request is answered.
-    let r = load(client, &url, &["--requests", "30", "--concurrency", "3"]);
-    assert_eq!(
-        r["ok"], 30,
-        "the two answering backends serve them all: {r}"
-    );
-    ctl.assert_no_openflow_errors();
+    three.the_others_serve_all(&url);
 }
 
 /// A service's one backend is ejected by passive outlier detection after five

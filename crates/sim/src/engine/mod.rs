@@ -710,8 +710,8 @@ impl<'s> Engine<'s> {
 
     /// The client of a connection its server dropped gives up (its third SYN unanswered):
     /// its rules, which no packet ever passed, idle out `idle_timeout` after the last was
-    /// installed, and their FLOW_REMOVEDs tell the controller that the backend never
-    /// answered.
+    /// installed, and their FLOW_REMOVEDs report no packet (the controller judged the
+    /// connection silent at its client's third SYN already).
     fn give_up_silenced(&mut self, id: u64) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
