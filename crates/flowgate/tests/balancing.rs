@@ -407,6 +407,19 @@ impl ThreeBackends {
         ThreeBackends { ctl, _servers, t }
     }
 
+    /// The API's service once backend `i` is ejected (within 20 s; `what` names the
+    /// wait in its failure).
+    fn once_ejected(&self, i: usize, what: &str) -> serde_json::Value {
+        let services = || self.ctl.get_json("/api/v1/services")[0].clone();
+        wait_until_explained(
+            what,
+            Duration::from_secs(20),
+            || services()["backends"][i]["ejected"] == true,
+            || format!("{}\n{}", services(), self.ctl.log()),
+        );
+        services()
+    }
+
     /// The two backends still in (the third ejected) serve 30 new requests, every one.
     fn the_others_serve_all(&self, url: &str) {
         let r = load(
@@ -496,14 +509,7 @@ fn ovs_a_backend_that_drops_half_its_connections_is_ejected_by_its_failure_share
         failed >= 5,
         "the dropping backend lost some connections: {r}"
     );
-    let services = || ctl.get_json("/api/v1/services")[0].clone();
-    wait_until_explained(
-        "the dropping backend's ejection",
-        Duration::from_secs(20),
-        || services()["backends"][2]["ejected"] == true,
-        || format!("{}\n{}", services(), ctl.log()),
-    );
-    let s = services();
+    let s = three.once_ejected(2, "the dropping backend's ejection");
     assert_eq!(s["backends"][2]["ejected_by"], "failure_percentage", "{s}");
     for b in &s["backends"].as_array().expect("backends")[..2] {
         assert_eq!(b["ejected"], false, "it answers every connection: {s}");
@@ -582,19 +588,12 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
         r["ok"].as_u64() < Some(30),
         "the silent backend lost some: {r}"
     );
-    let services = || ctl.get_json("/api/v1/services")[0].clone();
-    wait_until_explained(
-        "the silent backend's ejection",
-        Duration::from_secs(20),
-        || services()["backends"][1]["ejected"] == true,
-        || format!("{}\n{}", services(), ctl.log()),
-    );
+    let s = three.once_ejected(1, "the silent backend's ejection");
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(45),
         "ejected before any rule idled out: {took:?}"
     );
-    let s = services();
     assert_eq!(s["backends"][1]["ejected_by"], "consecutive", "{s}");
     for i in [0, 2] {
         assert_eq!(s["backends"][i]["ejected"], false, "{s}");

@@ -316,7 +316,10 @@ pub(crate) fn render(handle: &Handle) -> String {
         &mut o,
         "flowgate_outlier_silences_at_syn_retry_total",
         "counter",
-        "Connections found unanswered when their client sent its SYN again 2.5 s or more after the decision (no SYN-ACK reached it), rather than when their rules idled out; then judged, or excused, as any silence.",
+        &format!(
+            "Connections found unanswered when their client sent its SYN again {} ms or more after the decision (no SYN-ACK reached it), rather than when their rules idled out; then judged, or excused, as any silence.",
+            flowgate_core::controller::SILENT_AFTER_MS
+        ),
     );
     let _ = writeln!(
         o,
