@@ -954,6 +954,18 @@ fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
         );
     }
 
+    // The reading reaches the core with the switch's next message that goes there (a
+    // host's gratuitous ARP), and the API shows it.
+    let rtt = || ctl.get_json("/api/v1/switches")[0]["channel_rtt_ms"].clone();
+    std::io::Write::write_all(
+        &mut s,
+        &fake_switch::packet_in_garp(0x77, 1, [2, 0, 0, 0, 0, 0x42], [10, 0, 0, 0x42]),
+    )
+    .expect("PACKET_IN");
+    wait_until("the round trip read", Duration::from_secs(5), || {
+        rtt().as_f64().is_some_and(|ms| ms > 0.0)
+    });
+
     ctl.reload_with(base);
     // One probe may have been on its way when the reload landed (a slow host may hold it
     // a while): at most a few come before a quiet 300 ms.
@@ -967,6 +979,8 @@ fn a_reload_starts_and_stops_an_idle_switchs_round_trip_probes() {
         None,
         "probes after the reload turned the control off"
     );
+    // Nothing measures the round trip now: the last reading is not shown as today's.
+    assert_eq!(rtt(), serde_json::Value::Null, "after the probes stopped");
 
     ctl.reload_with(default);
     for i in 0..4 {

@@ -218,6 +218,18 @@ impl Controller {
         }
     }
 
+    /// The control channels are no longer probed (a reload turned the probes off): each
+    /// switch's last reading goes, so that no view shows it as the round trip now, and no
+    /// switch stays marked behind (its next reading over the limit, should the probes come
+    /// back, starts a new spell). When each was last behind is kept: the silences of the
+    /// connections decided before then are still excused.
+    pub fn forget_channel_rtts(&mut self) {
+        for s in self.switches.values_mut() {
+            s.channel_rtt = None;
+            s.lagging = false;
+        }
+    }
+
     /// Whether switch `dpid` was seen behind at or after `since_ms` (controller-relative).
     fn lagged_since(&self, dpid: Dpid, since_ms: u64) -> bool {
         self.switches

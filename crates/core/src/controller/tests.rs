@@ -1712,6 +1712,32 @@ fn silences_after_the_lag_are_judged() {
     assert_eq!(sim.c.counters().lag_spells, 1);
 }
 
+/// Probes turned off by a reload: the last reading is forgotten, not shown as the round
+/// trip now, and the switch is no longer marked behind (a reading over the limit once the
+/// probes are back starts a new spell). The connections decided while it was behind are
+/// still excused.
+#[test]
+fn forgotten_round_trips_are_not_shown_and_the_lag_they_saw_still_excuses() {
+    let ms = Duration::from_millis;
+    let mut sim = single_switch("round-robin");
+    five_unanswered_connections_to(&mut sim, 2, 51000, |sim, i, _| {
+        if i == 0 {
+            sim.tick(ms(1));
+            sim.c.note_channel_rtt(sim.now, 1, ms(900));
+            sim.c.forget_channel_rtts();
+            assert_eq!(sim.c.switch_view(1).and_then(|v| v.channel_rtt), None);
+        }
+    });
+    assert_eq!(sim.c.counters().silences_excused_lag, 5);
+    assert_eq!(sim.c.counters().lag_spells, 1);
+    sim.c.note_channel_rtt(sim.now, 1, ms(900));
+    assert_eq!(
+        sim.c.switch_view(1).and_then(|v| v.channel_rtt),
+        Some(ms(900))
+    );
+    assert_eq!(sim.c.counters().lag_spells, 2, "a new spell");
+}
+
 /// The backend's own switch behind excuses its silences too: its answers cross it first.
 #[test]
 fn a_lagging_switch_at_the_backend_excuses_its_silences() {

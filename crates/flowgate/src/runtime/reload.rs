@@ -123,12 +123,18 @@ pub fn reload_from_file(handle: &Handle) -> Result<ReloadReport, ReloadError> {
         core.with(|c, out| c.reload(now, &config, out));
         // Swapped under the core lock, so no reader sees the new services with the old
         // config (or the other way round).
-        let probe = super::channel_rtt::ProbePlan::of(&config).bits();
+        let plan = super::channel_rtt::ProbePlan::of(&config);
+        let probe = plan.bits();
         let was = handle
             .rtt_probe
             .swap(probe, std::sync::atomic::Ordering::Relaxed);
         if was != probe {
             handle.rtt_probe_changed.notify_waiters();
+            if plan.every_us == 0 {
+                // Under the core lock: a session reports no reading of the old probes
+                // after this (it checks the plan under the same lock).
+                core.controller.forget_channel_rtts();
+            }
         }
         *handle.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
     }

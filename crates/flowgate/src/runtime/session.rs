@@ -723,7 +723,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             core.with(|c, out| {
                 // Before the batch's FLOW_REMOVEDs are judged: a switch this far behind
                 // is not trusted to say that a backend did not answer.
-                if let Some(reading) = rtt.report(now) {
+                if let Some(reading) = rtt.report(now)
+                    // Not a reading of probes a reload has turned off since this turn began
+                    // (it forgot the readings, under this lock).
+                    && rtt.follows(ProbePlan::of_bits(handle.rtt_probe.load(Ordering::Relaxed)))
+                {
                     c.note_channel_rtt(now, dpid, reading);
                 }
                 // The batch's connection-table lines, loaded together (see the method).
