@@ -244,6 +244,9 @@ pub struct ServiceCounters {
     pub held_answered: u64,
     /// Non-SYN packets of connections the controller did not know.
     pub unknown_flow_packets: u64,
+    /// Connections whose backend stayed silent, given another backend at their client's
+    /// retransmitted SYN (`redispatch`); each is in `connections_total` once more.
+    pub redispatched: u64,
     /// Backends ejected by passive outlier detection (each ejection once).
     pub ejections: u64,
     /// The same ejections, by the detector that made each.
@@ -574,6 +577,34 @@ impl ServiceState {
             if let Some(n) = self.numbers.get_mut(usize::from(b.id.0)) {
                 *n = Numbered::Live(i as u16);
             }
+        }
+    }
+
+    /// The balancer's pick for a connection that must not go to backend `avoid` (its
+    /// backend stayed silent, see `redispatch`): every algorithm passes over an ineligible
+    /// backend, so `avoid` is one for this pick alone. `None` when no other can take it.
+    pub fn select_avoiding(
+        &mut self,
+        req: &crate::balance::SelectRequest,
+        avoid: usize,
+    ) -> crate::balance::Selection {
+        let Some(was) = self
+            .loads
+            .get_mut(avoid)
+            .map(|l| std::mem::take(&mut l.eligible))
+        else {
+            return self.balancer.select(req, &self.loads);
+        };
+        let sel = self.balancer.select(req, &self.loads);
+        if let Some(l) = self.loads.get_mut(avoid) {
+            l.eligible = was;
+        }
+        match sel.backend {
+            Some(b) if b == avoid => crate::balance::Selection {
+                backend: None,
+                ..sel
+            },
+            _ => sel,
         }
     }
 

@@ -420,6 +420,20 @@ impl ThreeBackends {
         services()
     }
 
+    /// Backend `i` answers nothing: a blackhole route to the client in its namespace
+    /// loses its SYN-ACKs.
+    fn silence(&self, i: usize) {
+        self.t.hosts[i + 1]
+            .exec_checked(&[
+                "ip",
+                "route",
+                "add",
+                "blackhole",
+                &format!("{}/32", self.t.hosts[0].ip()),
+            ])
+            .expect("blackhole route");
+    }
+
     /// The two backends still in (the third ejected) serve 30 new requests, every one.
     fn the_others_serve_all(&self, url: &str) {
         let r = load(
@@ -557,17 +571,14 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
     let Some(p) = setup("ovs_a_silent_backend_is_ejected_at_its_clients_second_syns") else {
         return;
     };
-    let three = ThreeBackends::start(p.as_str(), "silent-syn", "idle_timeout_secs = 60\n");
+    // Without redispatch, so that the silent backend's clients time out.
+    let three = ThreeBackends::start(
+        p.as_str(),
+        "silent-syn",
+        "idle_timeout_secs = 60\nredispatch = false\n",
+    );
     let (client, ctl) = (&three.t.hosts[0], &three.ctl);
-    three.t.hosts[2]
-        .exec_checked(&[
-            "ip",
-            "route",
-            "add",
-            "blackhole",
-            &format!("{}/32", client.ip()),
-        ])
-        .expect("blackhole route");
+    three.silence(1);
     let url = format!("http://{VIP}/");
     let started = std::time::Instant::now();
     // Each of the silent backend's connections waits 4 s: its client's SYN goes again
@@ -604,6 +615,58 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
     assert!(early.is_some_and(|n| n >= 5.0), "{body}");
     // Ejected, it takes no new connection: every request is answered.
     three.the_others_serve_all(&url);
+}
+
+/// A backend that answers nothing (a blackhole route to the client in its namespace), its
+/// connections redispatched: each of its clients' SYNs sent again 3 s after the first
+/// goes to another backend, which answers, so every request is served, the silent
+/// backend's in about 3 s. Outlier detection is off, so the silent backend keeps its
+/// turn, and every connection it got is moved.
+#[test]
+fn ovs_a_silent_backends_connections_are_redispatched_and_served() {
+    let Some(p) = setup("ovs_a_silent_backends_connections_are_redispatched_and_served") else {
+        return;
+    };
+    let three = ThreeBackends::start(
+        p.as_str(),
+        "redispatch",
+        "idle_timeout_secs = 60\n[service.outlier]\nconsecutive_failures = 0\nsuccess_rate = false\n",
+    );
+    let (client, ctl) = (&three.t.hosts[0], &three.ctl);
+    three.silence(1);
+    let url = format!("http://{VIP}/");
+    let r = load(
+        client,
+        &url,
+        &[
+            "--requests",
+            "30",
+            "--concurrency",
+            "6",
+            "--timeout-ms",
+            "6000",
+        ],
+    );
+    assert_eq!(r["ok"], 30, "every request served: {r}");
+    let s = ctl.get_json("/api/v1/services")[0].clone();
+    let moved = s["counters"]["redispatched"].as_u64().unwrap_or(0);
+    assert!(moved >= 5, "{s}");
+    assert_eq!(
+        Some(moved),
+        s["backends"][1]["connections_total"].as_u64(),
+        "each of the silent backend's connections moved: {s}"
+    );
+    assert_eq!(s["backends"][1]["ejected"], false, "{s}");
+    let (_, body) = ctl.get("/metrics");
+    assert_eq!(
+        metric(
+            &body,
+            "flowgate_service_redispatched_total{service=\"web\"}"
+        ),
+        Some(moved as f64),
+        "{body}"
+    );
+    ctl.assert_no_openflow_errors();
 }
 
 /// A service's one backend is ejected by passive outlier detection after five

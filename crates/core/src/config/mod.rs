@@ -412,6 +412,13 @@ pub struct ServiceConfig {
     /// weighted ones through the ramped weight (HAProxy, Envoy), the ones that read
     /// weight only as "> 0" through the ramp fraction (`Balancer::set_ramp`).
     pub slow_start: Duration,
+    /// `redispatch`: a connection whose backend stayed silent (its client sent the SYN
+    /// again [`crate::controller::SILENT_AFTER_MS`] or more after the decision, and no
+    /// answer of the backend is known) goes to another backend at that SYN, as HAProxy's
+    /// `option redispatch` and nginx's `proxy_next_upstream timeout` retry a connect that
+    /// timed out elsewhere. On by default; only a reactive service's SYNs reach the
+    /// controller.
+    pub redispatch: bool,
     pub health: HealthConfig,
     /// `[service.outlier]`: passive outlier detection (see [`crate::health::outlier`]).
     pub outlier: crate::health::OutlierConfig,
@@ -1176,6 +1183,21 @@ fn read_service(
         .unwrap_or(idle_default);
     let slow_start =
         Duration::from_secs(s.int_in("slow_start_secs", 0, 3_600, errs).unwrap_or(0) as u64);
+    let redispatch = match s.boolean("redispatch", errs) {
+        Some(true) if mode != ServiceMode::Reactive => {
+            errs.push(ConfigError::new(
+                s.key_path("redispatch"),
+                format!(
+                    "a \"{}\" service's SYNs stay in the switch: only a reactive one's can go \
+                     to another backend",
+                    mode.as_str()
+                ),
+            ));
+            false
+        }
+        Some(on) => on,
+        None => mode == ServiceMode::Reactive,
+    };
 
     let empty = toml::Table::new();
     let mut h = s
@@ -1345,6 +1367,7 @@ fn read_service(
         params,
         idle_timeout_secs,
         slow_start,
+        redispatch,
         health: HealthConfig {
             kind,
             path,

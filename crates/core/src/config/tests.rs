@@ -1139,3 +1139,36 @@ fn outlier_detection_is_envoys_by_default_and_each_detector_is_set_apart() {
         Some("1000 is under base_ejection_ms (60000): no ejection could last its base")
     );
 }
+
+/// `redispatch` is on for a reactive service unless turned off; a proactive or
+/// partitioned service's SYNs stay in the switch, so it is off there, and asking for it
+/// is an error at its path.
+#[test]
+fn redispatch_is_on_for_reactive_services_and_refused_for_the_others() {
+    let redispatch = |keys: &str| {
+        Config::from_toml(
+            &ONE_SERVICE.replacen("port = 80\n", &format!("port = 80\n{keys}"), 1),
+            &no_env,
+        )
+        .map(|c| c.services[0].redispatch)
+        .map_err(|e| e.0)
+    };
+    assert_eq!(redispatch(""), Ok(true));
+    assert_eq!(redispatch("redispatch = false\n"), Ok(false));
+    assert_eq!(redispatch("mode = \"proactive\"\n"), Ok(false));
+    assert_eq!(
+        redispatch("mode = \"proactive\"\nredispatch = false\n"),
+        Ok(false)
+    );
+    for mode in ["proactive", "partitioned"] {
+        let errs =
+            redispatch(&format!("mode = \"{mode}\"\nredispatch = true\n")).expect_err("refused");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            has(&errs, "service[0].redispatch", "only a reactive one's"),
+            "{errs:?}"
+        );
+    }
+    let errs = redispatch("redispatch = \"yes\"\n").expect_err("not a boolean");
+    assert_eq!(errs[0].path, "service[0].redispatch", "{errs:?}");
+}

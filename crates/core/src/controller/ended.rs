@@ -411,14 +411,21 @@ impl Controller {
     /// rather than when its rules idle out, `idle_timeout_secs` (30 s) after their last
     /// packet. A client retransmits its SYN after 1 s and 3 s (Linux; Windows after 3 s):
     /// its second (Windows' first) is the verdict. Envoy counts a connect timeout (5 s by
-    /// default) as a failure alike. Once per connection (`Reply::Silent`).
-    pub(super) fn note_syn_again(&mut self, now: Instant, dpid: Dpid, key: &ConnKey, conn: Conn) {
+    /// default) as a failure alike. Once per connection (`Reply::Silent`). Returns whether
+    /// the connection is judged silent (now, or at an earlier SYN of its client).
+    pub(super) fn note_syn_again(
+        &mut self,
+        now: Instant,
+        dpid: Dpid,
+        key: &ConnKey,
+        conn: Conn,
+    ) -> bool {
         if conn.reply != Reply::Unseen {
-            return;
+            return conn.reply == Reply::Silent;
         }
         let now_ms = self.ms_since_start(now);
         if now_ms < conn.created_ms.saturating_add(SILENT_AFTER_MS) {
-            return;
+            return false;
         }
         if let Some(c) = self.conns.get_mut(key) {
             c.reply = Reply::Silent;
@@ -429,14 +436,15 @@ impl Controller {
             .and_then(|s| s.backend(conn.backend))
             .map(|b| b.address)
         else {
-            return;
+            return true;
         };
         self.counters.silences_at_syn_retry += 1;
         if self.decided_before_ejection(conn.service, conn.backend, conn.created_ms) {
             self.counters.outcomes_unjudged_before_ejection += 1;
-            return;
+            return true;
         }
         self.record_silence(now, dpid, conn.service, conn.backend, src, &conn);
+        true
     }
 
     /// Whether a connection decided at `created_ms` (controller-relative) came before

@@ -2042,12 +2042,23 @@ fn silences_from_before_an_ejection_do_not_eject_the_backend_again() {
     assert_eq!(sim.c.counters().outcomes_unjudged_before_ejection, 5);
 }
 
+/// [`single_switch`]'s network, its service not redispatching: a silent connection stays
+/// on its backend.
+fn single_switch_without_redispatch() -> Sim {
+    one_switch(&service_config("round-robin", &[2, 3, 4]).replacen(
+        "[service.health]",
+        "redispatch = false\n[service.health]",
+        1,
+    ))
+}
+
 /// A connection's client that sends its SYN again 2.5 s or more after the decision heard
 /// no SYN-ACK: the connection is judged silent then, once, and not again when its rules
-/// idle out 30 s later. A first retransmission, at 1 s, is no verdict.
+/// idle out 30 s later. A first retransmission, at 1 s, is no verdict. (Without
+/// redispatch, so that every SYN goes to the one backend.)
 #[test]
 fn a_syn_sent_again_after_its_backend_stayed_silent_is_a_verdict_at_once() {
-    let mut sim = single_switch("round-robin");
+    let mut sim = single_switch_without_redispatch();
     let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
     let first = sim.send("h1", &syn);
     let backend = first[0].0.clone();
@@ -2087,6 +2098,116 @@ fn a_syn_sent_again_after_its_backend_stayed_silent_is_a_verdict_at_once() {
         (unanswered(&sim), sim.c.counters().silences_at_syn_retry),
         (1, 1)
     );
+}
+
+/// A connection whose backend stayed silent goes to another backend at its client's SYN
+/// 2.5 s or more after the decision (`redispatch`, on by default), and that SYN on to it:
+/// the client's ACK then takes the replaced forward rule to the new backend, whose
+/// answers reach the client as the VIP's; the old backend's late SYN-ACK does not (its
+/// reverse rule is gone), so the client resets it. The backends' open connections follow.
+#[test]
+fn a_silent_backends_connection_goes_to_another_at_its_clients_syn() {
+    let mut sim = single_switch("round-robin");
+    let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
+    let first = sim.send("h1", &syn);
+    let old = first[0].0.clone();
+    sim.tick(Duration::from_secs(1));
+    assert_eq!(sim.send("h1", &syn)[0].0, old, "not before 2.5 s");
+    sim.tick(Duration::from_secs(2));
+    let got = sim.send("h1", &syn);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (new, seg) = &got[0];
+    assert_ne!(*new, old, "the third SYN goes to another backend");
+    let n = |h: &str| h[1..].parse::<u8>().expect("a host's number");
+    assert_eq!(
+        seg.ipv4_dst,
+        Some(ip(n(new))),
+        "rewritten to the new backend"
+    );
+    assert_eq!(seg.eth_dst, mac(n(new)));
+    let s = &sim.c.services()[0];
+    assert_eq!(s.counters.redispatched, 1);
+    let active = |sim: &Sim, h: &str| {
+        sim.c.services()[0]
+            .backends
+            .iter()
+            .find(|b| b.address == ip(n(h)))
+            .map(|b| b.active_connections)
+    };
+    assert_eq!((active(&sim, &old), active(&sim, new)), (Some(0), Some(1)));
+    let b_old = s.backends.iter().find(|b| b.address == ip(n(&old)));
+    assert_eq!(
+        b_old.map(|b| b.outcomes_unanswered),
+        Some(1),
+        "judged silent"
+    );
+    // The client's ACK of the new backend's SYN-ACK follows the rules to it.
+    let ack = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), ACK);
+    let got = sim.send("h1", &ack);
+    assert_eq!(
+        got.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [new.as_str()]
+    );
+    // The new backend's answer reaches the client from the VIP.
+    let from_new = tcp(
+        mac(n(new)),
+        mac(1),
+        (ip(n(new)), 80),
+        (ip(1), 45000),
+        SYN_ACK,
+    );
+    let got = sim.send(new, &from_new);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].0.as_str(), got[0].1.ipv4_src), ("h1", Some(VIP)));
+    // The old one's late SYN-ACK is not rewritten to the VIP.
+    let from_old = tcp(
+        mac(n(&old)),
+        mac(1),
+        (ip(n(&old)), 80),
+        (ip(1), 45000),
+        SYN_ACK,
+    );
+    let got = sim.send(&old, &from_old);
+    assert!(
+        got.iter().all(|(_, f)| f.ipv4_src != Some(VIP)),
+        "the old backend's answer is not the service's: {got:?}"
+    );
+    // Another SYN soon after goes to the new backend: judged only 2.5 s after the move.
+    sim.tick(Duration::from_secs(1));
+    assert_eq!(sim.send("h1", &syn)[0].0, *new);
+    assert_eq!(sim.c.services()[0].counters.redispatched, 1);
+}
+
+/// A silent connection stays on its backend when no other can take it (the others
+/// drained here) or the service's `redispatch` is off: its SYN goes on there again.
+#[test]
+fn a_silent_connection_stays_when_no_other_backend_can_take_it() {
+    for off in [false, true] {
+        let mut sim = if off {
+            single_switch_without_redispatch()
+        } else {
+            single_switch("round-robin")
+        };
+        let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
+        let old = sim.send("h1", &syn)[0].0.clone();
+        if !off {
+            let at = usize::from(old[1..].parse::<u8>().expect("a host's number") - 2);
+            for b in (0..3).filter(|&b| b != at) {
+                assert!(sim.c.set_admin(sim.now, 0, b, AdminState::Draining));
+            }
+        }
+        sim.tick(Duration::from_secs(3));
+        let got = sim.send("h1", &syn);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, old, "off: {off}");
+        let s = &sim.c.services()[0];
+        assert_eq!(s.counters.redispatched, 0);
+        assert_eq!(
+            sim.c.counters().silences_at_syn_retry,
+            1,
+            "judged all the same"
+        );
+    }
 }
 
 /// A backend that answers nothing is ejected 3 s after its first connections, at its

@@ -14,10 +14,11 @@ use ofp::{Action, Instruction, Oxm};
 use super::conn_rule::{ConnPacketOut, ConnRule, Out, Rewrite, Syn};
 use super::ended::Tuple;
 use super::{Controller, Listener, Outbox, rules};
-use crate::balance::{Outcome, SelectRequest};
+use crate::balance::{Outcome, SelectRequest, Selection};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
 use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
+use crate::service::ServiceState;
 use crate::topology::{Dpid, MacId, PortRef};
 
 /// Minimum time between two decisions sampled into the event ring.
@@ -132,8 +133,12 @@ impl Controller {
                     // or to a switch that reconnected since); an identical ADD replaces a
                     // rule in place (§6.4), so where they did, nothing changes.
                     if conn.installed && tcp.flags.is_initial_syn() {
+                        if self.note_syn_again(now, at.dpid, &key, conn)
+                            && self.redispatch(now, at, key, conn, l, out)
+                        {
+                            return true;
+                        }
                         self.install(&key, out);
-                        self.note_syn_again(now, at.dpid, &key, conn);
                     }
                     self.send_known(at, &key, conn, Dir::Forward, dst, out);
                 }
@@ -287,15 +292,87 @@ impl Controller {
         if let Some((edge, old_ip)) = old_reverse {
             // (A deferred connection never had rules.)
             if new_backend != Some(old_ip) && old.installed {
-                let m = rules::tcp_match(
-                    Some(old_ip),
-                    Some(key.client),
-                    Some(key.service_port),
-                    Some(key.client_port),
-                );
-                out.push(edge, rules::conn_delete_strict(m));
+                delete_reverse_at_edge(&key, edge, old_ip, out);
             }
         }
+    }
+
+    /// The client of connection `key` sent its SYN again, and its backend is judged
+    /// silent (`note_syn_again`): the connection goes to another backend if its service
+    /// redispatches and one can take it, and this SYN on to that one. Returns false,
+    /// changing nothing, when it stays where it is.
+    ///
+    /// TCP allows the move: a client that sends its SYN again holds no SYN-ACK, so of the
+    /// connection there is at most a half-open one at the old backend. Should that one's
+    /// SYN-ACK come late, it reaches the client as the old backend's, not the service's
+    /// (its reverse rule at the client's edge goes), and the client resets it. The
+    /// forward rule at the client's edge is replaced in place (§6.4: same match and
+    /// priority). No packet of the connection ever took that rule (it matches no SYN), so
+    /// Open vSwitch holds no cached flow of it that could carry the client's ACK to the
+    /// old backend, as it may for a reopened connection's (`new_connection` holds that
+    /// SYN): this one goes on at once. It is not admitted again: the client's one attempt
+    /// was, when it came.
+    fn redispatch(
+        &mut self,
+        now: Instant,
+        at: &Arrival<'_>,
+        key: ConnKey,
+        old: Conn,
+        l: Listener,
+        out: &mut Outbox,
+    ) -> bool {
+        let si = usize::from(old.service);
+        let req = SelectRequest {
+            requested: l.requested.map(usize::from),
+            flow_hash: flow_hash(&key),
+            since_refresh: self.since_refresh(now),
+        };
+        let created_ms = self.ms_since_start(now);
+        let old_reverse = self
+            .placement(&key, old)
+            .map(|p| (p.client_at.dpid, p.backend_ip));
+        let Some(s) = self.services.get_mut(si).filter(|s| s.cfg.redispatch) else {
+            return false;
+        };
+        let sel = match s.position(old.backend) {
+            Some(avoid) => s.select_avoiding(&req, avoid),
+            // It left the pool since: any backend will do.
+            None => s.balancer.select(&req, &s.loads),
+        };
+        count_outcome(s, &sel, key.client);
+        let Some((b, id)) = sel.backend.and_then(|b| {
+            let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
+            Some((b, backend.id))
+        }) else {
+            return false;
+        };
+        let conn = Conn {
+            backend: id,
+            created_ms,
+            reply: Reply::Unseen,
+            tag: self.next_conn_tag & rules::CONN_TAG_MASK,
+            ..old
+        };
+        let Some(p) = self.placement(&key, conn) else {
+            return false;
+        };
+        if self.compute_paths(&p) != (true, true) {
+            return false;
+        }
+        self.next_conn_tag = self.next_conn_tag.wrapping_add(1);
+        if let Some(s) = self.services.get_mut(si) {
+            s.record_end(old.backend);
+            s.record_pick(b);
+            s.counters.redispatched += 1;
+            tracing::debug!(service = %s.cfg.name, client = %key.client, cport = key.client_port, backend = %s.backends[b].address, "connection redispatched: its backend stayed silent");
+        }
+        self.conns.insert(key, conn);
+        self.emit_rules(&key, conn, &p, (true, true), false, out);
+        if let Some((edge, old_ip)) = old_reverse.filter(|&(_, ip)| ip != p.backend_ip) {
+            delete_reverse_at_edge(&key, edge, old_ip, out);
+        }
+        self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
+        true
     }
 
     /// `at` is the client's SYN; `earlier`, the connection on the same 4-tuple it
@@ -389,17 +466,7 @@ impl Controller {
             },
             None => s.balancer.select(&req, &s.loads),
         };
-        match sel.outcome {
-            Outcome::NoOptimalServer => {
-                s.counters.no_optimal_server += 1;
-                tracing::debug!(service = %s.cfg.name, client = %key.client, "the optimal server was not found");
-            }
-            Outcome::Moved {
-                search: Some(search),
-                ..
-            } => s.counters.isslm_moves.count(search),
-            _ => {}
-        }
+        count_outcome(s, &sel, key.client);
         let Some((b, id)) = sel.backend.and_then(|b| {
             let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
             Some((b, backend.id))
@@ -1020,6 +1087,36 @@ impl Earlier {
             Earlier::Reopened(c) | Earlier::Resumed(c) => c,
         }
     }
+}
+
+/// A selection's outcome in service `s`'s counters (`client`: the connection's, for the
+/// log).
+fn count_outcome(s: &mut ServiceState, sel: &Selection, client: Ipv4Addr) {
+    match sel.outcome {
+        Outcome::NoOptimalServer => {
+            s.counters.no_optimal_server += 1;
+            tracing::debug!(service = %s.cfg.name, %client, "the optimal server was not found");
+        }
+        Outcome::Moved {
+            search: Some(search),
+            ..
+        } => s.counters.isslm_moves.count(search),
+        _ => {}
+    }
+}
+
+/// Remove the reverse rule of connection `key`'s old backend `old_ip` at the client's
+/// edge `edge`, where its answers are rewritten to the service's address. The new
+/// backend's reverse rule has another match, so nothing replaced it; a late segment of
+/// the old backend must not be delivered into the connection as the service's.
+fn delete_reverse_at_edge(key: &ConnKey, edge: Dpid, old_ip: Ipv4Addr, out: &mut Outbox) {
+    let m = rules::tcp_match(
+        Some(old_ip),
+        Some(key.client),
+        Some(key.service_port),
+        Some(key.client_port),
+    );
+    out.push(edge, rules::conn_delete_strict(m));
 }
 
 /// A per-process keyed hash of the connection, for algorithms that hash.

@@ -362,7 +362,7 @@ pub(crate) fn render(handle: &Handle) -> String {
     );
     let _ = writeln!(o, "flowgate_syns_held {}", c.syns_held());
 
-    let per_service: [(&str, &str, &str); 12] = [
+    let per_service: [(&str, &str, &str); 13] = [
         (
             "flowgate_service_connections_total",
             "counter",
@@ -387,6 +387,11 @@ pub(crate) fn render(handle: &Handle) -> String {
             "flowgate_service_held_answered_total",
             "counter",
             "Held SYNs given a backend once one could take them (their clients did not have to send them again).",
+        ),
+        (
+            "flowgate_service_redispatched_total",
+            "counter",
+            "Connections whose backend stayed silent, given another backend at their client's retransmitted SYN (each also counted once more in flowgate_service_connections_total).",
         ),
         (
             "flowgate_service_unknown_flow_packets_total",
@@ -433,12 +438,13 @@ pub(crate) fn render(handle: &Handle) -> String {
                 2 => s.counters.refused_no_backend,
                 3 => s.counters.held_settling,
                 4 => s.counters.held_answered,
-                5 => s.counters.unknown_flow_packets,
-                6 => s.handshakes.deferred,
-                7 => s.handshakes.completed,
-                8 => s.handshakes.abandoned,
-                9 => s.counters.ejections,
-                10 => s.counters.panics,
+                5 => s.counters.redispatched,
+                6 => s.counters.unknown_flow_packets,
+                7 => s.handshakes.deferred,
+                8 => s.handshakes.completed,
+                9 => s.handshakes.abandoned,
+                10 => s.counters.ejections,
+                11 => s.counters.panics,
                 _ => u64::from(s.in_panic()),
             };
             let _ = writeln!(o, "{name}{{service=\"{}\"}} {v}", esc(&s.cfg.name));
