@@ -232,15 +232,18 @@ fn sim_quick_runs_the_matrix_and_writes_tables_and_plots() {
         "sometimes",
         "--faulty",
         "99",
+        "--redispatch",
+        "maybe",
     ]);
     assert!(!ok);
     assert!(err.contains("outlier \"sometimes\""), "{err}");
+    assert!(err.contains("redispatch \"maybe\": on or off"), "{err}");
     assert!(err.contains("faulty: 99 servers of 16"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `flowgate sim --faulty`: a run per outlier detection asked for, and the outlier table
-/// (printed, and in `outliers.csv`) beside the main one.
+/// `flowgate sim --faulty`: a run per outlier detection and redispatch asked for, and the
+/// outlier table (printed, and in `outliers.csv`) beside the main one.
 #[test]
 fn sim_with_a_faulty_server_tables_its_ejections() {
     let dir = ScratchDir::new("sim-faulty").expect("temp dir");
@@ -253,6 +256,8 @@ fn sim_with_a_faulty_server_tables_its_ejections() {
         "off",
         "--outliers",
         "off,success-rate",
+        "--redispatch",
+        "on,off",
         "--faulty",
         "1",
         "--idle-timeout-secs",
@@ -268,20 +273,28 @@ fn sim_with_a_faulty_server_tables_its_ejections() {
         .lines()
         .filter(|l| l.starts_with("| round-robin | off | "))
         .collect();
-    // Two runs' rows in the main table and two in the outlier table.
-    assert_eq!(rows.len(), 4, "{out}");
+    // Four runs' rows in the main table and four in the outlier table.
+    assert_eq!(rows.len(), 8, "{out}");
     let csv = std::fs::read_to_string(dir.join("outliers.csv")).expect("outliers.csv");
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 3, "{csv}");
-    assert!(lines[0].starts_with("algorithm,overload,outlier,load,to faulty servers %"));
-    assert!(lines[1].starts_with("round-robin,off,off,0.50,"), "{csv}");
-    assert!(
-        lines[2].starts_with("round-robin,off,success-rate,0.50,"),
-        "{csv}"
-    );
+    assert_eq!(lines.len(), 5, "{csv}");
+    assert!(lines[0].starts_with(
+        "algorithm,overload,outlier,redispatch,load,to faulty servers %,dropped by them %,\
+         redispatched %"
+    ));
+    for (line, start) in lines[1..].iter().zip([
+        "round-robin,off,off,on,0.50,",
+        "round-robin,off,off,off,0.50,",
+        "round-robin,off,success-rate,on,0.50,",
+        "round-robin,off,success-rate,off,0.50,",
+    ]) {
+        assert!(line.starts_with(start), "{start}: {csv}");
+    }
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("sim.json")).unwrap()).unwrap();
     assert_eq!(json["runs"][0]["faulty"], serde_json::json!([8]));
     assert_eq!(json["runs"][0]["ejections"], serde_json::json!([]));
+    assert_eq!(json["runs"][0]["redispatch"], true);
+    assert_eq!(json["runs"][1]["redispatch"], false);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,7 +19,9 @@
 //! - **Modelled:** faulty servers ([`Scenario::faulty`]), which silently drop a share of
 //!   their connections, every SYN of them, until they recover; the controller's outlier
 //!   detection judges them from the clients' retransmitted SYNs and the rules'
-//!   FLOW_REMOVEDs, and the run records each ejection ([`Ejection`]).
+//!   FLOW_REMOVEDs, and the run records each ejection ([`Ejection`]). Unless
+//!   [`Scenario::redispatch`] is off, the controller sends a connection judged silent to
+//!   another server at its client's third SYN.
 //! - **Modelled:** the controller's CPU: one PACKET_IN costs `controller_cost`, handled in
 //!   order of arrival; its busy time and queueing go to the controller's own gap as the
 //!   runtime's measurements do. Clients: Poisson arrivals, one request per connection, SYN
@@ -121,6 +123,10 @@ pub struct Scenario {
     /// rules end, and its silence reaches the outlier detectors, this long after they
     /// were installed.
     pub idle_timeout_secs: u16,
+    /// Whether the service redispatches (`redispatch`): a silent server's connection
+    /// goes to another server at its client's SYN 2.5 s or more after the decision (the
+    /// client's third, at 3 s).
+    pub redispatch: bool,
     pub seed: u64,
 }
 
@@ -153,6 +159,7 @@ impl Scenario {
             recover_at: None,
             outlier: "default".into(),
             idle_timeout_secs: 30,
+            redispatch: true,
             seed: 1,
         }
     }

@@ -7,10 +7,11 @@ use flowgate_lab::plot;
 
 use crate::{Outcome, PhaseStats, Scenario};
 
-const HEADER: [&str; 17] = [
+const HEADER: [&str; 18] = [
     "algorithm",
     "overload",
     "outlier",
+    "redispatch",
     "load",
     "offered",
     "served %",
@@ -44,6 +45,7 @@ pub fn rows(runs: &[Outcome]) -> Vec<Vec<String>> {
                 r.algorithm.clone(),
                 r.overload.clone(),
                 r.outlier.clone(),
+                on_off(r.redispatch).into(),
                 format!("{:.2}", p.load),
                 p.offered.to_string(),
                 format!("{:.2}", pct(p.served, p.offered)),
@@ -66,13 +68,15 @@ pub fn rows(runs: &[Outcome]) -> Vec<Vec<String>> {
 
 /// The outlier table's columns: of each run, what its faulty servers cost and what the
 /// controller's outlier detection made of them.
-const OUTLIER_HEADER: [&str; 10] = [
+const OUTLIER_HEADER: [&str; 12] = [
     "algorithm",
     "overload",
     "outlier",
+    "redispatch",
     "load",
     "to faulty servers %",
     "dropped by them %",
+    "redispatched %",
     "faulty ejected",
     "first ejection s",
     "healthy ejected",
@@ -121,9 +125,11 @@ pub fn outlier_rows(sc: &Scenario, runs: &[Outcome]) -> Vec<Vec<String>> {
                 r.algorithm.clone(),
                 r.overload.clone(),
                 r.outlier.clone(),
+                on_off(r.redispatch).into(),
                 format!("{:.2}", p.load),
                 format!("{:.2}", pct(p.to_faulty, p.offered)),
                 format!("{:.2}", pct(p.dropped_by_server, p.offered)),
+                format!("{:.2}", pct(p.redispatched, p.offered)),
                 format!("{} of {}", faulty.len(), r.faulty.len()),
                 first,
                 here.iter().filter(|e| !e.faulty).count().to_string(),
@@ -193,10 +199,8 @@ pub fn markdown(sc: &Scenario, runs: &[Outcome]) -> String {
     for r in runs {
         let _ = writeln!(
             s,
-            "- {} / {} / {}: {} links and {} hosts found by the controller, {} PACKET_INs, {} connections' rules deferred to the client's ACK, at most {} connection rules on one switch, {} of {} spines carrying connections; {:.1} s of wall time.",
-            r.algorithm,
-            r.overload,
-            r.outlier,
+            "- {}: {} links and {} hosts found by the controller, {} PACKET_INs, {} connections' rules deferred to the client's ACK, at most {} connection rules on one switch, {} of {} spines carrying connections; {:.1} s of wall time.",
+            name(r),
             r.links_found,
             r.hosts_learned,
             r.packet_ins,
@@ -275,8 +279,18 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn name(r: &Outcome) -> String {
-    format!("{} / {} / {}", r.algorithm, r.overload, r.outlier)
+/// A run's name: its algorithm, overload control, outlier detection and, when off,
+/// "no redispatch".
+pub fn name(r: &Outcome) -> String {
+    let redispatch = if r.redispatch { "" } else { " / no redispatch" };
+    format!(
+        "{} / {} / {}{redispatch}",
+        r.algorithm, r.overload, r.outlier
+    )
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }
 
 /// One series per run: `y` of each phase against its offered load.

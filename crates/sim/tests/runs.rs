@@ -245,13 +245,15 @@ fn without_the_ceiling_a_step_is_refused_later() {
 
 /// `small`'s pool of 16 with one faulty server (the ninth: `Scenario::is_faulty`), which
 /// drops `share` of its connections, two phases of 8 s at 0.4, and rules that idle out
-/// 4 s after their last install.
+/// 4 s after their last install. Without redispatch: every connection the server drops
+/// is lost, and counted.
 fn faulty(algorithm: &str, outlier: &str, share: f64) -> Scenario {
     Scenario {
         faulty: 1,
         drop_share: share,
         outlier: outlier.into(),
         idle_timeout_secs: 4,
+        redispatch: false,
         phase: Duration::from_secs(8),
         ..small(algorithm, "off", &[0.4, 0.4])
     }
@@ -385,7 +387,64 @@ fn outlier_settings_are_checked_and_reach_the_controller() {
             "{name}"
         );
         assert_eq!(cfg.controller.idle_timeout_secs, 4);
+        assert!(!cfg.services[0].redispatch, "{name}");
     }
+    let sc = Scenario {
+        redispatch: true,
+        ..faulty("round-robin", "default", 0.5)
+    };
+    let cfg = flowgate_core::Config::from_toml(&controller_config(&sc), &|_| None).expect("valid");
+    assert!(cfg.services[0].redispatch);
+}
+
+/// A dead server's connections, redispatched: each is judged silent at its client's
+/// third SYN, 3 s after its first, and sent to another server, which serves it. None is
+/// lost, where without redispatch every one the dead server got is; each costs its
+/// client 3 s. The consecutive detector ejects the server as early as without.
+#[test]
+fn a_dead_servers_connections_are_served_by_others_when_redispatched() {
+    let without = run(&faulty("round-robin", "off", 1.0)).expect("without");
+    let on = |outlier: &str| {
+        run(&Scenario {
+            redispatch: true,
+            ..faulty("round-robin", outlier, 1.0)
+        })
+        .expect("with")
+    };
+    let with = on("off");
+    for (name, o) in [("without", &without), ("with", &with)] {
+        for p in &o.phases {
+            eprintln!(
+                "{name}: offered {} served {} to faulty {} dropped {} redispatched {} refused {} p99 {} ms",
+                p.offered,
+                p.served,
+                p.to_faulty,
+                p.dropped_by_server,
+                p.redispatched,
+                p.server_refused,
+                p.rt_p99_ms
+            );
+            assert_eq!(p.lost, 0, "{name}");
+            assert!(p.to_faulty * 20 > p.offered, "{name}: its share, 1/16");
+        }
+        assert_eq!(o.conn_rules_left, 0, "{name}");
+    }
+    for p in &without.phases {
+        assert_eq!(p.dropped_by_server, p.to_faulty);
+        assert_eq!(p.redispatched, 0);
+    }
+    for p in &with.phases {
+        assert_eq!(p.dropped_by_server, 0, "{p:?}");
+        assert_eq!(p.redispatched, p.to_faulty);
+        assert_eq!(p.served + p.server_refused, p.offered);
+        // Over 1 % of the connections waited for their client's third SYN.
+        assert!(p.rt_p99_ms >= 3000.0, "{}", p.rt_p99_ms);
+    }
+    let ejected = on("consecutive");
+    let e = &ejected.ejections;
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!((3.0..3.5).contains(&e[0].at_s), "{}", e[0].at_s);
+    assert_eq!(ejected.phases[0].dropped_by_server, 0);
 }
 
 /// A dead server that recovers during its ejection comes back when the ejection ends and

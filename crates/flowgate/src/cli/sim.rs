@@ -66,6 +66,10 @@ pub struct SimArgs {
     /// failures and success rate), off, consecutive, success-rate, failure-percentage.
     #[arg(long, value_delimiter = ',', default_value = "default")]
     pub outliers: Vec<String>,
+    /// Whether the service redispatches, to compare: on (the controller's default: a
+    /// connection judged silent goes to another server at its client's third SYN), off.
+    #[arg(long, value_delimiter = ',', default_value = "on")]
+    pub redispatch: Vec<String>,
     /// Servers that silently drop --drop-share of their connections, spread over the pool.
     #[arg(long, default_value_t = 0)]
     pub faulty: u32,
@@ -95,7 +99,15 @@ pub struct SimArgs {
 }
 
 fn label(sc: &Scenario) -> String {
-    format!("{} / {} / {}", sc.algorithm, sc.overload, sc.outlier)
+    let redispatch = if sc.redispatch {
+        ""
+    } else {
+        " / no redispatch"
+    };
+    format!(
+        "{} / {} / {}{redispatch}",
+        sc.algorithm, sc.overload, sc.outlier
+    )
 }
 
 fn duration(what: &str, secs: f64) -> anyhow::Result<Duration> {
@@ -104,7 +116,8 @@ fn duration(what: &str, secs: f64) -> anyhow::Result<Duration> {
 }
 
 impl SimArgs {
-    /// The scenario of each algorithm and overload control, in that order.
+    /// The scenario of each algorithm, overload control, outlier detection and redispatch,
+    /// in that order.
     pub fn scenarios(&self) -> anyhow::Result<Vec<Scenario>> {
         let mut shape = Shape {
             leaves: self.leaves,
@@ -145,28 +158,42 @@ impl SimArgs {
                 .transpose()?,
             outlier: String::new(),
             idle_timeout_secs: self.idle_timeout_secs,
+            redispatch: true,
             seed: self.seed,
         };
         let mut v = Vec::new();
         let mut errs = Vec::new();
+        let mut redispatch = Vec::new();
+        for r in &self.redispatch {
+            redispatch.push(r != "off");
+            if r != "on" && r != "off" {
+                // Reported; the scenarios are checked all the same, for their own errors.
+                errs.push(format!("redispatch {r:?}: on or off"));
+            }
+        }
         for a in &self.algorithms {
             for o in &self.overload {
                 for d in &self.outliers {
-                    let sc = Scenario {
-                        algorithm: a.clone(),
-                        overload: o.clone(),
-                        outlier: d.clone(),
-                        ..base.clone()
-                    };
-                    if let Err(e) = sc.check() {
-                        errs.push(format!("{a} / {o} / {d}: {e}"));
+                    for &r in &redispatch {
+                        let sc = Scenario {
+                            algorithm: a.clone(),
+                            overload: o.clone(),
+                            outlier: d.clone(),
+                            redispatch: r,
+                            ..base.clone()
+                        };
+                        if let Err(e) = sc.check() {
+                            errs.push(format!("{}: {e}", label(&sc)));
+                        }
+                        v.push(sc);
                     }
-                    v.push(sc);
                 }
             }
         }
         if v.is_empty() {
-            errs.push("no algorithm, overload control or outlier detection to run".into());
+            errs.push(
+                "no algorithm, overload control, outlier detection or redispatch to run".into(),
+            );
         }
         if errs.is_empty() {
             Ok(v)
@@ -194,8 +221,9 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
                     let r = flowgate_sim::run(sc);
                     if let Ok(o) = &r {
                         eprintln!(
-                            "{} / {} / {}: done in {:.1} s",
-                            o.algorithm, o.overload, o.outlier, o.wall_secs
+                            "{}: done in {:.1} s",
+                            flowgate_sim::report::name(o),
+                            o.wall_secs
                         );
                     }
                     if let Ok(mut slot) = results[i].lock() {

@@ -67,6 +67,9 @@ enum Ev {
     AtServer(u64),
     Done(u64),
     RulesEnd(u64),
+    /// Rules no connection holds any more (its old backend's, after a redispatch) idle
+    /// out, no packet having passed them.
+    RulesGone(Vec<Rule>),
     Tick,
 }
 
@@ -196,6 +199,7 @@ pub fn run(sc: &Scenario) -> anyhow::Result<Outcome> {
         algorithm: sc.algorithm.clone(),
         overload: sc.overload.clone(),
         outlier: sc.outlier.clone(),
+        redispatch: sc.redispatch,
         faulty: (0..sc.shape.servers())
             .filter(|&i| sc.is_faulty(i))
             .collect(),
@@ -266,11 +270,12 @@ pub fn controller_config(sc: &Scenario) -> String {
         "[controller]\nseed = {seed}\nidle_timeout_secs = {idle}\n# Simulated hosts do not answer ARP probes.\nhost_timeout_secs = 0\n\
          [controller.overload]\nmode = \"{controller_mode}\"\n\
          [[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = {VPORT}\nalgorithm = \"{alg}\"\n{threshold}\
-         [service.health]\nkind = \"none\"\n\
+         redispatch = {redispatch}\n[service.health]\nkind = \"none\"\n\
          [service.outlier]\n{outlier}\
          [service.overload]\nmode = \"{mode}\"\ncapacity_rps = {cap:.0}\n{ceiling}",
         seed = sc.seed,
         idle = sc.idle_timeout_secs,
+        redispatch = sc.redispatch,
         alg = sc.algorithm,
         cap = sc.capacity(),
     );
@@ -358,6 +363,7 @@ impl<'s> Engine<'s> {
                     timed_out: 0,
                     to_faulty: 0,
                     dropped_by_server: 0,
+                    redispatched: 0,
                     syn_drops: 0,
                     lost: 0,
                     rt: Histogram::new(3).expect("3 significant figures"),
@@ -436,6 +442,10 @@ impl<'s> Engine<'s> {
                 Ev::AtServer(id) => self.at_server(id),
                 Ev::Done(id) => self.done(id),
                 Ev::RulesEnd(id) => self.rules_end(id),
+                Ev::RulesGone(rules) => {
+                    self.rules_gone(rules, 0);
+                    self.apply(self.now);
+                }
                 Ev::Tick => self.tick(),
             }
         }
@@ -561,7 +571,8 @@ impl<'s> Engine<'s> {
         };
         if conn.silenced {
             // Its SYN reached a server that dropped it: the client sends it again (the
-            // controller sends it on to the same backend, the connection's), then gives up.
+            // controller sends it on to the same backend, the connection's, or once it
+            // judges the connection silent to another: `packet_out`), then gives up.
             if conn.tries != try_ || conn.state == State::Ended {
                 return;
             }
@@ -747,9 +758,15 @@ impl<'s> Engine<'s> {
         let Some(conn) = self.end_conn(id) else {
             return;
         };
-        let now = self.at(self.now);
         let packets = if conn.silenced { 0 } else { 8 };
-        for r in conn.rules {
+        self.rules_gone(conn.rules, packets);
+        self.apply(self.now);
+    }
+
+    /// `rules` leave their switches now, each reporting `packets` in its FLOW_REMOVED.
+    fn rules_gone(&mut self, rules: Vec<Rule>, packets: u64) {
+        let now = self.at(self.now);
+        for r in rules {
             if let Some(sw) = self.switches.get_mut(&r.dpid) {
                 sw.conn_rule_gone();
             }
@@ -777,7 +794,6 @@ impl<'s> Engine<'s> {
             self.c
                 .handle_message(now, r.dpid, &Message::FlowRemoved(fr), &mut self.out);
         }
-        self.apply(self.now);
     }
 
     /// The connection leaves the tables; returned, if it was there.

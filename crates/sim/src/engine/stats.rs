@@ -20,6 +20,9 @@ pub struct PhaseStats {
     pub to_faulty: u64,
     /// Of those, the ones it dropped: their clients gave up after their third SYN.
     pub dropped_by_server: u64,
+    /// Connections a server dropped that the controller sent to another server at their
+    /// client's retransmitted SYN (`redispatch`); served there, they are not dropped.
+    pub redispatched: u64,
     /// SYNs dropped at the switch (each try).
     pub syn_drops: u64,
     /// Connections with no outcome by the end of the run (0 unless a handshake stalled).
@@ -74,6 +77,8 @@ pub struct Outcome {
     pub overload: String,
     /// The outlier detection ([`crate::OUTLIERS`]).
     pub outlier: String,
+    /// Whether the service redispatched silent connections ([`Scenario::redispatch`]).
+    pub redispatch: bool,
     /// The faulty servers, by index.
     pub faulty: Vec<usize>,
     /// Every ejection by the controller's outlier detection, in order.
