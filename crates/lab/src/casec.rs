@@ -772,6 +772,7 @@ pub fn aggregate(rows: &[Row]) -> Row {
         a.outcomes_answered += r.outcomes_answered;
         a.outcomes_unanswered += r.outcomes_unanswered;
         a.outcomes_unjudged += r.outcomes_unjudged;
+        a.redispatched += r.redispatched;
         a.qos_pass_ok += r.qos_pass_ok;
     }
     measure::set_percentiles(&mut a);
@@ -968,6 +969,7 @@ mod tests {
             outcomes_answered: judged[0],
             outcomes_unanswered: judged[1],
             outcomes_unjudged: judged[2],
+            redispatched: e * 10,
             ..Row::default()
         };
         let a = aggregate(&[
@@ -987,6 +989,7 @@ mod tests {
             a.outcomes_unjudged,
         );
         assert_eq!(judged, (1000, 40, 3));
+        assert_eq!(a.redispatched, 10);
     }
 
     /// A domain whose iperf3 or ping failed is left out of the `all` row's means (it used

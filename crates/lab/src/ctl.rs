@@ -221,6 +221,7 @@ impl Controller {
             refused: s["counters"]["refused_no_backend"].as_u64().unwrap_or(0),
             ejections: s["counters"]["ejections"].as_u64().unwrap_or(0),
             panics: s["counters"]["panics"].as_u64().unwrap_or(0),
+            redispatched: s["counters"]["redispatched"].as_u64().unwrap_or(0),
             silences_excused,
             outcomes: [outcomes[0], outcomes[1], unjudged],
         })
@@ -275,6 +276,9 @@ pub struct Snapshot {
     pub ejections: u64,
     /// Times the pool went into panic (its ejections waived).
     pub panics: u64,
+    /// Connections given another backend at their client's SYN, their own having stayed
+    /// silent (`redispatch`).
+    pub redispatched: u64,
     /// Silences of backends not judged: the backend answered a later connection, or a
     /// switch on their way was behind.
     pub silences_excused: [u64; 2],

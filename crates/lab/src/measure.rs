@@ -82,6 +82,9 @@ pub struct Row {
     /// Outcome rules that ended without a verdict (the connection no longer known, over
     /// in under a second, or decided before its backend's last ejection).
     pub outcomes_unjudged: u64,
+    /// Connections the controller gave another backend at their client's retransmitted
+    /// SYN, their own having stayed silent (`redispatch`).
+    pub redispatched: u64,
     pub iperf_bytes: Option<u64>,
     pub iperf_secs: Option<f64>,
     pub iperf_max_bps: Option<f64>,
@@ -136,6 +139,7 @@ impl Row {
             (moves(0), moves(1), moves(2));
         self.ejections = after.ejections.saturating_sub(before.ejections);
         self.panics = after.panics.saturating_sub(before.panics);
+        self.redispatched = after.redispatched.saturating_sub(before.redispatched);
         let excused =
             |k: usize| after.silences_excused[k].saturating_sub(before.silences_excused[k]);
         (self.excused_answered_later, self.excused_switch_behind) = (excused(0), excused(1));

@@ -156,6 +156,7 @@ pub const COLUMNS: &[&str] = &[
     "outcomes_answered",
     "outcomes_unanswered",
     "outcomes_unjudged",
+    "redispatched",
     "iperf_bytes",
     "iperf_secs",
     "iperf_max_bps",
@@ -283,16 +284,16 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n#### {scenario}: HTTP load and servers\n");
     let _ = writeln!(
         s,
-        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT | connections judged: answered / not / no verdict | ejections / panics | silences excused: answered later / switch behind |"
+        "| arm | phase | offered | ok | failed (503 / timeout) | ok/s | p50 ms | p95 ms | p99 ms | SYNs sent again | srv1 | srv2 | srv3 | srv4 | Jain | controller picks 1/2/3/4 | no optimal | ISSLM moves by load/conns/RT | connections judged: answered / not / no verdict | ejections / panics | silences excused: answered later / switch behind | redispatched |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} | {} / {} / {} | {} / {} | {} / {} |",
+            "| {} | {} | {} | {} | {} ({} / {}) | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {}/{}/{}/{} | {} | {}/{}/{} | {} / {} / {} | {} / {} | {} / {} | {} |",
             r.arm,
             r.phase,
             r.offered,
@@ -326,6 +327,7 @@ pub fn markdown(scenario: &str, rows: &[Row]) -> String {
             r.panics,
             r.excused_answered_later,
             r.excused_switch_behind,
+            r.redispatched,
         );
     }
     s
@@ -409,6 +411,7 @@ mod tests {
         let mut r = measured("isslm", "heavy");
         (r.ejections, r.panics) = (2, 1);
         (r.excused_answered_later, r.excused_switch_behind) = (40, 3);
+        r.redispatched = 12;
         (
             r.outcomes_answered,
             r.outcomes_unanswered,
@@ -416,7 +419,10 @@ mod tests {
         ) = (900, 95, 7);
         let rows = [r];
         let md = markdown("case-d", &rows);
-        assert!(md.contains("| 900 / 95 / 7 | 2 / 1 | 40 / 3 |"), "{md}");
+        assert!(
+            md.contains("| 900 / 95 / 7 | 2 / 1 | 40 / 3 | 12 |"),
+            "{md}"
+        );
         let back = parse_csv(&csv(&rows)).expect("CSV parses");
         let got = (
             back[0].ejections,
@@ -426,8 +432,9 @@ mod tests {
             back[0].outcomes_answered,
             back[0].outcomes_unanswered,
             back[0].outcomes_unjudged,
+            back[0].redispatched,
         );
-        assert_eq!(got, (2, 1, 40, 3, 900, 95, 7));
+        assert_eq!(got, (2, 1, 40, 3, 900, 95, 7, 12));
     }
 
     #[test]
