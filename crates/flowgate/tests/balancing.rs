@@ -394,16 +394,7 @@ struct ThreeBackends {
 impl ThreeBackends {
     fn start(prefix: &str, name: &str, extra: &str) -> ThreeBackends {
         let t = topo::single(&TopoOptions::new(prefix), 4).expect("topology");
-        let backends = &t.hosts[1..];
-        let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
-        let _servers = backends
-            .iter()
-            .enumerate()
-            .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
-            .collect();
-        let ctl = Ctl::start(name, &vip_config(VIP, "round-robin", &ips, extra));
-        ctl.control(&t.bridges[..1]);
-        ctl.wait_backends_ready(Duration::from_secs(20));
+        let (ctl, _servers) = serve(&t, name, extra);
         ThreeBackends { ctl, _servers, t }
     }
 
@@ -420,18 +411,9 @@ impl ThreeBackends {
         services()
     }
 
-    /// Backend `i` answers nothing: a blackhole route to the client in its namespace
-    /// loses its SYN-ACKs.
+    /// Backend `i` answers nothing (see [`silence`]).
     fn silence(&self, i: usize) {
-        self.t.hosts[i + 1]
-            .exec_checked(&[
-                "ip",
-                "route",
-                "add",
-                "blackhole",
-                &format!("{}/32", self.t.hosts[0].ip()),
-            ])
-            .expect("blackhole route");
+        silence(&self.t.hosts[i + 1], &self.t.hosts[0]);
     }
 
     /// The two backends still in (the third ejected) serve 30 new requests, every one.
@@ -447,6 +429,37 @@ impl ThreeBackends {
         );
         self.ctl.assert_no_openflow_errors();
     }
+}
+
+/// A web server on each of `t`'s hosts but the first (the client), and a controller of
+/// every bridge, balancing them round robin behind [`VIP`] (`extra`: the service's
+/// further settings), once it has found them.
+fn serve(t: &topo::Topology, name: &str, extra: &str) -> (Ctl, Vec<flowgate_testbed::ProcGuard>) {
+    let backends = &t.hosts[1..];
+    let ips: Vec<_> = backends.iter().map(|h| h.ip()).collect();
+    let servers = backends
+        .iter()
+        .enumerate()
+        .map(|(i, h)| httpd(h, &format!("b{i}"), &[]))
+        .collect();
+    let ctl = Ctl::start(name, &vip_config(VIP, "round-robin", &ips, extra));
+    ctl.control(&t.bridges);
+    ctl.wait_backends_ready(Duration::from_secs(20));
+    (ctl, servers)
+}
+
+/// `backend` answers nothing to `client`: a blackhole route to the client in its
+/// namespace loses its SYN-ACKs.
+fn silence(backend: &flowgate_testbed::Host, client: &flowgate_testbed::Host) {
+    backend
+        .exec_checked(&[
+            "ip",
+            "route",
+            "add",
+            "blackhole",
+            &format!("{}/32", client.ip()),
+        ])
+        .expect("blackhole route");
 }
 
 /// A backend that drops some of its connections and answers the others (an nftables rule
@@ -665,6 +678,62 @@ fn ovs_a_silent_backends_connections_are_redispatched_and_served() {
         ),
         Some(moved as f64),
         "{body}"
+    );
+    ctl.assert_no_openflow_errors();
+}
+
+/// Redispatch across three switches in a line (the client on the first, the backends on
+/// the second and the third, the third silent): every request is served, and no
+/// connection rule on any switch names the silent backend after the load, though the
+/// rules idle out only after 60 s: each move removed its old path's rules, on the
+/// switches past the client's too.
+#[test]
+fn ovs_a_redispatched_connection_leaves_no_rule_of_its_old_path() {
+    let Some(p) = setup("ovs_a_redispatched_connection_leaves_no_rule_of_its_old_path") else {
+        return;
+    };
+    let t = topo::linear(&TopoOptions::new(p.as_str()), 3, 1).expect("topology");
+    let (client, silent) = (&t.hosts[0], &t.hosts[2]);
+    let (ctl, _servers) = serve(
+        &t,
+        "redispatch-line",
+        "idle_timeout_secs = 60\n[service.outlier]\nconsecutive_failures = 0\nsuccess_rate = false\n",
+    );
+    silence(silent, client);
+    let r = load(
+        client,
+        &format!("http://{VIP}/"),
+        &[
+            "--requests",
+            "10",
+            "--concurrency",
+            "2",
+            "--timeout-ms",
+            "6000",
+        ],
+    );
+    assert_eq!(r["ok"], 10, "every request served: {r}");
+    let s = ctl.get_json("/api/v1/services")[0].clone();
+    let moved = s["counters"]["redispatched"].as_u64().unwrap_or(0);
+    assert!(moved >= 3, "{s}");
+    let flows: String = t
+        .bridges
+        .iter()
+        .map(|b| b.dump_flows().unwrap_or_default())
+        .collect();
+    let ip = silent.ip();
+    let naming: Vec<&str> = flows
+        .lines()
+        .filter(|l| l.contains("priority=300,"))
+        .filter(|l| l.contains(&format!("nw_src={ip},")) || l.contains(&format!("nw_dst={ip},")))
+        .collect();
+    assert!(naming.is_empty(), "rules of old paths left: {naming:#?}");
+    let serving = t.hosts[1].ip();
+    assert!(
+        flows
+            .lines()
+            .any(|l| l.contains(&format!("nw_dst={serving},"))),
+        "the new paths' rules are there: {flows}"
     );
     ctl.assert_no_openflow_errors();
 }

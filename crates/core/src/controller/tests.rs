@@ -2178,6 +2178,66 @@ fn a_silent_backends_connection_goes_to_another_at_its_clients_syn() {
     assert_eq!(sim.c.services()[0].counters.redispatched, 1);
 }
 
+/// A connection moved off a silent backend across a ring of three switches (the client on
+/// s1, the backends on s2 and s3) leaves none of its old path's rules behind: every rule
+/// that named the old backend's address goes with the move, on every switch; the new
+/// path's rules carry it.
+#[test]
+fn a_redispatched_connection_leaves_no_rule_of_its_old_path() {
+    let links = [((1, 2), (2, 3)), ((2, 2), (3, 3)), ((3, 2), (1, 3))];
+    let hosts = [("h1", 1, 1), ("h2", 2, 1), ("h3", 3, 1)];
+    let mut sim = Sim::new(
+        &service_config("round-robin", &[2, 3]),
+        &[(1, 3), (2, 3), (3, 3)],
+        &links,
+        &hosts,
+    );
+    for (h, i) in [("h1", 1), ("h2", 2), ("h3", 3)] {
+        sim.send(h, &arp_request(i, ip(9)));
+    }
+    let syn = tcp(mac(1), VMAC, (ip(1), 45400), (VIP, 80), SYN);
+    let old = sim.send("h1", &syn)[0].0.clone();
+    let n = |h: &str| h[1..].parse::<u8>().expect("a host's number");
+    let naming = |sim: &Sim, a: Ipv4Addr| -> Vec<(u64, ofp::Match)> {
+        (1..=3)
+            .flat_map(|d| {
+                sim.net
+                    .switch(d)
+                    .into_iter()
+                    .flat_map(|s| s.flows())
+                    .filter(|f| cookie::kind_of(f.cookie) == Some(cookie::RuleKind::Conn))
+                    .filter(|f| {
+                        f.match_.iter().any(|o| {
+                            matches!(o, ofp::Oxm::Ipv4Src { value, .. } | ofp::Oxm::Ipv4Dst { value, .. } if *value == a)
+                        })
+                    })
+                    .map(|f| (d, f.match_.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let before = naming(&sim, ip(n(&old)));
+    assert!(before.len() >= 2, "the old path's rules: {before:?}");
+    sim.tick(Duration::from_secs(3));
+    let got = sim.send("h1", &syn);
+    let new = got[0].0.clone();
+    assert_ne!(new, old);
+    assert_eq!(sim.c.services()[0].counters.redispatched, 1);
+    assert_eq!(
+        naming(&sim, ip(n(&old))),
+        [],
+        "none of the old path's rules stays"
+    );
+    assert!(naming(&sim, ip(n(&new))).len() >= 2, "the new path's");
+    // The client's ACK reaches the new backend along them.
+    let ack = tcp(mac(1), VMAC, (ip(1), 45400), (VIP, 80), ACK);
+    let got = sim.send("h1", &ack);
+    assert_eq!(
+        got.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(),
+        [new.as_str()]
+    );
+}
+
 /// A silent connection stays on its backend when no other can take it (the others
 /// drained here) or the service's `redispatch` is off: its SYN goes on there again.
 #[test]

@@ -292,7 +292,7 @@ impl Controller {
         if let Some((edge, old_ip)) = old_reverse {
             // (A deferred connection never had rules.)
             if new_backend != Some(old_ip) && old.installed {
-                delete_reverse_at_edge(&key, edge, old_ip, out);
+                delete_reverse_rule(&key, edge, old_ip, out);
             }
         }
     }
@@ -310,7 +310,8 @@ impl Controller {
     /// priority). No packet of the connection ever took that rule (it matches no SYN), so
     /// Open vSwitch holds no cached flow of it that could carry the client's ACK to the
     /// old backend, as it may for a reopened connection's (`new_connection` holds that
-    /// SYN): this one goes on at once. It is not admitted again: the client's one attempt
+    /// SYN): this one goes on at once. The old path's other rules go too
+    /// ([`Self::delete_old_path`]). It is not admitted again: the client's one attempt
     /// was, when it came.
     fn redispatch(
         &mut self,
@@ -328,9 +329,7 @@ impl Controller {
             since_refresh: self.since_refresh(now),
         };
         let created_ms = self.ms_since_start(now);
-        let old_reverse = self
-            .placement(&key, old)
-            .map(|p| (p.client_at.dpid, p.backend_ip));
+        let old_placed = self.placement(&key, old);
         let Some(s) = self.services.get_mut(si).filter(|s| s.cfg.redispatch) else {
             return false;
         };
@@ -368,11 +367,40 @@ impl Controller {
         }
         self.conns.insert(key, conn);
         self.emit_rules(&key, conn, &p, (true, true), false, out);
-        if let Some((edge, old_ip)) = old_reverse.filter(|&(_, ip)| ip != p.backend_ip) {
-            delete_reverse_at_edge(&key, edge, old_ip, out);
-        }
         self.send_placed(at, &key, &p, Dir::Forward, key.service_addr, out);
+        if let Some(o) = old_placed.filter(|o| o.backend_ip != p.backend_ip) {
+            self.delete_old_path(&key, &o, out);
+        }
         true
+    }
+
+    /// Remove the rules of connection `key` placed as `old` (its backend since changed),
+    /// but the forward rule at the client's edge, which the new one replaced: the forward
+    /// rules past it and every reverse rule match the old backend's address, so nothing
+    /// replaced them. The reverse rule at the client's edge must go (see
+    /// [`delete_reverse_rule`]); the others only hold their switches' tables until they
+    /// idle out (`idle_timeout_secs`), as the simulator counted. Along the paths the old
+    /// placement has now: a rule on a path since changed idles out.
+    fn delete_old_path(&mut self, key: &ConnKey, old: &Placement, out: &mut Outbox) {
+        let (fwd, rev) = self.compute_paths(old);
+        if fwd {
+            for &(d, _) in self.scratch_path.iter().skip(1) {
+                let m = rules::tcp_match(
+                    Some(key.client),
+                    Some(old.backend_ip),
+                    Some(key.client_port),
+                    Some(key.service_port),
+                );
+                out.push(d, rules::conn_delete_strict(m));
+            }
+        }
+        if rev {
+            for &(d, _) in &self.scratch_rev {
+                delete_reverse_rule(key, d, old.backend_ip, out);
+            }
+        } else {
+            delete_reverse_rule(key, old.client_at.dpid, old.backend_ip, out);
+        }
     }
 
     /// `at` is the client's SYN; `earlier`, the connection on the same 4-tuple it
@@ -1105,18 +1133,19 @@ fn count_outcome(s: &mut ServiceState, sel: &Selection, client: Ipv4Addr) {
     }
 }
 
-/// Remove the reverse rule of connection `key`'s old backend `old_ip` at the client's
-/// edge `edge`, where its answers are rewritten to the service's address. The new
-/// backend's reverse rule has another match, so nothing replaced it; a late segment of
-/// the old backend must not be delivered into the connection as the service's.
-fn delete_reverse_at_edge(key: &ConnKey, edge: Dpid, old_ip: Ipv4Addr, out: &mut Outbox) {
+/// Remove the reverse rule of connection `key`'s old backend `old_ip` at switch `dpid`.
+/// The new backend's reverse rules have another match, so nothing replaced them. At the
+/// client's edge, where the old backend's answers are rewritten to the service's
+/// address, this one must go: a late segment of the old backend must not be delivered
+/// into the connection as the service's.
+fn delete_reverse_rule(key: &ConnKey, dpid: Dpid, old_ip: Ipv4Addr, out: &mut Outbox) {
     let m = rules::tcp_match(
         Some(old_ip),
         Some(key.client),
         Some(key.service_port),
         Some(key.client_port),
     );
-    out.push(edge, rules::conn_delete_strict(m));
+    out.push(dpid, rules::conn_delete_strict(m));
 }
 
 /// A per-process keyed hash of the connection, for algorithms that hash.

@@ -67,8 +67,8 @@ enum Ev {
     AtServer(u64),
     Done(u64),
     RulesEnd(u64),
-    /// Rules no connection holds any more (its old backend's, after a redispatch) idle
-    /// out, no packet having passed them.
+    /// Rules no connection holds any more (its old backend's, after a redispatch, that
+    /// the controller did not delete) idle out, no packet having passed them.
     RulesGone(Vec<Rule>),
     Tick,
 }

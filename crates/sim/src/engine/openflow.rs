@@ -161,9 +161,10 @@ impl Engine<'_> {
             if let Some(conn) = self.conns.get_mut(&id) {
                 if let Some(old) = conn.backend.filter(|&old| conn.silenced && old != b) {
                     // Judged silent, the connection goes to another backend (the
-                    // controller's `redispatch`): its SYN reaches that one. The rules
-                    // towards the old one past the client's edge (the edge's were replaced
-                    // or deleted) stay until they idle out, no packet having passed them.
+                    // controller's `redispatch`): its SYN reaches that one. The controller
+                    // replaced or deleted the rules of the old path (the FLOW_MODs came
+                    // first); any it could not (on a path since changed) stay until they
+                    // idle out, no packet having passed them.
                     conn.backend = Some(b);
                     conn.silenced = false;
                     conn.state = State::Connecting;
