@@ -569,6 +569,27 @@ fn a_removed_backends_connections_are_listed_out_of_the_pool() {
     assert!(!get(s.addr, "/metrics").body.contains(left_metric));
 }
 
+/// `flowgate ctl services` says how many of a service's connections went to another
+/// backend at their client's retransmitted SYN, their own having stayed silent.
+#[test]
+fn ctl_services_counts_the_redispatched_connections() {
+    use flowgate_core::testkit::sim::{SYN, VIP, VMAC, ip, mac, tcp};
+    let (mut sim, text, _) = controller_with_connections(0);
+    let syn = tcp(mac(1), VMAC, (ip(1), 45000), (VIP, 80), SYN);
+    sim.send("h1", &syn);
+    sim.tick(Duration::from_secs(3));
+    sim.send("h1", &syn);
+    assert_eq!(sim.c.services()[0].counters.redispatched, 1);
+    let s = server_with_controller("ctl-redispatch", &text, sim.c);
+    let (ok, out, err) = ctl(s.addr, &["services"], None);
+    assert!(ok, "{err}");
+    let head = out.lines().next().unwrap_or_default();
+    assert!(
+        head.contains("connections 2 (1 redispatched)"),
+        "two decisions for the one connection: {out}"
+    );
+}
+
 /// `flowgate ctl` shows a removed backend's open connections: a row of its own under its
 /// service, and each connection marked as going to a removed backend.
 #[test]
@@ -1601,6 +1622,7 @@ fn ctl_reads_and_changes() {
             && out.contains("round-robin"),
         "{out}"
     );
+    assert!(!out.contains("redispatched"), "none yet: {out}");
     let (ok, out, _) = ctl(a, &["--json", "services"], None);
     assert!(ok);
     assert_eq!(

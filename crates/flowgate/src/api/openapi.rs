@@ -236,7 +236,7 @@ fn schemas() -> Value {
                         "backends": { "type": "integer" }
                     }
                 },
-                "counters": { "type": "object", "description": "The service's counters, among them ejections and ejections_by (consecutive, success_rate, failure_percentage)." },
+                "counters": { "type": "object", "description": "The service's counters, among them ejections and ejections_by (consecutive, success_rate, failure_percentage), and redispatched (connections whose backend stayed silent, given another at their client's retransmitted SYN; each also counted once more in connections_total)." },
                 "rps": { "type": "number" },
                 "active_connections": { "type": "integer" },
                 "backends": schema_ref("BackendList"),

@@ -362,8 +362,15 @@ fn opt(v: &Value, digits: usize) -> String {
 
 fn print_services(v: &Value) {
     for s in v.as_array().into_iter().flatten() {
+        // Connections whose backend stayed silent, given another (each counted twice in
+        // the total), once there are any.
+        let redispatched = s["counters"]["redispatched"]
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| format!(" ({n} redispatched)"))
+            .unwrap_or_default();
         println!(
-            "{}  vip {}:{}  mode {}  algorithm {}  connections {}{}",
+            "{}  vip {}:{}  mode {}  algorithm {}  connections {}{redispatched}{}",
             s["name"].as_str().unwrap_or("?"),
             s["vip"].as_str().unwrap_or("-"),
             plain(&s["port"]),
