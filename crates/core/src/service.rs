@@ -583,6 +583,8 @@ impl ServiceState {
     /// The balancer's pick for a connection that must not go to backend `avoid` (its
     /// backend stayed silent, see `redispatch`): every algorithm passes over an ineligible
     /// backend, so `avoid` is one for this pick alone. `None` when no other can take it.
+    /// Weighted round robin forgets `avoid`'s running credit, as for any backend that
+    /// turns ineligible: its next turn comes as for a backend that has just come back.
     pub fn select_avoiding(
         &mut self,
         req: &crate::balance::SelectRequest,
