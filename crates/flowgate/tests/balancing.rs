@@ -411,6 +411,24 @@ impl ThreeBackends {
         services()
     }
 
+    /// The client's 30 requests to `url`, six at a time, each given up after `timeout_ms`:
+    /// the load's report.
+    fn thirty_requests(&self, url: &str, timeout_ms: u64) -> serde_json::Value {
+        let timeout = timeout_ms.to_string();
+        load(
+            &self.t.hosts[0],
+            url,
+            &[
+                "--requests",
+                "30",
+                "--concurrency",
+                "6",
+                "--timeout-ms",
+                &timeout,
+            ],
+        )
+    }
+
     /// Backend `i` answers nothing (see [`silence`]).
     fn silence(&self, i: usize) {
         silence(&self.t.hosts[i + 1], &self.t.hosts[0]);
@@ -590,24 +608,13 @@ fn ovs_a_silent_backend_is_ejected_at_its_clients_second_syns() {
         "silent-syn",
         "idle_timeout_secs = 60\nredispatch = false\n",
     );
-    let (client, ctl) = (&three.t.hosts[0], &three.ctl);
+    let ctl = &three.ctl;
     three.silence(1);
     let url = format!("http://{VIP}/");
     let started = std::time::Instant::now();
     // Each of the silent backend's connections waits 4 s: its client's SYN goes again
     // after 1 s and 3 s.
-    let r = load(
-        client,
-        &url,
-        &[
-            "--requests",
-            "30",
-            "--concurrency",
-            "6",
-            "--timeout-ms",
-            "4000",
-        ],
-    );
+    let r = three.thirty_requests(&url, 4000);
     assert!(
         r["ok"].as_u64() < Some(30),
         "the silent backend lost some: {r}"
@@ -645,21 +652,10 @@ fn ovs_a_silent_backends_connections_are_redispatched_and_served() {
         "redispatch",
         "idle_timeout_secs = 60\n[service.outlier]\nconsecutive_failures = 0\nsuccess_rate = false\n",
     );
-    let (client, ctl) = (&three.t.hosts[0], &three.ctl);
+    let ctl = &three.ctl;
     three.silence(1);
     let url = format!("http://{VIP}/");
-    let r = load(
-        client,
-        &url,
-        &[
-            "--requests",
-            "30",
-            "--concurrency",
-            "6",
-            "--timeout-ms",
-            "6000",
-        ],
-    );
+    let r = three.thirty_requests(&url, 6000);
     assert_eq!(r["ok"], 30, "every request served: {r}");
     let s = ctl.get_json("/api/v1/services")[0].clone();
     let moved = s["counters"]["redispatched"].as_u64().unwrap_or(0);

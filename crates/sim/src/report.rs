@@ -279,14 +279,16 @@ pub fn write(dir: &Path, sc: &Scenario, runs: &[Outcome]) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A run's name: its algorithm, overload control, outlier detection and, when off,
-/// "no redispatch".
+/// A run's name (see [`run_name`]).
 pub fn name(r: &Outcome) -> String {
-    let redispatch = if r.redispatch { "" } else { " / no redispatch" };
-    format!(
-        "{} / {} / {}{redispatch}",
-        r.algorithm, r.overload, r.outlier
-    )
+    run_name(&r.algorithm, &r.overload, &r.outlier, r.redispatch)
+}
+
+/// The name of a run of `algorithm`, `overload` control and `outlier` detection, and
+/// "no redispatch" when without it: in the tables, the plots and the command's messages.
+pub fn run_name(algorithm: &str, overload: &str, outlier: &str, redispatch: bool) -> String {
+    let redispatch = if redispatch { "" } else { " / no redispatch" };
+    format!("{algorithm} / {overload} / {outlier}{redispatch}")
 }
 
 fn on_off(on: bool) -> &'static str {

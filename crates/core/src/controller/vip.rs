@@ -18,7 +18,7 @@ use crate::balance::{Outcome, SelectRequest, Selection};
 use crate::config::{ServiceMode, UnknownFlowPolicy};
 use crate::conntrack::{Conn, ConnKey, Reply};
 use crate::cookie::{self, RuleKind};
-use crate::service::ServiceState;
+use crate::service::{BackendId, ServiceState};
 use crate::topology::{Dpid, MacId, PortRef};
 
 /// Minimum time between two decisions sampled into the event ring.
@@ -338,11 +338,7 @@ impl Controller {
             // It left the pool since: any backend will do.
             None => s.balancer.select(&req, &s.loads),
         };
-        count_outcome(s, &sel, key.client);
-        let Some((b, id)) = sel.backend.and_then(|b| {
-            let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
-            Some((b, backend.id))
-        }) else {
+        let Some((b, id)) = picked(s, &sel, key.client) else {
             return false;
         };
         let conn = Conn {
@@ -494,11 +490,7 @@ impl Controller {
             },
             None => s.balancer.select(&req, &s.loads),
         };
-        count_outcome(s, &sel, key.client);
-        let Some((b, id)) = sel.backend.and_then(|b| {
-            let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
-            Some((b, backend.id))
-        }) else {
+        let Some((b, id)) = picked(s, &sel, key.client) else {
             tracing::debug!(service = %s.cfg.name, client = %key.client, "no backend can take the connection");
             self.refuse_or_hold(now, si, at, out);
             return;
@@ -1117,9 +1109,10 @@ impl Earlier {
     }
 }
 
-/// A selection's outcome in service `s`'s counters (`client`: the connection's, for the
-/// log).
-fn count_outcome(s: &mut ServiceState, sel: &Selection, client: Ipv4Addr) {
+/// The backend `sel` picked in service `s` (its position and number), if it is located
+/// (its MAC known); the selection's outcome goes to the service's counters either way
+/// (`client`: the connection's, for the log).
+fn picked(s: &mut ServiceState, sel: &Selection, client: Ipv4Addr) -> Option<(usize, BackendId)> {
     match sel.outcome {
         Outcome::NoOptimalServer => {
             s.counters.no_optimal_server += 1;
@@ -1131,6 +1124,9 @@ fn count_outcome(s: &mut ServiceState, sel: &Selection, client: Ipv4Addr) {
         } => s.counters.isslm_moves.count(search),
         _ => {}
     }
+    let b = sel.backend?;
+    let backend = s.backends.get(b).filter(|b| b.mac.is_some())?;
+    Some((b, backend.id))
 }
 
 /// Remove the reverse rule of connection `key`'s old backend `old_ip` at switch `dpid`.

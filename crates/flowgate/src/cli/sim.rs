@@ -99,15 +99,7 @@ pub struct SimArgs {
 }
 
 fn label(sc: &Scenario) -> String {
-    let redispatch = if sc.redispatch {
-        ""
-    } else {
-        " / no redispatch"
-    };
-    format!(
-        "{} / {} / {}{redispatch}",
-        sc.algorithm, sc.overload, sc.outlier
-    )
+    flowgate_sim::report::run_name(&sc.algorithm, &sc.overload, &sc.outlier, sc.redispatch)
 }
 
 fn duration(what: &str, secs: f64) -> anyhow::Result<Duration> {

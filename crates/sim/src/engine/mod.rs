@@ -67,9 +67,6 @@ enum Ev {
     AtServer(u64),
     Done(u64),
     RulesEnd(u64),
-    /// Rules no connection holds any more (its old backend's, after a redispatch, that
-    /// the controller did not delete) idle out, no packet having passed them.
-    RulesGone(Vec<Rule>),
     Tick,
 }
 
@@ -442,10 +439,6 @@ impl<'s> Engine<'s> {
                 Ev::AtServer(id) => self.at_server(id),
                 Ev::Done(id) => self.done(id),
                 Ev::RulesEnd(id) => self.rules_end(id),
-                Ev::RulesGone(rules) => {
-                    self.rules_gone(rules, 0);
-                    self.apply(self.now);
-                }
                 Ev::Tick => self.tick(),
             }
         }
@@ -758,15 +751,9 @@ impl<'s> Engine<'s> {
         let Some(conn) = self.end_conn(id) else {
             return;
         };
-        let packets = if conn.silenced { 0 } else { 8 };
-        self.rules_gone(conn.rules, packets);
-        self.apply(self.now);
-    }
-
-    /// `rules` leave their switches now, each reporting `packets` in its FLOW_REMOVED.
-    fn rules_gone(&mut self, rules: Vec<Rule>, packets: u64) {
         let now = self.at(self.now);
-        for r in rules {
+        let packets = if conn.silenced { 0 } else { 8 };
+        for r in conn.rules {
             if let Some(sw) = self.switches.get_mut(&r.dpid) {
                 sw.conn_rule_gone();
             }
@@ -794,6 +781,7 @@ impl<'s> Engine<'s> {
             self.c
                 .handle_message(now, r.dpid, &Message::FlowRemoved(fr), &mut self.out);
         }
+        self.apply(self.now);
     }
 
     /// The connection leaves the tables; returned, if it was there.

@@ -157,38 +157,18 @@ impl Engine<'_> {
             ) else {
                 return;
             };
-            let mut gone = None;
             if let Some(conn) = self.conns.get_mut(&id) {
-                if let Some(old) = conn.backend.filter(|&old| conn.silenced && old != b) {
+                if conn.silenced && conn.backend.is_some_and(|old| old != b) {
                     // Judged silent, the connection goes to another backend (the
-                    // controller's `redispatch`): its SYN reaches that one. The controller
-                    // replaced or deleted the rules of the old path (the FLOW_MODs came
-                    // first); any it could not (on a path since changed) stay until they
-                    // idle out, no packet having passed them.
+                    // controller's `redispatch`, which replaced or deleted the old path's
+                    // rules with the FLOW_MODs before this): its SYN reaches that one.
                     conn.backend = Some(b);
                     conn.silenced = false;
                     conn.state = State::Connecting;
                     self.phases[conn.phase].redispatched += 1;
-                    let old_ip = self.server_hosts[usize::from(old)].ip;
-                    let (stale, kept): (Vec<Rule>, Vec<Rule>) =
-                        std::mem::take(&mut conn.rules).into_iter().partition(|r| {
-                            rule_ends(&r.match_)
-                                .is_some_and(|ends| ends.iter().any(|(ip, _)| *ip == old_ip))
-                        });
-                    conn.rules = kept;
-                    if let Some(end) = stale
-                        .iter()
-                        .map(|r| r.at + u64::from(r.idle_timeout) * SEC)
-                        .max()
-                    {
-                        gone = Some((end.max(t), stale));
-                    }
                 }
                 conn.backend.get_or_insert(b);
                 touched.push(id);
-            }
-            if let Some((at, rules)) = gone {
-                self.push(at, Ev::RulesGone(rules));
             }
         } else if flags.rst() {
             // A refusal, to the client.
