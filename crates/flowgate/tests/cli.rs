@@ -40,26 +40,22 @@ fn the_examples_are_valid_configs() {
 }
 
 /// The controller configs the lab writes are ones the controller takes: every arm of the
-/// paper's cases (quick and full sizes) and of the overload scenario, its ablation
-/// (`ceiling = false`) among them.
+/// paper's cases and of the faults scenario (quick and full sizes) and of the overload
+/// scenario, its ablation (`ceiling = false`) among them.
 #[test]
 fn the_labs_controller_configs_are_valid() {
     use flowgate_lab::{ctl, overload, scenario};
     let dir = ScratchDir::new("cli-lab").expect("temp dir");
     let mut configs = Vec::new();
     for quick in [true, false] {
-        let p = scenario::Params::new(quick);
-        let algorithms: std::collections::BTreeSet<&str> = scenario::all()
-            .into_iter()
-            .filter(|s| s.name != "overload")
-            .flat_map(|s| s.arms)
-            .map(|a| a.algorithm)
-            .collect();
-        for algorithm in algorithms {
-            configs.push((
-                format!("{algorithm}-{quick}"),
-                ctl::config(algorithm, &p, 1),
-            ));
+        for sc in scenario::all().into_iter().filter(|s| s.name != "overload") {
+            let p = scenario::Params::for_scenario(sc.name, quick);
+            for arm in &sc.arms {
+                configs.push((
+                    format!("{}-{}-{quick}", sc.name, arm.label),
+                    ctl::config(arm, &p, 1),
+                ));
+            }
         }
     }
     let op = overload::OverloadParams::new(false);

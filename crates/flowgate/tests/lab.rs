@@ -174,6 +174,90 @@ fn ovs_lab_case_b_quick() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// `flowgate lab run faults --quick`: server 4 answers no client (its SYN-ACKs dropped in
+/// its namespace) and passes its health checks, under four handlings of the silence, on
+/// real Open vSwitch with real clients. Neither: every connection the controller gave it
+/// is lost. Eject: it is ejected in the normal phase and given nothing in the heavy one.
+/// Redispatch: every connection it got is moved and served, 3 s late, and every request
+/// of the normal phase is answered. Both: answered too, ejected, and nothing for it in the
+/// heavy phase.
+#[test]
+fn ovs_lab_faults_quick() {
+    if !require_root_ovs("ovs_lab_faults_quick") {
+        return;
+    }
+    let out = out_dir("faults");
+    let prefix = "fglft";
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            "faults",
+            "--quick",
+            "--prefix",
+            prefix,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        Duration::from_secs(420),
+    );
+    assert!(ok, "flowgate lab run faults failed:\n{log}");
+    eprintln!("{log}");
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+    let md = std::fs::read_to_string(out.join("faults.md")).expect("md");
+    assert!(md.contains("The fault, for every arm: server 4"), "{md}");
+    assert!(
+        !out.join("faults-bdmax.svg").exists() && out.join("faults-p99.svg").exists(),
+        "no QoS pass, no QoS plots; the HTTP ones are drawn"
+    );
+    let rows = parse_csv(&std::fs::read_to_string(out.join("faults.csv")).expect("csv"))
+        .expect("CSV parses");
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.srv4, 0, "server 4 answered a client: {r:?}");
+        assert_eq!(r.iperf_max_bps, None, "no QoS pass: {r:?}");
+    }
+    // A request the controller gave server 4 and did not move is lost.
+    let lost_all = |r: &Row| {
+        assert!(
+            r.ctl_srv4 > 0 && r.failed >= r.ctl_srv4 && r.timeouts == r.failed,
+            "each of server 4's connections timed out: {r:?}"
+        );
+        assert_eq!(r.redispatched, 0, "{r:?}");
+    };
+    let neither = row(&rows, "neither", "normal");
+    lost_all(neither);
+    assert_eq!(neither.ejections, 0, "{neither:?}");
+    lost_all(row(&rows, "neither", "heavy"));
+    let eject = row(&rows, "eject", "normal");
+    lost_all(eject);
+    assert_eq!(eject.ejections, 1, "{eject:?}");
+    // Ejected for 30 s: the heavy phase gives it nothing.
+    assert_eq!(row(&rows, "eject", "heavy").ctl_srv4, 0);
+    for arm in ["redispatch", "both"] {
+        let r = row(&rows, arm, "normal");
+        assert_eq!(r.ok, r.offered, "every request answered: {r:?}");
+        assert!(
+            r.ctl_srv4 > 0 && r.redispatched == r.ctl_srv4,
+            "each of server 4's connections moved: {r:?}"
+        );
+        assert!(
+            r.lat_p99_ms.is_some_and(|ms| ms >= 3_000.0),
+            "a moved connection waits for its client's SYN at 3 s: {r:?}"
+        );
+    }
+    assert_eq!(row(&rows, "redispatch", "normal").ejections, 0);
+    let h = row(&rows, "redispatch", "heavy");
+    assert!(h.ctl_srv4 > 0 && h.redispatched == h.ctl_srv4, "{h:?}");
+    assert_eq!(row(&rows, "both", "normal").ejections, 1);
+    assert_eq!(row(&rows, "both", "heavy").ctl_srv4, 0);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 fn check_measured(rows: &[Row]) {
     for r in rows {
         // Every request was issued; every response names the server that sent it.

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use flowgate_testbed::ProcGuard;
 
 use crate::net::SERVERS;
-use crate::scenario::Params;
+use crate::scenario::{Arm, Params};
 
 /// The start of every lab controller's config: it binds port 0 and reports the ports it
 /// got in its ready file ([`Controller::openflow`]); a port chosen here and bound later
@@ -21,7 +21,8 @@ pub const LISTEN_ANY_PORT: &str =
 /// The controller config for one arm. Services have no VIP: clients address a backend
 /// (server 2) and the controller intercepts each new connection to any backend (the
 /// paper's Cases A and B; Case D uses the same semantics for every algorithm).
-pub fn config(algorithm: &str, p: &Params, seed: u64) -> String {
+pub fn config(arm: &Arm, p: &Params, seed: u64) -> String {
+    let algorithm = arm.algorithm;
     let mut c = format!(
         "{LISTEN_ANY_PORT}\
 [controller]\nidle_timeout_secs = 10\nseed = {seed}\n\n\
@@ -32,10 +33,18 @@ pub fn config(algorithm: &str, p: &Params, seed: u64) -> String {
         // (the controller's default hysteresis keeps a server over down to 0.9 S_Load).
         c += &format!("threshold_rps = {:.1}\nhysteresis = 0\n", p.threshold_rps());
     }
+    if !arm.silences.redispatch {
+        c += "redispatch = false\n";
+    }
     // Probes through the controller's root leg: an ordinary GET / that waits for a
     // concurrency slot like any request, so its time is the server's response time under
     // load (SRT, MRBS, AMLOB and ISSLM's third search use it).
     c += "\n[service.health]\nkind = \"http\"\npath = \"/\"\ninterval_ms = 100\ntimeout_ms = 1000\nrise = 1\nfall = 3\n";
+    if !arm.silences.eject {
+        // Every detector off (the rate detectors need five backends, the lab has four:
+        // off by their minimum already, and here by name too).
+        c += "\n[service.outlier]\nconsecutive_failures = 0\nsuccess_rate = false\n";
+    }
     // Every arm is told each server's real capacity μ (the emulated servers' concurrency
     // over their service time), the same information for every algorithm: DWRS's load is
     // `rate / capacity_rps` (and MRBS's utilisation feature, the servers reporting no
@@ -59,16 +68,8 @@ mod tests {
         for quick in [true, false] {
             let p = Params::new(quick);
             let want = format!("capacity_rps = {:.1}\n", p.capacity_rps());
-            for algorithm in [
-                "none",
-                "isslm",
-                "dwrs",
-                "mrbs",
-                "amlob",
-                "srt",
-                "round-robin",
-            ] {
-                let text = config(algorithm, &p, 1);
+            for arm in crate::scenario::all().iter().flat_map(|s| &s.arms) {
+                let text = config(arm, &p, 1);
                 assert_eq!(
                     text.matches("capacity_rps").count(),
                     SERVERS.len(),
@@ -77,6 +78,29 @@ mod tests {
                 assert_eq!(text.matches(&want).count(), SERVERS.len(), "{text}");
             }
         }
+    }
+
+    /// An arm that neither ejects nor redispatches says so; the defaults say nothing.
+    #[test]
+    fn an_arms_handling_of_silences_is_in_its_config() {
+        let p = Params::for_scenario("faults", true);
+        let sc = crate::scenario::find("faults").expect("faults");
+        let texts: Vec<(bool, bool)> = sc
+            .arms
+            .iter()
+            .map(|a| config(a, &p, 1))
+            .map(|t| {
+                (
+                    t.contains("consecutive_failures = 0\nsuccess_rate = false\n"),
+                    t.contains("redispatch = false\n"),
+                )
+            })
+            .collect();
+        // neither, eject, redispatch, both: (no ejection, no redispatch) in the text.
+        assert_eq!(
+            texts,
+            [(true, true), (false, true), (true, false), (false, false)]
+        );
     }
 }
 

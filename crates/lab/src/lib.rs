@@ -407,13 +407,26 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     } else {
         md
     };
+    let md = match sc.fault {
+        Some(scenario::Fault::SilentToClients(i)) => md.replacen(
+            "\n\n#### ",
+            &format!(
+                "\n\nThe fault, for every arm: server {} ({}) drops every TCP segment its web server sends to a client (an nftables rule in its namespace), so a client's SYN reaches it and no SYN-ACK comes back; the controller's health checks, from its own leg, pass. Clients wait {} ms for a request, connection included, and send their SYN again at 1 and 3 s (Linux). The arms: `eject` is passive outlier detection (five silences in a row eject a server, 30 s for a first ejection), `redispatch` moves a silent connection to another server at its client's SYN sent 2.5 s or more after the decision, `both` is the controller's default, `neither` has both off. No QoS pass (iperf3): its figures are missing by design.\n\n#### ",
+                i + 1,
+                net::SERVERS.get(i).map_or_else(String::new, ToString::to_string),
+                p.request_timeout_ms
+            ),
+            1,
+        ),
+        None => md,
+    };
     let md = match &failover {
         Some(f) => format!("{md}\n{}", f.markdown()),
         None => md,
     };
     std::fs::write(&md_path, md)?;
     files.push(md_path);
-    files.extend(write_plots(&out, name, &rows)?);
+    files.extend(write_plots(&out, name, &rows, p.qos_pass)?);
     let table = report::markdown(name, &rows);
     let summary = RunSummary {
         scenario: name.to_owned(),
@@ -508,13 +521,16 @@ fn run_arms(
         &opts.flowgate,
         logs,
         &format!("{}-{}", sc.name, first.label),
-        &ctl::config(first.algorithm, p, opts.seed),
+        &ctl::config(first, p, opts.seed),
     )?;
     clock.lap("controller start (first arm)");
     pb.set_message("building the network (Fig. 9)");
     let net = LabNet::build(prefix, &controller.target(), p, &opts.flowgate, |what| {
         pb.set_message(format!("building the network: {what}"));
     })?;
+    if let Some(fault) = sc.fault {
+        net.inject(fault)?;
+    }
     clock.lap("network build and servers");
     pb.inc(1);
     let mut rows = Vec::new();
@@ -537,7 +553,7 @@ fn run_arms(
                 &opts.flowgate,
                 logs,
                 &format!("{}-{}", sc.name, arm.label),
-                &ctl::config(arm.algorithm, p, opts.seed),
+                &ctl::config(arm, p, opts.seed),
             )?;
             // Each controller has ports of its own (bound, not picked beforehand).
             for b in &net.bridges {
@@ -598,6 +614,8 @@ fn run_arms(
             let shared = p.shared_normal_qos && phase == "normal";
             let (qos, extra) = match (&shared_normal_qos, shared) {
                 (Some(base), true) => (base.clone(), None),
+                // No QoS pass: its figures stay missing.
+                _ if !p.qos_pass => (Row::default(), None),
                 _ => {
                     settle(&controller, p)?;
                     clock.lap(&format!("{}: settle", arm.label));
@@ -684,7 +702,9 @@ fn run_arms(
         .into_iter()
         .map(|(n, e)| (n, e.intervals))
         .collect();
-    write_iperf_csv(out, sc.name, &series)?;
+    if p.qos_pass {
+        write_iperf_csv(out, sc.name, &series)?;
+    }
     pb.inc(1);
     Ok(rows)
 }
@@ -804,7 +824,122 @@ fn iperf_path(name: &str) -> &'static str {
     }
 }
 
-fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
+/// The plots of a run's rows; `qos`: whether its phases had a QoS pass, without which
+/// the iperf3 figures' plots would be empty and are not drawn.
+fn write_plots(out: &Path, name: &str, rows: &[Row], qos: bool) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    if qos {
+        files.extend(write_iperf_plots(out, name)?);
+    }
+    // Bars per arm: normal vs heavy.
+    let arms: Vec<String> = {
+        let mut v: Vec<String> = Vec::new();
+        for r in rows {
+            if !v.contains(&r.arm) {
+                v.push(r.arm.clone());
+            }
+        }
+        v
+    };
+    // A missing row or a failed measurement is no bar, not a zero one.
+    let pick = |phase: &str, f: &dyn Fn(&Row) -> Option<f64>| -> Vec<Option<f64>> {
+        arms.iter()
+            .map(|a| {
+                rows.iter()
+                    .find(|r| &r.arm == a && r.phase == phase)
+                    .and_then(f)
+            })
+            .collect()
+    };
+    // (file tag, title, unit, figure, whether it is a QoS pass's)
+    type Chart<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a dyn Fn(&Row) -> Option<f64>,
+        bool,
+    );
+    let charts: [Chart<'_>; 4] = [
+        (
+            "bdmax",
+            "B_d(max), normal vs heavy",
+            "Gb/s",
+            &|r: &Row| r.bdmax_gbps,
+            true,
+        ),
+        (
+            "dtransfer",
+            "D_Transfer, normal vs heavy",
+            "GB",
+            &|r: &Row| r.dtransfer_gb,
+            true,
+        ),
+        (
+            "ok-rate",
+            "HTTP requests answered 2xx per second",
+            "req/s",
+            &|r: &Row| Some(r.ok_rps),
+            false,
+        ),
+        (
+            "p99",
+            "HTTP p99 latency",
+            "ms",
+            &|r: &Row| r.lat_p99_ms,
+            false,
+        ),
+    ];
+    for (tag, title, unit, f, _) in charts.into_iter().filter(|c| qos || !c.4) {
+        let path = out.join(format!("{name}-{tag}.svg"));
+        plot::bars(
+            &path,
+            &format!("{name}: {title}"),
+            unit,
+            &arms,
+            &[
+                ("normal".to_owned(), pick("normal", f)),
+                ("heavy".to_owned(), pick("heavy", f)),
+            ],
+        )?;
+        files.push(path);
+    }
+    if qos {
+        let path = out.join(format!("{name}-delay.svg"));
+        plot::bars(
+            &path,
+            &format!("{name}: differential transmission delay (Eq. 6)"),
+            "ms",
+            &arms,
+            &[(
+                "heavy − normal".to_owned(),
+                pick("heavy", &|r: &Row| r.diff_delay_ms),
+            )],
+        )?;
+        files.push(path);
+    }
+    let path = out.join(format!("{name}-shares.svg"));
+    let share = |i: usize| -> Vec<Option<f64>> {
+        pick("heavy", &|r: &Row| {
+            let s = r.shares();
+            let t: u64 = s.iter().sum();
+            Some(if t == 0 { 0.0 } else { s[i] as f64 / t as f64 })
+        })
+    };
+    plot::bars(
+        &path,
+        &format!("{name}: each server's share of the heavy phase's responses"),
+        "share",
+        &arms,
+        &(0..4)
+            .map(|i| (format!("srv{}", i + 1), share(i)))
+            .collect::<Vec<_>>(),
+    )?;
+    files.push(path);
+    Ok(files)
+}
+
+/// The iperf3 time series of a run with QoS passes: bandwidth and cumulative transfer.
+fn write_iperf_plots(out: &Path, name: &str) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     // Time series from the iperf CSV written by run_arms.
     let text = std::fs::read_to_string(out.join(format!("{name}-iperf.csv"))).unwrap_or_default();
@@ -857,88 +992,5 @@ fn write_plots(out: &Path, name: &str, rows: &[Row]) -> Result<Vec<PathBuf>> {
         &tr,
     )?;
     files.push(f);
-    // Bars per arm: normal vs heavy.
-    let arms: Vec<String> = {
-        let mut v: Vec<String> = Vec::new();
-        for r in rows {
-            if !v.contains(&r.arm) {
-                v.push(r.arm.clone());
-            }
-        }
-        v
-    };
-    // A missing row or a failed measurement is no bar, not a zero one.
-    let pick = |phase: &str, f: &dyn Fn(&Row) -> Option<f64>| -> Vec<Option<f64>> {
-        arms.iter()
-            .map(|a| {
-                rows.iter()
-                    .find(|r| &r.arm == a && r.phase == phase)
-                    .and_then(f)
-            })
-            .collect()
-    };
-    type Chart<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Row) -> Option<f64>);
-    let charts: [Chart<'_>; 4] = [
-        ("bdmax", "B_d(max), normal vs heavy", "Gb/s", &|r: &Row| {
-            r.bdmax_gbps
-        }),
-        (
-            "dtransfer",
-            "D_Transfer, normal vs heavy",
-            "GB",
-            &|r: &Row| r.dtransfer_gb,
-        ),
-        (
-            "ok-rate",
-            "HTTP requests answered 2xx per second",
-            "req/s",
-            &|r: &Row| Some(r.ok_rps),
-        ),
-        ("p99", "HTTP p99 latency", "ms", &|r: &Row| r.lat_p99_ms),
-    ];
-    for (tag, title, unit, f) in charts {
-        let path = out.join(format!("{name}-{tag}.svg"));
-        plot::bars(
-            &path,
-            &format!("{name}: {title}"),
-            unit,
-            &arms,
-            &[
-                ("normal".to_owned(), pick("normal", f)),
-                ("heavy".to_owned(), pick("heavy", f)),
-            ],
-        )?;
-        files.push(path);
-    }
-    let path = out.join(format!("{name}-delay.svg"));
-    plot::bars(
-        &path,
-        &format!("{name}: differential transmission delay (Eq. 6)"),
-        "ms",
-        &arms,
-        &[(
-            "heavy − normal".to_owned(),
-            pick("heavy", &|r: &Row| r.diff_delay_ms),
-        )],
-    )?;
-    files.push(path);
-    let path = out.join(format!("{name}-shares.svg"));
-    let share = |i: usize| -> Vec<Option<f64>> {
-        pick("heavy", &|r: &Row| {
-            let s = r.shares();
-            let t: u64 = s.iter().sum();
-            Some(if t == 0 { 0.0 } else { s[i] as f64 / t as f64 })
-        })
-    };
-    plot::bars(
-        &path,
-        &format!("{name}: each server's share of the heavy phase's responses"),
-        "share",
-        &arms,
-        &(0..4)
-            .map(|i| (format!("srv{}", i + 1), share(i)))
-            .collect::<Vec<_>>(),
-    )?;
-    files.push(path);
     Ok(files)
 }

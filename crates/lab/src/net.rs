@@ -15,7 +15,7 @@ use flowgate_testbed::netns::HostOptions;
 use flowgate_testbed::rootleg::RootLeg;
 use flowgate_testbed::{Bridge, Host, Link, LinkKind, ProcGuard};
 
-use crate::scenario::Params;
+use crate::scenario::{Fault, Params};
 
 /// The servers' addresses (the paper's).
 pub const SERVERS: [Ipv4Addr; 4] = [
@@ -148,6 +148,43 @@ impl LabNet {
         net.procs.push(spawn_iperf_server(&net.servers[1])?);
         wait_httpd(&net.servers)?;
         Ok(net)
+    }
+
+    /// Puts `fault` in the network: an nftables rule in the server's namespace drops
+    /// every TCP segment its web server sends to a client (their SYN-ACKs and the
+    /// retransmissions of them), and nothing it sends the controller's leg, whose health
+    /// checks it still passes.
+    pub fn inject(&self, fault: Fault) -> Result<()> {
+        let Fault::SilentToClients(i) = fault;
+        let server = self
+            .servers
+            .get(i)
+            .with_context(|| format!("no server {i} to silence"))?;
+        let clients = format!(
+            "{}-{}",
+            client_ip(0),
+            client_ip(self.clients.len().saturating_sub(1))
+        );
+        let table = ["nft", "add", "table", "inet", "fault"];
+        let chain = [
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "fault",
+            "out",
+            "{ type filter hook output priority 0; policy accept; }",
+        ];
+        let rule = [
+            "nft", "add", "rule", "inet", "fault", "out", "ip", "daddr", &clients, "tcp", "sport",
+            "80", "drop",
+        ];
+        for argv in [&table[..], &chain[..], &rule[..]] {
+            server
+                .exec_checked(argv)
+                .with_context(|| format!("silencing {}: {}", server.ip(), argv.join(" ")))?;
+        }
+        Ok(())
     }
 
     /// Re-installs the leg's bypass rules (after a controller change, to be safe).
