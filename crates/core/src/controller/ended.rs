@@ -498,7 +498,7 @@ impl Controller {
 
     /// Whether the switch that reported a connection's end, or the one its backend
     /// (`backend`) is attached to, was behind since `since_ms`.
-    fn path_lagged_since(&self, dpid: Dpid, backend: Ipv4Addr, since_ms: u64) -> bool {
+    pub(super) fn path_lagged_since(&self, dpid: Dpid, backend: Ipv4Addr, since_ms: u64) -> bool {
         self.lagged_since(dpid, since_ms)
             || self
                 .topo

@@ -2178,6 +2178,33 @@ fn a_silent_backends_connection_goes_to_another_at_its_clients_syn() {
     assert_eq!(sim.c.services()[0].counters.redispatched, 1);
 }
 
+/// A silence the lagging switch explains moves nothing: the connection's SYN goes on to
+/// its backend, as without redispatch, while the switch has been behind since the
+/// decision; a connection decided once it has caught up moves as before.
+#[test]
+fn a_silence_behind_a_lagging_switch_is_not_redispatched() {
+    let ms = Duration::from_millis;
+    let mut sim = single_switch("round-robin");
+    let syn = tcp(mac(1), VMAC, (ip(1), 45100), (VIP, 80), SYN);
+    let old = sim.send("h1", &syn)[0].0.clone();
+    sim.tick(ms(10));
+    sim.c.note_channel_rtt(sim.now, 1, ms(900));
+    sim.tick(Duration::from_secs(3));
+    let got = sim.send("h1", &syn);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, old, "the SYN goes on to the same backend");
+    assert_eq!(sim.c.services()[0].counters.redispatched, 0);
+    assert_eq!(sim.c.counters().silences_excused_lag, 1);
+    // Caught up: a connection decided after that is moved at its client's third SYN.
+    sim.c.note_channel_rtt(sim.now, 1, ms(1));
+    sim.tick(ms(10));
+    let syn = tcp(mac(1), VMAC, (ip(1), 45101), (VIP, 80), SYN);
+    let first = sim.send("h1", &syn)[0].0.clone();
+    sim.tick(Duration::from_secs(3));
+    assert_ne!(sim.send("h1", &syn)[0].0, first, "moved");
+    assert_eq!(sim.c.services()[0].counters.redispatched, 1);
+}
+
 /// A connection moved off a silent backend across a ring of three switches (the client on
 /// s1, the backends on s2 and s3) leaves none of its old path's rules behind: every rule
 /// that named the old backend's address goes with the move, on every switch; the new
