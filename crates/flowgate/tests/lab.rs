@@ -178,8 +178,9 @@ fn ovs_lab_case_b_quick() {
 /// its namespace) and passes its health checks, under four handlings of the silence, on
 /// real Open vSwitch with real clients. Neither: every connection the controller gave it
 /// is lost. Eject: it is ejected in the normal phase and given nothing in the heavy one.
-/// Redispatch: every connection it got is moved and served, 3 s late, and every request
-/// of the normal phase is answered. Both: answered too, ejected, and nothing for it in the
+/// Redispatch: every connection it got in the normal phase is moved and served, 3 s late,
+/// and every request of that phase is answered (in the heavy one, those behind a lagging
+/// switch stay and are lost). Both: answered too, ejected, and nothing for it in the
 /// heavy phase.
 #[test]
 fn ovs_lab_faults_quick() {
@@ -251,8 +252,18 @@ fn ovs_lab_faults_quick() {
         );
     }
     assert_eq!(row(&rows, "redispatch", "normal").ejections, 0);
+    // Under the heavy load each of server 4's connections is moved, or, where the switch
+    // was behind since its decision, left there and lost; no other server's is moved.
     let h = row(&rows, "redispatch", "heavy");
-    assert!(h.ctl_srv4 > 0 && h.redispatched == h.ctl_srv4, "{h:?}");
+    assert!(
+        h.ctl_srv4 > 0 && h.redispatched > 0 && h.redispatched <= h.ctl_srv4,
+        "{h:?}"
+    );
+    assert!(
+        h.redispatched == h.ctl_srv4 || h.excused_switch_behind > 0,
+        "a connection of server 4 not moved is one behind a lagging switch: {h:?}"
+    );
+    assert!(h.failed >= h.ctl_srv4 - h.redispatched, "{h:?}");
     assert_eq!(row(&rows, "both", "normal").ejections, 1);
     assert_eq!(row(&rows, "both", "heavy").ctl_srv4, 0);
     let _ = std::fs::remove_dir_all(&out);

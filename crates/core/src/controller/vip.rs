@@ -319,9 +319,9 @@ impl Controller {
     /// excuses the verdict too), the SYN may not have reached the backend yet, and a move
     /// would add a path's FLOW_MODs to a channel already behind. In the lab's `faults`
     /// scenario at full size that fed on itself: healthy servers' connections judged
-    /// silent behind the lagging switch were moved, the moves put it further behind, and
-    /// the heavy phase served 8,721 and 14,979 of 20,000 requests, against about 15,000
-    /// with no redispatch (docs/results.md, stop 61).
+    /// silent behind the lagging switch were moved too, and the heavy phase served 8,721
+    /// to 19,999 of 20,000 requests in four runs, against 14,961–15,000 with no
+    /// redispatch (docs/results.md, stop 61).
     fn redispatch(
         &mut self,
         now: Instant,
