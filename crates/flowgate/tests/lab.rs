@@ -86,6 +86,34 @@ fn run_bounded(args: &[&str], limit: Duration) -> (bool, String) {
     (status.is_some_and(|s| s.success()), out)
 }
 
+/// Runs `flowgate lab run SCENARIO --quick` into `out` with its names under `prefix`,
+/// within `limit`; asserts that it succeeded and left nothing behind, and returns its
+/// output (also shown: a run's own lines say where its time went).
+fn run_quick(scenario: &str, prefix: &str, out: &Path, limit: Duration) -> String {
+    let started = Instant::now();
+    let (ok, log) = run_bounded(
+        &[
+            "lab",
+            "run",
+            scenario,
+            "--quick",
+            "--prefix",
+            prefix,
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        limit,
+    );
+    assert!(ok, "flowgate lab run {scenario} failed:\n{log}");
+    eprintln!("{scenario} quick took {:?}\n{log}", started.elapsed());
+    assert!(
+        leftovers(prefix).is_empty(),
+        "left behind: {:?}",
+        leftovers(prefix)
+    );
+    log
+}
+
 fn close(a: f64, b: f64, what: &str, r: &Row) {
     let tol = 1e-9 * a.abs().max(b.abs()).max(1.0);
     assert!(
@@ -111,28 +139,7 @@ fn ovs_lab_case_b_quick() {
         return;
     }
     let out = out_dir("case-b");
-    let prefix = "fglbt";
-    let started = Instant::now();
-    let (ok, log) = run_bounded(
-        &[
-            "lab",
-            "run",
-            "case-b",
-            "--quick",
-            "--prefix",
-            prefix,
-            "--out",
-            out.to_str().expect("utf-8 path"),
-        ],
-        Duration::from_secs(420),
-    );
-    assert!(ok, "flowgate lab run failed:\n{log}");
-    eprintln!("case-b quick took {:?}\n{log}", started.elapsed());
-    assert!(
-        leftovers(prefix).is_empty(),
-        "left behind: {:?}",
-        leftovers(prefix)
-    );
+    let log = run_quick("case-b", "fglbt", &out, Duration::from_secs(420));
 
     // Files.
     for f in [
@@ -188,27 +195,7 @@ fn ovs_lab_faults_quick() {
         return;
     }
     let out = out_dir("faults");
-    let prefix = "fglft";
-    let (ok, log) = run_bounded(
-        &[
-            "lab",
-            "run",
-            "faults",
-            "--quick",
-            "--prefix",
-            prefix,
-            "--out",
-            out.to_str().expect("utf-8 path"),
-        ],
-        Duration::from_secs(420),
-    );
-    assert!(ok, "flowgate lab run faults failed:\n{log}");
-    eprintln!("{log}");
-    assert!(
-        leftovers(prefix).is_empty(),
-        "left behind: {:?}",
-        leftovers(prefix)
-    );
+    run_quick("faults", "fglft", &out, Duration::from_secs(420));
     let md = std::fs::read_to_string(out.join("faults.md")).expect("md");
     assert!(md.contains("The fault, for every arm: server 4"), "{md}");
     assert!(
@@ -851,29 +838,8 @@ fn ovs_lab_overload_quick() {
         return;
     }
     let out = out_dir("overload");
-    let prefix = "fglbo";
-    let started = Instant::now();
-    let (ok, log) = run_bounded(
-        &[
-            "lab",
-            "run",
-            "overload",
-            "--quick",
-            "--prefix",
-            prefix,
-            "--out",
-            out.to_str().expect("utf-8 path"),
-        ],
-        // About 75 s of work; the rest is room for another lab run holding the lab lock.
-        Duration::from_secs(600),
-    );
-    assert!(ok, "flowgate lab run overload failed:\n{log}");
-    eprintln!("overload quick took {:?}\n{log}", started.elapsed());
-    assert!(
-        leftovers(prefix).is_empty(),
-        "left behind: {:?}",
-        leftovers(prefix)
-    );
+    // About 75 s of work; the rest is room for another lab run holding the lab lock.
+    let log = run_quick("overload", "fglbo", &out, Duration::from_secs(600));
     for f in [
         "overload.csv",
         "overload.md",
