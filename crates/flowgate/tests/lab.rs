@@ -212,7 +212,7 @@ fn ovs_lab_faults_quick() {
     // A request the controller gave server 4 and did not move is lost.
     let lost_all = |r: &Row| {
         assert!(
-            r.ctl_srv4 > 0 && r.failed >= r.ctl_srv4 && r.timeouts == r.failed,
+            r.ctl_srv4 > 0 && r.timeouts >= r.ctl_srv4,
             "each of server 4's connections timed out: {r:?}"
         );
         assert_eq!(r.redispatched, 0, "{r:?}");

@@ -206,26 +206,16 @@ impl Layout {
                 seeded: false,
             };
         }
-        if scenario == "faults" {
+        let order = match scenario {
+            // Case C's rows are domains, not arms: nothing to order.
+            "case-c" => None,
             // No QoS pass; the arms are ordered where the fault alone is at work: the
             // normal phase, which three servers carry with room to spare.
-            return Layout {
-                keys: ["arm", "phase"],
-                tables: &["QoS (the paper's measures)", "HTTP load and servers"],
-                figures: specs(CASE_FIGURES),
-                order: Some(Order {
-                    at: Some("normal"),
-                    by: &[("ok", false), ("timeouts", true), ("lat_p99_ms", true)],
-                }),
-                seeded: true,
-            };
-        }
-        Layout {
-            keys: ["arm", "phase"],
-            tables: &["QoS (the paper's measures)", "HTTP load and servers"],
-            figures: specs(CASE_FIGURES),
-            // Case C's rows are domains, not arms: nothing to order.
-            order: (scenario != "case-c").then_some(Order {
+            "faults" => Some(Order {
+                at: Some("normal"),
+                by: &[("ok", false), ("timeouts", true), ("lat_p99_ms", true)],
+            }),
+            _ => Some(Order {
                 at: Some("heavy"),
                 by: &[
                     ("isl_pct", true),
@@ -235,6 +225,12 @@ impl Layout {
                     ("jain", false),
                 ],
             }),
+        };
+        Layout {
+            keys: ["arm", "phase"],
+            tables: &["QoS (the paper's measures)", "HTTP load and servers"],
+            figures: specs(CASE_FIGURES),
+            order,
             seeded: true,
         }
     }

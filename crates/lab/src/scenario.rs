@@ -36,9 +36,10 @@ impl Silences {
 /// A fault the lab puts in the network before the first arm, for every arm alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Fault {
-    /// Server `i` (0-based) drops every packet it sends to the clients: a client's SYN
-    /// reaches it and its SYN-ACK never comes back, while the controller's health checks
-    /// (from its own leg) pass. A gray failure, which only the clients' silences show.
+    /// Server `i` (0-based) drops every TCP segment its web server sends to a client: a
+    /// client's SYN reaches it and its SYN-ACK never comes back, while the controller's
+    /// health checks (from its own leg) pass. A gray failure, which only the clients'
+    /// silences show.
     SilentToClients(usize),
 }
 
