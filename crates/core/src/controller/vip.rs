@@ -332,18 +332,21 @@ impl Controller {
         out: &mut Outbox,
     ) -> bool {
         let si = usize::from(old.service);
+        if !self.services.get(si).is_some_and(|s| s.cfg.redispatch) {
+            return false;
+        }
+        let old_placed = self.placement(&key, old);
+        if old_placed.is_some_and(|p| self.path_lagged_since(at.dpid, p.backend_ip, old.created_ms))
+        {
+            return false;
+        }
         let req = SelectRequest {
             requested: l.requested.map(usize::from),
             flow_hash: flow_hash(&key),
             since_refresh: self.since_refresh(now),
         };
         let created_ms = self.ms_since_start(now);
-        let old_placed = self.placement(&key, old);
-        if old_placed.is_some_and(|p| self.path_lagged_since(at.dpid, p.backend_ip, old.created_ms))
-        {
-            return false;
-        }
-        let Some(s) = self.services.get_mut(si).filter(|s| s.cfg.redispatch) else {
+        let Some(s) = self.services.get_mut(si) else {
             return false;
         };
         let sel = match s.position(old.backend) {
